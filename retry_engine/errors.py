@@ -1,0 +1,61 @@
+"""The package's error hierarchy.
+
+Every error is both a :class:`RetryEngineError` and the matching builtin, and its
+message starts with a stable condition code in brackets, so callers can catch
+either and logs can be grepped by code.
+"""
+
+from __future__ import annotations
+
+
+class RetryEngineError(Exception):
+    """Raised for every error the retry engine reports on purpose."""
+
+    code: str = "RETRY_ENGINE_ERROR"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        if code is not None:
+            self.code = code
+        super().__init__(f"[{self.code}] {message}")
+
+
+class ConfigError(RetryEngineError, ValueError):
+    """Raised when a configuration file or value is invalid."""
+
+    code = "INVALID_CONFIG"
+
+
+class DelayLevelError(ConfigError):
+    """Raised when a delay-level string has a token that is not ``<positive int><unit>``."""
+
+    code = "INVALID_DELAY_LEVEL"
+
+
+class InvalidNameError(RetryEngineError, ValueError):
+    """Raised when a group or topic name breaks RocketMQ's naming rules."""
+
+    code = "INVALID_NAME"
+
+
+class SchemaMismatchError(RetryEngineError, ValueError):
+    """Raised when a DataFrame or table does not have the columns a table needs."""
+
+    code = "SCHEMA_MISMATCH"
+
+
+class DeltaSourceError(RetryEngineError, RuntimeError):
+    """Raised when a Delta table cannot be streamed as asked (e.g. a commit removes data)."""
+
+    code = "DELTA_SOURCE_ERROR"
+
+
+class DeltaSinkError(RetryEngineError, RuntimeError):
+    """Raised when a micro-batch cannot be committed to a Delta table."""
+
+    code = "DELTA_SINK_ERROR"
+
+
+class EnvironmentProblem(RetryEngineError, RuntimeError):
+    """Raised when the machine lacks something the engine needs (e.g. Java 17)."""
+
+    code = "ENVIRONMENT"
