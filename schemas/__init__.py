@@ -1,1 +1,23 @@
-X = 1
+"""Table definitions of retry-engine: one per table, Arrow first.
+
+Installed as ``retry_engine.schemas``. Each :class:`Table` gives its
+``arrow_schema``, ``spark_schema`` and ``pydantic_model``.
+"""
+
+from __future__ import annotations
+
+from ._model import Column, Table
+from .tables import ALL_TABLES, CONSUME_RESULTS, DLQ, MESSAGE_COLUMNS, MESSAGES, OUTCOMES, QUARANTINE, RETRY
+
+__all__ = [
+    "ALL_TABLES",
+    "CONSUME_RESULTS",
+    "Column",
+    "DLQ",
+    "MESSAGES",
+    "MESSAGE_COLUMNS",
+    "OUTCOMES",
+    "QUARANTINE",
+    "RETRY",
+    "Table",
+]

@@ -1,0 +1,76 @@
+"""Every column of every table, defined once.
+
+Names follow RocketMQ's message model in snake_case; where RocketMQ keeps a
+value in a system property, the property is named in the doc.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from ._model import Column
+
+TS = pa.timestamp("us", tz="UTC")
+
+ATTEMPT = pa.struct(
+    [
+        pa.field("reconsume_times", pa.int32()),
+        pa.field("consumer_group", pa.string()),
+        pa.field("consumer_id", pa.string()),
+        pa.field("status", pa.string()),
+        pa.field("error_class", pa.string()),
+        pa.field("error_message", pa.string()),
+        pa.field("consumed_at", TS),
+        pa.field("delay_level", pa.int32()),
+    ]
+)
+
+# -- the message (RocketMQ MessageExt) ---------------------------------------
+MSG_ID = Column("msg_id", pa.string(), "Message id, unique per delivery (a retry gets a new one).", False)
+TOPIC = Column("topic", pa.string(), "Topic the row belongs to (%RETRY%G / %DLQ%G on engine tables).", False)
+TAGS = Column("tags", pa.string(), "Message tag (RocketMQ TAGS).")
+KEYS = Column("keys", pa.string(), "Business keys, space separated (RocketMQ KEYS).")
+BODY = Column("body", pa.binary(), "Message body, opaque bytes.")
+FLAG = Column("flag", pa.int32(), "Application flag, copied unchanged.")
+PROPERTIES = Column("properties", pa.map_(pa.string(), pa.string()), "User properties, copied unchanged.")
+BORN_TIMESTAMP = Column("born_timestamp", TS, "When the producer created the message; kept on retries.")
+BORN_HOST = Column("born_host", pa.string(), "Producer host; kept on retries.")
+STORE_TIMESTAMP = Column("store_timestamp", TS, "When this row was stored in its table.")
+QUEUE_ID = Column("queue_id", pa.int32(), "Queue within the topic (retry: hash % retryQueueNums).")
+RECONSUME_TIMES = Column("reconsume_times", pa.int32(), "Deliveries that failed before this one (RocketMQ reconsumeTimes).")
+ORIGIN_MSG_ID = Column("origin_msg_id", pa.string(), "Id of the first delivery; never changes (ORIGIN_MESSAGE_ID).")
+RETRY_TOPIC = Column("retry_topic", pa.string(), "The original topic, kept across retries (RETRY_TOPIC).")
+ATTEMPTS = Column("attempts", pa.list_(ATTEMPT), "Every failed attempt so far, oldest first (B4, B6).")
+
+# -- the consume result ------------------------------------------------------
+RESULT_ID = Column("result_id", pa.string(), "Unique id of the consume-result event.")
+CONSUMER_GROUP = Column("consumer_group", pa.string(), "Consumer group G.")
+CONSUMER_ID = Column("consumer_id", pa.string(), "Client id of the consumer instance.")
+MESSAGE_MODEL = Column("message_model", pa.string(), "CLUSTERING (default when null) or BROADCASTING.")
+STATUS = Column("status", pa.string(), "CONSUME_SUCCESS, RECONSUME_LATER, EXCEPTION, or null (= failure, R1).")
+DELAY_LEVEL_WHEN_NEXT_CONSUME = Column(
+    "delay_level_when_next_consume", pa.int32(), "Requested level: >0 use it, 0/null broker picks, <0 DLQ (R5)."
+)
+MAX_RECONSUME_TIMES = Column("max_reconsume_times", pa.int32(), "Consumer's attempt limit; null or -1 = group's (R6).")
+ERROR_CLASS = Column("error_class", pa.string(), "Exception class of the failure, if any.")
+ERROR_MESSAGE = Column("error_message", pa.string(), "Exception message of the failure, if any.")
+CONSUMED_AT = Column("consumed_at", TS, "When the consumer finished the attempt.")
+
+# -- engine output -----------------------------------------------------------
+DELAY_LEVEL = Column("delay_level", pa.int32(), "Delay level used (after clamping), 1-based.")
+SCHEDULE_QUEUE_ID = Column("schedule_queue_id", pa.int32(), "Schedule-stage queue, level - 1 (SCHEDULE_TOPIC_XXXX).")
+SCHEDULED_AT = Column("scheduled_at", TS, "When the engine stored the retry in the schedule stage (store time).")
+DUE_AT = Column("due_at", TS, "Earliest delivery time: scheduled_at + delay(level).")
+DELIVERED_AT = Column("delivered_at", TS, "Micro-batch time at which the retry was released to %RETRY%G.")
+DEAD_LETTERED_AT = Column("dead_lettered_at", TS, "Micro-batch time at which the message was dead-lettered.")
+DELIVERY_KEY = Column("delivery_key", pa.string(), "origin_msg_id:reconsume_times, stable de-duplication key (R14).", False)
+SOURCE_RESULT_ID = Column("source_result_id", pa.string(), "result_id of the consume result that caused this row.")
+OUTCOME = Column("outcome", pa.string(), "acknowledged, retry, dead_letter, dropped, duplicate or quarantined.", False)
+REASON_CODE = Column("reason_code", pa.string(), "Stable code of why (e.g. MAX_RECONSUME_TIMES, UNKNOWN_STATUS).")
+REASON = Column("reason", pa.string(), "Human-readable reason naming the bad value.")
+OUTPUT_MSG_ID = Column("output_msg_id", pa.string(), "msg_id of the retry or dead letter this result produced.")
+BATCH_ID = Column("batch_id", pa.int64(), "Micro-batch that decided this row.", False)
+DECIDED_AT = Column("decided_at", TS, "Micro-batch time of the decision.", False)
+SOURCE_POSITION = Column("source_position", pa.string(), "Position of the input row in the consume-result table.")
+RAW = Column("raw", pa.string(), "The input row as JSON (binary as base64), exactly as read.")
+QUARANTINED_AT = Column("quarantined_at", TS, "Micro-batch time of quarantine.", False)

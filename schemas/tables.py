@@ -1,0 +1,126 @@
+"""The tables: one definition each."""
+
+from __future__ import annotations
+
+from . import columns as c
+from ._model import Table
+
+# The message as RocketMQ models it; every message-carrying table starts with these.
+MESSAGE_COLUMNS = (
+    c.MSG_ID,
+    c.TOPIC,
+    c.TAGS,
+    c.KEYS,
+    c.BODY,
+    c.FLAG,
+    c.PROPERTIES,
+    c.BORN_TIMESTAMP,
+    c.BORN_HOST,
+    c.STORE_TIMESTAMP,
+    c.QUEUE_ID,
+    c.RECONSUME_TIMES,
+    c.ORIGIN_MSG_ID,
+    c.RETRY_TOPIC,
+    c.ATTEMPTS,
+)
+
+MESSAGES = Table(
+    "messages",
+    "Topic messages written by producers; one table holds every topic, partitioned by topic.",
+    MESSAGE_COLUMNS,
+    partition_by=("topic",),
+)
+
+CONSUME_RESULTS = Table(
+    "consume_results",
+    "One row per delivered message a consumer processed: the message as delivered plus the result.",
+    (
+        c.RESULT_ID,
+        c.CONSUMER_GROUP,
+        c.CONSUMER_ID,
+        c.MESSAGE_MODEL,
+        c.STATUS,
+        c.DELAY_LEVEL_WHEN_NEXT_CONSUME,
+        c.MAX_RECONSUME_TIMES,
+        c.ERROR_CLASS,
+        c.ERROR_MESSAGE,
+        c.CONSUMED_AT,
+        *MESSAGE_COLUMNS,
+    ),
+)
+
+RETRY = Table(
+    "retry",
+    "Retry messages released by the schedule stage to %RETRY%G (the topic column), by group.",
+    (
+        *MESSAGE_COLUMNS,
+        c.CONSUMER_GROUP.variant(doc="Consumer group G (partition column).", nullable=False),
+        c.DELAY_LEVEL,
+        c.SCHEDULE_QUEUE_ID,
+        c.SCHEDULED_AT,
+        c.DUE_AT,
+        c.DELIVERED_AT,
+        c.ERROR_CLASS,
+        c.ERROR_MESSAGE,
+        c.DELIVERY_KEY,
+        c.SOURCE_RESULT_ID,
+    ),
+    partition_by=("consumer_group",),
+)
+
+DLQ = Table(
+    "dlq",
+    "Dead letters of %DLQ%G (the topic column), by group. Write-only for consumers (R9).",
+    (
+        *MESSAGE_COLUMNS,
+        c.CONSUMER_GROUP.variant(doc="Consumer group G (partition column).", nullable=False),
+        c.DEAD_LETTERED_AT,
+        c.REASON_CODE,
+        c.REASON,
+        c.ERROR_CLASS,
+        c.ERROR_MESSAGE,
+        c.DELIVERY_KEY,
+        c.SOURCE_RESULT_ID,
+    ),
+    partition_by=("consumer_group",),
+)
+
+QUARANTINE = Table(
+    "quarantine",
+    "Consume results the engine could not act on, with the reason; nothing is dropped silently.",
+    (
+        c.RESULT_ID,
+        c.CONSUMER_GROUP,
+        c.MSG_ID.variant(nullable=True),
+        c.REASON_CODE,
+        c.REASON,
+        c.SOURCE_POSITION,
+        c.RAW,
+        c.BATCH_ID,
+        c.QUARANTINED_AT,
+    ),
+)
+
+OUTCOMES = Table(
+    "outcomes",
+    "One row per consume result read: what the engine did with it (the accounting ledger).",
+    (
+        c.RESULT_ID,
+        c.CONSUMER_GROUP,
+        c.RETRY_TOPIC.variant(doc="Original topic of the consumed message."),
+        c.MSG_ID.variant(doc="msg_id of the consumed message (null if it was missing).", nullable=True),
+        c.ORIGIN_MSG_ID,
+        c.RECONSUME_TIMES,
+        c.OUTCOME,
+        c.REASON_CODE,
+        c.REASON,
+        c.OUTPUT_MSG_ID,
+        c.DELAY_LEVEL,
+        c.DUE_AT,
+        c.SOURCE_POSITION,
+        c.BATCH_ID,
+        c.DECIDED_AT,
+    ),
+)
+
+ALL_TABLES = (MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES)
