@@ -7,7 +7,7 @@ Installed as ``retry_engine.schemas``. Each :class:`Table` gives its
 from __future__ import annotations
 
 from ._model import Column, Table
-from .tables import ALL_TABLES, CONSUME_RESULTS, DLQ, MESSAGE_COLUMNS, MESSAGES, OUTCOMES, QUARANTINE, RETRY
+from .tables import ALL_TABLES, CONSUME_RESULTS, DLQ, MESSAGE_COLUMNS, MESSAGES, OUTCOMES, QUARANTINE, RETRY, WORK
 
 __all__ = [
     "ALL_TABLES",
@@ -20,4 +20,5 @@ __all__ = [
     "QUARANTINE",
     "RETRY",
     "Table",
+    "WORK",
 ]

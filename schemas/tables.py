@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import columns as c
-from ._model import Table
+from ._model import Column, Table
 
 # The message as RocketMQ models it; every message-carrying table starts with these.
 MESSAGE_COLUMNS = (
@@ -124,3 +124,27 @@ OUTCOMES = Table(
 )
 
 ALL_TABLES = (MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES)
+
+
+def _union(*parts: tuple[Column, ...] | Table) -> tuple[Column, ...]:
+    seen: dict[str, Column] = {}
+    for part in parts:
+        for col in part.columns if isinstance(part, Table) else part:
+            seen.setdefault(
+                col.name, col if col.name in ("kind", "route", "bucket") else col.variant(nullable=True)
+            )
+    return tuple(seen.values())
+
+
+WORK = Table(
+    "work",
+    "Internal: rows between the decision step, the schedule stage and the writers.",
+    _union(
+        (c.KIND, c.ROUTE, c.BUCKET),
+        RETRY,
+        DLQ,
+        QUARANTINE,
+        OUTCOMES,
+        (c.CONSUMED_MSG_ID, c.CONSUMED_ORIGIN_MSG_ID, c.CONSUMED_RECONSUME_TIMES),
+    ),
+)

@@ -1,0 +1,285 @@
+"""The engine's configuration: a TOML file a Spark user edits by hand.
+
+Validated on load with pydantic; unknown keys are rejected with the list of
+valid ones; paths and the Spark master can be overridden from the
+environment (``RETRY_ENGINE_LAKE``, ``RETRY_ENGINE_CHECKPOINT``,
+``RETRY_ENGINE_MASTER``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from retry_engine.delays import (
+    DEFAULT_DELAY_LEVELS,
+    ROCKETMQ_FIRST_RETRY_LEVEL,
+    BackoffPolicy,
+    ExponentialPolicy,
+    LevelPolicy,
+    parse_delay_levels,
+    parse_duration_ms,
+)
+from retry_engine.errors import ConfigError, DelayLevelError
+from retry_engine.names import GROUP_MAX_LENGTH, name_problem
+
+DEFAULT_CONFIG_FILE = Path("conf/retry-engine.toml")
+DEFAULT_LAKE = "./data/lake"
+DEFAULT_MASTER = "local[2]"
+DEFAULT_TRIGGER_INTERVAL = "1s"
+DEFAULT_SHUFFLE_PARTITIONS = 2
+DEFAULT_MAX_FILES_PER_TRIGGER = 1000
+# RocketMQ's broker default maxMessageSize.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_DEDUP_WINDOW = "10m"
+DEFAULT_STATE_BUCKET = "10s"
+DEFAULT_RETRY_QUEUE_NUMS = 1
+DEFAULT_RETRY_MAX_TIMES = 16
+
+ENV_LAKE = "RETRY_ENGINE_LAKE"
+ENV_CHECKPOINT = "RETRY_ENGINE_CHECKPOINT"
+ENV_MASTER = "RETRY_ENGINE_MASTER"
+
+TABLE_NAMES = ("consume_results", "messages", "retry", "dlq", "quarantine", "outcomes")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Duration = Annotated[str, Field(description="e.g. '500ms', '10s', '5m', '1h'")]
+
+
+def _check_duration(value: str) -> str:
+    parse_duration_ms(value)
+    return value
+
+
+class LevelsBackoff(_Strict):
+    """RocketMQ 4 levels; ``levels`` unset means the engine's ``message_delay_level``."""
+
+    policy: Literal["levels"] = "levels"
+    levels: str | None = None
+    first_level: int = Field(default=ROCKETMQ_FIRST_RETRY_LEVEL, ge=1)
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_delay_levels(value)
+        return value
+
+
+class ExponentialBackoff(_Strict):
+    """``min(initial * multiplier**(level-1), max)``."""
+
+    policy: Literal["exponential"]
+    initial: Duration = "1s"
+    multiplier: float = Field(default=2.0, gt=1.0)
+    max: Duration = "1h"
+
+    _dur = field_validator("initial", "max")(classmethod(lambda cls, v: _check_duration(v)))
+
+
+class NonRetryable(_Strict):
+    """Failures that go straight to the DLQ (B3): exact error classes or regexes."""
+
+    error_classes: list[str] = Field(default_factory=list)
+    error_patterns: list[str] = Field(default_factory=list)
+
+    @field_validator("error_patterns")
+    @classmethod
+    def _compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"error pattern {pattern!r} is not a valid regex: {exc}") from None
+        return patterns
+
+
+class GroupConfig(_Strict):
+    """RocketMQ's ``SubscriptionGroupConfig`` (the parts retry depends on) plus B2/B3."""
+
+    retry_queue_nums: int = DEFAULT_RETRY_QUEUE_NUMS
+    retry_max_times: int = Field(default=DEFAULT_RETRY_MAX_TIMES, ge=0)
+    backoff: LevelsBackoff | ExponentialBackoff = Field(
+        default_factory=LevelsBackoff, discriminator="policy"
+    )
+    non_retryable: NonRetryable = Field(default_factory=NonRetryable)
+
+
+class EngineSection(_Strict):
+    master: str = DEFAULT_MASTER
+    lake: str = DEFAULT_LAKE
+    checkpoint: str | None = None
+    trigger_interval: Duration = DEFAULT_TRIGGER_INTERVAL
+    shuffle_partitions: int = Field(default=DEFAULT_SHUFFLE_PARTITIONS, ge=1)
+    max_files_per_trigger: int = Field(default=DEFAULT_MAX_FILES_PER_TRIGGER, ge=1)
+    message_delay_level: str = DEFAULT_DELAY_LEVELS
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1)
+    dedup_window: Duration = DEFAULT_DEDUP_WINDOW
+    state_bucket: Duration = DEFAULT_STATE_BUCKET
+    auto_create_groups: bool = True
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+
+    _dur = field_validator("trigger_interval", "dedup_window", "state_bucket")(
+        classmethod(lambda cls, v: _check_duration(v))
+    )
+
+    @field_validator("message_delay_level")
+    @classmethod
+    def _levels(cls, value: str) -> str:
+        parse_delay_levels(value)
+        return value
+
+
+class TablesSection(_Strict):
+    """Per-table path overrides; unset tables live under ``engine.lake``."""
+
+    consume_results: str | None = None
+    messages: str | None = None
+    retry: str | None = None
+    dlq: str | None = None
+    quarantine: str | None = None
+    outcomes: str | None = None
+
+
+class EngineConfig(_Strict):
+    """The whole configuration file."""
+
+    engine: EngineSection = Field(default_factory=EngineSection)
+    tables: TablesSection = Field(default_factory=TablesSection)
+    group_defaults: GroupConfig = Field(default_factory=GroupConfig)
+    groups: dict[str, GroupConfig] = Field(default_factory=dict)
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _group_names(self) -> EngineConfig:
+        for name in self.groups:
+            problem = name_problem(name, kind="group", max_length=GROUP_MAX_LENGTH)
+            if problem:
+                raise ValueError(f"[groups.{name}]: {problem}")
+        return self
+
+    # -- derived views ---------------------------------------------------------
+    def table_path(self, table: str) -> str:
+        """Where table ``table`` (one of :data:`TABLE_NAMES`) lives."""
+        if table not in TABLE_NAMES:
+            raise ConfigError(f"unknown table {table!r}; tables are {', '.join(TABLE_NAMES)}")
+        override = getattr(self.tables, table)
+        return override if override else os.path.join(self.engine.lake, table)
+
+    @property
+    def checkpoint_path(self) -> str:
+        return self.engine.checkpoint or os.path.join(self.engine.lake, "_checkpoints", "engine")
+
+    @property
+    def trigger_interval_ms(self) -> int:
+        return parse_duration_ms(self.engine.trigger_interval)
+
+    def group(self, name: str) -> GroupConfig | None:
+        """The group's config; defaults for an unknown group when groups are auto-created."""
+        found = self.groups.get(name)
+        if found is not None:
+            return found
+        return self.group_defaults if self.engine.auto_create_groups else None
+
+    def policy(self, group: GroupConfig) -> BackoffPolicy:
+        backoff = group.backoff
+        if isinstance(backoff, ExponentialBackoff):
+            return ExponentialPolicy(
+                parse_duration_ms(backoff.initial), backoff.multiplier, parse_duration_ms(backoff.max)
+            )
+        return LevelPolicy.parse(
+            backoff.levels or self.engine.message_delay_level, first_level=backoff.first_level
+        )
+
+    @cached_property
+    def broker_policy(self) -> LevelPolicy:
+        return LevelPolicy.parse(self.engine.message_delay_level)
+
+
+def _format_validation_error(exc: ValidationError, model: type[BaseModel], source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"])
+        if err["type"] == "extra_forbidden":
+            valid = _valid_keys(model, err["loc"][:-1])
+            lines.append(f"unknown key {loc!r}; valid keys here: {', '.join(valid)}")
+        else:
+            got = f" (got {err.get('input')!r})" if loc else ""
+            lines.append(f"{loc or 'config'}: {err['msg']}{got}")
+    return f"{source}: " + "; ".join(lines)
+
+
+def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    current: Any = model
+    for part in loc:
+        fields = getattr(current, "model_fields", None)
+        if fields is None or part not in fields:
+            # dict[str, GroupConfig]: the part is a group name.
+            current = GroupConfig
+            continue
+        annotation = fields[part].annotation
+        args = getattr(annotation, "__args__", ())
+        current = next((a for a in (annotation, *args) if hasattr(a, "model_fields")), annotation)
+    fields = getattr(current, "model_fields", {})
+    return sorted(fields)
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> EngineConfig:
+    """Validate a config mapping (as read from TOML)."""
+    try:
+        return EngineConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, EngineConfig, source)) from None
+    except DelayLevelError:
+        raise
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> EngineConfig:
+    """Read and validate the config file, then apply environment overrides.
+
+    ``path=None`` reads ``conf/retry-engine.toml`` if it exists, else uses defaults.
+    """
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is None and DEFAULT_CONFIG_FILE.exists():
+        path = DEFAULT_CONFIG_FILE
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path, "rb") as handle:
+                data = tomllib.load(handle)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {source} does not exist", code="CONFIG_NOT_FOUND") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source} is not valid TOML: {exc}", code="CONFIG_NOT_TOML") from None
+    engine = dict(data.get("engine", {}))
+    for key, var in (("lake", ENV_LAKE), ("checkpoint", ENV_CHECKPOINT), ("master", ENV_MASTER)):
+        if env.get(var):
+            engine[key] = env[var]
+    if engine:
+        data = {**data, "engine": engine}
+    return parse_config(data, source=source)

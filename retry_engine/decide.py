@@ -1,0 +1,479 @@
+"""Where each consume result goes: RocketMQ's send-back rules, vectorised.
+
+``decide`` turns one Arrow batch of consume results (as read, possibly with
+loose types) into rows of the internal ``WORK`` schema: one *outcome* row per
+input row, carrying for failures the retry or dead-letter message built by
+RocketMQ's copy rules. It is a pure function of its input and the config, so
+a replayed micro-batch decides exactly the same way (B1). No Spark here.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from retry_engine.config import EngineConfig, GroupConfig
+from retry_engine.delays import BackoffPolicy, next_level, parse_duration_ms, schedule_queue_id
+from retry_engine.errors import SchemaMismatchError
+from retry_engine.names import (
+    GROUP_MAX_LENGTH,
+    TOPIC_MAX_LENGTH,
+    VALID_CHARACTERS,
+    dlq_topic,
+    retry_topic,
+)
+from retry_engine.schemas import CONSUME_RESULTS, WORK
+
+Status = Literal["CONSUME_SUCCESS", "RECONSUME_LATER", "EXCEPTION"]
+SUCCESS = "CONSUME_SUCCESS"
+FAILURE_STATUSES = ("RECONSUME_LATER", "EXCEPTION")
+CLUSTERING = "CLUSTERING"
+BROADCASTING = "BROADCASTING"
+MESSAGE_MODELS = (CLUSTERING, BROADCASTING)
+# A consumer sends -1 to mean "use the group's retryMaxTimes" (R6).
+MAX_RECONSUME_TIMES_DEFAULT = -1
+ERROR_MESSAGE_LIMIT = 2000
+
+# Input columns a consume-result table must have; the others may be absent (read as null).
+REQUIRED_COLUMNS = ("consumer_group", "msg_id", "topic", "status")
+POSITION = "_source_position"
+BATCH_TS = "_batch_ts"
+
+# Outcome and reason codes (stable; tests and dashboards match on them).
+ACKNOWLEDGED = "acknowledged"
+RETRY = "retry"
+DEAD_LETTER = "dead_letter"
+DROPPED = "dropped"
+DUPLICATE = "duplicate"
+QUARANTINED = "quarantined"
+OUTCOMES = (ACKNOWLEDGED, RETRY, DEAD_LETTER, DROPPED, DUPLICATE, QUARANTINED)
+
+KIND_OUTCOME = "outcome"
+KIND_DELIVERY = "delivery"
+NO_STATE_BUCKET = -1
+
+_VALID_NAME_PATTERN = f"^[{VALID_CHARACTERS}]+$"
+
+
+@dataclass(frozen=True)
+class Decider:
+    """The decision step, bound to one configuration."""
+
+    config: EngineConfig
+    _policies: dict[str, BackoffPolicy] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def bucket_ms(self) -> int:
+        return parse_duration_ms(self.config.engine.state_bucket)
+
+    def policy(self, group_name: str, group: GroupConfig) -> BackoffPolicy:
+        if group_name not in self._policies:
+            self._policies[group_name] = self.config.policy(group)
+        return self._policies[group_name]
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        return decide(batch, self)
+
+
+def check_input_schema(schema: pa.Schema) -> None:
+    """Fail at startup when the consume-result table lacks a required column."""
+    missing = [name for name in REQUIRED_COLUMNS if name not in schema.names]
+    if missing:
+        raise SchemaMismatchError(
+            f"consume-result table has no column {missing[0]!r} (required: {', '.join(REQUIRED_COLUMNS)}; "
+            f"found: {', '.join(schema.names)})",
+            code="CONSUME_RESULTS_COLUMN_MISSING",
+        )
+
+
+# -- step 1: types ------------------------------------------------------------
+
+
+def _normalise(batch: pa.RecordBatch) -> tuple[dict[str, pa.Array], list[list[tuple[str, str]]]]:
+    """Cast every known column to its table type; collect per-row type problems."""
+    n = batch.num_rows
+    problems: list[list[tuple[str, str]]] = [[] for _ in range(n)]
+    out: dict[str, pa.Array] = {}
+    for col in CONSUME_RESULTS.columns:
+        if col.name not in batch.schema.names:
+            out[col.name] = pa.nulls(n, col.type)
+            continue
+        array = batch.column(col.name)
+        if array.type == col.type:
+            out[col.name] = array
+            continue
+        try:
+            out[col.name] = array.cast(col.type, safe=True)
+            continue
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            pass
+        values: list[Any] = []
+        for i, value in enumerate(array.to_pylist()):
+            try:
+                values.append(pa.array([value], type=array.type).cast(col.type, safe=True)[0].as_py())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                values.append(None)
+                problems[i].append(
+                    ("WRONG_TYPE", f"column {col.name}: {_short(value)!r} is not a valid {col.type}")
+                )
+        out[col.name] = pa.array(values, type=col.type)
+    return out, problems
+
+
+# -- step 2: validation (vectorised) -----------------------------------------------
+
+
+def _flag(problems: list[list[tuple[str, str]]], mask: pa.Array, code: str, reason: Any) -> None:
+    for i in pc.indices_nonzero(pc.fill_null(mask, False)).to_pylist():
+        problems[i].append((code, reason(i) if callable(reason) else reason))
+
+
+def _validate(cols: dict[str, pa.Array], problems: list[list[tuple[str, str]]], config: EngineConfig) -> None:
+    msg_id, group, topic = cols["msg_id"], cols["consumer_group"], cols["topic"]
+    status, model = cols["status"], cols["message_model"]
+
+    def blank(a: pa.Array) -> pa.Array:
+        return pc.or_(pc.is_null(a), pc.equal(pc.utf8_length(a), 0))
+
+    _flag(problems, blank(msg_id), "MISSING_MSG_ID", "msg_id is missing")
+    _flag(problems, blank(group), "MISSING_GROUP", "consumer_group is missing")
+    _flag(problems, blank(topic), "MISSING_TOPIC", "topic is missing")
+
+    def bad_name(a: pa.Array, max_length: int) -> pa.Array:
+        present = pc.invert(blank(a))
+        invalid = pc.or_(
+            pc.invert(pc.match_substring_regex(a, _VALID_NAME_PATTERN)),
+            pc.greater(pc.utf8_length(a), max_length),
+        )
+        return pc.and_(present, invalid)
+
+    groups, topics = group.to_pylist(), topic.to_pylist()
+    _flag(
+        problems,
+        bad_name(group, GROUP_MAX_LENGTH),
+        "INVALID_GROUP_NAME",
+        lambda i: f"consumer_group {_short(groups[i])!r} must match [{VALID_CHARACTERS}]{{1,{GROUP_MAX_LENGTH}}}",
+    )
+    _flag(
+        problems,
+        bad_name(topic, TOPIC_MAX_LENGTH + len("%RETRY%")),
+        "INVALID_TOPIC_NAME",
+        lambda i: f"topic {_short(topics[i])!r} must match [{VALID_CHARACTERS}]{{1,{TOPIC_MAX_LENGTH}}}",
+    )
+    statuses = status.to_pylist()
+    _flag(
+        problems,
+        pc.invert(pc.or_(pc.is_null(status), pc.is_in(status, pa.array([SUCCESS, *FAILURE_STATUSES])))),
+        "UNKNOWN_STATUS",
+        lambda i: f"status {_short(statuses[i])!r} is not one of {SUCCESS}, {', '.join(FAILURE_STATUSES)} or null",
+    )
+    models = model.to_pylist()
+    _flag(
+        problems,
+        pc.invert(pc.or_(pc.is_null(model), pc.is_in(model, pa.array(MESSAGE_MODELS)))),
+        "UNKNOWN_MESSAGE_MODEL",
+        lambda i: f"message_model {_short(models[i])!r} is not one of {', '.join(MESSAGE_MODELS)} or null",
+    )
+    limit = config.engine.max_body_bytes
+    sizes = pc.binary_length(cols["body"])
+    _flag(
+        problems,
+        pc.greater(sizes, limit),
+        "BODY_TOO_LARGE",
+        lambda i: f"body is {sizes[i].as_py()} bytes; the limit (engine.max_body_bytes) is {limit}",
+    )
+    reconsume = cols["reconsume_times"]
+    _flag(
+        problems,
+        pc.less(reconsume, 0),
+        "INVALID_RECONSUME_TIMES",
+        lambda i: f"reconsume_times {reconsume[i].as_py()} is negative",
+    )
+    max_times = cols["max_reconsume_times"]
+    _flag(
+        problems,
+        pc.less(max_times, MAX_RECONSUME_TIMES_DEFAULT),
+        "INVALID_MAX_RECONSUME_TIMES",
+        lambda i: f"max_reconsume_times {max_times[i].as_py()} is below -1 (-1 or null = group default)",
+    )
+
+
+# -- step 3: decisions ---------------------------------------------------------------
+
+
+def new_msg_id(group: str, consumed_msg_id: str, target: str) -> str:
+    """Deterministic id of the retry or dead letter a failure produces.
+
+    RocketMQ mints a fresh id; ours is derived from (group, consumed id, target)
+    so a replayed batch or a duplicated result yields the same id (B1).
+    """
+    digest = hashlib.sha1(f"{group}\0{consumed_msg_id}\0{target}".encode()).hexdigest()
+    return digest[:32].upper()
+
+
+def _matches_non_retryable(group: GroupConfig, error_class: str | None, error_message: str | None) -> str | None:
+    rules = group.non_retryable
+    if error_class and error_class in rules.error_classes:
+        return f"error class {error_class!r} is listed as non-retryable"
+    for pattern in rules.error_patterns:
+        for text in (error_class, error_message):
+            if text and re.search(pattern, text):
+                return f"error {_short(text)!r} matches non-retryable pattern {pattern!r}"
+    return None
+
+
+def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
+    """Decide every row of ``batch``; see the module docstring.
+
+    ``batch`` must carry ``_source_position`` (string) and ``_batch_ts``
+    (timestamp) besides the consume-result columns.
+    """
+    config = decider.config
+    n = batch.num_rows
+    cols, problems = _normalise(batch)
+    _validate(cols, problems, config)
+    positions = batch.column(POSITION).to_pylist()
+    batch_ts: dt.datetime = batch.column(BATCH_TS)[0].as_py() if n else _EPOCH
+    if batch_ts is not None and batch_ts.tzinfo is None:
+        batch_ts = batch_ts.replace(tzinfo=dt.timezone.utc)
+
+    py = {name: cols[name].to_pylist() for name in _DECISION_INPUTS}
+    rows = _Rows()
+    for i in range(n):
+        result_id = py["result_id"][i] or f"pos:{positions[i]}"
+        base = {
+            "kind": KIND_OUTCOME,
+            "result_id": result_id,
+            "source_position": positions[i],
+            "decided_at": batch_ts,
+            "consumer_group": py["consumer_group"][i],
+            "retry_topic": py["retry_topic"][i] or py["topic"][i],
+            "consumed_msg_id": py["msg_id"][i],
+            "consumed_origin_msg_id": py["origin_msg_id"][i],
+            "consumed_reconsume_times": py["reconsume_times"][i],
+            "route": py["consumer_group"][i] or "",
+            "bucket": NO_STATE_BUCKET,
+        }
+        if problems[i]:
+            rows.add(_quarantine(base, problems[i], batch, i))
+            continue
+        rows.add(_decide_valid(base, py, i, batch_ts, decider, cols))
+    return rows.to_batch()
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_DECISION_INPUTS = (
+    "result_id",
+    "consumer_group",
+    "consumer_id",
+    "message_model",
+    "status",
+    "delay_level_when_next_consume",
+    "max_reconsume_times",
+    "error_class",
+    "error_message",
+    "consumed_at",
+    "msg_id",
+    "topic",
+    "reconsume_times",
+    "origin_msg_id",
+    "retry_topic",
+    "store_timestamp",
+    "born_timestamp",
+)
+_COPIED = ("tags", "keys", "body", "flag", "properties", "born_timestamp", "born_host", "attempts")
+
+
+def _quarantine(base: dict[str, Any], problems: list[tuple[str, str]], batch: pa.RecordBatch, i: int) -> dict[str, Any]:
+    code = problems[0][0]
+    return {
+        **base,
+        "outcome": QUARANTINED,
+        "reason_code": code,
+        "reason": "; ".join(reason for _, reason in problems),
+        "raw": _raw_json(batch, i),
+        "quarantined_at": base["decided_at"],
+        "msg_id": base["consumed_msg_id"],
+    }
+
+
+def _decide_valid(
+    base: dict[str, Any],
+    py: dict[str, list[Any]],
+    i: int,
+    batch_ts: dt.datetime,
+    decider: Decider,
+    cols: dict[str, pa.Array],
+) -> dict[str, Any]:
+    config = decider.config
+    status = py["status"][i]
+    group_name: str = py["consumer_group"][i]
+    if status == SUCCESS:
+        return {**base, "outcome": ACKNOWLEDGED}
+    # R2: only CLUSTERING is retried; a BROADCASTING failure is dropped, but recorded.
+    if py["message_model"][i] == BROADCASTING:
+        return {
+            **base,
+            "outcome": DROPPED,
+            "reason_code": "BROADCASTING_NOT_RETRIED",
+            "reason": "broadcasting consumption is not retried (R2)",
+        }
+    group = config.group(group_name)
+    if group is None:
+        return {
+            **base,
+            "outcome": QUARANTINED,
+            "reason_code": "SUBSCRIPTION_GROUP_NOT_EXIST",
+            "reason": f"subscription group {group_name!r} does not exist and engine.auto_create_groups is off",
+            "raw": None,
+            "quarantined_at": batch_ts,
+            "msg_id": base["consumed_msg_id"],
+        }
+    if group.retry_queue_nums <= 0:
+        return {
+            **base,
+            "outcome": DROPPED,
+            "reason_code": "RETRY_DISABLED",
+            "reason": f"group {group_name!r} has retry_queue_nums={group.retry_queue_nums} (R10)",
+        }
+
+    reconsume = py["reconsume_times"][i] or 0
+    requested = py["delay_level_when_next_consume"][i] or 0
+    max_times = py["max_reconsume_times"][i]
+    if max_times is None or max_times == MAX_RECONSUME_TIMES_DEFAULT:
+        max_times = group.retry_max_times
+    dead_reason = _matches_non_retryable(group, py["error_class"][i], py["error_message"][i])
+    if dead_reason is not None:
+        dead_code = "NON_RETRYABLE"
+    elif requested < 0:
+        dead_code, dead_reason = "DLQ_REQUESTED", f"consumer asked for delay level {requested} (< 0 = DLQ, R5)"
+    elif reconsume >= max_times:
+        dead_code = "MAX_RECONSUME_TIMES"
+        dead_reason = f"reconsume_times {reconsume} reached max_reconsume_times {max_times} (R6)"
+    else:
+        dead_code = None
+
+    consumed_msg_id: str = py["msg_id"][i]
+    origin = py["origin_msg_id"][i] or consumed_msg_id
+    message = {name: cols[name][i].as_py() for name in _COPIED}
+    level = None if dead_code else next_level(decider.policy(group_name, group), requested=requested, reconsume_times=reconsume)
+    attempt = {
+        "reconsume_times": reconsume,
+        "consumer_group": group_name,
+        "consumer_id": py["consumer_id"][i],
+        "status": status,
+        "error_class": py["error_class"][i],
+        "error_message": _truncate(py["error_message"][i]),
+        "consumed_at": py["consumed_at"][i],
+        "delay_level": level,
+    }
+    message["attempts"] = [*(message["attempts"] or []), attempt]
+    store_time = py["store_timestamp"][i] or py["born_timestamp"][i] or py["consumed_at"][i] or batch_ts
+    common = {
+        **base,
+        **message,
+        "origin_msg_id": origin,
+        "reconsume_times": reconsume + 1,
+        "delivery_key": f"{origin}:{reconsume + 1}",
+        "source_result_id": base["result_id"],
+        "error_class": py["error_class"][i],
+        "error_message": _truncate(py["error_message"][i]),
+        "bucket": _epoch_ms(store_time) // decider.bucket_ms,
+    }
+    if dead_code is not None:
+        out_id = new_msg_id(group_name, consumed_msg_id, "dlq")
+        return {
+            **common,
+            "outcome": DEAD_LETTER,
+            "reason_code": dead_code,
+            "reason": dead_reason,
+            "msg_id": out_id,
+            "output_msg_id": out_id,
+            "topic": dlq_topic(group_name),
+            "queue_id": 0,
+            "store_timestamp": batch_ts,
+            "dead_lettered_at": batch_ts,
+        }
+    assert level is not None
+    delay = decider.policy(group_name, group).delay_ms(level)
+    out_id = new_msg_id(group_name, consumed_msg_id, "retry")
+    return {
+        **common,
+        "outcome": RETRY,
+        "msg_id": out_id,
+        "output_msg_id": out_id,
+        "topic": retry_topic(group_name),
+        "queue_id": int(out_id[:8], 16) % group.retry_queue_nums,
+        "delay_level": level,
+        "schedule_queue_id": schedule_queue_id(level),
+        "scheduled_at": batch_ts,
+        "due_at": batch_ts + dt.timedelta(milliseconds=delay),
+    }
+
+
+class _Rows:
+    """Collects row dicts and builds one WORK batch column by column."""
+
+    def __init__(self) -> None:
+        self._rows: list[dict[str, Any]] = []
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._rows.append(row)
+
+    def to_batch(self) -> pa.RecordBatch:
+        arrays = [
+            pa.array([row.get(f.name) for row in self._rows], type=f.type)
+            for f in WORK.arrow_schema
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=WORK.arrow_schema)
+
+
+def _epoch_ms(ts: dt.datetime) -> int:
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=dt.timezone.utc)
+    return int(ts.timestamp() * 1000)
+
+
+def _truncate(text: str | None) -> str | None:
+    if text is None or len(text) <= ERROR_MESSAGE_LIMIT:
+        return text
+    return text[: ERROR_MESSAGE_LIMIT - 3] + "..."
+
+
+def _short(value: Any, limit: int = 80) -> Any:
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + "..."
+    return value
+
+
+def _raw_json(batch: pa.RecordBatch, i: int) -> str:
+    row = batch.slice(i, 1).to_pylist()[0]
+    row.pop(BATCH_TS, None)
+    return json.dumps(row, default=_json_default, sort_keys=True)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode()}
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    return str(value)
+
+
+def outcome_counts(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+    counts = {o: 0 for o in OUTCOMES}
+    for row in rows:
+        counts[row["outcome"]] += 1
+    return counts
+
+
+__all__: Sequence[str] = ("Decider", "check_input_schema", "decide", "new_msg_id")

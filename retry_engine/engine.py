@@ -1,0 +1,77 @@
+"""The retry engine as one Structured Streaming query.
+
+consume results (Delta) -> decide (mapInArrow) -> schedule stage
+(applyInPandasWithState, keyed by group and store-time bucket) -> foreachBatch
+writes to the retry, DLQ, quarantine and outcomes tables.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.state import GroupStateTimeout
+
+from retry_engine.config import EngineConfig
+from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
+from retry_engine.delays import parse_duration_ms
+from retry_engine.outputs import FORMAT, BatchWriter, ensure_query_id
+from retry_engine.schedule import STATE_SCHEMA, ScheduleStage
+from retry_engine.schemas import CONSUME_RESULTS, WORK
+from retry_engine.delta import ensure_table
+
+log = logging.getLogger(__name__)
+
+QUERY_NAME = "retry-engine"
+
+
+def _decide_batches(decider: Decider) -> "callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]":
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows:
+                yield decider(batch)
+
+    return run
+
+
+def engine_frame(spark: SparkSession, config: EngineConfig) -> DataFrame:
+    """The engine's streaming DataFrame of WORK rows, before the writers."""
+    source_path = config.table_path("consume_results")
+    ensure_table(source_path, CONSUME_RESULTS.arrow_schema)
+    results = (
+        spark.readStream.format(FORMAT)
+        .option("path", source_path)
+        .option("maxFilesPerTrigger", str(config.engine.max_files_per_trigger))
+        .option("sourcePositionColumn", POSITION)
+        .load()
+    )
+    check_input_schema(to_arrow_schema(results.schema, timezone="UTC"))
+    decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
+        _decide_batches(Decider(config)), WORK.spark_schema
+    )
+    stage = ScheduleStage(dedup_window_ms=parse_duration_ms(config.engine.dedup_window))
+    return decided.groupBy("route", "bucket").applyInPandasWithState(
+        stage, WORK.spark_schema, STATE_SCHEMA, "append", GroupStateTimeout.ProcessingTimeTimeout
+    )
+
+
+def start(spark: SparkSession, config: EngineConfig, *, writer: BatchWriter | None = None) -> StreamingQuery:
+    """Start the engine query; the caller owns it (``awaitTermination`` / ``stop``)."""
+    checkpoint = config.checkpoint_path
+    app_id = ensure_query_id(checkpoint)
+    writer = writer or BatchWriter(config, app_id)
+    query = (
+        engine_frame(spark, config)
+        .writeStream.queryName(QUERY_NAME)
+        .foreachBatch(writer)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=f"{config.trigger_interval_ms} milliseconds")
+        .start()
+    )
+    log.info("engine started: query id %s, checkpoint %s", app_id, checkpoint)
+    return query
