@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from retry_engine.config import ENV_LAKE, ENV_MASTER, load_config, parse_config
+from retry_engine.errors import ConfigError, InvalidNameError
+from retry_engine.names import dlq_topic, retry_topic, validate_group, validate_topic
+
+
+def test_r3_per_group_topics() -> None:
+    assert retry_topic("G1") == "%RETRY%G1"
+    assert dlq_topic("G1") == "%DLQ%G1"
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "../x", "a b", "x" * 128, None, 5])
+def test_invalid_topic_names_rejected(bad: object) -> None:
+    with pytest.raises(InvalidNameError, match="INVALID_TOPIC_NAME"):
+        validate_topic(bad)
+
+
+def test_valid_names_pass() -> None:
+    assert validate_group("%RETRY%g|x_y-1") == "%RETRY%g|x_y-1"
+    with pytest.raises(InvalidNameError, match="at most 255"):
+        validate_group("g" * 256)
+
+
+def test_unknown_config_key_names_valid_keys() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'engine.triger_interval'.*trigger_interval"):
+        parse_config({"engine": {"triger_interval": "1s"}})
+
+
+def test_group_config_validated() -> None:
+    with pytest.raises(ConfigError, match="retry_max_times"):
+        parse_config({"groups": {"g": {"retry_max_times": -3}}})
+    with pytest.raises(ConfigError, match="not a valid regex"):
+        parse_config({"groups": {"g": {"non_retryable": {"error_patterns": ["("]}}}})
+    with pytest.raises(ConfigError, match="characters outside"):
+        parse_config({"groups": {"a/b": {}}})
+
+
+def test_r4_bad_delay_string_is_a_startup_error() -> None:
+    with pytest.raises(ConfigError, match="'7q'"):
+        parse_config({"engine": {"message_delay_level": "1s 7q"}})
+
+
+def test_r10_unknown_group_only_when_auto_create_off() -> None:
+    cfg = parse_config({"engine": {"auto_create_groups": False}, "groups": {"known": {}}})
+    assert cfg.group("known") is not None and cfg.group("other") is None
+    assert parse_config({}).group("other") is not None
+
+
+def test_env_overrides_paths_and_master(tmp_path: Path) -> None:
+    conf = tmp_path / "c.toml"
+    conf.write_text('[engine]\nlake = "/nowhere"\n')
+    cfg = load_config(conf, env={ENV_LAKE: str(tmp_path / "lake"), ENV_MASTER: "spark://h:7077"})
+    assert cfg.engine.master == "spark://h:7077"
+    assert cfg.table_path("dlq") == str(tmp_path / "lake" / "dlq")
+
+
+def test_shipped_config_file_is_valid() -> None:
+    cfg = load_config(Path(__file__).parents[2] / "conf" / "retry-engine.toml", env={})
+    assert cfg.engine.trigger_interval
