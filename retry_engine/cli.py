@@ -1,0 +1,83 @@
+"""``retry-engine``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from retry_engine.config import load_config
+from retry_engine.errors import RetryEngineError
+
+log = logging.getLogger("retry_engine")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="retry-engine", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the engine as a streaming job until stopped")
+    run.add_argument("--config", help="TOML config file (default: conf/retry-engine.toml if present)")
+    run.add_argument(
+        "--available-now",
+        action="store_true",
+        help="process what is in the consume-result table now, release due retries, then stop",
+    )
+    check = sub.add_parser("check-config", help="validate a config file and print the resolved paths")
+    check.add_argument("--config")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from retry_engine import engine
+    from retry_engine.session import build_session
+
+    config = load_config(args.config)
+    # Under spark-submit the JVM (and its --master) already exists; don't override it.
+    master = None if "PYSPARK_GATEWAY_PORT" in os.environ else config.engine.master
+    spark = build_session(
+        master=master,
+        shuffle_partitions=config.engine.shuffle_partitions,
+        extra_conf=config.engine.spark_conf,
+    )
+    query = engine.start(spark, config, available_now=args.available_now)
+    signal.signal(signal.SIGTERM, lambda *_: query.stop())
+    log.info("retry engine running; tables under %s; Ctrl-C to stop", config.engine.lake)
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        log.info("stopping")
+        query.stop()
+    return EXIT_OK
+
+
+def _check(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    for table in ("consume_results", "retry", "dlq", "quarantine", "outcomes"):
+        print(f"{table:16} {config.table_path(table)}")
+    print(f"{'checkpoint':16} {config.checkpoint_path}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return {"run": _run, "check-config": _check}[args.command](args)
+    except RetryEngineError as exc:
+        print(f"retry-engine: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
