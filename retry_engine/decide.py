@@ -142,7 +142,7 @@ def _validate(cols: dict[str, pa.Array], problems: list[list[tuple[str, str]]], 
     status, model = cols["status"], cols["message_model"]
 
     def blank(a: pa.Array) -> pa.Array:
-        return pc.or_(pc.is_null(a), pc.equal(pc.utf8_length(a), 0))
+        return pc.or_kleene(pc.is_null(a), pc.equal(pc.utf8_length(a), 0))
 
     _flag(problems, blank(msg_id), "MISSING_MSG_ID", "msg_id is missing")
     _flag(problems, blank(group), "MISSING_GROUP", "consumer_group is missing")
@@ -150,11 +150,11 @@ def _validate(cols: dict[str, pa.Array], problems: list[list[tuple[str, str]]], 
 
     def bad_name(a: pa.Array, max_length: int) -> pa.Array:
         present = pc.invert(blank(a))
-        invalid = pc.or_(
+        invalid = pc.or_kleene(
             pc.invert(pc.match_substring_regex(a, _VALID_NAME_PATTERN)),
             pc.greater(pc.utf8_length(a), max_length),
         )
-        return pc.and_(present, invalid)
+        return pc.and_kleene(present, invalid)
 
     groups, topics = group.to_pylist(), topic.to_pylist()
     _flag(
@@ -172,14 +172,14 @@ def _validate(cols: dict[str, pa.Array], problems: list[list[tuple[str, str]]], 
     statuses = status.to_pylist()
     _flag(
         problems,
-        pc.invert(pc.or_(pc.is_null(status), pc.is_in(status, pa.array([SUCCESS, *FAILURE_STATUSES])))),
+        pc.invert(pc.or_kleene(pc.is_null(status), pc.is_in(status, pa.array([SUCCESS, *FAILURE_STATUSES])))),
         "UNKNOWN_STATUS",
         lambda i: f"status {_short(statuses[i])!r} is not one of {SUCCESS}, {', '.join(FAILURE_STATUSES)} or null",
     )
     models = model.to_pylist()
     _flag(
         problems,
-        pc.invert(pc.or_(pc.is_null(model), pc.is_in(model, pa.array(MESSAGE_MODELS)))),
+        pc.invert(pc.or_kleene(pc.is_null(model), pc.is_in(model, pa.array(MESSAGE_MODELS)))),
         "UNKNOWN_MESSAGE_MODEL",
         lambda i: f"message_model {_short(models[i])!r} is not one of {', '.join(MESSAGE_MODELS)} or null",
     )
@@ -246,28 +246,68 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
     if batch_ts is not None and batch_ts.tzinfo is None:
         batch_ts = batch_ts.replace(tzinfo=dt.timezone.utc)
 
-    py = {name: cols[name].to_pylist() for name in _DECISION_INPUTS}
+    # Acknowledgements are most of the traffic: build their rows column-wise.
+    valid = pa.array([not p for p in problems], type=pa.bool_())
+    is_ack = pc.and_kleene(valid, pc.fill_null(pc.equal(cols["status"], SUCCESS), False))
+    acks = _ack_rows(cols, batch.column(POSITION), is_ack, batch_ts)
+
+    slow = pc.indices_nonzero(pc.invert(is_ack)).to_pylist()
+    py = {name: cols[name].take(pa.array(slow, type=pa.int64())).to_pylist() for name in _DECISION_INPUTS}
     rows = _Rows()
-    for i in range(n):
-        result_id = py["result_id"][i] or f"pos:{positions[i]}"
+    for j, i in enumerate(slow):
+        result_id = py["result_id"][j] or f"pos:{positions[i]}"
         base = {
             "kind": KIND_OUTCOME,
             "result_id": result_id,
             "source_position": positions[i],
             "decided_at": batch_ts,
-            "consumer_group": py["consumer_group"][i],
-            "retry_topic": py["retry_topic"][i] or py["topic"][i],
-            "consumed_msg_id": py["msg_id"][i],
-            "consumed_origin_msg_id": py["origin_msg_id"][i],
-            "consumed_reconsume_times": py["reconsume_times"][i],
-            "route": py["consumer_group"][i] or "",
+            "consumer_group": py["consumer_group"][j],
+            "retry_topic": py["retry_topic"][j] or py["topic"][j],
+            "consumed_msg_id": py["msg_id"][j],
+            "consumed_origin_msg_id": py["origin_msg_id"][j],
+            "consumed_reconsume_times": py["reconsume_times"][j],
+            "route": py["consumer_group"][j] or "",
             "bucket": NO_STATE_BUCKET,
         }
         if problems[i]:
             rows.add(_quarantine(base, problems[i], batch, i))
             continue
-        rows.add(_decide_valid(base, py, i, batch_ts, decider, cols))
-    return rows.to_batch()
+        rows.add(_decide_valid(base, py, j, i, batch_ts, decider, cols))
+    if not slow:
+        return acks
+    if acks.num_rows == 0:
+        return rows.to_batch()
+    # Back to input order, so the output reads like the input.
+    order = pc.indices_nonzero(is_ack).to_pylist() + slow
+    inverse = pc.sort_indices(pa.array(order, pa.int64()))
+    merged = pa.Table.from_batches([acks, rows.to_batch()]).combine_chunks()
+    return merged.take(inverse).to_batches()[0]
+
+
+def _ack_rows(
+    cols: dict[str, pa.Array], positions: pa.Array, mask: pa.Array, batch_ts: dt.datetime
+) -> pa.RecordBatch:
+    """Outcome rows for successfully consumed messages (R1), built without a Python loop."""
+    n = pc.sum(mask).as_py() or 0
+    group = cols["consumer_group"].filter(mask)
+    result_id = cols["result_id"].filter(mask)
+    pos = positions.filter(mask).cast(pa.string())
+    values: dict[str, pa.Array] = {
+        "kind": pa.array([KIND_OUTCOME] * n, pa.string()),
+        "route": group,
+        "bucket": pa.array([NO_STATE_BUCKET] * n, pa.int64()),
+        "result_id": pc.coalesce(result_id, pc.binary_join_element_wise("pos:", pos, "")),
+        "source_position": pos,
+        "decided_at": pa.array([batch_ts] * n, WORK["decided_at"].type),
+        "consumer_group": group,
+        "retry_topic": pc.coalesce(cols["retry_topic"].filter(mask), cols["topic"].filter(mask)),
+        "consumed_msg_id": cols["msg_id"].filter(mask),
+        "consumed_origin_msg_id": cols["origin_msg_id"].filter(mask),
+        "consumed_reconsume_times": cols["reconsume_times"].filter(mask),
+        "outcome": pa.array([ACKNOWLEDGED] * n, pa.string()),
+    }
+    arrays = [values[f.name] if f.name in values else pa.nulls(n, f.type) for f in WORK.arrow_schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=WORK.arrow_schema)
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -309,18 +349,19 @@ def _quarantine(base: dict[str, Any], problems: list[tuple[str, str]], batch: pa
 def _decide_valid(
     base: dict[str, Any],
     py: dict[str, list[Any]],
+    j: int,
     i: int,
     batch_ts: dt.datetime,
     decider: Decider,
     cols: dict[str, pa.Array],
 ) -> dict[str, Any]:
     config = decider.config
-    status = py["status"][i]
-    group_name: str = py["consumer_group"][i]
+    status = py["status"][j]
+    group_name: str = py["consumer_group"][j]
     if status == SUCCESS:
         return {**base, "outcome": ACKNOWLEDGED}
     # R2: only CLUSTERING is retried; a BROADCASTING failure is dropped, but recorded.
-    if py["message_model"][i] == BROADCASTING:
+    if py["message_model"][j] == BROADCASTING:
         return {
             **base,
             "outcome": DROPPED,
@@ -346,12 +387,12 @@ def _decide_valid(
             "reason": f"group {group_name!r} has retry_queue_nums={group.retry_queue_nums} (R10)",
         }
 
-    reconsume = py["reconsume_times"][i] or 0
-    requested = py["delay_level_when_next_consume"][i] or 0
-    max_times = py["max_reconsume_times"][i]
+    reconsume = py["reconsume_times"][j] or 0
+    requested = py["delay_level_when_next_consume"][j] or 0
+    max_times = py["max_reconsume_times"][j]
     if max_times is None or max_times == MAX_RECONSUME_TIMES_DEFAULT:
         max_times = group.retry_max_times
-    dead_reason = _matches_non_retryable(group, py["error_class"][i], py["error_message"][i])
+    dead_reason = _matches_non_retryable(group, py["error_class"][j], py["error_message"][j])
     if dead_reason is not None:
         dead_code = "NON_RETRYABLE"
     elif requested < 0:
@@ -362,22 +403,22 @@ def _decide_valid(
     else:
         dead_code = None
 
-    consumed_msg_id: str = py["msg_id"][i]
-    origin = py["origin_msg_id"][i] or consumed_msg_id
+    consumed_msg_id: str = py["msg_id"][j]
+    origin = py["origin_msg_id"][j] or consumed_msg_id
     message = {name: cols[name][i].as_py() for name in _COPIED}
     level = None if dead_code else next_level(decider.policy(group_name, group), requested=requested, reconsume_times=reconsume)
     attempt = {
         "reconsume_times": reconsume,
         "consumer_group": group_name,
-        "consumer_id": py["consumer_id"][i],
+        "consumer_id": py["consumer_id"][j],
         "status": status,
-        "error_class": py["error_class"][i],
-        "error_message": _truncate(py["error_message"][i]),
-        "consumed_at": py["consumed_at"][i],
+        "error_class": py["error_class"][j],
+        "error_message": _truncate(py["error_message"][j]),
+        "consumed_at": py["consumed_at"][j],
         "delay_level": level,
     }
     message["attempts"] = [*(message["attempts"] or []), attempt]
-    store_time = py["store_timestamp"][i] or py["born_timestamp"][i] or py["consumed_at"][i] or batch_ts
+    store_time = py["store_timestamp"][j] or py["born_timestamp"][j] or py["consumed_at"][j] or batch_ts
     common = {
         **base,
         **message,
@@ -385,8 +426,8 @@ def _decide_valid(
         "reconsume_times": reconsume + 1,
         "delivery_key": f"{origin}:{reconsume + 1}",
         "source_result_id": base["result_id"],
-        "error_class": py["error_class"][i],
-        "error_message": _truncate(py["error_message"][i]),
+        "error_class": py["error_class"][j],
+        "error_message": _truncate(py["error_message"][j]),
         "bucket": _epoch_ms(store_time) // decider.bucket_ms,
     }
     if dead_code is not None:

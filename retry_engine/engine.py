@@ -8,7 +8,8 @@ writes to the retry, DLQ, quarantine and outcomes tables.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 QUERY_NAME = "retry-engine"
 
 
-def _decide_batches(decider: Decider) -> "callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]":
+def _decide_batches(decider: Decider) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             if batch.num_rows:
@@ -60,17 +61,34 @@ def engine_frame(spark: SparkSession, config: EngineConfig) -> DataFrame:
     )
 
 
-def start(spark: SparkSession, config: EngineConfig, *, writer: BatchWriter | None = None) -> StreamingQuery:
-    """Start the engine query; the caller owns it (``awaitTermination`` / ``stop``)."""
+def start(
+    spark: SparkSession,
+    config: EngineConfig,
+    *,
+    writer: BatchWriter | None = None,
+    available_now: bool = False,
+) -> StreamingQuery:
+    """Start the engine query; the caller owns it (``awaitTermination`` / ``stop``).
+
+    ``available_now`` processes what the consume-result table holds, then stops;
+    retries not yet due stay in the checkpointed schedule stage for the next run.
+    """
     checkpoint = config.checkpoint_path
     app_id = ensure_query_id(checkpoint)
     writer = writer or BatchWriter(config, app_id)
+    # An explicit processing-time trigger makes Spark run (possibly empty) batches on
+    # schedule, which is what fires the schedule stage's timeouts.
+    trigger: dict[str, Any] = (
+        {"availableNow": True}
+        if available_now
+        else {"processingTime": f"{config.trigger_interval_ms} milliseconds"}
+    )
     query = (
         engine_frame(spark, config)
         .writeStream.queryName(QUERY_NAME)
         .foreachBatch(writer)
         .option("checkpointLocation", checkpoint)
-        .trigger(processingTime=f"{config.trigger_interval_ms} milliseconds")
+        .trigger(**trigger)
         .start()
     )
     log.info("engine started: query id %s, checkpoint %s", app_id, checkpoint)

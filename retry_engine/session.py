@@ -84,7 +84,7 @@ def spark_conf(
 
 def build_session(
     *,
-    master: str = DEFAULT_MASTER,
+    master: str | None = DEFAULT_MASTER,
     app_name: str = "retry-engine",
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     extra_conf: Mapping[str, str] | None = None,
@@ -92,14 +92,18 @@ def build_session(
 ) -> SparkSession:
     """Create (or return the active) SparkSession with the engine's settings.
 
+    ``master=None`` keeps whatever master the launcher chose (spark-submit).
+
     The delta-rs data source (format ``deltars``) is registered on the session.
     """
     from retry_engine.delta import register
 
-    if master.startswith("local"):
+    if master is not None and master.startswith("local"):
         require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
     for key, value in spark_conf(shuffle_partitions=shuffle_partitions, extra=extra_conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -1,0 +1,62 @@
+"""A test lake: engine config pointing at a temp folder, plus read/write helpers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from retry_engine.config import EngineConfig, parse_config
+from retry_engine.schemas import CONSUME_RESULTS
+from tests.builders import Result, results_table
+
+# 18 fast levels so the full RocketMQ ladder (levels 3..18) runs in seconds.
+FAST_LEVELS = " ".join(f"{100 + 10 * i}ms" for i in range(18))
+
+
+@dataclass
+class Lake:
+    root: Path
+    config: EngineConfig
+
+    @classmethod
+    def make(cls, root: Path, **overrides: Any) -> Lake:
+        engine = {
+            "lake": str(root),
+            "trigger_interval": "200ms",
+            "message_delay_level": FAST_LEVELS,
+            "state_bucket": "1s",
+            **overrides.pop("engine", {}),
+        }
+        return cls(root, parse_config({"engine": engine, **overrides}))
+
+    def path(self, table: str) -> str:
+        return self.config.table_path(table)
+
+    def write_results(self, results: list[Result], schema: pa.Schema = CONSUME_RESULTS.arrow_schema) -> None:
+        write_deltalake(self.path("consume_results"), results_table(results, schema), mode="append")
+
+    def rows(self, table: str) -> list[dict[str, Any]]:
+        try:
+            return DeltaTable(self.path(table)).to_pyarrow_table().to_pylist()
+        except Exception as exc:  # a table the engine has not created yet
+            if "no log files" in str(exc).lower() or "not a delta table" in str(exc).lower():
+                return []
+            raise
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
