@@ -12,7 +12,6 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -190,6 +189,10 @@ class EngineConfig(_Strict):
         return self.engine.checkpoint or os.path.join(self.engine.lake, "_checkpoints", "engine")
 
     @property
+    def state_bucket_ms(self) -> int:
+        return parse_duration_ms(self.engine.state_bucket)
+
+    @property
     def trigger_interval_ms(self) -> int:
         return parse_duration_ms(self.engine.trigger_interval)
 
@@ -210,9 +213,6 @@ class EngineConfig(_Strict):
             backoff.levels or self.engine.message_delay_level, first_level=backoff.first_level
         )
 
-    @cached_property
-    def broker_policy(self) -> LevelPolicy:
-        return LevelPolicy.parse(self.engine.message_delay_level)
 
 
 def _format_validation_error(exc: ValidationError, model: type[BaseModel], source: str) -> str:

@@ -14,7 +14,8 @@ import datetime as dt
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -73,7 +74,7 @@ class Decider:
 
     @property
     def bucket_ms(self) -> int:
-        return parse_duration_ms(self.config.engine.state_bucket)
+        return self.config.state_bucket_ms
 
     def policy(self, group_name: str, group: GroupConfig) -> BackoffPolicy:
         if group_name not in self._policies:
@@ -98,10 +99,13 @@ def check_input_schema(schema: pa.Schema) -> None:
 # -- step 1: types ------------------------------------------------------------
 
 
-def _normalise(batch: pa.RecordBatch) -> tuple[dict[str, pa.Array], list[list[tuple[str, str]]]]:
+Problems = dict[int, list[tuple[str, str]]]
+
+
+def _normalise(batch: pa.RecordBatch) -> tuple[dict[str, pa.Array], Problems]:
     """Cast every known column to its table type; collect per-row type problems."""
     n = batch.num_rows
-    problems: list[list[tuple[str, str]]] = [[] for _ in range(n)]
+    problems: Problems = defaultdict(list)
     out: dict[str, pa.Array] = {}
     for col in CONSUME_RESULTS.columns:
         if col.name not in batch.schema.names:
@@ -132,12 +136,12 @@ def _normalise(batch: pa.RecordBatch) -> tuple[dict[str, pa.Array], list[list[tu
 # -- step 2: validation (vectorised) -----------------------------------------------
 
 
-def _flag(problems: list[list[tuple[str, str]]], mask: pa.Array, code: str, reason: Any) -> None:
+def _flag(problems: Problems, mask: pa.Array, code: str, reason: Any) -> None:
     for i in pc.indices_nonzero(pc.fill_null(mask, False)).to_pylist():
         problems[i].append((code, reason(i) if callable(reason) else reason))
 
 
-def _validate(cols: dict[str, pa.Array], problems: list[list[tuple[str, str]]], config: EngineConfig) -> None:
+def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfig) -> None:
     msg_id, group, topic = cols["msg_id"], cols["consumer_group"], cols["topic"]
     status, model = cols["status"], cols["message_model"]
 
@@ -241,25 +245,37 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
     n = batch.num_rows
     cols, problems = _normalise(batch)
     _validate(cols, problems, config)
-    positions = batch.column(POSITION).to_pylist()
     batch_ts: dt.datetime = batch.column(BATCH_TS)[0].as_py() if n else _EPOCH
     if batch_ts is not None and batch_ts.tzinfo is None:
         batch_ts = batch_ts.replace(tzinfo=dt.timezone.utc)
 
     # Acknowledgements are most of the traffic: build their rows column-wise.
-    valid = pa.array([not p for p in problems], type=pa.bool_())
+    valid = pa.array([i not in problems for i in range(n)], type=pa.bool_())
     is_ack = pc.and_kleene(valid, pc.fill_null(pc.equal(cols["status"], SUCCESS), False))
     acks = _ack_rows(cols, batch.column(POSITION), is_ack, batch_ts)
+    slow = pc.indices_nonzero(pc.invert(is_ack))
+    if len(slow) == 0:
+        return acks
 
-    slow = pc.indices_nonzero(pc.invert(is_ack)).to_pylist()
-    py = {name: cols[name].take(pa.array(slow, type=pa.int64())).to_pylist() for name in _DECISION_INPUTS}
-    rows = _Rows()
-    for j, i in enumerate(slow):
-        result_id = py["result_id"][j] or f"pos:{positions[i]}"
+    # Everything else row by row; the message columns are then taken column-wise.
+    slow_rows = slow.to_pylist()
+    py = {name: cols[name].take(slow).to_pylist() for name in _DECISION_INPUTS}
+    attempts = cols["attempts"].take(slow).to_pylist()
+    # The state key's bucket: when the consumed message was stored (R8 keys by store time).
+    store_us = pc.coalesce(
+        cols["store_timestamp"].take(slow),
+        cols["born_timestamp"].take(slow),
+        cols["consumed_at"].take(slow),
+        pa.scalar(batch_ts, WORK["decided_at"].type),
+    ).cast(pa.int64())
+    buckets = pc.divide(store_us, decider.bucket_ms * 1000).to_pylist()
+    positions = batch.column(POSITION).take(slow).to_pylist()
+    rows: list[dict[str, Any]] = []
+    for j, i in enumerate(slow_rows):
         base = {
             "kind": KIND_OUTCOME,
-            "result_id": result_id,
-            "source_position": positions[i],
+            "result_id": py["result_id"][j] or f"pos:{positions[j]}",
+            "source_position": positions[j],
             "decided_at": batch_ts,
             "consumer_group": py["consumer_group"][j],
             "retry_topic": py["retry_topic"][j] or py["topic"][j],
@@ -269,19 +285,22 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
             "route": py["consumer_group"][j] or "",
             "bucket": NO_STATE_BUCKET,
         }
-        if problems[i]:
-            rows.add(_quarantine(base, problems[i], batch, i))
-            continue
-        rows.add(_decide_valid(base, py, j, i, batch_ts, decider, cols))
-    if not slow:
-        return acks
+        if i in problems:
+            rows.append(_quarantine(base, problems[i], batch, i))
+        else:
+            rows.append(_decide_valid(base, py, j, attempts[j], buckets[j], batch_ts, decider))
+    decided = pa.RecordBatch.from_pylist(rows, schema=_COMPUTED_SCHEMA)
+    copied = {name: cols[name].take(slow) for name in _COPIED}
+    others = pa.RecordBatch.from_arrays(
+        [decided.column(f.name) if f.name in _COMPUTED_SCHEMA.names else copied[f.name] for f in WORK.arrow_schema],
+        schema=WORK.arrow_schema,
+    )
     if acks.num_rows == 0:
-        return rows.to_batch()
+        return others
     # Back to input order, so the output reads like the input.
-    order = pc.indices_nonzero(is_ack).to_pylist() + slow
-    inverse = pc.sort_indices(pa.array(order, pa.int64()))
-    merged = pa.Table.from_batches([acks, rows.to_batch()]).combine_chunks()
-    return merged.take(inverse).to_batches()[0]
+    order = pa.concat_arrays([pc.indices_nonzero(is_ack), slow])
+    merged = pa.Table.from_batches([acks, others]).combine_chunks()
+    return merged.take(pc.sort_indices(order)).to_batches()[0]
 
 
 def _ack_rows(
@@ -327,10 +346,10 @@ _DECISION_INPUTS = (
     "reconsume_times",
     "origin_msg_id",
     "retry_topic",
-    "store_timestamp",
-    "born_timestamp",
 )
-_COPIED = ("tags", "keys", "body", "flag", "properties", "born_timestamp", "born_host", "attempts")
+# Copied unchanged from the consumed message to its retry or dead letter (R7).
+_COPIED = ("tags", "keys", "body", "flag", "properties", "born_timestamp", "born_host")
+_COMPUTED_SCHEMA = pa.schema([f for f in WORK.arrow_schema if f.name not in _COPIED])
 
 
 def _quarantine(base: dict[str, Any], problems: list[tuple[str, str]], batch: pa.RecordBatch, i: int) -> dict[str, Any]:
@@ -350,10 +369,10 @@ def _decide_valid(
     base: dict[str, Any],
     py: dict[str, list[Any]],
     j: int,
-    i: int,
+    attempts: list[dict[str, Any]] | None,
+    bucket: int,
     batch_ts: dt.datetime,
     decider: Decider,
-    cols: dict[str, pa.Array],
 ) -> dict[str, Any]:
     config = decider.config
     status = py["status"][j]
@@ -405,7 +424,6 @@ def _decide_valid(
 
     consumed_msg_id: str = py["msg_id"][j]
     origin = py["origin_msg_id"][j] or consumed_msg_id
-    message = {name: cols[name][i].as_py() for name in _COPIED}
     level = None if dead_code else next_level(decider.policy(group_name, group), requested=requested, reconsume_times=reconsume)
     attempt = {
         "reconsume_times": reconsume,
@@ -417,8 +435,7 @@ def _decide_valid(
         "consumed_at": py["consumed_at"][j],
         "delay_level": level,
     }
-    message["attempts"] = [*(message["attempts"] or []), attempt]
-    store_time = py["store_timestamp"][j] or py["born_timestamp"][j] or py["consumed_at"][j] or batch_ts
+    message = {"attempts": [*(attempts or []), attempt]}
     common = {
         **base,
         **message,
@@ -428,7 +445,7 @@ def _decide_valid(
         "source_result_id": base["result_id"],
         "error_class": py["error_class"][j],
         "error_message": _truncate(py["error_message"][j]),
-        "bucket": _epoch_ms(store_time) // decider.bucket_ms,
+        "bucket": bucket,
     }
     if dead_code is not None:
         out_id = new_msg_id(group_name, consumed_msg_id, "dlq")
@@ -461,29 +478,6 @@ def _decide_valid(
     }
 
 
-class _Rows:
-    """Collects row dicts and builds one WORK batch column by column."""
-
-    def __init__(self) -> None:
-        self._rows: list[dict[str, Any]] = []
-
-    def add(self, row: dict[str, Any]) -> None:
-        self._rows.append(row)
-
-    def to_batch(self) -> pa.RecordBatch:
-        arrays = [
-            pa.array([row.get(f.name) for row in self._rows], type=f.type)
-            for f in WORK.arrow_schema
-        ]
-        return pa.RecordBatch.from_arrays(arrays, schema=WORK.arrow_schema)
-
-
-def _epoch_ms(ts: dt.datetime) -> int:
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=dt.timezone.utc)
-    return int(ts.timestamp() * 1000)
-
-
 def _truncate(text: str | None) -> str | None:
     if text is None or len(text) <= ERROR_MESSAGE_LIMIT:
         return text
@@ -508,13 +502,6 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, (dt.datetime, dt.date)):
         return value.isoformat()
     return str(value)
-
-
-def outcome_counts(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
-    counts = {o: 0 for o in OUTCOMES}
-    for row in rows:
-        counts[row["outcome"]] += 1
-    return counts
 
 
 __all__: Sequence[str] = ("Decider", "check_input_schema", "decide", "new_msg_id")
