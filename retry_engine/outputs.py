@@ -9,10 +9,7 @@ table that already committed it and written by the others (B1).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,24 +23,6 @@ from retry_engine.schemas import DLQ, OUTCOMES, QUARANTINE, RETRY, Table
 log = logging.getLogger(__name__)
 
 FORMAT = "deltars"
-
-
-def ensure_query_id(checkpoint: str) -> str:
-    """The streaming query id stored in ``<checkpoint>/metadata``, created if absent.
-
-    Spark reuses an existing metadata file, so writing it first lets the sink
-    know the id before the query starts. A new checkpoint gets a new id, so
-    batch ids restarting at 0 never collide with an old query's transactions.
-    """
-    path = os.path.join(checkpoint, "metadata")
-    if os.path.exists(path):
-        with open(path) as handle:
-            return str(json.loads(handle.readline())["id"])
-    os.makedirs(checkpoint, exist_ok=True)
-    query_id = str(uuid.uuid4())
-    with open(path, "w") as handle:
-        handle.write(json.dumps({"id": query_id}) + "\n")
-    return query_id
 
 
 @dataclass(frozen=True)

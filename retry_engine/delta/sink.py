@@ -15,7 +15,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,8 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties, Transaction
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql import DataFrame
+from pyspark.sql.streaming import DataStreamWriter
 from pyspark.sql.types import StructType
 
 from retry_engine.delta._commits import local_path
@@ -184,12 +186,42 @@ class DeltaBatchWriter(_Writer, DataSourceArrowWriter):
         _abort(self.uri, messages)
 
 
-def checkpoint_query_id(checkpoint: str) -> str | None:
-    try:
-        with open(os.path.join(local_path(checkpoint), "metadata")) as handle:
+def ensure_query_id(checkpoint: str) -> str:
+    """The streaming query id stored in ``<checkpoint>/metadata``, created if absent.
+
+    Spark keeps an existing metadata file, so writing it first lets a sink
+    know the id before the query starts (the data source API does not pass the
+    checkpoint location to writers). A new checkpoint gets a new id, so batch
+    ids restarting at 0 never collide with an old query's transactions.
+    """
+    root = local_path(checkpoint)
+    path = os.path.join(root, "metadata")
+    if os.path.exists(path):
+        with open(path) as handle:
             return str(json.loads(handle.readline())["id"])
-    except FileNotFoundError:
-        return None
+    os.makedirs(root, exist_ok=True)
+    query_id = str(uuid.uuid4())
+    with open(path, "w") as handle:
+        handle.write(json.dumps({"id": query_id}) + "\n")
+    return query_id
+
+
+def write_stream(
+    df: DataFrame, path: str, *, checkpoint: str, partition_by: Sequence[str] = ()
+) -> DataStreamWriter:
+    """``df.writeStream`` to the Delta table at ``path``, exactly once, tied to ``checkpoint``.
+
+    Returns the configured writer: set a trigger if needed and call ``start()``.
+    """
+    writer = (
+        df.writeStream.format("deltars")
+        .option("path", path)
+        .option("checkpointLocation", checkpoint)
+        .option("txnAppId", f"deltars-stream-{ensure_query_id(checkpoint)}")
+    )
+    if partition_by:
+        writer = writer.option("partitionBy", ",".join(partition_by))
+    return writer
 
 
 class DeltaStreamWriter(_Writer, DataSourceStreamArrowWriter):
@@ -199,19 +231,21 @@ class DeltaStreamWriter(_Writer, DataSourceStreamArrowWriter):
     """
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
-        super().__init__(options, schema, overwrite)
-        self.checkpoint = options.get("checkpointLocation")
-
-    def _app_id(self) -> str:
-        if self.app_id:
-            return self.app_id
-        query_id = checkpoint_query_id(self.checkpoint) if self.checkpoint else None
-        if query_id is None:
+        if not options.get("txnAppId"):
+            # Spark does not hand the checkpoint location to Python sinks, and without an
+            # id tied to it a restarted query could not tell its batches apart from a new one's.
             raise DeltaSinkError(
-                "cannot tie the sink to its checkpoint: set option txnAppId, or checkpointLocation",
+                "writeStream.format('deltars') needs option txnAppId tied to the checkpoint; "
+                "use retry_engine.delta.write_stream(df, path, checkpoint=...) which sets it",
                 code="SINK_APP_ID",
             )
-        return f"deltars-stream-{query_id}"
+        options = options.copy()
+        options["txnVersion"] = "0"
+        super().__init__(options, schema, overwrite)
+
+    def _app_id(self) -> str:
+        assert self.app_id is not None  # checked in __init__
+        return self.app_id
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
         commit_files(

@@ -212,17 +212,17 @@ class DeltaRsDataSource(DataSource):
         return schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return DeltaBatchReader(dict(self.options), schema)
+        return DeltaBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return DeltaStreamReader(dict(self.options), schema)
+        return DeltaStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
         from retry_engine.delta.sink import DeltaBatchWriter
 
-        return DeltaBatchWriter(dict(self.options), schema, overwrite)
+        return DeltaBatchWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         from retry_engine.delta.sink import DeltaStreamWriter
 
-        return DeltaStreamWriter(dict(self.options), schema, overwrite)
+        return DeltaStreamWriter(self.options, schema, overwrite)
