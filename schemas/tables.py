@@ -31,10 +31,11 @@ MESSAGES = Table(
     partition_by=("topic",),
 )
 
+# Every column is nullable here: bad input must be writable so it can be quarantined.
 CONSUME_RESULTS = Table(
     "consume_results",
     "One row per delivered message a consumer processed: the message as delivered plus the result.",
-    (
+    tuple(col.variant(nullable=True) for col in (
         c.RESULT_ID,
         c.CONSUMER_GROUP,
         c.CONSUMER_ID,
@@ -46,7 +47,7 @@ CONSUME_RESULTS = Table(
         c.ERROR_MESSAGE,
         c.CONSUMED_AT,
         *MESSAGE_COLUMNS,
-    ),
+    )),
 )
 
 RETRY = Table(

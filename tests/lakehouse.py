@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import TableNotFoundError
 
 from retry_engine.config import EngineConfig, parse_config
 from retry_engine.schemas import CONSUME_RESULTS
@@ -44,10 +45,8 @@ class Lake:
     def rows(self, table: str) -> list[dict[str, Any]]:
         try:
             return DeltaTable(self.path(table)).to_pyarrow_table().to_pylist()
-        except Exception as exc:  # a table the engine has not created yet
-            if "no log files" in str(exc).lower() or "not a delta table" in str(exc).lower():
-                return []
-            raise
+        except TableNotFoundError:  # the engine has not created it yet
+            return []
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition") -> Any:

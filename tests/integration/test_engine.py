@@ -126,8 +126,8 @@ def test_every_input_row_has_exactly_one_outcome(spark: Any, tmp_path: Path) -> 
     assert got[ids["U1"]] == ("quarantined", "SUBSCRIPTION_GROUP_NOT_EXIST")
     assert got[ids["Q1"]] == ("quarantined", "UNKNOWN_STATUS")
     assert got[ids["D1"]] == ("dead_letter", "DLQ_REQUESTED")
-    dup_outcomes = sorted(got[r][0] for r in (ids["DUP"], "again-1", "again-2"))
-    assert dup_outcomes == ["duplicate", "duplicate", "retry"]
+    dup_outcomes = [got[r][0] for r in (failing.values["result_id"], "again-1", "again-2")]
+    assert dup_outcomes == ["retry", "duplicate", "duplicate"]
     retries = lake.rows("retry")
     assert sorted(r["origin_msg_id"] for r in retries) == ["DUP", "N1"]
     quarantine = lake.rows("quarantine")
