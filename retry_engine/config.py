@@ -121,6 +121,14 @@ class GroupConfig(_Strict):
     )
     non_retryable: NonRetryable = Field(default_factory=NonRetryable)
 
+    @field_validator("backoff", mode="before")
+    @classmethod
+    def _default_policy(cls, value: Any) -> Any:
+        # ``backoff = { levels = "1s 5s" }`` means the levels policy.
+        if isinstance(value, dict) and "policy" not in value:
+            return {**value, "policy": "levels"}
+        return value
+
 
 class EngineSection(_Strict):
     master: str = DEFAULT_MASTER

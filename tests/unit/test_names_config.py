@@ -62,3 +62,11 @@ def test_env_overrides_paths_and_master(tmp_path: Path) -> None:
 def test_shipped_config_file_is_valid() -> None:
     cfg = load_config(Path(__file__).parents[2] / "conf" / "retry-engine.toml", env={})
     assert cfg.engine.trigger_interval
+
+
+def test_b2_custom_level_list_without_policy_key() -> None:
+    cfg = parse_config({"groups": {"g": {"backoff": {"levels": "1s 2s", "first_level": 1}}}})
+    group = cfg.group("g")
+    assert group is not None
+    policy = cfg.policy(group)
+    assert policy.first_level == 1 and policy.delay_ms(5) == 2000
