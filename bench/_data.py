@@ -15,7 +15,7 @@ from retry_engine.schemas import CONSUME_RESULTS
 
 def consume_results(n: int, *, failure_rate: float, seed: int = 7, groups: int = 4) -> pa.Table:
     rng = np.random.default_rng(seed)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     ids = [f"{i:032X}" for i in range(n)]
     failed = rng.random(n) < failure_rate
     ts = pa.array([now] * n, pa.timestamp("us", tz="UTC"))

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from retry_engine.config import EngineConfig, GroupConfig
-from retry_engine.delays import BackoffPolicy, next_level, parse_duration_ms, schedule_queue_id
+from retry_engine.delays import BackoffPolicy, next_level, schedule_queue_id
 from retry_engine.errors import SchemaMismatchError
 from retry_engine.names import (
     GROUP_MAX_LENGTH,
@@ -247,7 +247,7 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
     _validate(cols, problems, config)
     batch_ts: dt.datetime = batch.column(BATCH_TS)[0].as_py() if n else _EPOCH
     if batch_ts is not None and batch_ts.tzinfo is None:
-        batch_ts = batch_ts.replace(tzinfo=dt.timezone.utc)
+        batch_ts = batch_ts.replace(tzinfo=dt.UTC)
 
     # Acknowledgements are most of the traffic: build their rows column-wise.
     valid = pa.array([i not in problems for i in range(n)], type=pa.bool_())
@@ -329,7 +329,7 @@ def _ack_rows(
     return pa.RecordBatch.from_arrays(arrays, schema=WORK.arrow_schema)
 
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _DECISION_INPUTS = (
     "result_id",
     "consumer_group",

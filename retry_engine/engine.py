@@ -21,10 +21,10 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.delays import parse_duration_ms
+from retry_engine.delta import ensure_query_id, ensure_table
 from retry_engine.outputs import FORMAT, BatchWriter
 from retry_engine.schedule import STATE_SCHEMA, ScheduleStage
 from retry_engine.schemas import CONSUME_RESULTS, WORK
-from retry_engine.delta import ensure_query_id, ensure_table
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,17 @@ Installed as ``retry_engine.schemas``. Each :class:`Table` gives its
 from __future__ import annotations
 
 from ._model import Column, Table
-from .tables import ALL_TABLES, CONSUME_RESULTS, DLQ, MESSAGE_COLUMNS, MESSAGES, OUTCOMES, QUARANTINE, RETRY, WORK
+from .tables import (
+    ALL_TABLES,
+    CONSUME_RESULTS,
+    DLQ,
+    MESSAGE_COLUMNS,
+    MESSAGES,
+    OUTCOMES,
+    QUARANTINE,
+    RETRY,
+    WORK,
+)
 
 __all__ = [
     "ALL_TABLES",

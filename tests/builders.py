@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from retry_engine.schemas import CONSUME_RESULTS
 
-T0 = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
 _ids = itertools.count()
 
 

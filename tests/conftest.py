@@ -8,7 +8,7 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator["SparkSession"]:  # type: ignore[name-defined]  # noqa: F821
+def spark() -> Iterator[SparkSession]:  # type: ignore[name-defined]  # noqa: F821
     """One local[2] session for the whole run; created lazily, stopped at teardown."""
     from retry_engine.session import build_session
 

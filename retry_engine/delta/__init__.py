@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from retry_engine.delta.source import FORMAT_NAME, DeltaRsDataSource
 from retry_engine.delta.sink import ensure_query_id, write_stream
+from retry_engine.delta.source import FORMAT_NAME, DeltaRsDataSource
 from retry_engine.delta.tables import append_arrow, ensure_table, read_table, table_version
 
 if TYPE_CHECKING:

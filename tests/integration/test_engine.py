@@ -23,7 +23,7 @@ def redeliver(row: dict[str, Any], *, status: str = "RECONSUME_LATER", **extra: 
                                    "born_timestamp", "born_host", "store_timestamp", "queue_id",
                                    "reconsume_times", "origin_msg_id", "retry_topic", "attempts")}
     return Result.of(row["msg_id"], group=row["consumer_group"]).with_(
-        **message, status=status, consumed_at=dt.datetime.now(dt.timezone.utc),
+        **message, status=status, consumed_at=dt.datetime.now(dt.UTC),
         result_id=f"res-{row['msg_id']}", error_message=f"fail #{row['reconsume_times']}", **extra
     )
 
