@@ -59,7 +59,9 @@ def schedule_queue_id(level: int) -> int:
 class BackoffPolicy(Protocol):
     """How a group turns a delay level into a wait."""
 
-    first_level: int
+    @property
+    def first_level(self) -> int:
+        """Level of the first retry when the consumer leaves the choice to the broker."""
 
     def clamp(self, level: int) -> int:
         """The level actually used for a requested positive level."""

@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming.state import GroupState
 
-from retry_engine.decide import DEAD_LETTER, DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
+from retry_engine.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
 from retry_engine.schemas import WORK
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def _to_ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def _from_ipc(blob: bytes) -> pa.Table:
@@ -71,8 +71,7 @@ class ScheduleStage:
         route, bucket = key
         parts = [frame for frame in frames if len(frame)]
         if int(bucket) == NO_STATE_BUCKET:
-            for part in parts:
-                yield part
+            yield from parts
             return
         now_ms = state.getCurrentProcessingTimeMs()
         if state.exists:
@@ -137,4 +136,4 @@ def _as_deliveries(rows: pd.DataFrame, now_ms: int) -> pd.DataFrame:
     return rows
 
 
-__all__ = ["DEAD_LETTER", "STATE_SCHEMA", "ScheduleStage"]
+__all__ = ["STATE_SCHEMA", "ScheduleStage"]
