@@ -1,11 +1,23 @@
-"""Delta tables in Spark without the Delta jars: the ``deltars`` data source over delta-rs."""
+"""Delta tables in Spark without the Delta jars: the ``deltars`` data source over delta-rs.
+
+``register(spark)`` makes ``format("deltars")`` available; the helpers work on
+tables from plain Python.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from retry_engine.delta.sink import ensure_query_id, write_stream
-from retry_engine.delta.source import FORMAT_NAME, DeltaRsDataSource
+from retry_engine.delta._checkpoint import ensure_query_id, read_query_id
+from retry_engine.delta.sink import DeltaBatchWriter, DeltaStreamWriter, SinkOptions, write_stream
+from retry_engine.delta.source import (
+    DEFAULT_MAX_FILES_PER_TRIGGER,
+    FORMAT_NAME,
+    DeltaBatchReader,
+    DeltaRsDataSource,
+    DeltaStreamReader,
+    SourceOptions,
+)
 from retry_engine.delta.tables import append_arrow, ensure_table, read_table, table_version
 
 if TYPE_CHECKING:
@@ -13,16 +25,24 @@ if TYPE_CHECKING:
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("deltars")`` available on ``spark``."""
+    """Make ``format("deltars")`` available on ``spark`` (idempotent)."""
     spark.dataSource.register(DeltaRsDataSource)
 
 
 __all__ = [
-    "FORMAT_NAME",
+    "DEFAULT_MAX_FILES_PER_TRIGGER",
+    "DeltaBatchReader",
+    "DeltaBatchWriter",
     "DeltaRsDataSource",
+    "DeltaStreamReader",
+    "DeltaStreamWriter",
+    "FORMAT_NAME",
+    "SinkOptions",
+    "SourceOptions",
     "append_arrow",
     "ensure_query_id",
     "ensure_table",
+    "read_query_id",
     "read_table",
     "register",
     "table_version",

@@ -1,132 +1,135 @@
 """Writing Spark DataFrames to Delta tables through delta-rs.
 
-Executors write Parquet files into the table folder and return what they
-wrote; the driver commits them as one Delta transaction. Both writers carry
-an idempotency token like Delta's own (``txnAppId`` / ``txnVersion``; for a
-stream the query id and batch id) and skip a transaction the table already
-has: delta-rs records the token but does not enforce it.
+Executors write Parquet files into the table's folder and return what they
+wrote; the driver commits them as ONE Delta transaction. Both writers carry
+Delta's idempotency token, an ``(appId, version)`` transaction: batch writes
+take it from the ``txnAppId`` / ``txnVersion`` options, streaming writes use
+the query id (from ``<checkpointLocation>/metadata``) and the batch id, as
+Delta's own sink does. delta-rs records the token but does not enforce it,
+so every commit first checks ``transaction_version`` and skips a
+transaction the table already has.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
-import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction, CommitProperties, Transaction
-from pyspark.sql import DataFrame
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.streaming import DataStreamWriter
 from pyspark.sql.types import StructType
 
-from retry_engine.delta._commits import local_path
+from retry_engine.delta._checkpoint import read_query_id
+from retry_engine.delta._files import PartitionedWriter, WrittenFile, delete_quietly
+from retry_engine.delta._log import TableLocation, data_file_path, join_path
+from retry_engine.delta._options import lower_keys, require_path
+from retry_engine.delta.source import FORMAT_NAME
 from retry_engine.delta.tables import ensure_table
-from retry_engine.errors import DeltaSinkError
+from retry_engine.errors import ConfigError, DeltaSinkError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 log = logging.getLogger(__name__)
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+WriteMode = Literal["append", "overwrite"]
 
 
-def escape_path_value(value: str | None) -> str:
-    """A partition value as a safe folder name: no '%', '/', '|' or other specials.
+@dataclass(frozen=True)
+class SinkOptions:
+    """Write options of ``format("deltars")``, validated on construction."""
 
-    The folder name is only a convention; readers take partition values from
-    the log, so this need not be reversible.
-    """
-    if value is None:
-        return "__HIVE_DEFAULT_PARTITION__"
-    return _UNSAFE.sub(lambda m: f"_x{ord(m.group()):02X}", value) or "_empty"
+    path: str
+    partition_by: tuple[str, ...] = ()
+    txn_app_id: str | None = None
+    txn_version: int | None = None
+    checkpoint_location: str | None = None
 
-
-@dataclass
-class FilesWritten(WriterCommitMessage):
-    """What one task wrote: add-action fields per file."""
-
-    files: list[dict[str, Any]]
-
-
-def _partition_by(options: dict[str, str]) -> list[str]:
-    return [c.strip() for c in options.get("partitionBy", "").split(",") if c.strip()]
-
-
-def write_files(uri: str, batches: Iterator[pa.RecordBatch], partition_by: list[str]) -> FilesWritten:
-    """Write ``batches`` as Parquet files (one per partition value) under ``uri``."""
-    root = local_path(uri)
-    tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
-    if not tables:
-        return FilesWritten([])
-    data = pa.concat_tables(tables)
-    if partition_by:
-        keys = data.select(partition_by).group_by(partition_by).aggregate([]).to_pylist()
-    else:
-        keys = [{}]
-    files = []
-    for key in keys:
-        part = data
-        for col, value in key.items():
-            part = part.filter(pc.is_null(part[col]) if value is None else pc.equal(part[col], value))
-        part = part.drop_columns(partition_by)
-        folder = "/".join(f"{col}={escape_path_value(None if v is None else str(v))}" for col, v in key.items())
-        relative = f"{folder}/part-{uuid.uuid4()}.parquet" if folder else f"part-{uuid.uuid4()}.parquet"
-        full = os.path.join(root, relative)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        pq.write_table(part, full, compression="snappy")
-        files.append(
-            {
-                "path": relative,
-                "size": os.path.getsize(full),
-                "partition_values": {c: None if v is None else str(v) for c, v in key.items()},
-                "modification_time": int(time.time() * 1000),
-                "num_records": part.num_rows,
-            }
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SinkOptions:
+        opts = lower_keys(options)
+        app_id = opts.get("txnappid", "").strip() or None
+        raw_version = opts.get("txnversion", "").strip()
+        if raw_version and not raw_version.isdigit():
+            raise ConfigError(f"option txnVersion={raw_version!r} must be an integer >= 0", code="INVALID_OPTION")
+        partition_by = tuple(c.strip() for c in opts.get("partitionby", "").split(",") if c.strip())
+        if len(set(partition_by)) != len(partition_by):
+            raise ConfigError(f"option partitionBy={opts['partitionby']!r} repeats a column", code="INVALID_OPTION")
+        return cls(
+            path=require_path(opts),
+            partition_by=partition_by,
+            txn_app_id=app_id,
+            txn_version=int(raw_version) if raw_version else None,
+            checkpoint_location=opts.get("checkpointlocation", "").strip() or None,
         )
-    return FilesWritten(files)
+
+
+@dataclass(frozen=True)
+class FilesWritten(WriterCommitMessage):
+    """What one write task produced: the add-action fields of each file."""
+
+    files: tuple[WrittenFile, ...] = ()
+
+
+def _written(messages: Sequence[WriterCommitMessage | None]) -> list[WrittenFile]:
+    return [f for m in messages if isinstance(m, FilesWritten) for f in m.files]
+
+
+def _delete_files(location: TableLocation, files: Sequence[WrittenFile]) -> None:
+    fs, root = location.filesystem()
+    for f in files:
+        delete_quietly(fs, join_path(root, data_file_path(f.path)))
 
 
 def commit_files(
-    uri: str,
-    messages: list[WriterCommitMessage | None],
+    location: TableLocation,
+    messages: Sequence[WriterCommitMessage | None],
     *,
-    schema: pa.Schema,
-    partition_by: list[str],
-    mode: str,
+    mode: WriteMode,
+    partition_by: Sequence[str],
     app_id: str | None,
     txn_version: int | None,
 ) -> bool:
-    """Commit every file in ``messages`` as one transaction; False if already committed."""
-    table = DeltaTable(uri)
+    """Commit every file in ``messages`` as one transaction; False if it was already committed.
+
+    Replay: when the table already records ``(app_id, txn_version)`` or a later
+    version of ``app_id``, nothing is committed and this attempt's files (which
+    no commit references) are deleted. An append with no files commits nothing;
+    an overwrite always commits (it empties the table).
+    """
+    files = _written(messages)
+    table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
     if app_id is not None and txn_version is not None:
         done = table.transaction_version(app_id)
         if done is not None and done >= txn_version:
-            log.info("%s: transaction %s/%d already committed (at %d); skipped", uri, app_id, txn_version, done)
+            log.info(
+                "%s: transaction %s/%d already committed (table has %d); skipped, %d new file(s) dropped",
+                location.uri, app_id, txn_version, done, len(files),
+            )
+            _delete_files(location, files)
             return False
-    files = [f for m in messages if isinstance(m, FilesWritten) for f in m.files]
     if not files and mode == "append":
-        return True
-    actions = [
+        log.debug("%s: nothing to commit for %s/%s", location.uri, app_id, txn_version)
+        return False
+    actions: list[AddAction | RemoveAction] = [
         AddAction(
-            path=f["path"],
-            size=f["size"],
-            partition_values=f["partition_values"],
-            modification_time=f["modification_time"],
+            path=f.path,
+            size=f.size,
+            partition_values=f.partition_values,
+            modification_time=f.modification_time,
             data_change=True,
-            stats=json.dumps({"numRecords": f["num_records"]}),
+            stats=f.stats,
         )
         for f in files
     ]
@@ -135,79 +138,177 @@ def commit_files(
         if app_id is not None and txn_version is not None
         else None
     )
-    table.create_write_transaction(
-        actions, mode=mode, schema=schema, partition_by=partition_by or None, commit_properties=properties
+    try:
+        table.create_write_transaction(
+            actions,
+            mode=mode,
+            schema=table.schema(),
+            partition_by=list(partition_by) or None,
+            commit_properties=properties,
+        )
+    except CommitFailedError as exc:
+        raise DeltaSinkError(
+            f"{location.uri}: commit of {len(files)} file(s) for transaction {app_id}/{txn_version} failed "
+            f"(another writer with the same id, or a conflicting change): {exc}",
+            code="DELTA_COMMIT_FAILED",
+        ) from exc
+    log.info(
+        "%s: committed %d file(s), %d row(s) (%s, txn %s/%s)",
+        location.uri, len(files), sum(f.num_records for f in files), mode, app_id, txn_version,
     )
-    log.debug("%s: committed %d files (txn %s/%s)", uri, len(files), app_id, txn_version)
     return True
 
 
-def _abort(uri: str, messages: list[WriterCommitMessage | None]) -> None:
-    for m in messages:
-        if isinstance(m, FilesWritten):
-            for f in m.files:
-                try:
-                    os.remove(os.path.join(local_path(uri), f["path"]))
-                except FileNotFoundError:
-                    pass
+def abort_files(location: TableLocation, messages: Sequence[WriterCommitMessage | None]) -> None:
+    """Delete the files of a failed write, except any a commit already references.
+
+    Spark also aborts when ``commit`` raises, and a commit may have landed
+    before the error (e.g. in a post-commit hook), so referenced files stay.
+    """
+    files = _written(messages)
+    if not files:
+        return
+    try:
+        table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
+        referenced = set(pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist())
+    except Exception:  # noqa: BLE001 - leaving orphans is safe, deleting live files is not
+        log.warning("%s: cannot read the table to abort; leaving %d file(s) for vacuum", location.uri, len(files))
+        return
+    _delete_files(location, [f for f in files if f.path not in referenced])
 
 
-class _Writer:
-    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
-        self.uri = options["path"]
-        self.partition_by = _partition_by(options)
+class _DeltaWriter:
+    """Shared by the batch and stream writers: set-up on the driver, ``write`` on executors.
+
+    Set-up creates the table if missing, or checks the DataFrame against it
+    (:class:`SchemaMismatchError` naming the column), so every task writes
+    files of the table's schema and partitioning.
+    """
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        self.options = SinkOptions.parse(options)
+        self.location = TableLocation(self.options.path)
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        self.overwrite = overwrite
-        self.app_id = options.get("txnAppId")
-        self.txn_version = int(options["txnVersion"]) if options.get("txnVersion") else None
-        if (self.app_id is None) != (self.txn_version is None):
-            raise DeltaSinkError("options txnAppId and txnVersion go together", code="TXN_OPTIONS")
-        missing = [c for c in self.partition_by if c not in self.arrow_schema.names]
+        self.mode: WriteMode = "overwrite" if overwrite else "append"
+        missing = [c for c in self.options.partition_by if c not in self.arrow_schema.names]
         if missing:
-            raise DeltaSinkError(f"partitionBy column {missing[0]!r} is not in the DataFrame", code="PARTITION_COLUMN")
-        # Runs on the driver: create the table, or check the DataFrame fits it.
-        ensure_table(self.uri, self.arrow_schema, partition_by=self.partition_by)
+            raise ConfigError(
+                f"partitionBy column {missing[0]!r} is not a column of the DataFrame {self.arrow_schema.names}",
+                code="INVALID_OPTION",
+            )
+        table = ensure_table(self.location.table_uri, self.arrow_schema, partition_by=self.options.partition_by)
+        self.partition_by = tuple(table.metadata().partition_columns)
+        self.not_null = tuple(f.name for f in pa.schema(table.schema().to_arrow()) if not f.nullable)
+        self.skip_writes = False
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesWritten:
-        return write_files(self.uri, iterator, self.partition_by)
+        """Write this task's rows as new Parquet files (invisible until the driver commits)."""
+        if self.skip_writes:
+            for _ in iterator:
+                pass
+            return FilesWritten()
+        fs, root = self.location.filesystem()
+        writer = PartitionedWriter(
+            fs, root, self.arrow_schema, partition_by=self.partition_by, not_null=self.not_null, uri=self.location.uri
+        )
+        try:
+            for batch in iterator:
+                writer.write(batch)
+            return FilesWritten(tuple(writer.close()))
+        except BaseException:
+            writer.discard()
+            raise
 
 
-class DeltaBatchWriter(_Writer, DataSourceArrowWriter):
-    """``df.write.format("deltars")``: one transaction; idempotent with txnAppId/txnVersion."""
+class DeltaBatchWriter(_DeltaWriter, DataSourceArrowWriter):
+    """``df.write.format("deltars")``: one transaction; idempotent with ``txnAppId`` + ``txnVersion``.
 
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
+    Replay (same ``txnAppId``/``txnVersion`` again, e.g. a replayed
+    ``foreachBatch``): detected on the driver before any task writes, and
+    again at commit, so the table gets the data once.
+    """
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        super().__init__(options, schema, overwrite)
+        if (self.options.txn_app_id is None) != (self.options.txn_version is None):
+            raise ConfigError("options txnAppId and txnVersion go together; set both or neither", code="INVALID_OPTION")
+        if self.options.txn_app_id is not None and self.options.txn_version is not None:
+            done = DeltaTable(self.location.table_uri).transaction_version(self.options.txn_app_id)
+            self.skip_writes = done is not None and done >= self.options.txn_version
+            if self.skip_writes:
+                log.info(
+                    "%s: transaction %s/%d already committed (table has %s); write skipped",
+                    self.location.uri, self.options.txn_app_id, self.options.txn_version, done,
+                )
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        if self.skip_writes:
+            return
         commit_files(
-            self.uri,
+            self.location,
             messages,
-            schema=self.arrow_schema,
+            mode=self.mode,
             partition_by=self.partition_by,
-            mode="overwrite" if self.overwrite else "append",
-            app_id=self.app_id,
-            txn_version=self.txn_version,
+            app_id=self.options.txn_app_id,
+            txn_version=self.options.txn_version,
         )
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
-        _abort(self.uri, messages)
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        abort_files(self.location, messages)
 
 
-def ensure_query_id(checkpoint: str) -> str:
-    """The streaming query id stored in ``<checkpoint>/metadata``, created if absent.
+class DeltaStreamWriter(_DeltaWriter, DataSourceStreamArrowWriter):
+    """``writeStream.format("deltars")``: one transaction per micro-batch, exactly once.
 
-    Spark keeps an existing metadata file, so writing it first lets a sink
-    know the id before the query starts (the data source API does not pass the
-    checkpoint location to writers). A new checkpoint gets a new id, so batch
-    ids restarting at 0 never collide with an old query's transactions.
+    The transaction id is ``txnAppId`` if given, else the query id Spark keeps
+    in ``<checkpointLocation>/metadata``; its version is the batch id. Spark
+    makes a new writer for every commit, so nothing is kept between batches.
+
+    Replay: a batch whose Delta commit landed but whose checkpoint commit did
+    not is re-run by Spark with the same batch id; ``commit`` finds the
+    transaction in the table, skips it and deletes the replay's files.
     """
-    root = local_path(checkpoint)
-    path = os.path.join(root, "metadata")
-    if os.path.exists(path):
-        with open(path) as handle:
-            return str(json.loads(handle.readline())["id"])
-    os.makedirs(root, exist_ok=True)
-    query_id = str(uuid.uuid4())
-    with open(path, "w") as handle:
-        handle.write(json.dumps({"id": query_id}) + "\n")
-    return query_id
+
+    def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
+        super().__init__(options, schema, overwrite)
+        if self.options.txn_version is not None:
+            raise ConfigError(
+                "option txnVersion is for batch writes; a stream uses its batch id", code="INVALID_OPTION"
+            )
+        if self.options.txn_app_id is None and self.options.checkpoint_location is None:
+            raise DeltaSinkError(
+                "writeStream.format('deltars') needs option checkpointLocation (the session-wide "
+                "spark.sql.streaming.checkpointLocation does not reach data sources) or option txnAppId, "
+                "to tie its idempotent commits to the query",
+                code="SINK_APP_ID",
+            )
+
+    def app_id(self) -> str:
+        """The idempotency key: ``txnAppId``, else the checkpoint's query id."""
+        if self.options.txn_app_id is not None:
+            return self.options.txn_app_id
+        checkpoint = self.options.checkpoint_location or ""
+        query_id = read_query_id(checkpoint)
+        if query_id is None:
+            raise DeltaSinkError(
+                f"no query id in {checkpoint}/metadata; Spark writes it when the query starts",
+                code="SINK_APP_ID",
+            )
+        return query_id
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        commit_files(
+            self.location,
+            messages,
+            mode=self.mode,
+            partition_by=self.partition_by,
+            app_id=self.app_id(),
+            txn_version=batchId,
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("%s: batch %d aborted", self.location.uri, batchId)
+        abort_files(self.location, messages)
 
 
 def write_stream(
@@ -215,52 +316,10 @@ def write_stream(
 ) -> DataStreamWriter:
     """``df.writeStream`` to the Delta table at ``path``, exactly once, tied to ``checkpoint``.
 
-    Returns the configured writer: set a trigger if needed and call ``start()``.
+    Returns the configured writer: set a trigger if needed and ``start()`` it.
     """
-    writer = (
-        df.writeStream.format("deltars")
-        .option("path", path)
-        .option("checkpointLocation", checkpoint)
-        .option("txnAppId", f"deltars-stream-{ensure_query_id(checkpoint)}")
-    )
+    writer = df.writeStream.format(FORMAT_NAME).option("path", path).option("checkpointLocation", checkpoint)
     if partition_by:
         writer = writer.option("partitionBy", ",".join(partition_by))
     return writer
 
-
-class DeltaStreamWriter(_Writer, DataSourceStreamArrowWriter):
-    """``writeStream.format("deltars")``: one transaction per micro-batch, exactly once.
-
-    Replay: a batch id the table already recorded for this query is skipped.
-    """
-
-    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
-        if not options.get("txnAppId"):
-            # Spark does not hand the checkpoint location to Python sinks, and without an
-            # id tied to it a restarted query could not tell its batches apart from a new one's.
-            raise DeltaSinkError(
-                "writeStream.format('deltars') needs option txnAppId tied to the checkpoint; "
-                "use retry_engine.delta.write_stream(df, path, checkpoint=...) which sets it",
-                code="SINK_APP_ID",
-            )
-        options = options.copy()
-        options["txnVersion"] = "0"
-        super().__init__(options, schema, overwrite)
-
-    def _app_id(self) -> str:
-        assert self.app_id is not None  # checked in __init__
-        return self.app_id
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
-        commit_files(
-            self.uri,
-            messages,
-            schema=self.arrow_schema,
-            partition_by=self.partition_by,
-            mode="append",
-            app_id=self._app_id(),
-            txn_version=batchId,
-        )
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # type: ignore[override]
-        _abort(self.uri, messages)

@@ -1,26 +1,27 @@
 """The ``deltars`` data source: Delta tables in Spark through delta-rs.
 
-Streaming offsets follow Delta's own source: ``(reservoirVersion, index,
-isStartingVersion)``. A new query reads the snapshot of the latest version
-first, then tails later commits, emitting only data-changing ``add`` files.
-Admission control (``maxFilesPerTrigger``, ``maxBytesPerTrigger``) always
+Streaming follows Delta's own source. A new query reads the snapshot of the
+latest version (or starts at ``startingVersion``), then tails later commits,
+emitting only data-changing ``add`` files; offsets are
+``{"reservoirVersion", "index", "isStartingVersion"}`` (see ``_offsets``).
+Admission control (``maxFilesPerTrigger`` / ``maxBytesPerTrigger``) always
 admits at least one file, and ``Trigger.AvailableNow`` stops at the version
 that was latest when the query started.
 
 Replay: ``partitions(start, end)`` is a pure function of the two offsets and
-the (immutable) log, so a replayed micro-batch reads the same files in the
-same order.
+the immutable log, and ``read`` of a file is deterministic, so a replayed
+micro-batch yields the same rows in the same order (and the same
+``sourcePositionColumn`` values).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -29,6 +30,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
     ReadLimit,
     ReadMaxBytes,
     ReadMaxFiles,
@@ -36,192 +38,292 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StringType, StructField, StructType
 
-from retry_engine.delta._commits import DeltaLog, FileEntry, file_path
-from retry_engine.errors import DeltaSourceError
+from retry_engine.delta._files import FileToRead, read_file
+from retry_engine.delta._log import Commit, DeltaLog, FileEntry, TableLocation
+from retry_engine.delta._offsets import (
+    Admission,
+    ChangeRules,
+    Offset,
+    end_offset,
+    files_after,
+    files_between,
+)
+from retry_engine.delta._options import (
+    lower_keys,
+    parse_bool,
+    parse_bytes,
+    parse_positive_int,
+    require_path,
+)
+from retry_engine.delta._schema import check_stream_schema
+from retry_engine.errors import ConfigError, DeltaSourceError
+
+if TYPE_CHECKING:
+    from retry_engine.delta.sink import DeltaBatchWriter, DeltaStreamWriter
 
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "deltars"
 DEFAULT_MAX_FILES_PER_TRIGGER = 1000
 
-
-def _flag(options: dict[str, str], name: str) -> bool:
-    return str(options.get(name, "false")).strip().lower() in ("true", "1", "yes")
-
-
 @dataclass(frozen=True)
-class FilePartition(InputPartition):
-    """One data file of the stream (or of a batch read)."""
+class SourceOptions:
+    """Read options of ``format("deltars")``, validated on construction."""
 
     path: str
-    partition_values: dict[str, str | None]
-    version: int
-    index: int
+    max_files_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    ignore_deletes: bool = False
+    skip_change_commits: bool = False
+    starting_version: int | Literal["latest"] | None = None
+    version_as_of: int | None = None
+    position_column: str | None = None
 
-    def __init__(self, entry: FileEntry) -> None:
-        object.__setattr__(self, "path", entry.path)
-        object.__setattr__(self, "partition_values", entry.partition_values)
-        object.__setattr__(self, "version", entry.version)
-        object.__setattr__(self, "index", entry.index)
-        object.__setattr__(self, "value", entry.path)
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        opts = lower_keys(options)
+        starting: int | Literal["latest"] | None = None
+        raw_start = opts.get("startingversion", "").strip()
+        if raw_start.lower() == "latest":
+            starting = "latest"
+        elif raw_start:
+            if not raw_start.isdigit():
+                raise ConfigError(
+                    f"option startingVersion={raw_start!r} must be a version number >= 0 or 'latest'",
+                    code="INVALID_OPTION",
+                )
+            starting = int(raw_start)
+        raw_as_of = opts.get("versionasof", "").strip()
+        if raw_as_of and not raw_as_of.isdigit():
+            raise ConfigError(f"option versionAsOf={raw_as_of!r} must be a version number >= 0", code="INVALID_OPTION")
+        return cls(
+            path=require_path(opts),
+            max_files_per_trigger=parse_positive_int(opts, "maxFilesPerTrigger"),
+            max_bytes_per_trigger=parse_bytes(opts, "maxBytesPerTrigger"),
+            ignore_deletes=parse_bool(opts, "ignoreDeletes"),
+            skip_change_commits=parse_bool(opts, "skipChangeCommits"),
+            starting_version=starting,
+            version_as_of=int(raw_as_of) if raw_as_of else None,
+            position_column=opts.get("sourcepositioncolumn", "").strip() or None,
+        )
+
+    @property
+    def rules(self) -> ChangeRules:
+        return ChangeRules(ignore_deletes=self.ignore_deletes, skip_change_commits=self.skip_change_commits)
+
+    def default_read_limit(self) -> ReadLimit:
+        """Delta's default: ``maxBytesPerTrigger`` if set, else ``maxFilesPerTrigger`` (1000)."""
+        if self.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.max_bytes_per_trigger)
+        return ReadMaxFiles(self.max_files_per_trigger or DEFAULT_MAX_FILES_PER_TRIGGER)
+
+    def admission(self, limit: ReadLimit) -> Admission:
+        """Spark's limit for this batch; with both options set, whichever is hit first (as in Delta)."""
+        if isinstance(limit, ReadMaxFiles):
+            return Admission(max_files=limit.max_files, max_bytes=self.max_bytes_per_trigger)
+        if isinstance(limit, ReadMaxBytes):
+            return Admission(max_files=self.max_files_per_trigger, max_bytes=limit.max_bytes)
+        if not isinstance(limit, ReadAllAvailable):
+            log.warning("%s: read limit %r is not supported; reading everything available", self.path, limit)
+        return Admission()
 
 
-def read_file(
-    uri: str, part: FilePartition, target: pa.Schema, position_column: str | None
-) -> Iterator[pa.RecordBatch]:
-    """Stream one data file as batches of exactly ``target``'s schema."""
-    parquet = pq.ParquetFile(file_path(uri, part.path))
-    row = 0
-    for batch in parquet.iter_batches(batch_size=65_536):
-        n = batch.num_rows
-        arrays = []
-        for f in target:
-            if f.name == position_column:
-                arrays.append(pa.array([f"{part.version:020d}/{part.index:06d}/{row + i:09d}" for i in range(n)], pa.string()))
-            elif f.name in part.partition_values:
-                value = part.partition_values[f.name]
-                arrays.append(pa.array([value] * n, pa.string()).cast(f.type))
-            elif f.name in batch.schema.names:
-                arrays.append(batch.column(f.name).cast(f.type))
-            else:  # a column added to the table after this file was written
-                arrays.append(pa.nulls(n, f.type))
-        row += n
-        yield pa.RecordBatch.from_arrays(arrays, schema=target)
+# --------------------------------------------------------------------------- reading
 
 
-def _target_schema(schema: StructType) -> pa.Schema:
+class FilePartition(InputPartition):
+    """One data file: the unit of work of a read task."""
+
+    def __init__(self, file: FileToRead) -> None:
+        super().__init__(file.path)
+        self.file = file
+
+    @classmethod
+    def of(cls, entry: FileEntry) -> FilePartition:
+        return cls(
+            FileToRead(
+                path=entry.path,
+                partition_values=dict(entry.partition_values),
+                version=entry.version,
+                index=entry.index,
+                is_starting_version=entry.is_starting_version,
+            )
+        )
+
+
+def arrow_target(schema: StructType) -> pa.Schema:
+    """The exact Arrow schema Spark expects from ``read`` for ``schema``."""
     return to_arrow_schema(schema, timezone="UTC")
 
 
-class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Streams the files of a Delta table in commit order."""
+class _FileReading:
+    """``read`` shared by the batch and stream readers (runs on executors)."""
 
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self.uri = options["path"]
-        self.schema = schema
-        self.position_column = options.get("sourcePositionColumn")
-        self.ignore_deletes = _flag(options, "ignoreDeletes")
-        self.skip_change_commits = _flag(options, "skipChangeCommits")
-        self.max_files = int(options.get("maxFilesPerTrigger", DEFAULT_MAX_FILES_PER_TRIGGER))
-        self.max_bytes = int(options["maxBytesPerTrigger"]) if options.get("maxBytesPerTrigger") else None
-        self.starting_version = options.get("startingVersion")
-        self.log = DeltaLog(self.uri)
-        self.available_now_version: int | None = None
+    options: SourceOptions
+    schema: StructType
 
-    def initialOffset(self) -> dict[str, Any]:
-        if self.starting_version not in (None, "", "latest"):
-            return {"reservoirVersion": int(self.starting_version), "index": -1, "isStartingVersion": False}
-        latest = self.log.latest_version()
-        if self.starting_version == "latest":
-            return {"reservoirVersion": latest + 1, "index": -1, "isStartingVersion": False}
-        return {"reservoirVersion": latest, "index": -1, "isStartingVersion": True}
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        if self.max_bytes is not None:
-            return ReadMaxBytes(self.max_bytes)
-        return ReadMaxFiles(self.max_files)
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self.available_now_version = self.log.latest_version()
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        until = self.available_now_version if self.available_now_version is not None else self.log.latest_version()
-        last: FileEntry | None = None
-        files = 0
-        size = 0
-        for entry in self._files(start, until):
-            if last is not None:
-                if isinstance(limit, ReadMaxFiles) and files >= limit.max_files:
-                    break
-                if isinstance(limit, ReadMaxBytes) and size + entry.size > limit.max_bytes:
-                    break
-            last, files, size = entry, files + 1, size + entry.size
-        if last is None:
-            return start
-        return last.offset
-
-    def _files(self, start: dict[str, Any], until: int) -> Iterator[FileEntry]:
-        return self.log.files_after(
-            start, until_version=until, ignore_deletes=self.ignore_deletes, skip_change_commits=self.skip_change_commits
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, FilePartition):
+            raise DeltaSourceError(f"unexpected input partition {partition!r}", code="DELTA_PARTITION_INVALID")
+        fs, root = TableLocation(self.options.path).filesystem()
+        yield from read_file(
+            fs, root, partition.file, arrow_target(self.schema), position_column=self.options.position_column
         )
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        """The files after ``start`` up to and including the file ``end`` points at."""
-        last = (int(end["reservoirVersion"]), int(end["index"]))
-        parts: list[InputPartition] = []
-        for entry in self._files(start, last[0]):
-            if (entry.version, entry.index) > last:
-                break
-            parts.append(FilePartition(entry))
-        return parts
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, FilePartition)
-        yield from read_file(self.uri, partition, _target_schema(self.schema), self.position_column)
+class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Streams a Delta table's data files in commit order (driver side plans, executors read).
+
+    Replay: ``partitions(start, end)`` lists the same files for the same
+    offsets; ``read`` yields the same rows in the same order.
+    """
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self._available_now_version: int | None = None
+        self._log: DeltaLog | None = None
+        self._reservoir_id: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors only need options and schema; delta-rs handles do not pickle.
+        state = self.__dict__.copy()
+        state["_log"] = None
+        return state
+
+    @property
+    def delta_log(self) -> DeltaLog:
+        if self._log is None:
+            self._log = DeltaLog(TableLocation(self.options.path))
+            self._reservoir_id = self._log.table_id()
+        return self._log
+
+    def _check_reservoir(self, offset: Offset) -> None:
+        _ = self.delta_log
+        if offset.reservoir_id is not None and offset.reservoir_id != self._reservoir_id:
+            raise DeltaSourceError(
+                f"the Delta table at {self.options.path} is now table {self._reservoir_id}, but the "
+                f"checkpoint read table {offset.reservoir_id}; it was deleted and re-created. Start "
+                "from a new checkpoint",
+                code="DELTA_TABLE_ID_CHANGED",
+            )
+
+    def initialOffset(self) -> dict[str, Any]:
+        """Before the snapshot at the latest version, or before ``startingVersion``'s commit."""
+        delta_log = self.delta_log
+        start = self.options.starting_version
+        if start is None:
+            offset = Offset(delta_log.latest_version(), -1, True, self._reservoir_id)
+        elif start == "latest":
+            offset = Offset.after_version(delta_log.latest_version(), self._reservoir_id)
+        else:
+            latest = delta_log.latest_version()
+            if start > latest + 1:
+                raise DeltaSourceError(
+                    f"startingVersion={start} but {self.options.path} is at version {latest}",
+                    code="DELTA_STARTING_VERSION_INVALID",
+                )
+            offset = Offset(start, -1, False, self._reservoir_id)
+        log.info("%s: stream starts at %s", self.options.path, offset.to_json())
+        return offset.to_json()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self.options.default_read_limit()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now_version = self.delta_log.latest_version()
+        log.info("%s: Trigger.AvailableNow reads through version %d", self.options.path, self._available_now_version)
+
+    def _on_commit(self, commit: Commit) -> None:
+        if commit.metadata is not None and commit.metadata.get("schemaString"):
+            skip = [self.options.position_column] if self.options.position_column else []
+            check_stream_schema(
+                self.options.path, commit.version, str(commit.metadata["schemaString"]), arrow_target(self.schema), skip
+            )
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The end of the next micro-batch: as many files after ``start`` as ``limit`` admits."""
+        begin = Offset.from_json(start)
+        self._check_reservoir(begin)
+        delta_log = self.delta_log
+        until = self._available_now_version
+        if until is None:
+            until = delta_log.latest_version()
+        files = files_after(delta_log, begin, through_version=until, rules=self.options.rules, on_commit=self._on_commit)
+        end = end_offset(files, begin, until_version=until, admission=self.options.admission(limit))
+        return end.to_json()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """One partition per file in ``(start, end]``, in stream order."""
+        begin, finish = Offset.from_json(start), Offset.from_json(end)
+        self._check_reservoir(finish)
+        files = files_between(self.delta_log, begin, finish, rules=self.options.rules, on_commit=self._on_commit)
+        log.debug("%s: batch %s -> %s has %d files", self.options.path, start, end, len(files))
+        return [FilePartition.of(f) for f in files]
 
     def commit(self, end: dict[str, Any]) -> None:
-        log.debug("source %s committed through %s", self.uri, end)
+        log.debug("%s: source committed through %s", self.options.path, end)
+
+    def stop(self) -> None:
+        self._log = None
 
 
-class DeltaBatchReader(DataSourceReader):
-    """Reads the snapshot at ``versionAsOf`` (default: latest)."""
+class DeltaBatchReader(_FileReading, DataSourceReader):
+    """Reads the snapshot at ``versionAsOf`` (default: the latest version), one task per file."""
 
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self.uri = options["path"]
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
         self.schema = schema
-        self.version = int(options["versionAsOf"]) if options.get("versionAsOf") else None
-        self.position_column = options.get("sourcePositionColumn")
 
     def partitions(self) -> Sequence[InputPartition]:
-        delta_log = DeltaLog(self.uri)
-        version = self.version if self.version is not None else delta_log.latest_version()
-        return [FilePartition(e) for e in delta_log.snapshot(version)]
-
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, FilePartition)
-        yield from read_file(self.uri, partition, _target_schema(self.schema), self.position_column)
+        delta_log = DeltaLog(TableLocation(self.options.path))
+        version = self.options.version_as_of
+        if version is None:
+            version = delta_log.latest_version()
+        return [FilePartition.of(f) for f in delta_log.snapshot(version)]
 
 
 class DeltaRsDataSource(DataSource):
     """``format("deltars")``: read and write Delta tables through delta-rs.
 
-    Options: ``path`` (required); reading: ``maxFilesPerTrigger``,
-    ``maxBytesPerTrigger``, ``startingVersion``, ``ignoreDeletes``,
-    ``skipChangeCommits``, ``versionAsOf``, ``sourcePositionColumn``; writing:
-    ``partitionBy``, ``txnAppId``, ``txnVersion``.
+    Options: ``path`` (required). Reading: ``maxFilesPerTrigger`` (default
+    1000), ``maxBytesPerTrigger``, ``ignoreDeletes``, ``skipChangeCommits``,
+    ``startingVersion`` (a version or "latest"), ``versionAsOf`` (batch),
+    ``sourcePositionColumn``. Writing: ``partitionBy`` (comma-separated),
+    ``txnAppId`` + ``txnVersion`` (idempotent batch writes; streams use the
+    query id from ``checkpointLocation``).
     """
 
     @classmethod
     def name(cls) -> str:
         return FORMAT_NAME
 
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        if not options.get("path"):
-            raise DeltaSourceError("format('deltars') needs option 'path' (the Delta table's folder)", code="PATH_MISSING")
-
     def schema(self) -> StructType:
-        arrow = DeltaLog(self.options["path"]).arrow_schema(
-            int(self.options["versionAsOf"]) if self.options.get("versionAsOf") else None
-        )
-        schema = from_arrow_schema(arrow)
-        position = self.options.get("sourcePositionColumn")
-        if position:
-            schema = StructType([*schema.fields, StructField(position, StringType(), False)])
+        """The table's schema (at ``versionAsOf`` if given), plus the position column if asked."""
+        options = SourceOptions.parse(self.options)
+        arrow = DeltaLog(TableLocation(options.path)).arrow_schema(options.version_as_of)
+        schema = from_arrow_schema(arrow, prefer_timestamp_ntz=True)
+        if options.position_column:
+            if options.position_column in schema.fieldNames():
+                raise ConfigError(
+                    f"sourcePositionColumn={options.position_column!r} is already a column of {options.path}",
+                    code="INVALID_OPTION",
+                )
+            schema = StructType([*schema.fields, StructField(options.position_column, StringType(), False)])
         return schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return DeltaBatchReader(self.options, schema)
+        return DeltaBatchReader(SourceOptions.parse(self.options), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return DeltaStreamReader(self.options, schema)
+        return DeltaStreamReader(SourceOptions.parse(self.options), schema)
 
-    def writer(self, schema: StructType, overwrite: bool) -> Any:
+    def writer(self, schema: StructType, overwrite: bool) -> DeltaBatchWriter:
         from retry_engine.delta.sink import DeltaBatchWriter
 
         return DeltaBatchWriter(self.options, schema, overwrite)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DeltaStreamWriter:
         from retry_engine.delta.sink import DeltaStreamWriter
 
         return DeltaStreamWriter(self.options, schema, overwrite)

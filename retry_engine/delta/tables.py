@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
-from retry_engine.errors import SchemaMismatchError
+from retry_engine.delta._schema import check_partition_columns, check_write_schema
+from retry_engine.errors import ConfigError
 
-
-def _strip_nullability(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, _strip_nullability(f.type)) for f in t])
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return pa.list_(_strip_nullability(t.value_type))
-    if pa.types.is_map(t):
-        return pa.map_(_strip_nullability(t.key_type), _strip_nullability(t.item_type))
-    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return pa.string()
-    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-        return pa.binary()
-    return t
+log = logging.getLogger(__name__)
 
 
 def open_table(path: str) -> DeltaTable | None:
+    """The table at ``path``, or None if there is none."""
     try:
         return DeltaTable(path)
     except TableNotFoundError:
@@ -32,48 +25,77 @@ def open_table(path: str) -> DeltaTable | None:
 
 
 def table_version(path: str) -> int | None:
+    """The latest version of the table at ``path``, or None if there is no table."""
     table = open_table(path)
     return None if table is None else table.version()
 
 
-def check_schema(path: str, existing: pa.Schema, wanted: pa.Schema) -> None:
-    """Raise :class:`SchemaMismatchError` naming the first column that differs."""
-    have = {f.name: f for f in existing}
-    want = {f.name: f for f in wanted}
-    for name, f in want.items():
-        if name not in have:
-            raise SchemaMismatchError(f"{path}: the table has no column {name!r} ({f.type})", code="COLUMN_NOT_IN_TABLE")
-        if _strip_nullability(have[name].type) != _strip_nullability(f.type):
-            raise SchemaMismatchError(
-                f"{path}: column {name!r} is {have[name].type} in the table but {f.type} in the data",
-                code="COLUMN_TYPE_MISMATCH",
-            )
-    extra = [n for n in have if n not in want]
-    if extra:
-        raise SchemaMismatchError(f"{path}: the data has no column {extra[0]!r} of the table", code="COLUMN_MISSING_IN_DATA")
+def table_arrow_schema(table: DeltaTable) -> pa.Schema:
+    return pa.schema(table.schema().to_arrow())
 
 
-def ensure_table(path: str, schema: pa.Schema, *, partition_by: list[str] | tuple[str, ...] = ()) -> DeltaTable:
-    """Create the table if missing; else check ``schema`` fits it."""
+def ensure_table(path: str, arrow_schema: pa.Schema, *, partition_by: Sequence[str] = ()) -> DeltaTable:
+    """Create the table at ``path`` if missing; else check ``arrow_schema`` fits it.
+
+    Raises :class:`~retry_engine.errors.SchemaMismatchError` naming the first
+    column that is missing, extra or of another type (nullability is not
+    compared), or when ``partition_by`` is given and differs from the table's.
+    Idempotent: concurrent creators end with one table.
+    """
     table = open_table(path)
     if table is None:
-        return DeltaTable.create(path, schema, mode="ignore", partition_by=list(partition_by) or None)
-    check_schema(path, pa.schema(table.schema().to_arrow()), schema)
+        missing = [c for c in partition_by if c not in arrow_schema.names]
+        if missing:
+            raise ConfigError(
+                f"partition column {missing[0]!r} is not a column of the data {arrow_schema.names}",
+                code="INVALID_OPTION",
+            )
+        table = DeltaTable.create(path, arrow_schema, mode="ignore", partition_by=list(partition_by) or None)
+        log.info("created Delta table %s partitioned by %s", path, list(partition_by))
+    check_write_schema(path, table_arrow_schema(table), arrow_schema)
+    check_partition_columns(path, table.metadata().partition_columns, partition_by)
     return table
 
 
 def read_table(path: str, *, version: int | None = None) -> pa.Table:
+    """The whole table at ``path`` (at ``version`` if given) as one Arrow table."""
     return pa.table(DeltaTable(path, version=version).to_pyarrow_table())
 
 
-def append_arrow(path: str, data: pa.Table, *, app_id: str | None = None, txn_version: int | None = None) -> bool:
-    """Append ``data``; with (app_id, txn_version) skip if that transaction is already in the table."""
+def append_arrow(
+    path: str,
+    table: pa.Table,
+    *,
+    app_id: str | None = None,
+    txn_version: int | None = None,
+    partition_by: Sequence[str] = (),
+) -> bool:
+    """Append ``table`` to the Delta table at ``path`` (created if missing).
+
+    With ``app_id`` and ``txn_version`` the append is idempotent like Delta's
+    ``txnAppId`` / ``txnVersion``: it is skipped, returning False, when the
+    table already records a transaction of ``app_id`` at ``txn_version`` or
+    later. delta-rs records the token but does not check it, so it is checked
+    here; a writer racing with another copy of itself gets a commit conflict.
+    """
+    if (app_id is None) != (txn_version is None):
+        raise ConfigError("app_id and txn_version go together; pass both or neither", code="INVALID_OPTION")
+    existing = open_table(path)
+    if existing is not None:
+        check_write_schema(path, table_arrow_schema(existing), table.schema)
+        check_partition_columns(path, existing.metadata().partition_columns, partition_by)
     properties = None
     if app_id is not None and txn_version is not None:
-        table = open_table(path)
-        done = table.transaction_version(app_id) if table is not None else None
+        done = existing.transaction_version(app_id) if existing is not None else None
         if done is not None and done >= txn_version:
+            log.info("%s: transaction %s/%d already in the table (at %d); append skipped", path, app_id, txn_version, done)
             return False
         properties = CommitProperties(app_transactions=[Transaction(app_id, txn_version)])
-    write_deltalake(path, data, mode="append", commit_properties=properties)
+    write_deltalake(
+        path,
+        table,
+        mode="append",
+        partition_by=list(partition_by) or None,
+        commit_properties=properties,
+    )
     return True

@@ -1,0 +1,66 @@
+"""The streaming query id kept in ``<checkpointLocation>/metadata``.
+
+Spark writes ``{"id": "<uuid>"}`` there when a query first starts and keeps
+it across restarts; a new checkpoint gets a new id. That makes it the right
+idempotency key for a sink: batch ids restart at 0 with a new checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+from retry_engine.errors import DeltaSinkError
+
+METADATA_FILE = "metadata"
+
+
+def _filesystem(checkpoint: str) -> tuple[pafs.FileSystem, str]:
+    scheme = urlparse(checkpoint).scheme
+    if scheme in ("", "file"):
+        path = checkpoint
+        if path.startswith("file://"):
+            path = path[len("file://") :]
+        elif path.startswith("file:"):
+            path = path[len("file:") :]
+        return pafs.LocalFileSystem(), os.path.abspath(path)
+    fs, path = pafs.FileSystem.from_uri(checkpoint)
+    return fs, path
+
+
+def read_query_id(checkpoint: str) -> str | None:
+    """The query id recorded in ``checkpoint``, or None if Spark has not written one yet."""
+    fs, root = _filesystem(checkpoint)
+    try:
+        with fs.open_input_stream(f"{root}/{METADATA_FILE}") as stream:
+            first = stream.read().decode("utf-8").splitlines()[0]
+    except FileNotFoundError:
+        return None
+    try:
+        return str(json.loads(first)["id"])
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise DeltaSinkError(
+            f"{checkpoint}/{METADATA_FILE} is not a Spark streaming metadata file: {first[:200]!r}",
+            code="CHECKPOINT_METADATA_INVALID",
+        ) from exc
+
+
+def ensure_query_id(checkpoint: str) -> str:
+    """The query id of ``checkpoint``, writing a new one first if it has none.
+
+    Spark keeps an existing metadata file, so writing it before the query
+    starts lets callers (e.g. a ``foreachBatch`` writer) know the id up front.
+    """
+    existing = read_query_id(checkpoint)
+    if existing is not None:
+        return existing
+    fs, root = _filesystem(checkpoint)
+    fs.create_dir(root, recursive=True)
+    query_id = str(uuid.uuid4())
+    with fs.open_output_stream(f"{root}/{METADATA_FILE}") as stream:
+        stream.write((json.dumps({"id": query_id}) + "\n").encode("utf-8"))
+    return query_id

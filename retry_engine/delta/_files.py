@@ -1,0 +1,364 @@
+"""Data files of a Delta table: reading one as typed Arrow batches, writing new ones.
+
+Runs on executors. Reading attaches partition values (from the log, never
+from folder names) as typed columns and an optional position column;
+writing splits rows by partition value into Parquet files whose folder names
+contain only ``[A-Za-z0-9_-]`` so no value can inject ``%``, ``|`` or ``/``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from retry_engine.delta._log import data_file_path, join_path, partition_value_string
+from retry_engine.errors import DeltaSinkError, DeltaSourceError
+
+READ_BATCH_ROWS = 65_536
+ROW_GROUP_ROWS = 131_072
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+MAX_FOLDER_VALUE = 96
+POSITION_ROW_DIGITS = 9
+
+
+# --------------------------------------------------------------------------- partition values
+
+
+def parse_partition_value(value: str | None, type_: pa.DataType, *, column: str = "?") -> pa.Scalar:
+    """A partition value from the log (Delta's string form) as a scalar of ``type_``."""
+    if value is None or (value == "" and not pa.types.is_string(type_) and not pa.types.is_large_string(type_)):
+        return pa.scalar(None, type_)
+    try:
+        if pa.types.is_timestamp(type_):
+            parsed = dt.datetime.fromisoformat(value.strip())
+            if type_.tz is not None and parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=dt.UTC)
+            if type_.tz is None and parsed.tzinfo is not None:
+                parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)
+            return pa.scalar(parsed, type_)
+        if pa.types.is_binary(type_) or pa.types.is_large_binary(type_):
+            return pa.scalar(value.encode("utf-8", errors="surrogateescape"), type_)
+        return pa.scalar(value, pa.string()).cast(type_)
+    except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise DeltaSourceError(
+            f"partition value {value!r} of column {column!r} is not a valid {type_}: {exc}",
+            code="DELTA_PARTITION_VALUE_INVALID",
+        ) from exc
+
+
+def escape_path_value(value: str | None) -> str:
+    """A partition value as a folder-name piece made only of ``[A-Za-z0-9_-]``.
+
+    Every other character, and ``_`` itself (the escape character), becomes
+    ``_XX`` per UTF-8 byte, so distinct values get distinct folders. Long values
+    are cut and suffixed with a hash. Readers take partition values from the
+    log, never from folder names, so this need not be reversible.
+    """
+    if value is None:
+        return HIVE_NULL
+    out = "".join(
+        c if (c.isascii() and c.isalnum()) or c == "-" else "".join(f"_{b:02X}" for b in c.encode("utf-8"))
+        for c in value
+    )
+    if len(out) > MAX_FOLDER_VALUE:
+        digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:16]
+        out = f"{out[: MAX_FOLDER_VALUE - 18]}-h{digest}"
+    return out
+
+
+def partition_folder(values: Mapping[str, str | None], columns: Sequence[str]) -> str:
+    return "/".join(f"{escape_path_value(c)}={escape_path_value(values[c])}" for c in columns)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def position_prefix(version: int, index: int, is_starting_version: bool) -> str:
+    """Prefix of the position strings of one file: ``s`` marks snapshot files, ``v`` commit files.
+
+    With fixed-width numbers, positions sort in stream order ("s" < "v").
+    """
+    return f"{'s' if is_starting_version else 'v'}{version:020d}/{index:06d}/"
+
+
+def position_array(prefix: str, first_row: int, n: int) -> pa.Array:
+    rows = pa.array(np.arange(first_row, first_row + n, dtype=np.int64)).cast(pa.string())
+    return pc.binary_join_element_wise(prefix, pc.utf8_lpad(rows, POSITION_ROW_DIGITS, "0"), "")
+
+
+def _cast(array: pa.Array | pa.ChunkedArray, type_: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    if array.type == type_:
+        return array
+    try:
+        return array.cast(type_)
+    except pa.ArrowInvalid:
+        if pa.types.is_timestamp(type_):  # e.g. nanoseconds from another writer
+            return array.cast(type_, safe=False)
+        raise
+
+
+@dataclass(frozen=True)
+class FileToRead:
+    """What a reader needs to know about one data file (also the input partition payload)."""
+
+    path: str
+    partition_values: Mapping[str, str | None]
+    version: int
+    index: int
+    is_starting_version: bool
+
+
+def read_file(
+    fs: pafs.FileSystem,
+    root: str,
+    file: FileToRead,
+    target: pa.Schema,
+    *,
+    position_column: str | None = None,
+    batch_rows: int = READ_BATCH_ROWS,
+) -> Iterator[pa.RecordBatch]:
+    """Stream one data file as record batches of exactly ``target``.
+
+    Columns are matched by name. Partition columns come from the log's
+    partition values; a column the file lacks (added to the table later) is
+    null; ``position_column`` holds each row's stream position. Deterministic:
+    the same file always gives the same batches.
+    """
+    full = join_path(root, data_file_path(file.path))
+    try:
+        handle = fs.open_input_file(full)
+    except FileNotFoundError as exc:
+        raise DeltaSourceError(
+            f"data file {full} of version {file.version} is missing (vacuumed?)", code="DELTA_FILE_MISSING"
+        ) from exc
+    with handle:
+        parquet = pq.ParquetFile(handle)
+        in_file = set(parquet.schema_arrow.names)
+        wanted = [
+            f.name
+            for f in target
+            if f.name != position_column and f.name not in file.partition_values and f.name in in_file
+        ]
+        constants = {
+            f.name: parse_partition_value(file.partition_values[f.name], f.type, column=f.name)
+            for f in target
+            if f.name in file.partition_values and f.name != position_column
+        }
+        prefix = position_prefix(file.version, file.index, file.is_starting_version)
+        row = 0
+        batches: Iterator[pa.RecordBatch] = (
+            parquet.iter_batches(batch_size=batch_rows, columns=wanted) if parquet.metadata.num_rows else iter(())
+        )
+        for batch in batches:
+            n = batch.num_rows
+            arrays: list[pa.Array] = []
+            for f in target:
+                if f.name == position_column:
+                    arrays.append(position_array(prefix, row, n))
+                elif f.name in constants:
+                    arrays.append(pa.repeat(constants[f.name], n))
+                elif f.name in in_file:
+                    arrays.append(_cast(batch.column(f.name), f.type))
+                else:
+                    arrays.append(pa.nulls(n, f.type))
+            row += n
+            yield pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """One Parquet file written by a task, as its Delta ``add`` action needs it."""
+
+    path: str
+    """Relative to the table root, URL-encoded as the log wants it."""
+    size: int
+    partition_values: dict[str, str | None]
+    modification_time: int
+    num_records: int
+    stats: str
+
+
+_STATS_TYPES = (pa.types.is_integer, pa.types.is_date, pa.types.is_timestamp)
+
+
+def _stat_json(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return value
+
+
+@dataclass
+class _OpenFile:
+    relative: str
+    writer: pq.ParquetWriter
+    partition_values: dict[str, str | None]
+    pending: list[pa.RecordBatch] = field(default_factory=list)
+    pending_rows: int = 0
+    rows: int = 0
+    null_counts: dict[str, int] = field(default_factory=dict)
+    mins: dict[str, Any] = field(default_factory=dict)
+    maxs: dict[str, Any] = field(default_factory=dict)
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        table = pa.Table.from_batches(self.pending)
+        self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        for name in table.column_names:
+            column = table.column(name)
+            self.null_counts[name] = self.null_counts.get(name, 0) + column.null_count
+            if any(is_type(column.type) for is_type in _STATS_TYPES) and column.null_count < len(column):
+                low, high = pc.min_max(column).values()
+                lo, hi = low.as_py(), high.as_py()
+                self.mins[name] = lo if name not in self.mins else min(self.mins[name], lo)
+                self.maxs[name] = hi if name not in self.maxs else max(self.maxs[name], hi)
+        self.pending, self.pending_rows = [], 0
+
+    def stats(self) -> str:
+        return json.dumps(
+            {
+                "numRecords": self.rows,
+                "minValues": {k: _stat_json(v) for k, v in self.mins.items()},
+                "maxValues": {k: _stat_json(v) for k, v in self.maxs.items()},
+                "nullCount": self.null_counts,
+            },
+            separators=(",", ":"),
+        )
+
+
+class PartitionedWriter:
+    """Writes batches into one Parquet file per partition value under a table root.
+
+    Rows are buffered per partition into row groups of about
+    ``row_group_rows``. Nothing is visible to readers until the driver commits
+    the returned files; a failed attempt only leaves unreferenced files.
+    """
+
+    def __init__(
+        self,
+        fs: pafs.FileSystem,
+        root: str,
+        schema: pa.Schema,
+        *,
+        partition_by: Sequence[str] = (),
+        not_null: Sequence[str] = (),
+        uri: str = "",
+        row_group_rows: int = ROW_GROUP_ROWS,
+    ) -> None:
+        self.fs, self.root, self.uri = fs, root, uri
+        self.schema = schema
+        self.partition_by = list(partition_by)
+        self.not_null = [c for c in not_null if c in schema.names]
+        self.file_schema = pa.schema([f for f in schema if f.name not in self.partition_by])
+        self.row_group_rows = row_group_rows
+        self.open: dict[tuple[str | None, ...], _OpenFile] = {}
+        self.done: list[WrittenFile] = []
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        if batch.schema != self.schema:
+            batch = batch.cast(self.schema)
+        for name in self.not_null:
+            if batch.column(name).null_count:
+                raise DeltaSinkError(
+                    f"{self.uri}: column {name!r} is NOT NULL in the table but the data has "
+                    f"{batch.column(name).null_count} null(s)",
+                    code="NOT_NULL_VIOLATION",
+                )
+        for key, values, part in self._split(batch):
+            target = self.open.get(key)
+            if target is None:
+                target = self.open[key] = self._open(values)
+            target.pending.append(part.select(self.file_schema.names))
+            target.pending_rows += part.num_rows
+            target.rows += part.num_rows
+            if target.pending_rows >= self.row_group_rows:
+                target.flush()
+
+    def _split(
+        self, batch: pa.RecordBatch
+    ) -> Iterator[tuple[tuple[str | None, ...], dict[str, str | None], pa.RecordBatch]]:
+        if not self.partition_by:
+            yield (), {}, batch
+            return
+        keys = pa.table([batch.column(c) for c in self.partition_by], names=self.partition_by)
+        if all(pc.count_distinct(keys.column(c), mode="all").as_py() == 1 for c in self.partition_by):
+            values = {c: partition_value_string(keys.column(c)[0].as_py()) for c in self.partition_by}
+            yield tuple(values.values()), values, batch
+            return
+        keys = keys.append_column("__row", pa.array(np.arange(batch.num_rows, dtype=np.int64)))
+        groups = keys.group_by(self.partition_by, use_threads=False).aggregate([("__row", "list")])
+        rows = groups.column("__row_list")
+        for g in range(groups.num_rows):
+            values = {c: partition_value_string(groups.column(c)[g].as_py()) for c in self.partition_by}
+            yield tuple(values.values()), values, batch.take(rows[g].values)
+
+    def _open(self, values: dict[str, str | None]) -> _OpenFile:
+        folder = partition_folder(values, self.partition_by)
+        name = f"part-{uuid.uuid4()}.snappy.parquet"
+        relative = f"{folder}/{name}" if folder else name
+        full = join_path(self.root, relative)
+        parent = full.rsplit("/", 1)[0]
+        if parent:
+            self.fs.create_dir(parent, recursive=True)
+        writer = pq.ParquetWriter(full, self.file_schema, filesystem=self.fs, compression="snappy")
+        return _OpenFile(relative, writer, values)
+
+    def close(self) -> list[WrittenFile]:
+        """Finish every file; returns what was written (empty if no rows)."""
+        now = int(time.time() * 1000)
+        for target in self.open.values():
+            target.flush()
+            target.writer.close()
+            full = join_path(self.root, target.relative)
+            size = self.fs.get_file_info(full).size or 0
+            self.done.append(
+                WrittenFile(
+                    path=quote(target.relative, safe="/="),
+                    size=int(size),
+                    partition_values=target.partition_values,
+                    modification_time=now,
+                    num_records=target.rows,
+                    stats=target.stats(),
+                )
+            )
+        self.open.clear()
+        return self.done
+
+    def discard(self) -> None:
+        """Close and delete every open file (the task failed)."""
+        for target in self.open.values():
+            try:
+                target.writer.close()
+            finally:
+                delete_quietly(self.fs, join_path(self.root, target.relative))
+        self.open.clear()
+
+
+def delete_quietly(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except (FileNotFoundError, OSError):
+        # Best effort: an orphan file is invisible to readers and vacuum removes it.
+        pass

@@ -1,0 +1,407 @@
+"""A Delta table's log as the streaming source needs it: versions, snapshots, commits.
+
+delta-rs has no public "files added by commit v" API, so commits are read from
+``_delta_log/{v:020d}.json`` the way Delta's own streaming source reads them,
+through the table's storage (a local filesystem for local paths, delta-rs's
+object-store handler for anything else). Snapshots come from delta-rs.
+
+Everything here is Spark-free; ``DeltaLog`` caches what it reads because
+commits and snapshots of a version never change.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from retry_engine.errors import DeltaSourceError
+
+log = logging.getLogger(__name__)
+
+LOG_DIR = "_delta_log"
+# Reader features whose only effect on a reader is handled here or by delta-rs.
+SUPPORTED_READER_FEATURES = frozenset({"timestampNtz", "typeWidening", "v2Checkpoint", "vacuumProtocolCheck"})
+MAX_READER_VERSION = 3
+COMMIT_CACHE_SIZE = 256
+
+
+# --------------------------------------------------------------------------- storage
+
+
+@dataclass(frozen=True)
+class TableLocation:
+    """Where a table lives and how to reach its files.
+
+    Local paths (plain or ``file:`` URIs) use pyarrow's local filesystem; any
+    other URI goes through delta-rs's storage handler with ``storage_options``,
+    so the same code reads object stores.
+    """
+
+    uri: str
+    storage_options: Mapping[str, str] | None = None
+
+    @property
+    def is_local(self) -> bool:
+        scheme = urlparse(self.uri).scheme
+        return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+
+    @property
+    def table_uri(self) -> str:
+        """The URI delta-rs is given (local paths made absolute)."""
+        return self.local_root if self.is_local else self.uri
+
+    @property
+    def local_root(self) -> str:
+        uri = self.uri
+        if uri.startswith("file://"):
+            uri = uri[len("file://") :]
+        elif uri.startswith("file:"):
+            uri = uri[len("file:") :]
+        return os.path.abspath(uri)
+
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """A filesystem and the table root within it (file paths are ``root/relative``)."""
+        if self.is_local:
+            return pafs.LocalFileSystem(), self.local_root
+        from deltalake.fs import DeltaStorageHandler
+
+        handler = DeltaStorageHandler(self.uri, dict(self.storage_options or {}))
+        return pafs.PyFileSystem(handler), ""
+
+    def open_table(self, version: int | None = None) -> DeltaTable:
+        """The delta-rs table, or :class:`DeltaSourceError` if there is none here."""
+        try:
+            return DeltaTable(self.table_uri, version=version, storage_options=_opts(self.storage_options))
+        except TableNotFoundError as exc:
+            raise DeltaSourceError(
+                f"{self.uri} is not a Delta table (no readable _delta_log): {exc}", code="NOT_A_DELTA_TABLE"
+            ) from exc
+        except Exception as exc:  # delta-rs raises DeltaError / OSError for a bad version or storage
+            raise DeltaSourceError(
+                f"cannot load Delta table {self.uri} at version {version}: {exc}", code="DELTA_TABLE_UNREADABLE"
+            ) from exc
+
+
+def _opts(options: Mapping[str, str] | None) -> dict[str, str] | None:
+    return dict(options) if options else None
+
+
+def join_path(root: str, relative: str) -> str:
+    return f"{root.rstrip('/')}/{relative}" if root else relative
+
+
+def data_file_path(log_path: str) -> str:
+    """The physical relative path of a data file named in the log (log paths are URL-encoded)."""
+    return unquote(log_path)
+
+
+# --------------------------------------------------------------------------- commits
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The actions of one commit file that matter to a streaming reader."""
+
+    version: int
+    adds: tuple[Mapping[str, Any], ...]
+    """``add`` actions with ``dataChange`` true, in file order."""
+    removes: tuple[Mapping[str, Any], ...]
+    """``remove`` actions with ``dataChange`` true."""
+    protocol: Mapping[str, Any] | None = None
+    metadata: Mapping[str, Any] | None = None
+
+    @property
+    def changes_data(self) -> bool:
+        return bool(self.adds or self.removes)
+
+
+def parse_commit(version: int, lines: Iterable[str]) -> Commit:
+    """Parse the newline-delimited JSON of commit ``version``.
+
+    ``dataChange`` defaults to true when absent, as in the protocol. Actions a
+    reader does not need (``commitInfo``, ``txn``, ``cdc``, domain metadata)
+    are dropped.
+    """
+    adds: list[Mapping[str, Any]] = []
+    removes: list[Mapping[str, Any]] = []
+    protocol = metadata = None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            action = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DeltaSourceError(
+                f"commit {version} line {number} is not JSON: {exc}", code="DELTA_COMMIT_CORRUPT"
+            ) from exc
+        if "add" in action:
+            if action["add"].get("dataChange", True):
+                adds.append(action["add"])
+        elif "remove" in action:
+            if action["remove"].get("dataChange", True):
+                removes.append(action["remove"])
+        elif "protocol" in action:
+            protocol = action["protocol"]
+        elif "metaData" in action:
+            metadata = action["metaData"]
+    return Commit(version, tuple(adds), tuple(removes), protocol, metadata)
+
+
+def commit_log_path(version: int) -> str:
+    return f"{LOG_DIR}/{version:020d}.json"
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+def check_reader_protocol(
+    uri: str, *, min_reader_version: int, reader_features: Iterable[str] | None, configuration: Mapping[str, str]
+) -> None:
+    """Raise :class:`DeltaSourceError` if reading needs a feature this reader lacks.
+
+    Deletion vectors and column mapping change what a file's rows or column
+    names mean; reading the Parquet files as they are would return wrong data.
+    """
+    features = set(reader_features or ())
+    mapping = str(configuration.get("delta.columnMapping.mode", "none")).lower()
+    if mapping != "none":
+        features.add("columnMapping")
+    unsupported = sorted(features - SUPPORTED_READER_FEATURES)
+    if min_reader_version > MAX_READER_VERSION or unsupported:
+        raise DeltaSourceError(
+            f"{uri} needs Delta reader version {min_reader_version} with features {unsupported}; "
+            f"format('deltars') reads versions <= {MAX_READER_VERSION} with features "
+            f"{sorted(SUPPORTED_READER_FEATURES)} (no deletion vectors, no column mapping)",
+            code="DELTA_UNSUPPORTED_FEATURE",
+        )
+
+
+def check_table_protocol(uri: str, table: DeltaTable) -> None:
+    protocol = table.protocol()
+    check_reader_protocol(
+        uri,
+        min_reader_version=protocol.min_reader_version,
+        reader_features=protocol.reader_features,
+        configuration=table.metadata().configuration,
+    )
+
+
+# --------------------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One data file in stream order: snapshot files first, then commit files."""
+
+    path: str
+    """As in the log: relative to the table root and URL-encoded."""
+    size: int
+    partition_values: Mapping[str, str | None]
+    """Delta's string form (``None`` for null), as in the log."""
+    version: int
+    index: int
+    is_starting_version: bool
+    is_last: bool
+    """True for the last data file of its version (or of the snapshot)."""
+    modification_time: int = 0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.version, self.index)
+
+
+def partition_value_string(value: Any) -> str | None:
+    """A typed partition value in Delta's string form (timestamps in UTC)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)
+        return str(value.strftime("%Y-%m-%d %H:%M:%S.%f"))
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return str(value.decode("utf-8", errors="surrogateescape"))
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    return str(value)
+
+
+def snapshot_entries(table_rows: list[dict[str, Any]], version: int) -> list[FileEntry]:
+    """Snapshot files (rows of ``get_add_actions(flatten=True)``) in stream order.
+
+    The order (modification time, then path) is a pure function of the
+    snapshot, so a replay lists the same files with the same indexes.
+    """
+    rows = sorted(table_rows, key=lambda r: (int(r["modification_time"]), str(r["path"])))
+    prefix = "partition."
+    return [
+        FileEntry(
+            path=str(r["path"]),
+            size=int(r["size_bytes"]),
+            partition_values={k[len(prefix) :]: partition_value_string(v) for k, v in r.items() if k.startswith(prefix)},
+            version=version,
+            index=i,
+            is_starting_version=True,
+            is_last=i == len(rows) - 1,
+            modification_time=int(r["modification_time"]),
+        )
+        for i, r in enumerate(rows)
+    ]
+
+
+def commit_entries(commit: Commit, *, uri: str, ignore_deletes: bool, skip_change_commits: bool) -> list[FileEntry]:
+    """The files commit ``commit`` contributes to a stream, under Delta's rules.
+
+    * only ``add`` actions with ``dataChange`` true, in file order;
+    * a commit with a data-changing ``remove`` fails the stream, unless
+      ``skipChangeCommits`` (skip the whole commit, its adds too) or
+      ``ignoreDeletes`` and the commit only removes (e.g. a partition drop);
+    * metadata / protocol / txn-only commits contribute nothing.
+    """
+    if commit.removes:
+        if skip_change_commits:
+            log.info("%s: commit %d changes existing data; skipped (skipChangeCommits)", uri, commit.version)
+            return []
+        if ignore_deletes and not commit.adds:
+            log.info("%s: commit %d only deletes; ignored (ignoreDeletes)", uri, commit.version)
+            return []
+        raise DeltaSourceError(
+            f"commit {commit.version} of {uri} removes {len(commit.removes)} data file(s)"
+            f"{' and adds ' + str(len(commit.adds)) if commit.adds else ''} (an update, delete, merge or "
+            "overwrite); a stream cannot follow it. Set option skipChangeCommits=true to skip commits "
+            "that change existing data"
+            + ("" if commit.adds else ", or ignoreDeletes=true to ignore commits that only delete"),
+            code="DELTA_SOURCE_REMOVE_IN_COMMIT",
+        )
+    for add in commit.adds:
+        if add.get("deletionVector"):
+            raise DeltaSourceError(
+                f"commit {commit.version} of {uri} adds {add['path']} with a deletion vector; "
+                "format('deltars') cannot apply deletion vectors",
+                code="DELTA_UNSUPPORTED_FEATURE",
+            )
+    last = len(commit.adds) - 1
+    return [
+        FileEntry(
+            path=str(a["path"]),
+            size=int(a.get("size") or 0),
+            partition_values=dict(a.get("partitionValues") or {}),
+            version=commit.version,
+            index=i,
+            is_starting_version=False,
+            is_last=i == last,
+            modification_time=int(a.get("modificationTime") or 0),
+        )
+        for i, a in enumerate(commit.adds)
+    ]
+
+
+# --------------------------------------------------------------------------- the log
+
+
+@dataclass
+class DeltaLog:
+    """The log of one table, read lazily and cached (commits never change).
+
+    Not picklable state: a reader holds one on the driver only.
+    """
+
+    location: TableLocation
+    _table: DeltaTable | None = field(default=None, repr=False)
+    _fs: tuple[pafs.FileSystem, str] | None = field(default=None, repr=False)
+    _snapshot: tuple[int, list[FileEntry]] | None = field(default=None, repr=False)
+    _commits: OrderedDict[int, Commit] = field(default_factory=OrderedDict, repr=False)
+
+    @property
+    def uri(self) -> str:
+        return self.location.uri
+
+    def table(self) -> DeltaTable:
+        """A handle at the latest version (refreshed incrementally)."""
+        if self._table is None:
+            self._table = self.location.open_table()
+        else:
+            self._table.update_incremental()
+        return self._table
+
+    def latest_version(self) -> int:
+        return self.table().version()
+
+    def table_id(self) -> str:
+        return str(self.table().metadata().id)
+
+    def arrow_schema(self, version: int | None = None) -> pa.Schema:
+        table = self.location.open_table(version) if version is not None else self.table()
+        check_table_protocol(self.uri, table)
+        return pa.schema(table.schema().to_arrow())
+
+    def snapshot(self, version: int) -> list[FileEntry]:
+        """Files of the snapshot at ``version`` in stream order (only the last one asked is cached)."""
+        if self._snapshot is None or self._snapshot[0] != version:
+            table = self.location.open_table(version)
+            check_table_protocol(self.uri, table)
+            rows = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+            self._snapshot = (version, snapshot_entries(rows, version))
+            log.debug("%s: snapshot at version %d has %d files", self.uri, version, len(rows))
+        return self._snapshot[1]
+
+    def commit(self, version: int) -> Commit | None:
+        """Commit ``version``, or None if its file does not exist."""
+        cached = self._commits.get(version)
+        if cached is not None:
+            self._commits.move_to_end(version)
+            return cached
+        if self._fs is None:
+            self._fs = self.location.filesystem()
+        fs, root = self._fs
+        try:
+            with fs.open_input_stream(join_path(root, commit_log_path(version))) as stream:
+                text = stream.read().decode("utf-8")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            # delta-rs's handler reports a missing object as a generic OSError.
+            if "not found" in str(exc).lower() or "no such file" in str(exc).lower():
+                return None
+            raise
+        commit = parse_commit(version, text.splitlines())
+        if commit.protocol is not None or commit.metadata is not None:
+            protocol = commit.protocol or {}
+            configuration = (commit.metadata or {}).get("configuration") or {}
+            check_reader_protocol(
+                self.uri,
+                min_reader_version=int(protocol.get("minReaderVersion", 1)),
+                reader_features=protocol.get("readerFeatures"),
+                configuration=configuration,
+            )
+        self._commits[version] = commit
+        if len(self._commits) > COMMIT_CACHE_SIZE:
+            self._commits.popitem(last=False)
+        return commit
+
+    def require_commit(self, version: int) -> Commit:
+        commit = self.commit(version)
+        if commit is None:
+            raise DeltaSourceError(
+                f"commit {version} of {self.uri} is missing from {LOG_DIR} (removed by log cleanup?); "
+                "the stream cannot continue without losing data. Restart it from a new checkpoint "
+                "(optionally with startingVersion)",
+                code="DELTA_COMMIT_MISSING",
+            )
+        return commit

@@ -1,0 +1,193 @@
+"""Streaming offsets over a Delta log, modeled on Delta's own source.
+
+An offset ``(reservoirVersion, index, isStartingVersion)`` means "everything
+up to and including file ``index`` of version ``reservoirVersion`` has been
+read"; ``index = -1`` means nothing of that version yet. With
+``isStartingVersion`` the files are those of the snapshot at that version,
+otherwise those its commit added. A range ``(start, end]`` is a pure function
+of the two offsets and the (immutable) log, so a replayed micro-batch reads
+the same files in the same order.
+
+Spark-free: the data source maps Spark's ``ReadLimit`` onto :class:`Admission`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from retry_engine.delta._log import Commit, FileEntry, commit_entries
+from retry_engine.errors import DeltaSourceError
+
+SOURCE_VERSION = 1
+BASE_INDEX = -1
+
+
+@dataclass(frozen=True)
+class Offset:
+    """A position in the stream of a table's data files."""
+
+    version: int
+    index: int
+    is_starting_version: bool
+    reservoir_id: str | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.version, self.index)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sourceVersion": SOURCE_VERSION,
+            "reservoirId": self.reservoir_id,
+            "reservoirVersion": self.version,
+            "index": self.index,
+            "isStartingVersion": self.is_starting_version,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Offset:
+        try:
+            source_version = int(data.get("sourceVersion", SOURCE_VERSION))
+            offset = cls(
+                version=int(data["reservoirVersion"]),
+                index=int(data["index"]),
+                is_starting_version=bool(data["isStartingVersion"]),
+                reservoir_id=data.get("reservoirId"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DeltaSourceError(f"not a deltars offset: {dict(data)!r}", code="DELTA_OFFSET_INVALID") from exc
+        if source_version > SOURCE_VERSION:
+            raise DeltaSourceError(
+                f"offset {dict(data)!r} was written by a newer deltars (sourceVersion {source_version}, "
+                f"this one reads <= {SOURCE_VERSION})",
+                code="DELTA_OFFSET_INVALID",
+            )
+        return offset
+
+    @classmethod
+    def after_version(cls, version: int, reservoir_id: str | None) -> Offset:
+        """Everything through ``version`` read; next comes commit ``version + 1``."""
+        return cls(version + 1, BASE_INDEX, False, reservoir_id)
+
+    @classmethod
+    def after_file(cls, entry: FileEntry, reservoir_id: str | None) -> Offset:
+        # Moving past a finished version (as Delta does) means the next batch never
+        # has to list that version again, which matters most for a large snapshot.
+        if entry.is_last:
+            return cls.after_version(entry.version, reservoir_id)
+        return cls(entry.version, entry.index, entry.is_starting_version, reservoir_id)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """How much one micro-batch may take; at least one file is always admitted."""
+
+    max_files: int | None = None
+    max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_files", "max_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+
+
+@dataclass(frozen=True)
+class ChangeRules:
+    """What to do with commits that remove data (Delta's ``ignoreDeletes`` / ``skipChangeCommits``)."""
+
+    ignore_deletes: bool = False
+    skip_change_commits: bool = False
+
+
+class LogReader(Protocol):
+    """What offset arithmetic needs from a log (``DeltaLog`` in production)."""
+
+    @property
+    def uri(self) -> str: ...
+
+    def snapshot(self, version: int) -> list[FileEntry]: ...
+
+    def require_commit(self, version: int) -> Commit: ...
+
+
+def files_after(
+    log: LogReader,
+    start: Offset,
+    *,
+    through_version: int,
+    rules: ChangeRules,
+    on_commit: Callable[[Commit], None] | None = None,
+) -> Iterator[FileEntry]:
+    """Files after ``start``, up to and including commit ``through_version``, in stream order.
+
+    With a starting-version ``start`` the rest of that snapshot comes first,
+    whatever ``through_version`` is. Commits are read lazily, so a caller that
+    stops early never reads (or fails on) later commits.
+    """
+    version, index = start.key
+    if start.is_starting_version:
+        for entry in log.snapshot(version):
+            if entry.index > index:
+                yield entry
+        version, index = version + 1, BASE_INDEX
+    while version <= through_version:
+        commit = log.require_commit(version)
+        if on_commit is not None:
+            on_commit(commit)
+        entries = commit_entries(
+            commit, uri=log.uri, ignore_deletes=rules.ignore_deletes, skip_change_commits=rules.skip_change_commits
+        )
+        for entry in entries:
+            if entry.index > index:
+                yield entry
+        version, index = version + 1, BASE_INDEX
+
+
+def end_offset(files: Iterator[FileEntry], start: Offset, *, until_version: int, admission: Admission) -> Offset:
+    """The end of the next micro-batch starting at ``start``.
+
+    Admits files in order until ``admission`` is reached (but always one). If
+    everything up to ``until_version`` fits, the end moves past that version,
+    so commits that add nothing (metadata, txn, skipped changes) are passed
+    over too. Returns ``start`` when there is nothing new.
+    """
+    last: FileEntry | None = None
+    count = size = 0
+    for entry in files:
+        if last is not None and (
+            (admission.max_files is not None and count >= admission.max_files)
+            or (admission.max_bytes is not None and size + entry.size > admission.max_bytes)
+        ):
+            return Offset.after_file(last, start.reservoir_id)
+        last, count, size = entry, count + 1, size + entry.size
+    caught_up = Offset.after_version(until_version, start.reservoir_id)
+    return caught_up if caught_up.key > start.key else start
+
+
+def through_version_of(end: Offset) -> int:
+    """The last commit a range ending at ``end`` may need (later ones are never read)."""
+    if end.is_starting_version or end.index == BASE_INDEX:
+        return end.version - 1
+    return end.version
+
+
+def files_between(
+    log: LogReader,
+    start: Offset,
+    end: Offset,
+    *,
+    rules: ChangeRules,
+    on_commit: Callable[[Commit], None] | None = None,
+) -> list[FileEntry]:
+    """The files of the range ``(start, end]``, in stream order."""
+    if end.key <= start.key:
+        return []
+    files = []
+    for entry in files_after(log, start, through_version=through_version_of(end), rules=rules, on_commit=on_commit):
+        if entry.key > end.key:
+            break
+        files.append(entry)
+    return files
