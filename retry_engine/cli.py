@@ -26,9 +26,9 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the engine as a streaming job until stopped")
     run.add_argument("--config", help="TOML config file (default: conf/retry-engine.toml if present)")
     run.add_argument(
-        "--available-now",
+        "--once",
         action="store_true",
-        help="process what is in the consume-result table now, release due retries, then stop",
+        help="process the consume results already in the table, then stop (pending retries wait for the next run)",
     )
     check = sub.add_parser("check-config", help="validate a config file and print the resolved paths")
     check.add_argument("--config")
@@ -47,7 +47,10 @@ def _run(args: argparse.Namespace) -> int:
         shuffle_partitions=config.engine.shuffle_partitions,
         extra_conf=config.engine.spark_conf,
     )
-    query = engine.start(spark, config, available_now=args.available_now)
+    if args.once:
+        engine.run_once(spark, config)
+        return EXIT_OK
+    query = engine.start(spark, config)
     signal.signal(signal.SIGTERM, lambda *_: query.stop())
     log.info("retry engine running; tables under %s; Ctrl-C to stop", config.engine.lake)
     try:

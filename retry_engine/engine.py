@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -66,30 +65,35 @@ def start(
     config: EngineConfig,
     *,
     writer: BatchWriter | None = None,
-    available_now: bool = False,
 ) -> StreamingQuery:
-    """Start the engine query; the caller owns it (``awaitTermination`` / ``stop``).
-
-    ``available_now`` processes what the consume-result table holds, then stops;
-    retries not yet due stay in the checkpointed schedule stage for the next run.
-    """
+    """Start the engine query; the caller owns it (``awaitTermination`` / ``stop``)."""
     checkpoint = config.checkpoint_path
     app_id = ensure_query_id(checkpoint)
     writer = writer or BatchWriter(config, app_id)
     # An explicit processing-time trigger makes Spark run (possibly empty) batches on
-    # schedule, which is what fires the schedule stage's timeouts.
-    trigger: dict[str, Any] = (
-        {"availableNow": True}
-        if available_now
-        else {"processingTime": f"{config.trigger_interval_ms} milliseconds"}
-    )
+    # schedule, which is what fires the schedule stage's timeouts. Trigger.AvailableNow
+    # would never end: processing-time timeouts always ask for another batch.
+    trigger = f"{config.trigger_interval_ms} milliseconds"
     query = (
         engine_frame(spark, config)
         .writeStream.queryName(QUERY_NAME)
         .foreachBatch(writer)
         .option("checkpointLocation", checkpoint)
-        .trigger(**trigger)
+        .trigger(processingTime=trigger)
         .start()
     )
     log.info("engine started: query id %s, checkpoint %s", app_id, checkpoint)
     return query
+
+
+def run_once(spark: SparkSession, config: EngineConfig) -> None:
+    """Process every consume result already in the table, then stop.
+
+    Retries that are not yet due stay in the checkpointed schedule stage and
+    are released by a later run.
+    """
+    query = start(spark, config)
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
