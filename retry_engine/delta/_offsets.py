@@ -157,12 +157,15 @@ def end_offset(files: Iterator[FileEntry], start: Offset, *, until_version: int,
     last: FileEntry | None = None
     count = size = 0
     for entry in files:
-        if last is not None and (
-            (admission.max_files is not None and count >= admission.max_files)
-            or (admission.max_bytes is not None and size + entry.size > admission.max_bytes)
-        ):
+        if last is not None and admission.max_bytes is not None and size + entry.size > admission.max_bytes:
             return Offset.after_file(last, start.reservoir_id)
         last, count, size = entry, count + 1, size + entry.size
+        # Stop as soon as the batch is full: later commits are not read yet, so a
+        # commit the stream cannot follow fails the batch that reaches it, not earlier ones.
+        if (admission.max_files is not None and count >= admission.max_files) or (
+            admission.max_bytes is not None and size >= admission.max_bytes
+        ):
+            return Offset.after_file(last, start.reservoir_id)
     caught_up = Offset.after_version(until_version, start.reservoir_id)
     return caught_up if caught_up.key > start.key else start
 

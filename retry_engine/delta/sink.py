@@ -117,7 +117,7 @@ def commit_files(
                 "%s: transaction %s/%d already committed (table has %d); skipped, %d new file(s) dropped",
                 location.uri, app_id, txn_version, done, len(files),
             )
-            _delete_files(location, files)
+            abort_files(location, messages)
             return False
     if not files and mode == "append":
         log.debug("%s: nothing to commit for %s/%s", location.uri, app_id, txn_version)

@@ -1,0 +1,461 @@
+"""The deltars bridge without Spark: log reading, offset arithmetic, files, helpers.
+
+Tables are real Delta tables written with delta-rs into a temp folder.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from retry_engine.delta import (
+    append_arrow,
+    ensure_query_id,
+    ensure_table,
+    read_query_id,
+    read_table,
+    table_version,
+)
+from retry_engine.delta._files import (
+    FileToRead,
+    PartitionedWriter,
+    escape_path_value,
+    parse_partition_value,
+    read_file,
+)
+from retry_engine.delta._log import (
+    Commit,
+    DeltaLog,
+    TableLocation,
+    check_reader_protocol,
+    commit_entries,
+    parse_commit,
+)
+from retry_engine.delta._offsets import (
+    Admission,
+    ChangeRules,
+    Offset,
+    end_offset,
+    files_after,
+    files_between,
+)
+from retry_engine.delta._options import parse_bytes
+from retry_engine.delta.sink import FilesWritten, commit_files
+from retry_engine.delta.source import SourceOptions
+from retry_engine.errors import ConfigError, DeltaSourceError, SchemaMismatchError
+
+UTC = dt.UTC
+
+
+def rows(start: int, n: int) -> pa.Table:
+    return pa.table({"id": pa.array(range(start, start + n), pa.int64()), "grp": [f"g{i % 2}" for i in range(start, start + n)]})
+
+
+def add(path: str, *, data_change: bool | None = True, **extra: object) -> str:
+    action: dict[str, object] = {"path": path, "size": 10, "partitionValues": {}, "modificationTime": 1}
+    if data_change is not None:
+        action["dataChange"] = data_change
+    action.update(extra)
+    return json.dumps({"add": action})
+
+
+def remove(path: str, *, data_change: bool = True) -> str:
+    return json.dumps({"remove": {"path": path, "dataChange": data_change, "deletionTimestamp": 1}})
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Iterator[Path]:
+    """Versions 0..3, one file each (10 rows)."""
+    path = tmp_path / "t"
+    for i in range(4):
+        write_deltalake(str(path), rows(i * 10, 10), mode="append")
+    yield path
+
+
+# --------------------------------------------------------------------------- commits
+
+
+def test_parse_commit_keeps_data_changing_adds_and_removes_in_file_order() -> None:
+    lines = [
+        json.dumps({"commitInfo": {"operation": "WRITE"}}),
+        add("a.parquet"),
+        "",
+        add("b.parquet", data_change=False),
+        add("c.parquet", data_change=None),  # absent dataChange means true
+        remove("x.parquet"),
+        remove("y.parquet", data_change=False),
+        json.dumps({"txn": {"appId": "q", "version": 3}}),
+        json.dumps({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}),
+    ]
+    commit = parse_commit(7, lines)
+    assert [a["path"] for a in commit.adds] == ["a.parquet", "c.parquet"]
+    assert [r["path"] for r in commit.removes] == ["x.parquet"]
+    assert commit.protocol == {"minReaderVersion": 1, "minWriterVersion": 2}
+    assert commit.version == 7 and commit.metadata is None
+
+
+def test_parse_commit_rejects_garbage() -> None:
+    with pytest.raises(DeltaSourceError, match=r"DELTA_COMMIT_CORRUPT.*commit 4 line 2"):
+        parse_commit(4, [add("a"), "{not json"])
+
+
+def test_commit_with_remove_fails_by_default_naming_version_and_options() -> None:
+    commit = Commit(12, adds=(), removes=({"path": "x"},))
+    with pytest.raises(DeltaSourceError, match=r"DELTA_SOURCE_REMOVE_IN_COMMIT.*commit 12 of t.*skipChangeCommits.*ignoreDeletes"):
+        commit_entries(commit, uri="t", ignore_deletes=False, skip_change_commits=False)
+
+
+def test_ignore_deletes_ignores_only_commits_that_only_delete() -> None:
+    delete_only = Commit(3, adds=(), removes=({"path": "x"},))
+    assert commit_entries(delete_only, uri="t", ignore_deletes=True, skip_change_commits=False) == []
+    rewrite = Commit(4, adds=({"path": "y", "size": 1},), removes=({"path": "x"},))
+    with pytest.raises(DeltaSourceError, match=r"commit 4 .*skipChangeCommits"):
+        commit_entries(rewrite, uri="t", ignore_deletes=True, skip_change_commits=False)
+
+
+def test_skip_change_commits_skips_the_whole_commit() -> None:
+    rewrite = Commit(4, adds=({"path": "y", "size": 1},), removes=({"path": "x"},))
+    assert commit_entries(rewrite, uri="t", ignore_deletes=False, skip_change_commits=True) == []
+
+
+def test_commit_entries_index_and_last_flag() -> None:
+    commit = parse_commit(5, [add("a", partitionValues={"p": "1"}), add("b", data_change=False), add("c")])
+    entries = commit_entries(commit, uri="t", ignore_deletes=False, skip_change_commits=False)
+    assert [(e.path, e.index, e.is_last, e.is_starting_version) for e in entries] == [
+        ("a", 0, False, False),
+        ("c", 1, True, False),
+    ]
+    assert entries[0].partition_values == {"p": "1"}
+
+
+def test_deletion_vectors_and_column_mapping_are_refused() -> None:
+    with pytest.raises(DeltaSourceError, match=r"DELTA_UNSUPPORTED_FEATURE.*deletionVectors"):
+        check_reader_protocol("t", min_reader_version=3, reader_features=["deletionVectors"], configuration={})
+    with pytest.raises(DeltaSourceError, match=r"DELTA_UNSUPPORTED_FEATURE.*columnMapping"):
+        check_reader_protocol("t", min_reader_version=2, reader_features=None, configuration={"delta.columnMapping.mode": "name"})
+    with pytest.raises(DeltaSourceError, match="reader version 4"):
+        check_reader_protocol("t", min_reader_version=4, reader_features=None, configuration={})
+    check_reader_protocol("t", min_reader_version=3, reader_features=["timestampNtz"], configuration={})
+    commit = parse_commit(1, [add("a", deletionVector={"storageType": "u"})])
+    with pytest.raises(DeltaSourceError, match="deletion vector"):
+        commit_entries(commit, uri="t", ignore_deletes=False, skip_change_commits=False)
+
+
+# --------------------------------------------------------------------------- the log of a real table
+
+
+def test_log_reads_versions_snapshots_and_commits(table: Path) -> None:
+    delta_log = DeltaLog(TableLocation(str(table)))
+    assert delta_log.latest_version() == 3
+    snapshot = delta_log.snapshot(2)
+    assert [e.index for e in snapshot] == [0, 1, 2]
+    assert [e.is_last for e in snapshot] == [False, False, True]
+    assert all(e.is_starting_version and e.version == 2 for e in snapshot)
+    assert snapshot == sorted(snapshot, key=lambda e: (e.modification_time, e.path))
+    commit = delta_log.commit(3)
+    assert commit is not None and len(commit.adds) == 1
+    assert commit.adds[0]["path"] not in {e.path for e in snapshot}
+    assert delta_log.commit(4) is None
+    with pytest.raises(DeltaSourceError, match="DELTA_COMMIT_MISSING.*commit 9"):
+        delta_log.require_commit(9)
+    write_deltalake(str(table), rows(40, 10), mode="append")
+    assert delta_log.latest_version() == 4  # the cached handle refreshes
+
+
+def test_not_a_delta_table(tmp_path: Path) -> None:
+    with pytest.raises(DeltaSourceError, match="NOT_A_DELTA_TABLE"):
+        DeltaLog(TableLocation(str(tmp_path))).latest_version()
+
+
+def test_file_uri_and_relative_paths_resolve_to_the_same_table(table: Path) -> None:
+    assert DeltaLog(TableLocation(f"file://{table}")).latest_version() == 3
+    assert TableLocation(f"file:{table}").local_root == str(table)
+
+
+def test_snapshot_partition_values_are_delta_strings(tmp_path: Path) -> None:
+    path = str(tmp_path / "p")
+    data = pa.table(
+        {
+            "id": [1, 2],
+            "d": pa.array([dt.date(2024, 1, 2), None], pa.date32()),
+            "ts": pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=UTC)] * 2, pa.timestamp("us", tz="UTC")),
+            "b": [True, False],
+            "dec": pa.array([Decimal("1.50"), Decimal("2.00")], pa.decimal128(10, 2)),
+        }
+    )
+    write_deltalake(path, data, partition_by=["d", "ts", "b", "dec"])
+    entries = DeltaLog(TableLocation(path)).snapshot(0)
+    values = sorted((e.partition_values for e in entries), key=lambda v: v["b"] or "")
+    assert values[0] == {"d": None, "ts": "2024-01-02 03:04:05.000006", "b": "false", "dec": "2.00"}
+    assert values[1] == {"d": "2024-01-02", "ts": "2024-01-02 03:04:05.000006", "b": "true", "dec": "1.50"}
+    # The same strings as the commit's own add actions.
+    commit = DeltaLog(TableLocation(path)).require_commit(0)
+    assert sorted(json.dumps(a["partitionValues"], sort_keys=True) for a in commit.adds) == sorted(
+        json.dumps(v, sort_keys=True) for v in values
+    )
+
+
+# --------------------------------------------------------------------------- offsets
+
+
+def _batches(delta_log: DeltaLog, start: Offset, until: int, admission: Admission, rules: ChangeRules = ChangeRules()) -> list[tuple[Offset, Offset]]:
+    """Successive (start, end) ranges until caught up, as Spark would ask for them."""
+    out = []
+    while True:
+        end = end_offset(files_after(delta_log, start, through_version=until, rules=rules), start, until_version=until, admission=admission)
+        if end == start:
+            return out
+        out.append((start, end))
+        start = end
+
+
+def test_offsets_snapshot_then_tail_with_max_files(table: Path) -> None:
+    delta_log = DeltaLog(TableLocation(str(table)))
+    start = Offset(1, -1, True, "rid")  # snapshot at version 1 (2 files), then commits 2 and 3
+    ranges = _batches(delta_log, start, 3, Admission(max_files=1))
+    assert [end.to_json() for _, end in ranges] == [
+        {"sourceVersion": 1, "reservoirId": "rid", "reservoirVersion": 1, "index": 0, "isStartingVersion": True},
+        {"sourceVersion": 1, "reservoirId": "rid", "reservoirVersion": 2, "index": -1, "isStartingVersion": False},
+        {"sourceVersion": 1, "reservoirId": "rid", "reservoirVersion": 3, "index": -1, "isStartingVersion": False},
+        {"sourceVersion": 1, "reservoirId": "rid", "reservoirVersion": 4, "index": -1, "isStartingVersion": False},
+    ]
+    files = [files_between(delta_log, s, e, rules=ChangeRules()) for s, e in ranges]
+    assert [len(f) for f in files] == [1, 1, 1, 1]
+    every = [f.path for batch in files for f in batch]
+    assert len(set(every)) == 4 and set(every) == {e.path for e in DeltaLog(TableLocation(str(table))).snapshot(3)}
+    # Replaying a range lists the same files in the same order.
+    assert files_between(delta_log, *ranges[2], rules=ChangeRules()) == files[2]
+
+
+def test_offsets_max_bytes_admits_at_least_one_file(table: Path) -> None:
+    delta_log = DeltaLog(TableLocation(str(table)))
+    ranges = _batches(delta_log, Offset(3, -1, True), 3, Admission(max_bytes=1))
+    assert len(ranges) == 4
+    sizes = [e.size for e in delta_log.snapshot(3)]
+    two = _batches(delta_log, Offset(3, -1, True), 3, Admission(max_bytes=sizes[0] + sizes[1]))
+    assert two[0][1] == Offset(3, 1, True)
+
+
+def test_offsets_read_all_and_available_now_cap(table: Path) -> None:
+    delta_log = DeltaLog(TableLocation(str(table)))
+    assert len(_batches(delta_log, Offset(0, -1, True), 3, Admission())) == 1
+    # Capped at version 1 even though 2 and 3 exist (Trigger.AvailableNow).
+    ranges = _batches(delta_log, Offset(0, -1, True), 1, Admission())
+    assert ranges[-1][1].key == (2, -1)
+    assert len(files_between(delta_log, *ranges[0], rules=ChangeRules())) == 2
+
+
+def test_offsets_pass_over_commits_without_data(table: Path) -> None:
+    DeltaTable(str(table)).alter.set_table_properties({"delta.appendOnly": "false"})  # version 4, metadata only
+    write_deltalake(str(table), rows(40, 10), mode="append")  # version 5
+    delta_log = DeltaLog(TableLocation(str(table)))
+    ranges = _batches(delta_log, Offset(4, -1, False), 5, Admission(max_files=1))
+    assert [e.key for _, e in ranges] == [(6, -1)]
+    assert [f.version for f in files_between(delta_log, *ranges[0], rules=ChangeRules())] == [5]
+
+
+def test_offsets_stop_before_a_remove_unless_skipped(table: Path) -> None:
+    DeltaTable(str(table)).delete("id < 5")  # version 4 rewrites a file: remove + add
+    write_deltalake(str(table), rows(40, 10), mode="append")  # version 5
+    delta_log = DeltaLog(TableLocation(str(table)))
+    with pytest.raises(DeltaSourceError, match=r"commit 4 .*skipChangeCommits"):
+        _batches(delta_log, Offset(3, -1, False), 5, Admission(max_files=10))
+    # A batch that ends before the bad commit never reads it.
+    first = end_offset(
+        files_after(delta_log, Offset(3, -1, False), through_version=5, rules=ChangeRules()),
+        Offset(3, -1, False), until_version=5, admission=Admission(max_files=1),
+    )
+    assert first.key == (4, -1)
+    skipped = _batches(delta_log, Offset(3, -1, False), 5, Admission(), ChangeRules(skip_change_commits=True))
+    assert [f.version for f in files_between(delta_log, *skipped[0], rules=ChangeRules(skip_change_commits=True))] == [3, 5]
+
+
+def test_offset_json_round_trip_and_validation() -> None:
+    offset = Offset(5, 2, True, "abc")
+    assert Offset.from_json(offset.to_json()) == offset
+    assert Offset.from_json({"reservoirVersion": 1, "index": -1, "isStartingVersion": False}) == Offset(1, -1, False)
+    with pytest.raises(DeltaSourceError, match="DELTA_OFFSET_INVALID"):
+        Offset.from_json({"index": 1})
+    with pytest.raises(DeltaSourceError, match="newer deltars"):
+        Offset.from_json({**offset.to_json(), "sourceVersion": 99})
+
+
+# --------------------------------------------------------------------------- options
+
+
+def test_source_options_parse_and_admission() -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxFiles
+
+    opts = SourceOptions.parse({"PATH": "/t", "maxfilespertrigger": "5", "startingVersion": "latest"})
+    assert (opts.path, opts.max_files_per_trigger, opts.starting_version) == ("/t", 5, "latest")
+    assert opts.default_read_limit() == ReadMaxFiles(5)
+    assert SourceOptions.parse({"path": "/t"}).default_read_limit() == ReadMaxFiles(1000)
+    both = SourceOptions.parse({"path": "/t", "maxFilesPerTrigger": "3", "maxBytesPerTrigger": "1m"})
+    assert both.default_read_limit() == ReadMaxBytes(1 << 20)
+    assert both.admission(ReadMaxBytes(1 << 20)) == Admission(max_files=3, max_bytes=1 << 20)
+    assert both.admission(ReadAllAvailable()) == Admission()
+    with pytest.raises(ConfigError, match="PATH_MISSING"):
+        SourceOptions.parse({})
+    with pytest.raises(ConfigError, match=r"maxFilesPerTrigger='0' must be a positive integer"):
+        SourceOptions.parse({"path": "/t", "maxFilesPerTrigger": "0"})
+    with pytest.raises(ConfigError, match="startingVersion='soon'"):
+        SourceOptions.parse({"path": "/t", "startingVersion": "soon"})
+    with pytest.raises(ConfigError, match="ignoreDeletes='yes' must be 'true' or 'false'"):
+        SourceOptions.parse({"path": "/t", "ignoreDeletes": "yes"})
+    assert parse_bytes({"x": "2 GB"}, "x") == 2 << 30
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_escape_path_value_uses_only_safe_characters_and_is_injective() -> None:
+    values = ["%RETRY%x|y", "a/b", "a_2Fb", "_", "é", "", "../..", "x" * 500, "x" * 501]
+    escaped = [escape_path_value(v) for v in values]
+    assert all(c.isascii() and (c.isalnum() or c in "_-") for e in escaped for c in e)
+    assert len(set(escaped)) == len(values)
+    assert escape_path_value("a/b") == "a_2Fb" and escape_path_value("a_2Fb") == "a_5F2Fb"
+    assert escape_path_value(None) == "__HIVE_DEFAULT_PARTITION__"
+    assert all(len(e) <= 96 for e in escaped)
+
+
+def test_parse_partition_value_types() -> None:
+    assert parse_partition_value("2024-01-02 03:04:05.000006", pa.timestamp("us", tz="UTC")).as_py() == dt.datetime(
+        2024, 1, 2, 3, 4, 5, 6, tzinfo=UTC
+    )
+    assert parse_partition_value("2024-01-02T03:04:05Z", pa.timestamp("us")).as_py() == dt.datetime(2024, 1, 2, 3, 4, 5)
+    assert parse_partition_value("1.50", pa.decimal128(10, 2)).as_py() == Decimal("1.50")
+    assert parse_partition_value("true", pa.bool_()).as_py() is True
+    assert parse_partition_value(None, pa.int32()).as_py() is None
+    assert parse_partition_value("", pa.int32()).as_py() is None
+    assert parse_partition_value("", pa.string()).as_py() == ""
+    with pytest.raises(DeltaSourceError, match="DELTA_PARTITION_VALUE_INVALID.*'n'"):
+        parse_partition_value("x", pa.int64(), column="n")
+
+
+def test_read_file_attaches_typed_partition_values_positions_and_missing_columns(tmp_path: Path) -> None:
+    path = str(tmp_path / "p")
+    write_deltalake(path, pa.table({"id": [1, 2, 3], "day": pa.array([dt.date(2024, 1, 2)] * 3)}), partition_by=["day"])
+    entry = DeltaLog(TableLocation(path)).snapshot(0)[0]
+    target = pa.schema(
+        [
+            pa.field("id", pa.int64()),
+            pa.field("day", pa.date32()),
+            pa.field("later", pa.string()),
+            pa.field("pos", pa.string(), nullable=False),
+        ]
+    )
+    fs, root = TableLocation(path).filesystem()
+    file = FileToRead(entry.path, dict(entry.partition_values), entry.version, entry.index, entry.is_starting_version)
+    batches = list(read_file(fs, root, file, target, position_column="pos", batch_rows=2))
+    assert [b.num_rows for b in batches] == [2, 1]
+    assert all(b.schema == target for b in batches)
+    out = pa.Table.from_batches(batches).to_pydict()
+    assert out["id"] == [1, 2, 3] and out["day"] == [dt.date(2024, 1, 2)] * 3 and out["later"] == [None] * 3
+    assert out["pos"] == [f"s{0:020d}/000000/{r:09d}" for r in range(3)]
+    assert list(read_file(fs, root, file, target, position_column="pos", batch_rows=2))[0] == batches[0]
+
+
+def test_partitioned_writer_and_commit_are_idempotent(tmp_path: Path) -> None:
+    path = str(tmp_path / "w")
+    schema = pa.schema([("id", pa.int64()), ("grp", pa.string()), ("ts", pa.timestamp("us", tz="UTC"))])
+    ensure_table(path, schema, partition_by=["grp"])
+    location = TableLocation(path)
+    fs, root = location.filesystem()
+    writer = PartitionedWriter(fs, root, schema, partition_by=["grp"], uri=path)
+    ts = dt.datetime(2024, 1, 1, 0, 0, 0, 123456, tzinfo=UTC)
+    writer.write(pa.record_batch([pa.array([1, 2, 3], pa.int64()), pa.array(["a/b", "%x|y", None]), pa.array([ts] * 3, schema.field("ts").type)], schema=schema))
+    writer.write(pa.record_batch([pa.array([4], pa.int64()), pa.array(["a/b"]), pa.array([ts], schema.field("ts").type)], schema=schema))
+    files = writer.close()
+    assert sorted(f.num_records for f in files) == [1, 1, 2]
+    assert not any("%" in f.path or "|" in f.path for f in files)
+    assert {f.partition_values["grp"] for f in files} == {"a/b", "%x|y", None}
+    assert json.loads(files[0].stats)["numRecords"] == files[0].num_records
+    message = FilesWritten(tuple(files))
+    assert commit_files(location, [message], mode="append", partition_by=["grp"], app_id="q", txn_version=0)
+    # A replay writes new files for the same transaction: not committed, and deleted.
+    replay = PartitionedWriter(fs, root, schema, partition_by=["grp"], uri=path)
+    replay.write(pa.record_batch([pa.array([1], pa.int64()), pa.array(["a/b"]), pa.array([ts], schema.field("ts").type)], schema=schema))
+    replayed = replay.close()
+    assert not commit_files(location, [FilesWritten(tuple(replayed))], mode="append", partition_by=["grp"], app_id="q", txn_version=0)
+    assert not (Path(path) / replayed[0].path).exists()
+    # Committing the very same message again keeps its (live) files.
+    assert not commit_files(location, [message], mode="append", partition_by=["grp"], app_id="q", txn_version=0)
+    table = read_table(path)
+    assert sorted(table.column("id").to_pylist()) == [1, 2, 3, 4]
+    assert sorted(table.column("grp").to_pylist(), key=lambda v: (v is None, v or "")) == ["%x|y", "a/b", "a/b", None]
+    assert DeltaTable(path).transaction_version("q") == 0
+    # Stats are exact enough for delta-rs to skip files on them.
+    filtered = DeltaTable(path).to_pyarrow_dataset().to_table(filter=pa.compute.field("ts") == pa.scalar(ts))
+    assert filtered.num_rows == 4
+
+
+def test_writer_refuses_nulls_in_not_null_columns(tmp_path: Path) -> None:
+    schema = pa.schema([("id", pa.int64())])
+    fs, root = TableLocation(str(tmp_path)).filesystem()
+    writer = PartitionedWriter(fs, root, schema, not_null=["id"], uri="t")
+    with pytest.raises(Exception, match="NOT_NULL_VIOLATION.*'id'"):
+        writer.write(pa.record_batch([pa.array([1, None], pa.int64())], schema=schema))
+    writer.discard()
+    assert not list(Path(tmp_path).rglob("*.parquet"))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def test_ensure_table_creates_then_checks_schema(tmp_path: Path) -> None:
+    path = str(tmp_path / "e")
+    schema = pa.schema([("id", pa.int64()), ("grp", pa.string())])
+    ensure_table(path, schema, partition_by=["grp"])
+    assert table_version(path) == 0 and table_version(str(tmp_path / "none")) is None
+    ensure_table(path, pa.schema([pa.field("grp", pa.large_string()), pa.field("id", pa.int64(), nullable=False)]))
+    with pytest.raises(SchemaMismatchError, match="column 'grp' is string in the table but int32 in the data"):
+        ensure_table(path, pa.schema([("id", pa.int64()), ("grp", pa.int32())]))
+    with pytest.raises(SchemaMismatchError, match="lacks column 'grp'"):
+        ensure_table(path, pa.schema([("id", pa.int64())]))
+    with pytest.raises(SchemaMismatchError, match="has column 'extra'"):
+        ensure_table(path, schema.append(pa.field("extra", pa.bool_())))
+    with pytest.raises(SchemaMismatchError, match="partitioned by \\['grp'\\]"):
+        ensure_table(path, schema, partition_by=["id"])
+
+
+def test_append_arrow_is_idempotent_per_transaction(tmp_path: Path) -> None:
+    path = str(tmp_path / "a")
+    assert append_arrow(path, rows(0, 5), app_id="job", txn_version=1)
+    assert not append_arrow(path, rows(0, 5), app_id="job", txn_version=1)
+    assert not append_arrow(path, rows(0, 5), app_id="job", txn_version=0)
+    assert append_arrow(path, rows(5, 5), app_id="job", txn_version=2)
+    assert append_arrow(path, rows(10, 5))
+    assert sorted(read_table(path).column("id").to_pylist()) == list(range(15))
+    assert DeltaTable(path).transaction_version("job") == 2
+    with pytest.raises(ConfigError):
+        append_arrow(path, rows(0, 1), app_id="job")
+    with pytest.raises(SchemaMismatchError, match="'id'"):
+        append_arrow(path, pa.table({"id": ["x"], "grp": ["g"]}))
+
+
+def test_query_id_from_checkpoint(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    assert read_query_id(str(ck)) is None
+    query_id = ensure_query_id(str(ck))
+    assert read_query_id(str(ck)) == query_id == ensure_query_id(f"file://{ck}")
+    (tmp_path / "spark").mkdir()
+    (tmp_path / "spark" / "metadata").write_text('{"id":"3f1c"}')  # as Spark writes it
+    assert read_query_id(str(tmp_path / "spark")) == "3f1c"
+
+
+def test_parquet_written_is_plain(tmp_path: Path) -> None:
+    schema = pa.schema([("id", pa.int64())])
+    fs, root = pafs.LocalFileSystem(), str(tmp_path)
+    writer = PartitionedWriter(fs, root, schema)
+    writer.write(pa.record_batch([pa.array([1, 2], pa.int64())], schema=schema))
+    (written,) = writer.close()
+    assert pq.read_table(str(tmp_path / written.path)).column("id").to_pylist() == [1, 2]
