@@ -8,6 +8,7 @@ writes to the retry, DLQ, quarantine and outcomes tables.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
@@ -94,6 +95,23 @@ def run_once(spark: SparkSession, config: EngineConfig) -> None:
     """
     query = start(spark, config)
     try:
-        query.processAllAvailable()
+        wait_until_idle(query)
     finally:
         query.stop()
+
+
+def wait_until_idle(query: StreamingQuery, *, poll_seconds: float = 0.2) -> None:
+    """Block until a micro-batch completes that found no new input.
+
+    ``processAllAvailable`` never returns here: processing-time timeouts make
+    Spark plan a batch on every trigger, so the query is never "idle" in its
+    sense. A finished batch that read nothing means everything available when
+    it was planned has been processed.
+    """
+    while True:
+        if query.exception() is not None:
+            raise query.exception()  # type: ignore[misc]
+        progress = query.lastProgress
+        if progress is not None and progress["numInputRows"] == 0:
+            return
+        time.sleep(poll_seconds)
