@@ -54,6 +54,7 @@ from retry_engine.delta.source import SourceOptions
 from retry_engine.errors import ConfigError, DeltaSourceError, SchemaMismatchError
 
 UTC = dt.UTC
+NO_SKIPS = ChangeRules()
 
 
 def rows(start: int, n: int) -> pa.Table:
@@ -207,7 +208,7 @@ def test_snapshot_partition_values_are_delta_strings(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- offsets
 
 
-def _batches(delta_log: DeltaLog, start: Offset, until: int, admission: Admission, rules: ChangeRules = ChangeRules()) -> list[tuple[Offset, Offset]]:
+def _batches(delta_log: DeltaLog, start: Offset, until: int, admission: Admission, rules: ChangeRules = NO_SKIPS) -> list[tuple[Offset, Offset]]:
     """Successive (start, end) ranges until caught up, as Spark would ask for them."""
     out = []
     while True:
