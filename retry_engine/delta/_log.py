@@ -55,8 +55,7 @@ class TableLocation:
 
     @property
     def is_local(self) -> bool:
-        scheme = urlparse(self.uri).scheme
-        return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
+        return urlparse(self.uri).scheme in ("", "file")
 
     @property
     def table_uri(self) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -171,8 +171,9 @@ def abort_files(location: TableLocation, messages: Sequence[WriterCommitMessage 
     try:
         table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
         referenced = set(pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist())
-    except Exception:  # noqa: BLE001 - leaving orphans is safe, deleting live files is not
-        log.warning("%s: cannot read the table to abort; leaving %d file(s) for vacuum", location.uri, len(files))
+    except (DeltaError, OSError) as exc:
+        # Leaving orphans is safe (vacuum removes them); deleting live files is not.
+        log.warning("%s: cannot read the table to abort (%s); leaving %d file(s) for vacuum", location.uri, exc, len(files))
         return
     _delete_files(location, [f for f in files if f.path not in referenced])
 
@@ -199,6 +200,8 @@ class _DeltaWriter:
         table = ensure_table(self.location.table_uri, self.arrow_schema, partition_by=self.options.partition_by)
         self.partition_by = tuple(table.metadata().partition_columns)
         self.not_null = tuple(f.name for f in pa.schema(table.schema().to_arrow()) if not f.nullable)
+        app_id = self.options.txn_app_id
+        self.committed_txn = table.transaction_version(app_id) if app_id is not None else None
         self.skip_writes = False
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesWritten:
@@ -229,17 +232,17 @@ class DeltaBatchWriter(_DeltaWriter, DataSourceArrowWriter):
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
-        super().__init__(options, schema, overwrite)
-        if (self.options.txn_app_id is None) != (self.options.txn_version is None):
+        parsed = SinkOptions.parse(options)
+        if (parsed.txn_app_id is None) != (parsed.txn_version is None):
             raise ConfigError("options txnAppId and txnVersion go together; set both or neither", code="INVALID_OPTION")
-        if self.options.txn_app_id is not None and self.options.txn_version is not None:
-            done = DeltaTable(self.location.table_uri).transaction_version(self.options.txn_app_id)
-            self.skip_writes = done is not None and done >= self.options.txn_version
-            if self.skip_writes:
-                log.info(
-                    "%s: transaction %s/%d already committed (table has %s); write skipped",
-                    self.location.uri, self.options.txn_app_id, self.options.txn_version, done,
-                )
+        super().__init__(options, schema, overwrite)
+        done, wanted = self.committed_txn, self.options.txn_version
+        self.skip_writes = done is not None and wanted is not None and done >= wanted
+        if self.skip_writes:
+            log.info(
+                "%s: transaction %s/%s already committed (table has %s); write skipped",
+                self.location.uri, self.options.txn_app_id, wanted, done,
+            )
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.skip_writes:
@@ -270,18 +273,19 @@ class DeltaStreamWriter(_DeltaWriter, DataSourceStreamArrowWriter):
     """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
-        super().__init__(options, schema, overwrite)
-        if self.options.txn_version is not None:
+        parsed = SinkOptions.parse(options)
+        if parsed.txn_version is not None:
             raise ConfigError(
                 "option txnVersion is for batch writes; a stream uses its batch id", code="INVALID_OPTION"
             )
-        if self.options.txn_app_id is None and self.options.checkpoint_location is None:
+        if parsed.txn_app_id is None and parsed.checkpoint_location is None:
             raise DeltaSinkError(
                 "writeStream.format('deltars') needs option checkpointLocation (the session-wide "
                 "spark.sql.streaming.checkpointLocation does not reach data sources) or option txnAppId, "
                 "to tie its idempotent commits to the query",
                 code="SINK_APP_ID",
             )
+        super().__init__(options, schema, overwrite)
 
     def app_id(self) -> str:
         """The idempotency key: ``txnAppId``, else the checkpoint's query id."""
