@@ -54,7 +54,7 @@ def synthetic_rows(n: int, *, seed: int = 7) -> pa.Table:
             "topic": pa.array(np.char.add("topic_", (ids % 8).astype(str))),
             "tags": pa.array(np.full(n, "TagA")),
             "status": pa.array(np.where(failed, "RECONSUME_LATER", "CONSUME_SUCCESS")),
-            "body": pa.array([b"x" * 64] * n, pa.binary()),
+            "body": pa.array([b"x" * 85] * n, pa.binary()),
             "born_host": pa.array(np.full(n, "10.0.0.1:5000")),
             "reconsume_times": pa.array(rng.integers(0, 16, n).astype(np.int32)),
             "born_timestamp": ts,
