@@ -460,3 +460,32 @@ def test_parquet_written_is_plain(tmp_path: Path) -> None:
     writer.write(pa.record_batch([pa.array([1, 2], pa.int64())], schema=schema))
     (written,) = writer.close()
     assert pq.read_table(str(tmp_path / written.path)).column("id").to_pylist() == [1, 2]
+
+
+def test_stream_schema_changes_that_break_the_stream_are_refused() -> None:
+    from deltalake import Schema
+
+    from retry_engine.delta._schema import check_stream_schema
+
+    stream_schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("_pos", pa.string())])
+
+    def schema_string(schema: pa.Schema) -> str:
+        return str(Schema.from_arrow(schema).to_json())
+
+    added = pa.schema([("id", pa.int64()), ("name", pa.large_string()), ("extra", pa.bool_())])
+    check_stream_schema("t", 3, schema_string(added), stream_schema, ["_pos"])
+    with pytest.raises(DeltaSourceError, match=r"DELTA_SCHEMA_CHANGED.*commit 4 of t drops column 'name'"):
+        check_stream_schema("t", 4, schema_string(pa.schema([("id", pa.int64())])), stream_schema, ["_pos"])
+    with pytest.raises(DeltaSourceError, match=r"changes column 'id' from int64 to string"):
+        check_stream_schema("t", 5, schema_string(pa.schema([("id", pa.string()), ("name", pa.string())])), stream_schema, ["_pos"])
+
+
+def test_sink_options_parse() -> None:
+    from retry_engine.delta.sink import SinkOptions
+
+    opts = SinkOptions.parse({"path": "/t", "partitionby": " a, b ", "TXNAPPID": "job", "txnVersion": "4", "checkpointlocation": "/ck"})
+    assert opts == SinkOptions("/t", ("a", "b"), "job", 4, "/ck")
+    with pytest.raises(ConfigError, match="txnVersion='x'"):
+        SinkOptions.parse({"path": "/t", "txnVersion": "x"})
+    with pytest.raises(ConfigError, match="repeats a column"):
+        SinkOptions.parse({"path": "/t", "partitionBy": "a,a"})
