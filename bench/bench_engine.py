@@ -41,6 +41,11 @@ def _naive(key: tuple[str], frames: Iterator[pd.DataFrame], state: GroupState) -
     yield pd.DataFrame({"msg_id": [key[0]], "attempts": [n]})
 
 
+def _progress(results: dict[str, float]) -> None:
+    name, value = list(results.items())[-1]
+    print(f"  measured {name}: {value:,.0f} results/s", file=sys.stderr, flush=True)
+
+
 def throughput(spark, work: Path, rows: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
     out: dict[str, float] = {}
     for label, rate in (("10%", 0.1), ("100%", 1.0)):
@@ -52,12 +57,14 @@ def throughput(spark, work: Path, rows: int) -> dict[str, float]:  # type: ignor
         write_stream(df, str(work / f"copy_{label[:-1]}"), checkpoint=str(work / f"ck_copy_{label[:-1]}")) \
             .trigger(availableNow=True).start().awaitTermination()
         out[f"raw copy ({label})"] = rows / (time.perf_counter() - t)
+        _progress(out)
         # The engine.
         config = parse_config({"engine": {"lake": str(work / f"lake_{label[:-1]}")},
                                "tables": {"consume_results": str(src)}})
         t = time.perf_counter()
         engine.run_once(spark, config)
         out[f"engine ({label})"] = rows / (time.perf_counter() - t)
+        _progress(out)
         if label == "10%":
             t = time.perf_counter()
             naive = (spark.readStream.format("deltars").option("path", str(src)).load()
@@ -68,6 +75,7 @@ def throughput(spark, work: Path, rows: int) -> dict[str, float]:  # type: ignor
             # AvailableNow never ends with processing-time timeouts; wait until idle instead.
             engine.wait_until_idle(naive)
             out["naive key-per-message (10%)"] = rows / (time.perf_counter() - t)
+            _progress(out)
             naive.stop()
     return out
 
