@@ -40,7 +40,7 @@ test-fast: check-env
 
 lint: venv
 	$(VENV)/bin/ruff check retry_engine schemas jobs tests bench
-	$(VENV)/bin/mypy retry_engine
+	$(VENV)/bin/mypy retry_engine schemas
 
 bench: check-env
 	$(PY) bench/bench_delta_io.py

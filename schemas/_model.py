@@ -114,9 +114,9 @@ def _python_type(t: pa.DataType) -> Any:
     if pa.types.is_timestamp(t):
         return dt.datetime
     if pa.types.is_map(t):
-        return dict[_python_type(t.key_type), _python_type(t.item_type) | None]
+        return dict[_python_type(t.key_type), _python_type(t.item_type) | None]  # type: ignore[misc]
     if pa.types.is_list(t):
-        return list[_python_type(t.value_type)]
+        return list[_python_type(t.value_type)]  # type: ignore[misc]
     if pa.types.is_struct(t):
         return dict[str, Any]
     raise TypeError(f"no Python type for Arrow type {t}")
