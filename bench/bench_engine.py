@@ -126,9 +126,14 @@ def main() -> None:
     parser.add_argument("--late-seconds", type=int, default=20)
     parser.add_argument("--late-rate", type=int, default=2000)
     parser.add_argument("--trigger-ms", type=int, default=1000)
+    parser.add_argument("--lateness-only", action="store_true", help="skip the throughput runs")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     spark = build_session(app_name="bench-engine", log_level="ERROR")
+    if args.lateness_only:
+        _print_lateness(lateness(spark, work, args.late_seconds, args.late_rate, args.trigger_ms))
+        spark.stop()
+        return
     # Warm up JVM and Python workers on a small run.
     throughput(spark, work / "warm", 2000)
     rates = throughput(spark, work / "run", args.rows)
@@ -141,6 +146,10 @@ def main() -> None:
     print(f"engine / raw copy (10%)         = {rates['engine (10%)'] / rates['raw copy (10%)']:.2f}")
     print(f"engine / raw copy (100%)        = {rates['engine (100%)'] / rates['raw copy (100%)']:.2f}")
     print(f"engine / naive baseline (10%)   = {rates['engine (10%)'] / rates['naive key-per-message (10%)']:.1f}x")
+    _print_lateness(late)
+
+
+def _print_lateness(late: dict[str, float]) -> None:
     print("lateness of released retries (delivered_at - due_at):")
     for name, value in late.items():
         print(f"  {name:24} {value:10.0f}")
