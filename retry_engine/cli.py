@@ -75,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         return {"run": _run, "check-config": _check}[args.command](args)
     except RetryEngineError as exc:

@@ -77,6 +77,10 @@ class BatchWriter:
         batch = batch.withColumn("batch_id", F.lit(batch_id).cast("long"))
         batch.persist()
         try:
+            # Most batches of an idle engine only fire timeouts and release nothing:
+            # skip the four writes (each a Spark job) when there is nothing to write.
+            if batch.isEmpty():
+                return
             for target in self.targets():
                 rows = _project(batch.filter(target.where), target.table, target.renames)
                 writer = (
