@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -160,32 +161,29 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
         )
         return pc.and_kleene(present, invalid)
 
-    groups, topics = group.to_pylist(), topic.to_pylist()
     _flag(
         problems,
         bad_name(group, GROUP_MAX_LENGTH),
         "INVALID_GROUP_NAME",
-        lambda i: f"consumer_group {_short(groups[i])!r} must match [{VALID_CHARACTERS}]{{1,{GROUP_MAX_LENGTH}}}",
+        lambda i: f"consumer_group {_short(group[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{GROUP_MAX_LENGTH}}}",
     )
     _flag(
         problems,
         bad_name(topic, TOPIC_MAX_LENGTH + len("%RETRY%")),
         "INVALID_TOPIC_NAME",
-        lambda i: f"topic {_short(topics[i])!r} must match [{VALID_CHARACTERS}]{{1,{TOPIC_MAX_LENGTH}}}",
+        lambda i: f"topic {_short(topic[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{TOPIC_MAX_LENGTH}}}",
     )
-    statuses = status.to_pylist()
     _flag(
         problems,
         pc.invert(pc.or_kleene(pc.is_null(status), pc.is_in(status, pa.array([SUCCESS, *FAILURE_STATUSES])))),
         "UNKNOWN_STATUS",
-        lambda i: f"status {_short(statuses[i])!r} is not one of {SUCCESS}, {', '.join(FAILURE_STATUSES)} or null",
+        lambda i: f"status {_short(status[i].as_py())!r} is not one of {SUCCESS}, {', '.join(FAILURE_STATUSES)} or null",
     )
-    models = model.to_pylist()
     _flag(
         problems,
         pc.invert(pc.or_kleene(pc.is_null(model), pc.is_in(model, pa.array(MESSAGE_MODELS)))),
         "UNKNOWN_MESSAGE_MODEL",
-        lambda i: f"message_model {_short(models[i])!r} is not one of {', '.join(MESSAGE_MODELS)} or null",
+        lambda i: f"message_model {_short(model[i].as_py())!r} is not one of {', '.join(MESSAGE_MODELS)} or null",
     )
     limit = config.engine.max_body_bytes
     sizes = pc.binary_length(cols["body"])
@@ -250,7 +248,9 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
         batch_ts = batch_ts.replace(tzinfo=dt.UTC)
 
     # Acknowledgements are most of the traffic: build their rows column-wise.
-    valid = pa.array([i not in problems for i in range(n)], type=pa.bool_())
+    valid_mask = np.ones(n, dtype=bool)
+    valid_mask[list(problems)] = False
+    valid = pa.array(valid_mask)
     is_ack = pc.and_kleene(valid, pc.fill_null(pc.equal(cols["status"], SUCCESS), False))
     acks = _ack_rows(cols, batch.column(POSITION), is_ack, batch_ts)
     slow = pc.indices_nonzero(pc.invert(is_ack))

@@ -21,8 +21,8 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.delays import parse_duration_ms
-from retry_engine.delta import ensure_query_id, ensure_table
-from retry_engine.outputs import FORMAT, BatchWriter
+from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table
+from retry_engine.outputs import BatchWriter
 from retry_engine.schedule import STATE_SCHEMA, ScheduleStage
 from retry_engine.schemas import CONSUME_RESULTS, WORK
 
@@ -45,7 +45,7 @@ def engine_frame(spark: SparkSession, config: EngineConfig) -> DataFrame:
     source_path = config.table_path("consume_results")
     ensure_table(source_path, CONSUME_RESULTS.arrow_schema)
     results = (
-        spark.readStream.format(FORMAT)
+        spark.readStream.format(FORMAT_NAME)
         .option("path", source_path)
         .option("maxFilesPerTrigger", str(config.engine.max_files_per_trigger))
         .option("sourcePositionColumn", POSITION)

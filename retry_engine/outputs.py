@@ -18,11 +18,11 @@ from pyspark.sql import functions as F
 
 from retry_engine.config import EngineConfig
 from retry_engine.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARANTINED
+from retry_engine.delta import FORMAT_NAME
 from retry_engine.schemas import DLQ, OUTCOMES, QUARANTINE, RETRY, Table
 
 log = logging.getLogger(__name__)
 
-FORMAT = "deltars"
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class BatchWriter:
             for target in self.targets():
                 rows = _project(batch.filter(target.where), target.table, target.renames)
                 writer = (
-                    rows.write.format(FORMAT)
+                    rows.write.format(FORMAT_NAME)
                     .mode("append")
                     .option("path", target.path)
                     .option("txnAppId", self.app_id)

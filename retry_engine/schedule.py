@@ -95,21 +95,20 @@ class ScheduleStage:
                     pending = pa.concat_tables([pending, _to_arrow(scheduled)])
                 expires_ms = max(int(expires_ms), now_ms + self.dedup_window_ms)
 
+        next_ms = int(expires_ms)
         if pending.num_rows:
             due_ms = pending.column("due_at").cast(pa.int64()).to_numpy() // 1000
             is_due = due_ms <= now_ms
             if is_due.any():
-                released = _to_pandas(pending.filter(pa.array(is_due)))
-                yield _as_deliveries(released, now_ms)
+                yield _as_deliveries(_to_pandas(pending.filter(pa.array(is_due))), now_ms)
                 pending = pending.filter(pa.array(~is_due))
                 log.debug("group %s bucket %s: released %d retries", route, bucket, int(is_due.sum()))
+            if not is_due.all():
+                next_ms = min(next_ms, int(due_ms[~is_due].min()))
 
         if pending.num_rows == 0 and now_ms >= int(expires_ms):
             state.remove()
             return
-        next_ms = int(expires_ms)
-        if pending.num_rows:
-            next_ms = min(next_ms, int(pending.column("due_at").cast(pa.int64()).to_numpy().min() // 1000))
         state.update((_to_ipc(pending), _to_ipc(pa.table({"msg_id": sorted(seen)}, schema=_SEEN_SCHEMA)), int(expires_ms)))
         # Spark fires the timeout in the first batch whose timestamp is past now + duration.
         state.setTimeoutDuration(max(1, next_ms - now_ms))

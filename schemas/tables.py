@@ -24,6 +24,10 @@ MESSAGE_COLUMNS = (
     c.ATTEMPTS,
 )
 
+# What both engine output tables carry about the failure that produced the row.
+FAILURE_CONTEXT = (c.ERROR_CLASS, c.ERROR_MESSAGE, c.DELIVERY_KEY, c.SOURCE_RESULT_ID)
+_GROUP_PARTITION = c.CONSUMER_GROUP.variant(doc="Consumer group G (partition column).", nullable=False)
+
 MESSAGES = Table(
     "messages",
     "Topic messages written by producers; one table holds every topic, partitioned by topic.",
@@ -55,16 +59,13 @@ RETRY = Table(
     "Retry messages released by the schedule stage to %RETRY%G (the topic column), by group.",
     (
         *MESSAGE_COLUMNS,
-        c.CONSUMER_GROUP.variant(doc="Consumer group G (partition column).", nullable=False),
+        _GROUP_PARTITION,
         c.DELAY_LEVEL,
         c.SCHEDULE_QUEUE_ID,
         c.SCHEDULED_AT,
         c.DUE_AT,
         c.DELIVERED_AT,
-        c.ERROR_CLASS,
-        c.ERROR_MESSAGE,
-        c.DELIVERY_KEY,
-        c.SOURCE_RESULT_ID,
+        *FAILURE_CONTEXT,
     ),
     partition_by=("consumer_group",),
 )
@@ -74,14 +75,11 @@ DLQ = Table(
     "Dead letters of %DLQ%G (the topic column), by group. Write-only for consumers (R9).",
     (
         *MESSAGE_COLUMNS,
-        c.CONSUMER_GROUP.variant(doc="Consumer group G (partition column).", nullable=False),
+        _GROUP_PARTITION,
         c.DEAD_LETTERED_AT,
         c.REASON_CODE,
         c.REASON,
-        c.ERROR_CLASS,
-        c.ERROR_MESSAGE,
-        c.DELIVERY_KEY,
-        c.SOURCE_RESULT_ID,
+        *FAILURE_CONTEXT,
     ),
     partition_by=("consumer_group",),
 )
