@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,9 +12,9 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from retry_engine.delta import read_query_id, read_table, write_stream
+from retry_engine.delta import FORMAT_NAME, read_query_id, read_table, write_stream
+from tests.streaming import running
 
-FORMAT = "deltars"
 AWKWARD = ["%RETRY%x|y", "a/b", "plain", None]
 
 
@@ -40,16 +38,8 @@ def sorted_rows(table: pa.Table) -> list[dict[str, object]]:
     return sorted(table.select(["id", "grp", "at"]).to_pylist(), key=lambda r: r["id"])  # type: ignore[arg-type,return-value]
 
 
-@contextmanager
-def running(query: StreamingQuery) -> Iterator[StreamingQuery]:
-    try:
-        yield query
-    finally:
-        query.stop()
-
-
 def copy(spark: SparkSession, src: Path, dst: Path, ck: Path, **options: str) -> StreamingQuery:
-    reader = spark.readStream.format(FORMAT).option("path", str(src))
+    reader = spark.readStream.format(FORMAT_NAME).option("path", str(src))
     for key, value in options.items():
         reader = reader.option(key, value)
     return write_stream(reader.load(), str(dst), checkpoint=str(ck), partition_by=["grp"]).trigger(availableNow=True).start()
@@ -74,7 +64,7 @@ def test_stream_copies_partitioned_table_exactly_into_an_ordinary_delta_table(sp
     # One transaction per micro-batch, keyed by the query id Spark keeps in the checkpoint.
     assert table.transaction_version(read_query_id(str(ck)) or "") == 0
     # Spark's batch reader sees the same rows.
-    back = spark.read.format(FORMAT).option("path", str(dst)).load()
+    back = spark.read.format(FORMAT_NAME).option("path", str(dst)).load()
     assert sorted((r["id"], r["grp"]) for r in back.collect()) == [(r["id"], r["grp"]) for r in sorted_rows(read_table(str(src)))]
     # An empty micro-batch (a metadata-only source commit) commits nothing.
     version = table.version()
@@ -88,7 +78,7 @@ def test_stream_copies_partitioned_table_exactly_into_an_ordinary_delta_table(sp
 def test_query_stopped_midway_and_restarted_neither_loses_nor_duplicates(spark: SparkSession, lake: Path) -> None:
     src, dst, ck = lake / "src", lake / "dst", lake / "ck"
     make_source(src, versions=6)
-    reader = spark.readStream.format(FORMAT).option("path", str(src)).option("maxFilesPerTrigger", "1").load()
+    reader = spark.readStream.format(FORMAT_NAME).option("path", str(src)).option("maxFilesPerTrigger", "1").load()
     query = (
         write_stream(reader, str(dst), checkpoint=str(ck), partition_by=["grp"])
         .trigger(processingTime="300 milliseconds")
@@ -135,7 +125,7 @@ def test_batch_write_is_idempotent_with_txn_options(spark: SparkSession, lake: P
 
     def write(frame: DataFrame, version: int, mode: str = "append") -> None:
         (
-            frame.write.format(FORMAT).mode(mode).option("path", dst).option("partitionBy", "grp")
+            frame.write.format(FORMAT_NAME).mode(mode).option("path", dst).option("partitionBy", "grp")
             .option("txnAppId", "job").option("txnVersion", str(version)).save()
         )
 
@@ -149,16 +139,16 @@ def test_batch_write_is_idempotent_with_txn_options(spark: SparkSession, lake: P
     write(spark.createDataFrame([(9, None)], "id long, grp string"), 9, mode="overwrite")
     assert read_table(dst).to_pylist() == [{"id": 9, "grp": None}]
     assert DeltaTable(dst).metadata().partition_columns == ["grp"]
-    df.write.format(FORMAT).mode("append").save(dst)  # no txn options: plain append
+    df.write.format(FORMAT_NAME).mode("append").save(dst)  # no txn options: plain append
     assert read_table(dst).num_rows == 3
 
 
 def test_schema_mismatch_names_the_column_and_both_types(spark: SparkSession, lake: Path) -> None:
     dst = str(lake / "t")
-    spark.createDataFrame([(1, "a")], "id long, grp string").write.format(FORMAT).mode("append").save(dst)
+    spark.createDataFrame([(1, "a")], "id long, grp string").write.format(FORMAT_NAME).mode("append").save(dst)
 
     def append(frame: DataFrame) -> None:
-        frame.write.format(FORMAT).mode("append").option("path", dst).save()
+        frame.write.format(FORMAT_NAME).mode("append").option("path", dst).save()
 
     with pytest.raises(Exception, match=r"SCHEMA_MISMATCH|COLUMN_TYPE_MISMATCH") as info:
         append(spark.createDataFrame([(1, 2)], "id long, grp int"))
@@ -168,7 +158,7 @@ def test_schema_mismatch_names_the_column_and_both_types(spark: SparkSession, la
     with pytest.raises(Exception, match=r"COLUMN_MISSING_IN_DATA.*'grp'"):
         append(spark.createDataFrame([(1,)], "id long"))
     with pytest.raises(Exception, match=r"PARTITION_COLUMNS_MISMATCH"):
-        spark.createDataFrame([(1, "a")], "id long, grp string").write.format(FORMAT).mode("append").option(
+        spark.createDataFrame([(1, "a")], "id long, grp string").write.format(FORMAT_NAME).mode("append").option(
             "partitionBy", "grp"
         ).save(dst)
     # A stricter DataFrame (NOT NULL where the table allows nulls) is fine.

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,8 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-FORMAT = "deltars"
+from retry_engine.delta import FORMAT_NAME
+from tests.streaming import running
 
 
 def rows(start: int, n: int) -> pa.Table:
@@ -37,18 +37,10 @@ def make_table(path: Path, *, versions: int, per_version: int = 10, partition_by
 
 
 def stream(spark: SparkSession, path: Path, **options: str) -> DataFrame:
-    reader = spark.readStream.format(FORMAT).option("path", str(path))
+    reader = spark.readStream.format(FORMAT_NAME).option("path", str(path))
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
-
-
-@contextmanager
-def running(query: StreamingQuery) -> Iterator[StreamingQuery]:
-    try:
-        yield query
-    finally:
-        query.stop()
 
 
 def ids_of(spark: SparkSession, name: str) -> list[int]:
@@ -62,7 +54,7 @@ def input_rows(query: StreamingQuery) -> list[int]:
 def test_schema_types_and_batch_read_at_version(spark: SparkSession, lake: Path) -> None:
     src = lake / "src"
     make_table(src, versions=3, partition_by=["day"])
-    df = spark.read.format(FORMAT).option("path", str(src)).option("sourcePositionColumn", "_pos").load()
+    df = spark.read.format(FORMAT_NAME).option("path", str(src)).option("sourcePositionColumn", "_pos").load()
     assert [(f.name, f.dataType.simpleString(), f.nullable) for f in df.schema.fields] == [
         ("id", "bigint", True),
         ("name", "string", True),
@@ -77,24 +69,24 @@ def test_schema_types_and_batch_read_at_version(spark: SparkSession, lake: Path)
     ]  # the session time zone is UTC
     positions = [r["_pos"] for r in df.select("_pos").collect()]
     assert len(set(positions)) == 30 and all(p.startswith("s00000000000000000002/") for p in positions)
-    old = spark.read.format(FORMAT).option("path", str(src)).option("versionAsOf", "0").load()
+    old = spark.read.format(FORMAT_NAME).option("path", str(src)).option("versionAsOf", "0").load()
     assert sorted(r["id"] for r in old.collect()) == list(range(10))
-    user = spark.read.format(FORMAT).schema("id long, day date").option("path", str(src)).load()
+    user = spark.read.format(FORMAT_NAME).schema("id long, day date").option("path", str(src)).load()
     assert user.filter("day = date'2024-01-02'").count() == 15
 
 
 def test_missing_path_and_not_a_table_fail_clearly(spark: SparkSession, lake: Path) -> None:
     with pytest.raises(Exception, match="PATH_MISSING"):
-        spark.read.format(FORMAT).load()
+        spark.read.format(FORMAT_NAME).load()
     with pytest.raises(Exception, match="NOT_A_DELTA_TABLE"):
-        spark.readStream.format(FORMAT).option("path", str(lake / "nothing")).load()
+        spark.readStream.format(FORMAT_NAME).option("path", str(lake / "nothing")).load()
 
 
 def test_unsupported_protocol_fails_clearly(spark: SparkSession, lake: Path) -> None:
     path = str(lake / "dv")
     DeltaTable.create(path, rows(0, 1).schema, configuration={"delta.enableDeletionVectors": "true"})
     with pytest.raises(Exception, match="DELTA_UNSUPPORTED_FEATURE.*deletionVectors"):
-        spark.read.format(FORMAT).option("path", path).load()
+        spark.read.format(FORMAT_NAME).option("path", path).load()
 
 
 def test_max_files_per_trigger_and_restart_from_checkpoint(spark: SparkSession, lake: Path) -> None:

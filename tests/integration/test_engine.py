@@ -117,6 +117,9 @@ def test_every_input_row_has_exactly_one_outcome(spark: Any, tmp_path: Path) -> 
     outcomes = lake.rows("outcomes")
     by_result = Counter(o["result_id"] for o in outcomes)
     assert all(n == 1 for n in by_result.values()), by_result
+    # Every input row is accounted for, quarantined ones included.
+    named = {r.values["result_id"] for r in batch} | {"again-2"}
+    assert named <= set(by_result) and len(by_result) == len(batch) + 1
     got = {o["result_id"]: (o["outcome"], o["reason_code"]) for o in outcomes}
     ids = {r.values["msg_id"]: r.values["result_id"] for r in batch if r.values["msg_id"]}
     assert got[ids["A1"]] == ("acknowledged", None)
