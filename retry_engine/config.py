@@ -53,7 +53,7 @@ ENV_LAKE = "RETRY_ENGINE_LAKE"
 ENV_CHECKPOINT = "RETRY_ENGINE_CHECKPOINT"
 ENV_MASTER = "RETRY_ENGINE_MASTER"
 
-TABLE_NAMES = ("consume_results", "messages", "retry", "dlq", "quarantine", "outcomes")
+TABLE_NAMES = ("consume_results", "messages", "retry", "dlq", "quarantine", "outcomes", "metrics")
 
 
 class _Strict(BaseModel):

@@ -75,6 +75,17 @@ SOURCE_POSITION = Column("source_position", pa.string(), "Position of the input 
 RAW = Column("raw", pa.string(), "The input row as JSON (binary as base64), exactly as read.")
 QUARANTINED_AT = Column("quarantined_at", TS, "Micro-batch time of quarantine.", False)
 
+# -- engine metrics (B7) --------------------------------------------------------
+BATCH_TIME = Column("batch_time", TS, "Micro-batch timestamp (Spark's clock for that batch).", False)
+METRIC = Column(
+    "metric",
+    pa.string(),
+    "What the row measures: an outcome count (acknowledged, retry, dead_letter, dropped, duplicate, "
+    "quarantined), 'delivered' (retries released to %RETRY%G) or a lateness statistic of those deliveries.",
+    False,
+)
+VALUE = Column("value", pa.float64(), "The measured value (a count, or milliseconds for lateness).", False)
+
 # -- internal: rows between the decision step and the writers ------------------
 KIND = Column("kind", pa.string(), "outcome (one per input row) or delivery (a retry released).", False)
 ROUTE = Column("route", pa.string(), "State key part 1: the consumer group ('' when unknown).", False)

@@ -122,7 +122,21 @@ OUTCOMES = Table(
     ),
 )
 
-ALL_TABLES = (MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES)
+METRICS = Table(
+    "metrics",
+    "Per micro-batch counts and delivery lateness, by group, original topic and delay level (B7).",
+    (
+        c.BATCH_ID,
+        c.BATCH_TIME,
+        c.CONSUMER_GROUP,
+        c.RETRY_TOPIC.variant(doc="Original topic of the messages counted."),
+        c.DELAY_LEVEL.variant(doc="Delay level of the retries counted; null when not about one level."),
+        c.METRIC,
+        c.VALUE,
+    ),
+)
+
+ALL_TABLES = (MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES, METRICS)
 
 
 def _union(*parts: tuple[Column, ...] | Table) -> tuple[Column, ...]:
