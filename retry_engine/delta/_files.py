@@ -194,7 +194,43 @@ class WrittenFile:
     stats: str
 
 
-_STATS_TYPES = (pa.types.is_integer, pa.types.is_date, pa.types.is_timestamp)
+# Columns that get min/max/nullCount stats, as delta-rs's own writer does. Every such
+# column must have them: delta-rs (1.6) prunes a file as "no match" when a filter
+# names a column that the file's stats leave out, so a partial stats record hides rows.
+_STATS_TYPES = (
+    pa.types.is_integer,
+    pa.types.is_floating,
+    pa.types.is_boolean,
+    pa.types.is_date,
+    pa.types.is_timestamp,
+    pa.types.is_string,
+    pa.types.is_large_string,
+)
+# Delta keeps string bounds short (Spark: dataSkippingStringPrefixLength = 32).
+STRING_STATS_PREFIX = 32
+_SURROGATES = range(0xD800, 0xE000)
+
+
+def _has_stats(type_: pa.DataType) -> bool:
+    return any(is_type(type_) for is_type in _STATS_TYPES)
+
+
+def string_upper_bound(value: str, prefix: int = STRING_STATS_PREFIX) -> str:
+    """A string of at most ``prefix`` characters that sorts at or above ``value``.
+
+    Cut to the prefix and bump the last character that can be bumped; if none
+    can, the value itself is the bound (exact, just long).
+    """
+    if len(value) <= prefix:
+        return value
+    head = value[:prefix]
+    for i in range(len(head) - 1, -1, -1):
+        code = ord(head[i]) + 1
+        if code in _SURROGATES:
+            code = _SURROGATES.stop
+        if code <= 0x10FFFF:
+            return head[:i] + chr(code)
+    return value
 
 
 def _stat_json(value: Any) -> Any:
@@ -205,6 +241,20 @@ def _stat_json(value: Any) -> Any:
     if isinstance(value, dt.date):
         return value.isoformat()
     return value
+
+
+def _min_max(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
+    """Bounds of the non-null (and, for floats, non-NaN) values; None when there are none."""
+    if pa.types.is_floating(column.type):
+        column = pc.filter(column, pc.invert(pc.is_nan(column)))
+    if column.null_count >= len(column):
+        return None
+    low, high = (v.as_py() for v in pc.min_max(column).values())
+    if low is None or high is None:
+        return None
+    if isinstance(low, str):
+        return low[:STRING_STATS_PREFIX], string_upper_bound(high)
+    return low, high
 
 
 @dataclass
@@ -226,12 +276,15 @@ class _OpenFile:
         self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
         for name in table.column_names:
             column = table.column(name)
+            if not _has_stats(column.type):
+                continue
             self.null_counts[name] = self.null_counts.get(name, 0) + column.null_count
-            if any(is_type(column.type) for is_type in _STATS_TYPES) and column.null_count < len(column):
-                low, high = pc.min_max(column).values()
-                lo, hi = low.as_py(), high.as_py()
-                self.mins[name] = lo if name not in self.mins else min(self.mins[name], lo)
-                self.maxs[name] = hi if name not in self.maxs else max(self.maxs[name], hi)
+            bounds = _min_max(column)
+            if bounds is None:
+                continue
+            lo, hi = bounds
+            self.mins[name] = lo if name not in self.mins else min(self.mins[name], lo)
+            self.maxs[name] = hi if name not in self.maxs else max(self.maxs[name], hi)
         self.pending, self.pending_rows = [], 0
 
     def stats(self) -> str:

@@ -31,6 +31,7 @@ from retry_engine.delta._files import (
     escape_path_value,
     parse_partition_value,
     read_file,
+    string_upper_bound,
 )
 from retry_engine.delta._log import (
     Commit,
@@ -397,6 +398,48 @@ def test_partitioned_writer_and_commit_are_idempotent(tmp_path: Path) -> None:
     # Stats are exact enough for delta-rs to skip files on them.
     filtered = DeltaTable(path).to_pyarrow_dataset().to_table(filter=pa.compute.field("ts") == pa.scalar(ts))
     assert filtered.num_rows == 4
+
+
+def test_files_written_are_found_by_delta_rs_filters_on_every_column(tmp_path: Path) -> None:
+    """delta-rs prunes a file when its stats leave out a filtered column; every primitive column has stats."""
+    path = str(tmp_path / "s")
+    long_text = "é" * 40 + "z"
+    schema = pa.schema(
+        [("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("ok", pa.bool_()),
+         ("body", pa.binary()), ("props", pa.map_(pa.string(), pa.string()))]
+    )
+    ensure_table(path, schema)
+    location = TableLocation(path)
+    fs, root = location.filesystem()
+    writer = PartitionedWriter(fs, root, schema, uri=path)
+    writer.write(pa.record_batch(
+        [pa.array([1, 2, 3], pa.int64()), pa.array(["a", long_text, None]), pa.array([1.5, float("nan"), None]),
+         pa.array([True, False, None]), pa.array([b"x", None, b"y"]), pa.array([{"k": "v"}, None, {}], schema.field("props").type)],
+        schema=schema,
+    ))
+    (written,) = writer.close()
+    stats = json.loads(written.stats)
+    assert stats["minValues"]["name"] == "a" and len(stats["maxValues"]["name"]) == 32
+    assert stats["maxValues"]["name"] > long_text and stats["maxValues"]["score"] == 1.5
+    assert "body" not in stats["nullCount"] and stats["nullCount"]["name"] == 1
+    assert commit_files(location, [FilesWritten((written,))], mode="append", partition_by=[], app_id=None, txn_version=None)
+    table = DeltaTable(path)
+    for column, value, expected in (("name", "a", [1]), ("name", long_text, [2]), ("name", "b", []),
+                                    ("ok", False, [2]), ("score", 1.5, [1]), ("id", 3, [3])):
+        found = table.to_pyarrow_table(filters=[(column, "=", value)]).column("id").to_pylist()
+        assert found == expected, (column, value)
+
+
+def test_string_upper_bound_is_short_and_not_below_the_value() -> None:
+    assert string_upper_bound("abc") == "abc"
+    assert string_upper_bound("a" * 40) == "a" * 31 + "b"
+    assert string_upper_bound("\ud7ff" * 40) == "\ud7ff" * 31 + "\ue000"
+    top = chr(0x10FFFF) * 40
+    assert string_upper_bound(top) == top
+    mixed = "x" + chr(0x10FFFF) * 40
+    assert string_upper_bound(mixed) == "y"
+    for value in ("a" * 40, "\ud7ff" * 40, mixed, top):
+        assert string_upper_bound(value) >= value
 
 
 def test_writer_refuses_nulls_in_not_null_columns(tmp_path: Path) -> None:
