@@ -251,7 +251,8 @@ def _redrive(
         )
     fresh_mask = [i not in seen_here and (force or i not in moved_elsewhere) for i in ids]
     fresh = matched.filter(pa.array(fresh_mask, pa.bool_())).sort_by([("dead_lettered_at", "ascending"), ("msg_id", "ascending")])
-    skipped = sum(1 for i in ids if i not in seen_here and not force and i in moved_elsewhere)
+    pending_ids = set(pending.column("dlq_msg_id").to_pylist())
+    skipped = sum(1 for i, planned in zip(ids, fresh_mask, strict=True) if not planned and i not in pending_ids)
 
     generations = _generations(audit)
     now = _now()
