@@ -252,10 +252,11 @@ def read_dlq(
     resolved = resolve_version(path, version=version, as_of=as_of)
     if open_table(path) is None:
         return DLQ.arrow_schema.empty_table()
-    partitions = None
+    # The group is the partition column: only its files are read.
+    filters = None
     if selection is not None and selection.group is not None:
-        partitions = [("consumer_group", "=", selection.group)]
-    rows = pa.table(DeltaTable(path, version=resolved).to_pyarrow_table(partitions=partitions)).select(DLQ.names)
+        filters = [("consumer_group", "=", selection.group)]
+    rows = pa.table(DeltaTable(path, version=resolved).to_pyarrow_table(filters=filters)).select(DLQ.names)
     rows = rows.cast(DLQ.arrow_schema)
     if selection is not None:
         rows = rows.filter(selection.mask(rows))
@@ -490,7 +491,12 @@ def _read_where(config: EngineConfig, table: str, where: Any, columns: list[str]
     names = set(data.schema.names)
     if "origin_msg_id" not in names:
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
-    rows = data.to_table(filter=where, columns=columns)
+    # Filter after reading: delta-rs prunes files by column stats, and files the deltars
+    # sink writes carry nullCount but no min/max for strings, which it reads as "no match".
+    rows = data.to_table(columns=columns if columns is None else sorted({*columns, "msg_id", "origin_msg_id"}))
+    rows = rows.filter(where)
+    if columns is not None:
+        rows = rows.select(columns)
     if columns is None:
         rows = rows.append_column("table", pa.array([table] * rows.num_rows, pa.string()))
     return rows

@@ -94,10 +94,10 @@ def add_parser(sub: Any) -> None:
     _format(move)
 
 
-def run(args: argparse.Namespace, config: EngineConfig, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run(args: argparse.Namespace, config: EngineConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run one ``dlq`` subcommand; errors propagate as :class:`RetryEngineError`."""
     command = {"list": _list, "show": _show, "stats": _stats, "redrive": _redrive}[args.dlq_command]
-    return command(args, config, out, err)
+    return command(args, config, out or sys.stdout, err or sys.stderr)
 
 
 # -- commands -------------------------------------------------------------------

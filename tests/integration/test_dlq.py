@@ -89,6 +89,8 @@ def engine_lake(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
         lake.write_results([again])
         wait_for(lambda: len(lake.rows("dlq")) == TOTAL, what=f"the dead letter of {LADDER}")
+        # The outcomes commit follows the DLQ's in the same micro-batch.
+        wait_for(lambda: len(lake.rows("outcomes")) == TOTAL + 1, what="every outcome")
     return lake.root
 
 
