@@ -72,12 +72,15 @@ def _first_batch() -> list[Result]:
 
 @pytest.fixture(scope="module")
 def engine_lake(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A lake the engine filled with TOTAL dead letters, in two DLQ commits."""
+    """A lake the engine filled with TOTAL dead letters, in two DLQ commits.
+
+    Timeouts are generous: on a shared 2-core machine the first micro-batch alone took 53 s.
+    """
     lake = Lake.make(tmp_path_factory.mktemp("dlq") / "lake")
     with running(engine.start(spark, lake.config)):
         lake.write_results(_first_batch())
-        wait_for(lambda: len(lake.rows("dlq")) == TOTAL - 1, what="the first dead letters")
-        (retry,) = wait_for(lambda: lake.rows("retry"), what=f"the retry of {LADDER}")
+        wait_for(lambda: len(lake.rows("dlq")) == TOTAL - 1, timeout=300, what="the first dead letters")
+        (retry,) = wait_for(lambda: lake.rows("retry"), timeout=300, what=f"the retry of {LADDER}")
         fields = ("msg_id", "topic", "tags", "keys", "body", "flag", "properties", "born_timestamp", "born_host",
                   "store_timestamp", "queue_id", "reconsume_times", "origin_msg_id", "retry_topic", "attempts")
         again = Result.of(retry["msg_id"], group="billing").with_(
@@ -88,9 +91,9 @@ def engine_lake(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
             consumed_at=dt.datetime.now(dt.UTC),
         )
         lake.write_results([again])
-        wait_for(lambda: len(lake.rows("dlq")) == TOTAL, what=f"the dead letter of {LADDER}")
+        wait_for(lambda: len(lake.rows("dlq")) == TOTAL, timeout=300, what=f"the dead letter of {LADDER}")
         # The outcomes commit follows the DLQ's in the same micro-batch.
-        wait_for(lambda: len(lake.rows("outcomes")) == TOTAL + 1, what="every outcome")
+        wait_for(lambda: len(lake.rows("outcomes")) == TOTAL + 1, timeout=300, what="every outcome")
     return lake.root
 
 
