@@ -296,7 +296,8 @@ def _redrive(
         log.info("re-drive %s dry run: %d would move (%d resumed), %d skipped", redrive_id, plan.num_rows, resumed, skipped)
         return report
 
-    by_id = _index(everything)
+    needed = pa.array(plan.column("dlq_msg_id").to_pylist(), pa.string())
+    by_id = _index(everything.filter(pc.is_in(everything.column("msg_id"), needed)))
     moved = 0
     for chunk, was_pending in chunks[:limit]:
         k = int(chunk.column("chunk")[0].as_py())
@@ -392,7 +393,8 @@ def _plan_chunk(
 ) -> pa.Table:
     """The audit rows of one chunk: the full intent, enough to redo the move after a crash."""
     planned = []
-    for row in rows.to_pylist():
+    needed = ["consumer_group", "retry_topic", "msg_id", "origin_msg_id", "reason_code", "reconsume_times"]
+    for row in rows.select(needed).to_pylist():
         group = row["consumer_group"]
         planned.append(
             {
