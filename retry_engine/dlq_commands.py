@@ -197,8 +197,9 @@ def _print_report(report: redrive.RedriveReport, fmt: str, out: TextIO) -> None:
     )
     if report.dry_run and not plan.empty:
         _emit(plan, "table", out)
-    if report.remaining and not report.dry_run:
-        print(f"{report.remaining} not moved yet (--max-chunks): run the same command again to continue", file=out)
+    if report.remaining:
+        print(f"{report.remaining} {'would be left' if report.dry_run else 'not moved yet'} (--max-chunks): "
+              "run the same command again to continue", file=out)
     if count == 0 and not report.remaining:
         print("nothing to re-drive", file=out)
 

@@ -95,7 +95,7 @@ class RedriveReport:
     moved: int
     """Messages moved by this run (resumed ones included); 0 for a dry run."""
     remaining: int
-    """Messages planned but not moved because ``max_chunks`` stopped the run."""
+    """Messages left for a later run because ``max_chunks`` stopped this one (dry run: would stop)."""
     plan: pd.DataFrame = field(repr=False)
     """One row per message this run moves (or would): dead letter, new id, target, chunk."""
 
@@ -289,7 +289,7 @@ def _redrive(
         skipped=skipped,
         resumed=resumed,
         moved=0 if dry_run else plan.num_rows,
-        remaining=total_planned - plan.num_rows if not dry_run else total_planned,
+        remaining=total_planned - plan.num_rows,
         plan=plan.to_pandas(),
     )
     if dry_run:

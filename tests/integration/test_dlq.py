@@ -354,7 +354,7 @@ def test_force_redrives_again_with_new_ids(lake: Lake) -> None:
     assert len(lake.rows("messages")) == 4
 
 
-def test_resume_by_id_and_unknown_id(lake: Lake) -> None:
+def test_resume_by_id_and_unknown_id(lake: Lake, config_file: str, capsys: pytest.CaptureFixture[str]) -> None:
     class Stop(Exception):
         pass
 
@@ -366,8 +366,15 @@ def test_resume_by_id_and_unknown_id(lake: Lake) -> None:
         redrive.redrive(lake.config, Selection(group="shipping"), target="retry", redrive_id="fix-42", on_progress=stop)
     assert table_version(lake.path("retry")) is not None and not any(
         dict(r["properties"] or []).get(dlq.PROP_REDRIVE_ID) == "fix-42" for r in lake.rows("retry"))
+    dry = redrive.resume(lake.config, "fix-42", dry_run=True)
+    assert (dry.resumed, dry.moved, dry.matched, list(dry.plan["chunk"])) == (2, 0, 0, [0, 0])
+    assert main(["dlq", "redrive", "--config", config_file, "--resume", "fix-42", "--to", "topic"]) == 2
+    assert "--resume takes no filters" in capsys.readouterr().err
+    assert main(["dlq", "redrive", "--config", config_file, "--resume", "fix-42"]) == EXIT_OK
+    assert "moved 2 (2 from an interrupted run)" in capsys.readouterr().out
+    assert sum(dict(r["properties"] or []).get(dlq.PROP_REDRIVE_ID) == "fix-42" for r in lake.rows("retry")) == 2
     done = redrive.resume(lake.config, "fix-42")
-    assert (done.resumed, done.moved, done.matched) == (2, 2, 0)
+    assert (done.resumed, done.moved) == (0, 0)
     with pytest.raises(RedriveError, match=r"REDRIVE_NOT_FOUND.*'nope'.*known: fix-42"):
         redrive.resume(lake.config, "nope")
 
