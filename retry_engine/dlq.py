@@ -87,7 +87,9 @@ class Selection:
     ``topic`` is the original topic (``retry_topic``); ``error_pattern`` is a
     regular expression searched in the error class and message; ``since`` /
     ``until`` bound ``dead_lettered_at`` (``until`` exclusive); ``ids`` match
-    the dead letter's ``msg_id`` or its ``origin_msg_id``.
+    the dead letter's ``msg_id`` or its ``origin_msg_id``; ``max_redrives``
+    keeps only messages re-driven fewer times than that before they died again
+    (their ``REDRIVE_COUNT`` property), so a poison message is not re-driven forever.
     """
 
     group: str | None = None
@@ -97,8 +99,13 @@ class Selection:
     since: dt.datetime | None = None
     until: dt.datetime | None = None
     ids: tuple[str, ...] | None = None
+    max_redrives: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_redrives is not None and (isinstance(self.max_redrives, bool) or not isinstance(self.max_redrives, int) or self.max_redrives < 1):
+            raise SelectionError(
+                f"max_redrives must be a whole number of at least 1, got {self.max_redrives!r}", code="INVALID_MAX_REDRIVES"
+            )
         if self.group is not None:
             validate_group(self.group)
         if self.topic is not None:
@@ -156,6 +163,9 @@ class Selection:
         if self.ids is not None:
             wanted = pa.array(self.ids, pa.string())
             keep = both(pc.or_(pc.is_in(rows.column("msg_id"), wanted), pc.is_in(rows.column("origin_msg_id"), wanted)))
+        if self.max_redrives is not None:
+            counts = [int(dict(p or []).get(PROP_REDRIVE_COUNT, 0)) for p in rows.column("properties").to_pylist()]
+            keep = both(pc.less(pa.array(counts, pa.int64()), self.max_redrives))
         if self.error_pattern is not None:
             pattern = re.compile(self.error_pattern)
             texts = zip(rows.column("error_class").to_pylist(), rows.column("error_message").to_pylist(), strict=True)
@@ -180,6 +190,9 @@ class Selection:
         if self.ids is not None:
             ids = list(self.ids)
             df = df.filter(F.col("msg_id").isin(ids) | F.col("origin_msg_id").isin(ids))
+        if self.max_redrives is not None:
+            count = F.coalesce(F.col("properties")[PROP_REDRIVE_COUNT].cast("int"), F.lit(0))
+            df = df.filter(count < self.max_redrives)
         if self.error_pattern is not None:
             df = df.filter(
                 F.coalesce(F.col("error_class").rlike(self.error_pattern), F.lit(False))

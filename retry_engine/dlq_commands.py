@@ -219,6 +219,9 @@ def _filters(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--reason", help="reason code, e.g. MAX_RECONSUME_TIMES")
     group.add_argument("--since", type=_timestamp, help="dead-lettered at or after (ISO 8601, UTC if no zone)")
     group.add_argument("--until", type=_timestamp, help="dead-lettered before (ISO 8601)")
+    group.add_argument(
+        "--max-redrives", type=_positive_int, metavar="N", help="only messages re-driven fewer than N times before"
+    )
     group.add_argument("--id", action="append", dest="ids", metavar="MSG_ID", help="dead letter msg_id or origin id (repeatable)")
 
 
@@ -233,7 +236,7 @@ def _format(parser: argparse.ArgumentParser) -> None:
 
 
 def _has_filter(args: argparse.Namespace) -> bool:
-    return any(getattr(args, name) is not None for name in ("group", "topic", "error", "reason", "since", "until", "ids"))
+    return any(getattr(args, name) is not None for name in ("group", "topic", "error", "reason", "since", "until", "ids", "max_redrives"))
 
 
 def _selection(args: argparse.Namespace) -> dlq.Selection:
@@ -245,6 +248,7 @@ def _selection(args: argparse.Namespace) -> dlq.Selection:
         since=args.since,
         until=args.until,
         ids=tuple(args.ids) if args.ids else None,
+        max_redrives=args.max_redrives,
     )
 
 

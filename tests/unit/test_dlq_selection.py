@@ -23,7 +23,8 @@ def _dlq_rows() -> pa.Table:
         {"msg_id": "D2", "origin_msg_id": "O2", "consumer_group": "G", "retry_topic": "pay", "reason_code": "MAX_RECONSUME_TIMES",
          "error_class": None, "error_message": "bad json", "dead_lettered_at": T0 + dt.timedelta(hours=1)},
         {"msg_id": "D3", "origin_msg_id": "O3", "consumer_group": "H", "retry_topic": "orders", "reason_code": "NON_RETRYABLE",
-         "error_class": None, "error_message": None, "dead_lettered_at": T0 + dt.timedelta(hours=2)},
+         "error_class": None, "error_message": None, "dead_lettered_at": T0 + dt.timedelta(hours=2),
+         "properties": [("REDRIVE_COUNT", "2")]},
     ]
     full = [{**{name: None for name in DLQ.names}, "topic": "%DLQ%G", "delivery_key": "k", **r} for r in rows]
     return pa.Table.from_pylist(full, schema=DLQ.arrow_schema)
@@ -48,6 +49,8 @@ def _picked(selection: Selection) -> list[str]:
         (Selection(ids=("O3", "D1")), ["D1", "D3"]),  # dead letter ids or origin ids
         (Selection(group="G", topic="orders"), ["D1"]),
         (Selection(group="nobody"), []),
+        (Selection(max_redrives=2), ["D1", "D2"]),  # D3 was re-driven twice already
+        (Selection(max_redrives=3), ["D1", "D2", "D3"]),
     ],
 )
 def test_selection_mask(selection: Selection, expected: list[str]) -> None:
@@ -72,6 +75,7 @@ def test_naive_times_are_utc_and_describe_is_canonical() -> None:
         ({"ids": "D1"}, SelectionError, "INVALID_IDS.*not the string 'D1'"),
         ({"ids": ()}, SelectionError, "INVALID_IDS"),
         ({"ids": ("D1", "")}, SelectionError, "INVALID_IDS"),
+        ({"max_redrives": 0}, SelectionError, "INVALID_MAX_REDRIVES.*got 0"),
     ],
 )
 def test_bad_selection_is_a_clear_error(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
