@@ -1,16 +1,21 @@
-"""DLQ selections, re-drive ids and the rate limiter, without Spark or tables."""
+"""DLQ selections, re-drive ids, the rate limiter and an empty lake, without Spark."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 
+from retry_engine import dlq
+from retry_engine.cli import EXIT_ERROR, main
+from retry_engine.config import parse_config
 from retry_engine.dlq import Selection
 from retry_engine.errors import ConfigError, InvalidNameError, SelectionError
-from retry_engine.redrive import RateLimiter, default_redrive_id, redriven_msg_id
+from retry_engine.redrive import RateLimiter, default_redrive_id, redrive, redriven_msg_id
 from retry_engine.schemas import DLQ
 
 T0 = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
@@ -118,3 +123,21 @@ def test_rate_limiter_sleeps_to_keep_the_average_rate() -> None:
     assert unlimited.after(1000) == 0.0
     with pytest.raises(ConfigError, match="INVALID_OPTION.*rate must be a positive.*got 0"):
         RateLimiter(0)
+
+
+def test_an_empty_lake_reads_as_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before the engine dead-letters anything: empty frames, and nothing is created."""
+    config = parse_config({"engine": {"lake": str(tmp_path)}})
+    listing = dlq.dead_letters(config)
+    assert isinstance(listing, pd.DataFrame) and listing.empty and list(listing.columns) == list(dlq.LISTING_COLUMNS)
+    assert dlq.summary(config).empty  # type: ignore[union-attr]
+    assert dlq.history(config, "M1").empty and dlq.versions(config).empty
+    report = redrive(config, Selection(), target="retry")
+    assert (report.matched, report.moved) == (0, 0)
+    with pytest.raises(SelectionError, match="INVALID_VERSION.*no table"):
+        dlq.dead_letters(config, version=0)
+    assert list(tmp_path.iterdir()) == []
+    conf = tmp_path.parent / "empty.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
+    assert main(["dlq", "show", "--config", str(conf), "M1"]) == EXIT_ERROR
+    assert "[MESSAGE_NOT_FOUND] no message 'M1'" in capsys.readouterr().err
