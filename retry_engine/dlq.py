@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from retry_engine.audit import AUDIT_TABLE, MOVED, read_audit
 from retry_engine.config import EngineConfig
@@ -234,8 +235,16 @@ def resolve_version(path: str, *, version: int | None = None, as_of: dt.datetime
         as_of = as_of.replace(tzinfo=dt.UTC)
     try:
         table.load_as_version(as_of)  # type: ignore[arg-type]
-    except Exception as exc:  # delta-rs raises several types here; re-raised as ours with the cause
-        raise SelectionError(f"{path} has no version at or before {as_of}: {exc}", code="INVALID_VERSION") from exc
+    except (ValueError, DeltaError) as exc:
+        raise SelectionError(f"cannot read {path} as of {as_of!r}: {exc}", code="INVALID_VERSION") from exc
+    # delta-rs answers a time before the first commit with version 0: say so instead.
+    first = min(table.history(), key=lambda commit: int(commit.get("version", 0)))
+    created = dt.datetime.fromtimestamp(int(first["timestamp"]) / 1000, dt.UTC)
+    if isinstance(as_of, dt.datetime) and as_of < created:
+        raise SelectionError(
+            f"{path} did not exist at {as_of.isoformat()}; its first version is from {created.isoformat()}",
+            code="INVALID_VERSION",
+        )
     return int(table.version())
 
 

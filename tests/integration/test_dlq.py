@@ -235,6 +235,8 @@ def test_time_travel_to_an_earlier_dlq_version(lake: Lake) -> None:
     assert list(as_of["msg_id"]) == list(older["msg_id"])
     with pytest.raises(SelectionError, match=rf"INVALID_VERSION.*version {latest + 5} .* versions are 0\.\.{latest}"):
         dlq.dead_letters(lake.config, version=latest + 5)
+    with pytest.raises(SelectionError, match="INVALID_VERSION.*did not exist at 2000-01-01"):
+        dlq.dead_letters(lake.config, as_of=dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
 
 
 # -- re-drive --------------------------------------------------------------------------
