@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from retry_engine import dlq_commands
 from retry_engine.config import load_config
 from retry_engine.errors import RetryEngineError
 
@@ -32,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     check = sub.add_parser("check-config", help="validate a config file and print the resolved paths")
     check.add_argument("--config")
+    dlq_commands.add_parser(sub)
     return parser
 
 
@@ -69,6 +71,10 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _dlq(args: argparse.Namespace) -> int:
+    return dlq_commands.run(args, load_config(args.config))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -77,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        return {"run": _run, "check-config": _check}[args.command](args)
+        return {"run": _run, "check-config": _check, "dlq": _dlq}[args.command](args)
     except RetryEngineError as exc:
         print(f"retry-engine: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -53,7 +53,7 @@ ENV_LAKE = "RETRY_ENGINE_LAKE"
 ENV_CHECKPOINT = "RETRY_ENGINE_CHECKPOINT"
 ENV_MASTER = "RETRY_ENGINE_MASTER"
 
-TABLE_NAMES = ("consume_results", "messages", "retry", "dlq", "quarantine", "outcomes", "metrics")
+TABLE_NAMES = ("consume_results", "messages", "retry", "dlq", "quarantine", "outcomes", "metrics", "redrive_audit")
 
 
 class _Strict(BaseModel):
@@ -164,6 +164,7 @@ class TablesSection(_Strict):
     dlq: str | None = None
     quarantine: str | None = None
     outcomes: str | None = None
+    redrive_audit: str | None = None
 
 
 class EngineConfig(_Strict):

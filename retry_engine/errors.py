@@ -59,3 +59,15 @@ class EnvironmentProblem(RetryEngineError, RuntimeError):
     """Raised when the machine lacks something the engine needs (e.g. Java 17)."""
 
     code = "ENVIRONMENT"
+
+
+class SelectionError(RetryEngineError, ValueError):
+    """Raised when a DLQ filter is invalid (bad name, regex, time range or id list)."""
+
+    code = "INVALID_SELECTION"
+
+
+class RedriveError(RetryEngineError, RuntimeError):
+    """Raised when a re-drive cannot go ahead as asked (e.g. it conflicts with an unfinished one)."""
+
+    code = "REDRIVE_ERROR"

@@ -16,6 +16,7 @@ from .tables import (
     METRICS,
     OUTCOMES,
     QUARANTINE,
+    REDRIVE_AUDIT,
     RETRY,
     WORK,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "METRICS",
     "OUTCOMES",
     "QUARANTINE",
+    "REDRIVE_AUDIT",
     "RETRY",
     "Table",
     "WORK",

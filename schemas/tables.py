@@ -136,7 +136,32 @@ METRICS = Table(
     ),
 )
 
-ALL_TABLES = (MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES, METRICS)
+REDRIVE_AUDIT = Table(
+    "redrive_audit",
+    "One row per dead letter re-driven (B5): who, what, when, where to. Written before the move "
+    "(an intent log); a chunk has moved once its target table records the re-drive's transaction.",
+    (
+        c.REDRIVE_ID,
+        c.CHUNK,
+        c.OPERATOR,
+        c.NOTE,
+        c.SELECTION,
+        c.REDRIVE_TARGET,
+        c.RESET_RECONSUME_TIMES,
+        c.CONSUMER_GROUP.variant(nullable=False),
+        c.RETRY_TOPIC.variant(doc="Original topic of the dead letter."),
+        c.DLQ_MSG_ID,
+        c.ORIGIN_MSG_ID,
+        c.REASON_CODE.variant(doc="Why the message was dead-lettered (the dead letter's reason_code)."),
+        c.REDRIVEN_MSG_ID,
+        c.TOPIC.variant(doc="Topic the new message was written to (the original topic or %RETRY%G)."),
+        c.TARGET_TABLE,
+        c.RECONSUME_TIMES.variant(doc="reconsume_times of the new message."),
+        c.REDRIVEN_AT,
+    ),
+)
+
+ALL_TABLES = (MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES, METRICS, REDRIVE_AUDIT)
 
 
 def _union(*parts: tuple[Column, ...] | Table) -> tuple[Column, ...]:

@@ -1,0 +1,65 @@
+"""The re-drive audit table (B5): reading it, and which of its chunks have moved.
+
+The audit table is an intent log. A re-drive writes a chunk's rows here first
+(Delta app transaction ``redrive:<id>`` at version = chunk number), then
+appends the chunk's new messages to the target table under the same app
+transaction. A chunk has *moved* once its target table records that
+transaction at the chunk's version or later; an audit row whose chunk has not
+moved belongs to an interrupted re-drive that a re-run completes. No Spark here.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from retry_engine.config import EngineConfig
+from retry_engine.delta.tables import open_table
+from retry_engine.schemas import REDRIVE_AUDIT
+
+MOVED = "moved"
+AUDIT_TABLE = "redrive_audit"
+
+
+def app_id(redrive_id: str) -> str:
+    """Delta app-transaction id of a re-drive, used on the audit and the target table."""
+    return f"redrive:{redrive_id}"
+
+
+def read_audit(config: EngineConfig) -> pa.Table:
+    """Every audit row plus a boolean ``moved`` column; empty when nothing was re-driven yet."""
+    table = open_table(config.table_path(AUDIT_TABLE))
+    if table is None:
+        rows = REDRIVE_AUDIT.arrow_schema.empty_table()
+    else:
+        rows = pa.table(table.to_pyarrow_table()).select(REDRIVE_AUDIT.names)
+    return rows.append_column(MOVED, _moved(config, rows))
+
+
+def moved_through(config: EngineConfig, redrive_id: str, target_table: str) -> int:
+    """Highest chunk of ``redrive_id`` that reached ``target_table``; -1 when none did."""
+    table = open_table(config.table_path(target_table))
+    done = None if table is None else table.transaction_version(app_id(redrive_id))
+    return -1 if done is None else done
+
+
+def _moved(config: EngineConfig, rows: pa.Table) -> pa.Array:
+    if rows.num_rows == 0:
+        return pa.array([], pa.bool_())
+    pairs = rows.select(["redrive_id", "target_table"]).group_by(["redrive_id", "target_table"]).aggregate([])
+    through = {
+        (rid, target): moved_through(config, rid, target)
+        for rid, target in zip(
+            pairs.column("redrive_id").to_pylist(), pairs.column("target_table").to_pylist(), strict=True
+        )
+    }
+    limits = pa.array(
+        [
+            through[(rid, target)]
+            for rid, target in zip(
+                rows.column("redrive_id").to_pylist(), rows.column("target_table").to_pylist(), strict=True
+            )
+        ],
+        pa.int64(),
+    )
+    return pc.less_equal(rows.column("chunk"), limits)

@@ -1,0 +1,291 @@
+"""``retry-engine dlq list/show/stats/redrive``: argument parsing and output for the DLQ commands.
+
+The work is done by :mod:`retry_engine.dlq` and :mod:`retry_engine.redrive`;
+this module turns arguments into a :class:`~retry_engine.dlq.Selection` and
+results into text. It is CLI code, so it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from typing import Any, TextIO
+
+import pandas as pd
+
+from retry_engine import dlq, redrive
+from retry_engine.config import EngineConfig
+from retry_engine.errors import SelectionError
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+FORMATS = ("table", "json", "csv")
+LIST_COLUMNS = (
+    "dead_lettered_at",
+    "consumer_group",
+    "retry_topic",
+    "msg_id",
+    "origin_msg_id",
+    "reconsume_times",
+    "reason_code",
+    "error_class",
+    "error_message",
+    "body_text",
+    "redriven_by",
+)
+TEXT_WIDTH = 48
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``dlq`` and its subcommands to the CLI's subparsers."""
+    parser = sub.add_parser("dlq", help="inspect the dead-letter queue and re-drive from it (operators only, R9)")
+    commands = parser.add_subparsers(dest="dlq_command", required=True)
+
+    listing = commands.add_parser("list", help="list dead letters, oldest first")
+    _common(listing)
+    _filters(listing)
+    _time_travel(listing)
+    listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many rows (default 50)")
+    _format(listing)
+
+    show = commands.add_parser("show", help="the full history of one message (B6): by origin id or any msg id")
+    _common(show)
+    show.add_argument("msg_id")
+    _format(show)
+
+    stats = commands.add_parser("stats", help="dead letters counted by group, topic, error class, reason or day")
+    _common(stats)
+    _filters(stats)
+    _time_travel(stats)
+    stats.add_argument(
+        "--by",
+        default=",".join(dlq.DEFAULT_SUMMARY),
+        help=f"comma-separated, from {', '.join(dlq.SUMMARY_KEYS)} (default: %(default)s)",
+    )
+    _format(stats)
+
+    move = commands.add_parser(
+        "redrive",
+        help="send dead letters back to their original topic or the retry path (B5)",
+        description="Re-drive the selected dead letters. Exactly once: running the same command again after an "
+        "interruption finishes the interrupted chunks and moves nothing twice.",
+    )
+    _common(move)
+    _filters(move)
+    move.add_argument("--all", action="store_true", help="select the whole DLQ (needed when no filter is given)")
+    move.add_argument("--to", choices=redrive.TARGETS, help="topic: the original topic; retry: %%RETRY%%G of the group")
+    move.add_argument(
+        "--keep-reconsume-times",
+        action="store_true",
+        help="keep the reconsume count (default: reset to 0, a full retry ladder again)",
+    )
+    move.add_argument("--dry-run", action="store_true", help="show what would move; change nothing")
+    move.add_argument("--rate", type=float, help="at most this many messages per second")
+    move.add_argument("--chunk-size", type=_positive_int, default=redrive.DEFAULT_CHUNK_SIZE)
+    move.add_argument("--max-chunks", type=_positive_int, help="stop after this many chunks (re-run to continue)")
+    move.add_argument("--redrive-id", help="name the re-drive (default: derived from the selection and target)")
+    move.add_argument("--resume", metavar="REDRIVE_ID", help="only finish the interrupted chunks of this re-drive")
+    move.add_argument("--force", action="store_true", help="also re-drive dead letters an earlier re-drive moved")
+    move.add_argument("--operator", help="who is re-driving (default: the OS user)")
+    move.add_argument("--note", help="why (recorded in the audit table)")
+    _format(move)
+
+
+def run(args: argparse.Namespace, config: EngineConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run one ``dlq`` subcommand; errors propagate as :class:`RetryEngineError`."""
+    command = {"list": _list, "show": _show, "stats": _stats, "redrive": _redrive}[args.dlq_command]
+    return command(args, config, out or sys.stdout, err or sys.stderr)
+
+
+# -- commands -------------------------------------------------------------------
+
+
+def _list(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
+    frame = dlq.dead_letters(config, _selection(args), version=args.version, as_of=args.as_of)
+    assert isinstance(frame, pd.DataFrame)  # no spark given
+    total = len(frame)
+    if total == 0:
+        print("no dead letters match", file=err)
+        return EXIT_OK
+    shown = frame.head(args.limit)
+    _emit(shown[list(LIST_COLUMNS)] if args.format == "table" else shown.drop(columns=["body"]), args.format, out)
+    if total > args.limit:
+        print(f"{args.limit} of {total} dead letters shown (--limit)", file=err)
+    return EXIT_OK
+
+
+def _show(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
+    frame = dlq.history(config, args.msg_id)
+    if frame.empty:
+        raise SelectionError(f"no message {args.msg_id!r} in any table (dlq, retry, messages, outcomes)", code="MESSAGE_NOT_FOUND")
+    if args.format == "table":
+        origin = dlq.origin_of(config, args.msg_id)
+        print(f"history of origin message {origin} ({len(frame)} rows)", file=out)
+    _emit(frame, args.format, out)
+    return EXIT_OK
+
+
+def _stats(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
+    keys = [k.strip() for k in args.by.split(",") if k.strip()]
+    frame = dlq.summary(config, _selection(args), by=keys, version=args.version, as_of=args.as_of)
+    assert isinstance(frame, pd.DataFrame)
+    if frame.empty:
+        print("no dead letters match", file=err)
+        return EXIT_OK
+    _emit(frame, args.format, out)
+    return EXIT_OK
+
+
+def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
+    def progress(p: redrive.ChunkProgress) -> None:
+        if p.phase == "moved":
+            share = f"{100 * p.moved_so_far // p.total}%" if p.total else "-"
+            print(f"re-drive {p.redrive_id}: chunk {p.chunk} moved {p.messages} ({p.moved_so_far}/{p.total}, {share})", file=err, flush=True)
+
+    try:
+        if args.resume:
+            if args.to or args.redrive_id or _has_filter(args) or args.all:
+                print("retry-engine: --resume takes no filters, --to or --redrive-id: the re-drive's audit rows say what to move", file=err)
+                return EXIT_USAGE
+            report = redrive.resume(
+                config, args.resume, max_chunks=args.max_chunks, rate=args.rate, dry_run=args.dry_run, on_progress=progress
+            )
+        else:
+            if args.to is None:
+                print("retry-engine: dlq redrive needs --to topic or --to retry", file=err)
+                return EXIT_USAGE
+            if not _has_filter(args) and not args.all:
+                print("retry-engine: dlq redrive needs a filter (--group, --topic, --error, --reason, --since, --until, --id) or --all", file=err)
+                return EXIT_USAGE
+            report = redrive.redrive(
+                config,
+                _selection(args),
+                target=args.to,
+                reset_reconsume_times=not args.keep_reconsume_times,
+                dry_run=args.dry_run,
+                chunk_size=args.chunk_size,
+                rate=args.rate,
+                max_chunks=args.max_chunks,
+                force=args.force,
+                redrive_id=args.redrive_id,
+                operator=args.operator,
+                note=args.note,
+                on_progress=progress,
+            )
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to finish (nothing will move twice)", file=err)
+        return EXIT_INTERRUPTED
+    _print_report(report, args.format, out)
+    return EXIT_OK
+
+
+def _print_report(report: redrive.RedriveReport, fmt: str, out: TextIO) -> None:
+    plan = report.plan[["chunk", "dlq_msg_id", "origin_msg_id", "consumer_group", "retry_topic", "redriven_msg_id", "topic", "reconsume_times"]]
+    if fmt != "table":
+        _emit(plan, fmt, out)
+        return
+    verb = "would move" if report.dry_run else "moved"
+    count = plan.shape[0] if report.dry_run else report.moved
+    print(
+        f"re-drive {report.redrive_id} to {report.target}{' (dry run: nothing changed)' if report.dry_run else ''}: "
+        f"{report.matched} matched, {report.skipped} already re-driven (skipped), {verb} {count}"
+        f"{f' ({report.resumed} from an interrupted run)' if report.resumed else ''}",
+        file=out,
+    )
+    if report.dry_run and not plan.empty:
+        _emit(plan, "table", out)
+    if report.remaining:
+        print(f"{report.remaining} {'would be left' if report.dry_run else 'not moved yet'} (--max-chunks): "
+              "run the same command again to continue", file=out)
+    if count == 0 and not report.remaining:
+        print("nothing to re-drive", file=out)
+
+
+# -- arguments ------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML config file (default: conf/retry-engine.toml if present)")
+
+
+def _filters(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("selection (every given filter must match)")
+    group.add_argument("--group", help="consumer group")
+    group.add_argument("--topic", help="original topic")
+    group.add_argument("--error", metavar="REGEX", help="regex searched in the error class and message")
+    group.add_argument("--reason", help="reason code, e.g. MAX_RECONSUME_TIMES")
+    group.add_argument("--since", type=_timestamp, help="dead-lettered at or after (ISO 8601, UTC if no zone)")
+    group.add_argument("--until", type=_timestamp, help="dead-lettered before (ISO 8601)")
+    group.add_argument(
+        "--max-redrives", type=_positive_int, metavar="N", help="only messages re-driven fewer than N times before"
+    )
+    group.add_argument("--id", action="append", dest="ids", metavar="MSG_ID", help="dead letter msg_id or origin id (repeatable)")
+
+
+def _time_travel(parser: argparse.ArgumentParser) -> None:
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--version", type=int, help="read the DLQ as of this table version")
+    when.add_argument("--as-of", type=_timestamp, help="read the DLQ as of this time (ISO 8601)")
+
+
+def _format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=FORMATS, default="table")
+
+
+def _has_filter(args: argparse.Namespace) -> bool:
+    return any(getattr(args, name) is not None for name in ("group", "topic", "error", "reason", "since", "until", "ids", "max_redrives"))
+
+
+def _selection(args: argparse.Namespace) -> dlq.Selection:
+    return dlq.Selection(
+        group=args.group,
+        topic=args.topic,
+        error_pattern=args.error,
+        reason_code=args.reason,
+        since=args.since,
+        until=args.until,
+        ids=tuple(args.ids) if args.ids else None,
+        max_redrives=args.max_redrives,
+    )
+
+
+def _timestamp(text: str) -> dt.datetime:
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-22T12:00:00Z)") from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _emit(frame: pd.DataFrame, fmt: str, out: TextIO) -> None:
+    if fmt == "json":
+        out.write(frame.to_json(orient="records", lines=True, date_format="iso", default_handler=str))
+        out.write("\n")
+    elif fmt == "csv":
+        frame.to_csv(out, index=False)
+    else:
+        shown = frame.copy()
+        for col in shown.columns:
+            if shown[col].dtype == object:
+                shown[col] = [_clip(v) for v in shown[col]]
+        out.write(shown.to_string(index=False))
+        out.write("\n")
+
+
+def _clip(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > TEXT_WIDTH:
+        return value[: TEXT_WIDTH - 3] + "..."
+    return value

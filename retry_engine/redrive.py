@@ -1,0 +1,483 @@
+"""Re-drive (B5): send dead letters back to their original topic or to the retry path.
+
+Like SQS's DLQ redrive: filtered (:class:`~retry_engine.dlq.Selection`),
+rate-limited, with a dry run and an audit record; and exactly once.
+
+How exactly once works
+    A re-drive has an id: given, or derived from the selection, target and
+    reset flag, so running the same command again *is* the same re-drive.
+    Its dead letters are taken oldest first in chunks. For chunk ``k`` it
+    first appends the chunk's audit rows (who, what, when, the new message
+    ids) to the audit table, then the new messages to the target table; both
+    commits carry the Delta app transaction ``(redrive:<id>, k)`` and are
+    skipped when the table already records it (delta-rs does not check this
+    itself, see :func:`retry_engine.delta.append_arrow`). A run interrupted
+    anywhere leaves either nothing, or audit rows whose chunk has not reached
+    its target: the next run of the same re-drive finishes those chunks from
+    the audit rows (same new ids) before it plans new ones. A dead letter
+    that any re-drive moved is skipped by later selections unless
+    ``force=True``; one planned by another unfinished re-drive is an error
+    that names that re-drive.
+
+The new message is marked: properties ``REDRIVE_ID``, ``REDRIVE_FROM_MSG_ID``
+and ``REDRIVE_COUNT`` (copied by later retries, so a message that dies again
+shows it was re-driven). The DLQ itself is never modified (R9: append-only).
+No Spark here: delta-rs on the driver, so the CLI starts in a second.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import hashlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from retry_engine.audit import AUDIT_TABLE, MOVED, app_id, read_audit
+from retry_engine.config import EngineConfig
+from retry_engine.delta.tables import append_arrow
+from retry_engine.dlq import (
+    PROP_REDRIVE_COUNT,
+    PROP_REDRIVE_FROM,
+    PROP_REDRIVE_ID,
+    Selection,
+    read_dlq,
+)
+from retry_engine.errors import ConfigError, RedriveError
+from retry_engine.names import retry_topic
+from retry_engine.schemas import MESSAGES, REDRIVE_AUDIT, RETRY
+
+log = logging.getLogger(__name__)
+
+Target = Literal["topic", "retry"]
+TARGETS: tuple[Target, ...] = ("topic", "retry")
+TARGET_TABLES: dict[str, str] = {"topic": "messages", "retry": "retry"}
+DEFAULT_CHUNK_SIZE = 100
+REDRIVE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+Phase = Literal["planned", "moved"]
+
+
+@dataclass(frozen=True)
+class ChunkProgress:
+    """Reported after each commit of a chunk: ``planned`` (audit written), then ``moved``."""
+
+    redrive_id: str
+    chunk: int
+    phase: Phase
+    messages: int
+    moved_so_far: int
+    total: int
+
+
+@dataclass(frozen=True)
+class RedriveReport:
+    """What a re-drive did (or, for a dry run, would do)."""
+
+    redrive_id: str
+    target: Target
+    dry_run: bool
+    matched: int
+    """Dead letters the selection matched."""
+    skipped: int
+    """Matched dead letters left alone: already moved by a re-drive (and not forced)."""
+    resumed: int
+    """Messages of this re-drive's interrupted chunks that this run completed (or would)."""
+    moved: int
+    """Messages moved by this run (resumed ones included); 0 for a dry run."""
+    remaining: int
+    """Messages left for a later run because ``max_chunks`` stopped this one (dry run: would stop)."""
+    plan: pd.DataFrame = field(repr=False)
+    """One row per message this run moves (or would): dead letter, new id, target, chunk."""
+
+    @property
+    def complete(self) -> bool:
+        return self.remaining == 0
+
+
+class RateLimiter:
+    """At most ``rate`` messages per second, enforced after each chunk."""
+
+    def __init__(
+        self,
+        rate: float | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if rate is not None and not rate > 0:
+            raise ConfigError(f"rate must be a positive number of messages per second, got {rate!r}", code="INVALID_OPTION")
+        self.rate = rate
+        self._clock = clock
+        self._sleep = sleep
+        self._start = clock()
+        self._sent = 0
+
+    def after(self, messages: int) -> float:
+        """Record ``messages`` sent; sleep until the average rate is back under the limit."""
+        self._sent += messages
+        if self.rate is None:
+            return 0.0
+        wait = self._start + self._sent / self.rate - self._clock()
+        if wait > 0:
+            self._sleep(wait)
+            return wait
+        return 0.0
+
+
+def default_redrive_id(selection: Selection, *, target: Target, reset_reconsume_times: bool) -> str:
+    """The id of "this selection, to this target": running the same command again resumes it."""
+    key = f"{selection.describe()}\0{target}\0{reset_reconsume_times}"
+    return "rd-" + hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def redriven_msg_id(redrive_id: str, dlq_msg_id: str, generation: int) -> str:
+    """Deterministic id of the message a re-drive writes for one dead letter."""
+    digest = hashlib.sha1(f"redrive\0{redrive_id}\0{dlq_msg_id}\0{generation}".encode()).hexdigest()
+    return digest[:32].upper()
+
+
+def redrive(
+    config: EngineConfig,
+    selection: Selection,
+    *,
+    target: Target,
+    reset_reconsume_times: bool = True,
+    dry_run: bool = False,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    rate: float | None = None,
+    max_chunks: int | None = None,
+    force: bool = False,
+    redrive_id: str | None = None,
+    operator: str | None = None,
+    note: str | None = None,
+    on_progress: Callable[[ChunkProgress], None] | None = None,
+) -> RedriveReport:
+    """Re-drive the dead letters ``selection`` matches to ``target``; see the module docstring.
+
+    ``target="topic"`` appends each as a new message of its original topic to
+    the messages table; ``"retry"`` appends it to the retry table as a
+    ``%RETRY%G`` row the group's consumers read at once. ``reset_reconsume_times``
+    starts the retry ladder again at 0 (else the count is kept, so one more
+    failure dead-letters it again). ``rate`` is messages per second;
+    ``max_chunks`` stops after that many chunks (the rest is moved by a re-run).
+    ``force`` also re-drives dead letters an earlier re-drive moved; a forced
+    re-drive without ``redrive_id`` gets a fresh id (printed in the report:
+    pass it to resume). ``on_progress`` is called after each commit; an
+    exception it raises stops the re-drive (a re-run resumes it).
+    """
+    return _redrive(
+        config,
+        selection,
+        target=target,
+        reset_reconsume_times=reset_reconsume_times,
+        dry_run=dry_run,
+        chunk_size=chunk_size,
+        rate=rate,
+        max_chunks=max_chunks,
+        force=force,
+        redrive_id=redrive_id,
+        operator=operator,
+        note=note,
+        on_progress=on_progress,
+    )
+
+
+def _redrive(
+    config: EngineConfig,
+    selection: Selection | None,
+    *,
+    target: Target,
+    reset_reconsume_times: bool,
+    dry_run: bool,
+    chunk_size: int,
+    rate: float | None,
+    max_chunks: int | None,
+    force: bool,
+    redrive_id: str | None,
+    operator: str | None,
+    note: str | None,
+    on_progress: Callable[[ChunkProgress], None] | None,
+) -> RedriveReport:
+    if target not in TARGETS:
+        raise ConfigError(f"target {target!r} is not one of {', '.join(TARGETS)}", code="INVALID_OPTION")
+    if chunk_size < 1:
+        raise ConfigError(f"chunk_size must be at least 1, got {chunk_size}", code="INVALID_OPTION")
+    if max_chunks is not None and max_chunks < 1:
+        raise ConfigError(f"max_chunks must be at least 1, got {max_chunks}", code="INVALID_OPTION")
+    limiter = RateLimiter(rate)
+    if redrive_id is None:
+        if selection is None:
+            raise ConfigError("resuming needs a redrive id", code="INVALID_OPTION")
+        redrive_id = default_redrive_id(selection, target=target, reset_reconsume_times=reset_reconsume_times)
+        if force:
+            redrive_id = f"{redrive_id}-{uuid.uuid4().hex[:8]}"
+    elif not REDRIVE_ID.match(redrive_id):
+        raise ConfigError(f"redrive id {redrive_id!r} must match {REDRIVE_ID.pattern}", code="INVALID_OPTION")
+    operator = operator or _whoami()
+
+    audit = read_audit(config)
+    mine = audit.filter(pc.equal(audit.column("redrive_id"), redrive_id))
+    _check_same_redrive(mine, redrive_id, target=target, reset=reset_reconsume_times)
+    pending = mine.filter(pc.invert(mine.column(MOVED)))
+    everything = read_dlq(config)
+    # selection=None (resume): nothing new is planned, only the pending chunks move.
+    matched = everything.filter(selection.mask(everything)) if selection is not None else everything.slice(0, 0)
+
+    # What is left to plan: matched, not in this re-drive, and not moved by another (unless forced).
+    seen_here = set(mine.column("dlq_msg_id").to_pylist())
+    others = audit.filter(pc.not_equal(audit.column("redrive_id"), redrive_id))
+    moved_elsewhere = set(others.filter(others.column(MOVED)).column("dlq_msg_id").to_pylist())
+    unfinished = others.filter(pc.invert(others.column(MOVED)))
+    unfinished_ids = dict(
+        zip(unfinished.column("dlq_msg_id").to_pylist(), unfinished.column("redrive_id").to_pylist(), strict=True)
+    )
+    ids = matched.column("msg_id").to_pylist()
+    clash = sorted({unfinished_ids[i] for i in ids if i in unfinished_ids and i not in seen_here})
+    if clash:
+        raise RedriveError(
+            f"{sum(1 for i in ids if i in unfinished_ids)} selected dead letters belong to unfinished re-drive(s) "
+            f"{', '.join(clash)}; finish them first (retry-engine dlq redrive --resume {clash[0]})",
+            code="REDRIVE_UNFINISHED",
+        )
+    fresh_mask = [i not in seen_here and (force or i not in moved_elsewhere) for i in ids]
+    fresh = matched.filter(pa.array(fresh_mask, pa.bool_())).sort_by([("dead_lettered_at", "ascending"), ("msg_id", "ascending")])
+    pending_ids = set(pending.column("dlq_msg_id").to_pylist())
+    skipped = sum(1 for i, planned in zip(ids, fresh_mask, strict=True) if not planned and i not in pending_ids)
+
+    generations = _generations(audit)
+    now = _now()
+    first_chunk = (max(mine.column("chunk").to_pylist()) + 1) if mine.num_rows else 0
+    new_chunks = [
+        _plan_chunk(
+            fresh.slice(start, chunk_size),
+            chunk=first_chunk + n,
+            redrive_id=redrive_id,
+            target=target,
+            reset=reset_reconsume_times,
+            selection=None if selection is None else selection.describe(),
+            operator=operator,
+            note=note,
+            generations=generations,
+            now=now,
+        )
+        for n, start in enumerate(range(0, fresh.num_rows, chunk_size))
+    ]
+    resumed_chunks = [
+        pending.filter(pc.equal(pending.column("chunk"), k)).select(REDRIVE_AUDIT.names)
+        for k in sorted(set(pending.column("chunk").to_pylist()))
+    ]
+    chunks = [(c, True) for c in resumed_chunks] + [(c, False) for c in new_chunks]
+    total_planned = sum(c.num_rows for c, _ in chunks)
+    limit = len(chunks) if max_chunks is None else min(max_chunks, len(chunks))
+    plan = pa.concat_tables([c for c, _ in chunks[:limit]]) if limit else REDRIVE_AUDIT.arrow_schema.empty_table()
+    resumed = sum(c.num_rows for c, was_pending in chunks[:limit] if was_pending)
+    report = RedriveReport(
+        redrive_id=redrive_id,
+        target=target,
+        dry_run=dry_run,
+        matched=matched.num_rows,
+        skipped=skipped,
+        resumed=resumed,
+        moved=0 if dry_run else plan.num_rows,
+        remaining=total_planned - plan.num_rows,
+        plan=plan.to_pandas(),
+    )
+    if dry_run:
+        log.info("re-drive %s dry run: %d would move (%d resumed), %d skipped", redrive_id, plan.num_rows, resumed, skipped)
+        return report
+
+    needed = pa.array(plan.column("dlq_msg_id").to_pylist(), pa.string())
+    by_id = _index(everything.filter(pc.is_in(everything.column("msg_id"), needed)))
+    moved = 0
+    for chunk, was_pending in chunks[:limit]:
+        k = int(chunk.column("chunk")[0].as_py())
+        if not was_pending:
+            append_arrow(config.table_path(AUDIT_TABLE), chunk, app_id=app_id(redrive_id), txn_version=k)
+            _report(on_progress, ChunkProgress(redrive_id, k, "planned", chunk.num_rows, moved, total_planned))
+        table = TARGET_TABLES[target]
+        rows = _messages(config, chunk, by_id, target=target)
+        schema = MESSAGES if target == "topic" else RETRY
+        append_arrow(
+            config.table_path(table), rows, app_id=app_id(redrive_id), txn_version=k, partition_by=schema.partition_by
+        )
+        moved += chunk.num_rows
+        log.info("re-drive %s chunk %d: %d messages moved to %s (%d/%d)", redrive_id, k, chunk.num_rows, table, moved, total_planned)
+        _report(on_progress, ChunkProgress(redrive_id, k, "moved", chunk.num_rows, moved, total_planned))
+        limiter.after(chunk.num_rows)
+    return report
+
+
+def resume(
+    config: EngineConfig,
+    redrive_id: str,
+    *,
+    max_chunks: int | None = None,
+    rate: float | None = None,
+    dry_run: bool = False,
+    on_progress: Callable[[ChunkProgress], None] | None = None,
+) -> RedriveReport:
+    """Finish the interrupted chunks of ``redrive_id`` without planning new ones."""
+    audit = read_audit(config)
+    mine = audit.filter(pc.equal(audit.column("redrive_id"), redrive_id))
+    if mine.num_rows == 0:
+        known = sorted(set(audit.column("redrive_id").to_pylist()))
+        raise RedriveError(
+            f"no re-drive {redrive_id!r} in the audit table; known: {', '.join(known) or 'none'}",
+            code="REDRIVE_NOT_FOUND",
+        )
+    first = mine.slice(0, 1).to_pylist()[0]
+    return _redrive(
+        config,
+        None,
+        target=first["target"],
+        reset_reconsume_times=first["reset_reconsume_times"],
+        dry_run=dry_run,
+        chunk_size=DEFAULT_CHUNK_SIZE,
+        rate=rate,
+        max_chunks=max_chunks,
+        force=False,
+        redrive_id=redrive_id,
+        operator=first["operator"],
+        note=first["note"],
+        on_progress=on_progress,
+    )
+
+
+def _report(on_progress: Callable[[ChunkProgress], None] | None, progress: ChunkProgress) -> None:
+    if on_progress is not None:
+        on_progress(progress)
+
+
+def _check_same_redrive(mine: pa.Table, redrive_id: str, *, target: Target, reset: bool) -> None:
+    if mine.num_rows == 0:
+        return
+    first = mine.slice(0, 1).to_pylist()[0]
+    if first["target"] != target or first["reset_reconsume_times"] != reset:
+        raise RedriveError(
+            f"re-drive {redrive_id} was started with target={first['target']}, "
+            f"reset_reconsume_times={first['reset_reconsume_times']}; got target={target}, "
+            f"reset_reconsume_times={reset} (use another --redrive-id)",
+            code="REDRIVE_CONFLICT",
+        )
+
+
+def _generations(audit: pa.Table) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for msg_id in audit.column("dlq_msg_id").to_pylist():
+        counts[msg_id] = counts.get(msg_id, 0) + 1
+    return counts
+
+
+def _plan_chunk(
+    rows: pa.Table,
+    *,
+    chunk: int,
+    redrive_id: str,
+    target: Target,
+    reset: bool,
+    selection: str | None,
+    operator: str,
+    note: str | None,
+    generations: dict[str, int],
+    now: dt.datetime,
+) -> pa.Table:
+    """The audit rows of one chunk: the full intent, enough to redo the move after a crash."""
+    planned = []
+    needed = ["consumer_group", "retry_topic", "msg_id", "origin_msg_id", "reason_code", "reconsume_times"]
+    for row in rows.select(needed).to_pylist():
+        group = row["consumer_group"]
+        planned.append(
+            {
+                "redrive_id": redrive_id,
+                "chunk": chunk,
+                "operator": operator,
+                "note": note,
+                "selection": selection,
+                "target": target,
+                "reset_reconsume_times": reset,
+                "consumer_group": group,
+                "retry_topic": row["retry_topic"],
+                "dlq_msg_id": row["msg_id"],
+                "origin_msg_id": row["origin_msg_id"],
+                "reason_code": row["reason_code"],
+                "redriven_msg_id": redriven_msg_id(redrive_id, row["msg_id"], generations.get(row["msg_id"], 0)),
+                "topic": row["retry_topic"] if target == "topic" else retry_topic(group),
+                "target_table": TARGET_TABLES[target],
+                "reconsume_times": 0 if reset else row["reconsume_times"],
+                "redriven_at": now,
+            }
+        )
+    return pa.Table.from_pylist(planned, schema=REDRIVE_AUDIT.arrow_schema)
+
+
+def _index(dlq: pa.Table) -> dict[str, dict[str, Any]]:
+    return {row["msg_id"]: row for row in dlq.to_pylist()}
+
+
+def _messages(config: EngineConfig, chunk: pa.Table, dlq: dict[str, dict[str, Any]], *, target: Target) -> pa.Table:
+    """The new messages of one chunk, built from its audit rows and the dead letters."""
+    now = _now()
+    out = []
+    for intent in chunk.to_pylist():
+        dead = dlq.get(intent["dlq_msg_id"])
+        if dead is None:
+            raise RedriveError(
+                f"dead letter {intent['dlq_msg_id']} of re-drive {intent['redrive_id']} is no longer in the DLQ "
+                "(was the table vacuumed or rewritten?)",
+                code="DEAD_LETTER_MISSING",
+            )
+        props = dict(dead["properties"] or [])
+        props[PROP_REDRIVE_ID] = intent["redrive_id"]
+        props[PROP_REDRIVE_FROM] = intent["dlq_msg_id"]
+        props[PROP_REDRIVE_COUNT] = str(int(props.get(PROP_REDRIVE_COUNT, "0")) + 1)
+        new_id = intent["redriven_msg_id"]
+        message = {
+            "msg_id": new_id,
+            "topic": intent["topic"],
+            **{k: dead[k] for k in ("tags", "keys", "body", "flag", "born_timestamp", "born_host", "origin_msg_id", "retry_topic", "attempts")},
+            "properties": list(props.items()),
+            "store_timestamp": now,
+            "reconsume_times": intent["reconsume_times"],
+        }
+        if target == "topic":
+            # The queue the message first came from is not kept on a dead letter.
+            out.append({**message, "queue_id": 0})
+            continue
+        group_config = config.group(intent["consumer_group"])
+        queues = max(group_config.retry_queue_nums, 1) if group_config is not None else 1
+        out.append(
+            {
+                **message,
+                "queue_id": int(new_id[:8], 16) % queues,
+                "consumer_group": intent["consumer_group"],
+                "scheduled_at": now,
+                "due_at": now,
+                "delivered_at": now,
+                "error_class": dead["error_class"],
+                "error_message": dead["error_message"],
+                "delivery_key": f"{dead['origin_msg_id']}:{intent['reconsume_times']}",
+            }
+        )
+    schema = MESSAGES if target == "topic" else RETRY
+    return pa.Table.from_pylist(out, schema=schema.arrow_schema)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _whoami() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry in some containers
+        return "unknown"

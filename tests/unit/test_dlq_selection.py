@@ -1,0 +1,143 @@
+"""DLQ selections, re-drive ids, the rate limiter and an empty lake, without Spark."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from retry_engine import dlq
+from retry_engine.cli import EXIT_ERROR, main
+from retry_engine.config import parse_config
+from retry_engine.dlq import Selection
+from retry_engine.errors import ConfigError, InvalidNameError, SelectionError
+from retry_engine.redrive import RateLimiter, default_redrive_id, redrive, redriven_msg_id
+from retry_engine.schemas import DLQ
+
+T0 = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
+
+
+def _dlq_rows() -> pa.Table:
+    rows = [
+        {"msg_id": "D1", "origin_msg_id": "O1", "consumer_group": "G", "retry_topic": "orders", "reason_code": "DLQ_REQUESTED",
+         "error_class": "com.acme.Timeout", "error_message": "read timed out", "dead_lettered_at": T0},
+        {"msg_id": "D2", "origin_msg_id": "O2", "consumer_group": "G", "retry_topic": "pay", "reason_code": "MAX_RECONSUME_TIMES",
+         "error_class": None, "error_message": "bad json", "dead_lettered_at": T0 + dt.timedelta(hours=1)},
+        {"msg_id": "D3", "origin_msg_id": "O3", "consumer_group": "H", "retry_topic": "orders", "reason_code": "NON_RETRYABLE",
+         "error_class": None, "error_message": None, "dead_lettered_at": T0 + dt.timedelta(hours=2),
+         "properties": [("REDRIVE_COUNT", "2")]},
+    ]
+    full = [{**{name: None for name in DLQ.names}, "topic": "%DLQ%G", "delivery_key": "k", **r} for r in rows]
+    return pa.Table.from_pylist(full, schema=DLQ.arrow_schema)
+
+
+def _picked(selection: Selection) -> list[str]:
+    rows = _dlq_rows()
+    return rows.filter(selection.mask(rows)).column("msg_id").to_pylist()
+
+
+@pytest.mark.parametrize(
+    ("selection", "expected"),
+    [
+        (Selection(), ["D1", "D2", "D3"]),
+        (Selection(group="G"), ["D1", "D2"]),
+        (Selection(topic="orders"), ["D1", "D3"]),
+        (Selection(error_pattern="(?i)timeout"), ["D1"]),
+        (Selection(error_pattern="json"), ["D2"]),  # matches the message when the class is null
+        (Selection(reason_code="NON_RETRYABLE"), ["D3"]),
+        (Selection(since=T0 + dt.timedelta(minutes=30)), ["D2", "D3"]),
+        (Selection(until=T0 + dt.timedelta(hours=1)), ["D1"]),  # until is exclusive
+        (Selection(ids=("O3", "D1")), ["D1", "D3"]),  # dead letter ids or origin ids
+        (Selection(group="G", topic="orders"), ["D1"]),
+        (Selection(group="nobody"), []),
+        (Selection(max_redrives=2), ["D1", "D2"]),  # D3 was re-driven twice already
+        (Selection(max_redrives=3), ["D1", "D2", "D3"]),
+    ],
+)
+def test_selection_mask(selection: Selection, expected: list[str]) -> None:
+    assert _picked(selection) == expected
+
+
+def test_naive_times_are_utc_and_describe_is_canonical() -> None:
+    selection = Selection(topic="orders", since=dt.datetime(2026, 11, 22, 12), ids=["b", "a"])  # type: ignore[arg-type]
+    assert selection.since == T0 and selection.ids == ("b", "a")
+    assert json.loads(selection.describe()) == {"topic": "orders", "since": "2026-11-22T12:00:00+00:00", "ids": ["b", "a"]}
+    assert Selection(group="G").describe() == '{"group": "G"}'
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"group": "a/b"}, InvalidNameError, r"INVALID_GROUP_NAME.*'a/b'.*%\|a-zA-Z0-9_-"),
+        ({"topic": "x" * 200}, InvalidNameError, "INVALID_TOPIC_NAME.*200 characters; at most 127"),
+        ({"error_pattern": "Time(out"}, SelectionError, r"INVALID_ERROR_PATTERN.*'Time\(out'"),
+        ({"since": T0, "until": T0}, SelectionError, "INVALID_TIME_RANGE.*is not before"),
+        ({"since": "yesterday"}, SelectionError, "INVALID_TIME_RANGE.*'yesterday'"),
+        ({"ids": "D1"}, SelectionError, "INVALID_IDS.*not the string 'D1'"),
+        ({"ids": ()}, SelectionError, "INVALID_IDS"),
+        ({"ids": ("D1", "")}, SelectionError, "INVALID_IDS"),
+        ({"max_redrives": 0}, SelectionError, "INVALID_MAX_REDRIVES.*got 0"),
+    ],
+)
+def test_bad_selection_is_a_clear_error(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        Selection(**kwargs)  # type: ignore[arg-type]
+    assert issubclass(error, ValueError)
+
+
+def test_redrive_ids_are_deterministic() -> None:
+    a = default_redrive_id(Selection(group="G"), target="topic", reset_reconsume_times=True)
+    assert a == default_redrive_id(Selection(group="G"), target="topic", reset_reconsume_times=True)
+    assert a != default_redrive_id(Selection(group="G"), target="retry", reset_reconsume_times=True)
+    assert a != default_redrive_id(Selection(group="G"), target="topic", reset_reconsume_times=False)
+    assert redriven_msg_id(a, "D1", 0) == redriven_msg_id(a, "D1", 0) != redriven_msg_id(a, "D1", 1)
+    assert len(redriven_msg_id(a, "D1", 0)) == 32
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_rate_limiter_sleeps_to_keep_the_average_rate() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(10, clock=clock, sleep=clock.sleep)
+    assert limiter.after(5) == pytest.approx(0.5)  # 5 messages at 10/s take 0.5 s
+    clock.now += 2.0  # a slow chunk: already behind, no sleep
+    assert limiter.after(5) == 0.0
+    assert limiter.after(30) == pytest.approx(4 - 2.5)  # 40 messages by t=4.0
+    assert clock.slept == [pytest.approx(0.5), pytest.approx(1.5)]
+    unlimited = RateLimiter(None, clock=clock, sleep=clock.sleep)
+    assert unlimited.after(1000) == 0.0
+    with pytest.raises(ConfigError, match="INVALID_OPTION.*rate must be a positive.*got 0"):
+        RateLimiter(0)
+
+
+def test_an_empty_lake_reads_as_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before the engine dead-letters anything: empty frames, and nothing is created."""
+    config = parse_config({"engine": {"lake": str(tmp_path)}})
+    listing = dlq.dead_letters(config)
+    assert isinstance(listing, pd.DataFrame) and listing.empty and list(listing.columns) == list(dlq.LISTING_COLUMNS)
+    assert dlq.summary(config).empty  # type: ignore[union-attr]
+    assert dlq.history(config, "M1").empty and dlq.versions(config).empty
+    report = redrive(config, Selection(), target="retry")
+    assert (report.matched, report.moved) == (0, 0)
+    with pytest.raises(SelectionError, match="INVALID_VERSION.*no table"):
+        dlq.dead_letters(config, version=0)
+    assert list(tmp_path.iterdir()) == []
+    conf = tmp_path.parent / "empty.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
+    assert main(["dlq", "show", "--config", str(conf), "M1"]) == EXIT_ERROR
+    assert "[MESSAGE_NOT_FOUND] no message 'M1'" in capsys.readouterr().err
