@@ -513,12 +513,9 @@ def _read_where(config: EngineConfig, table: str, where: Any, columns: list[str]
     names = set(data.schema.names)
     if "origin_msg_id" not in names:
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
-    # Filter after reading: delta-rs prunes files by column stats, and files the deltars
-    # sink writes carry nullCount but no min/max for strings, which it reads as "no match".
-    rows = data.to_table(columns=columns if columns is None else sorted({*columns, "msg_id", "origin_msg_id"}))
-    rows = rows.filter(where)
-    if columns is not None:
-        rows = rows.select(columns)
+    # The filter prunes files on their stats (the deltars sink writes them for every
+    # primitive column), so a history lookup reads only files that can hold the id.
+    rows = data.to_table(filter=where, columns=columns)
     if columns is None:
         rows = rows.append_column("table", pa.array([table] * rows.num_rows, pa.string()))
     return rows
