@@ -59,3 +59,9 @@ class EnvironmentProblem(RetryEngineError, RuntimeError):
     """Raised when the machine lacks something the engine needs (e.g. Java 17)."""
 
     code = "ENVIRONMENT"
+
+
+class TablesUnavailableError(RetryEngineError, RuntimeError):
+    """Raised when ``status`` or ``plots`` cannot read the engine's tables (e.g. a wrong lake path)."""
+
+    code = "TABLES_UNAVAILABLE"

@@ -202,7 +202,7 @@ class ProgressRecorder(StreamingQueryListener):
     def closed(self) -> bool:
         return self._closing.is_set() and not self._thread.is_alive()
 
-    def _guard(self, what: str, action: Callable[[], None]) -> None:
+    def _guard(self, what: str, action: Callable[[], object]) -> None:
         try:
             action()
         except Exception:
