@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from retry_engine.config import EngineConfig  # noqa: E402
 from retry_engine.decide import RETRY as OUTCOME_RETRY  # noqa: E402
@@ -149,6 +150,7 @@ def plot_backlog(series: list[BacklogSeries], path: Path) -> int:
     ax.set_title("Schedule backlog by delay level")
     ax.set_xlabel("time (UTC)")
     ax.set_ylabel("retries pending")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     _save(fig, path)
     return drawn
 
@@ -160,7 +162,7 @@ def plot_lateness(values: np.ndarray[Any, Any], path: Path) -> int:
         heights, _, _ = ax.hist(values, bins=min(30, max(5, values.size // 2)), color="tab:blue", alpha=0.8)
         drawn = int(np.count_nonzero(heights))
         for q, style in ((50, "--"), (99, ":")):
-            mark = float(np.percentile(values, q, method="higher"))
+            mark = float(np.percentile(values, q, method="inverted_cdf"))
             ax.axvline(mark, color="tab:red", linestyle=style, label=f"p{q} = {mark:,.0f} ms")
         ax.legend(loc="upper right")
     else:

@@ -249,11 +249,12 @@ def lateness_ms(retry: pa.Table) -> pa.Array:
 
 
 def _lateness_entry(group: str, values: np.ndarray[Any, Any]) -> LatenessEntry:
+    # Nearest-rank percentiles: always a lateness that was actually observed.
     return LatenessEntry(
         consumer_group=group,
         deliveries=int(values.size),
-        p50_ms=float(np.percentile(values, 50, method="higher")),
-        p99_ms=float(np.percentile(values, 99, method="higher")),
+        p50_ms=float(np.percentile(values, 50, method="inverted_cdf")),
+        p99_ms=float(np.percentile(values, 99, method="inverted_cdf")),
         max_ms=float(values.max()),
     )
 
@@ -354,7 +355,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 def format_status(status: Status) -> str:
     """Human-readable status (the CLI's default output)."""
     lines = [
-        f"query       {status.state} ({status.state_reason})",
+        f"query       {status.state}: {status.state_reason}",
         f"query id    {status.query_id or '-'}",
         f"checked at  {_iso(status.checked_at)}",
     ]
