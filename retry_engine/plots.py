@@ -86,6 +86,12 @@ def _series_from_changes(changes: list[tuple[dt.datetime, str, int | None, int]]
                 times.append(time)
                 pending.append(total)
         series.append(BacklogSeries(group, level, times, pending))
+    # Carry every line to the last change of any line, so a backlog that is still held shows as held.
+    end = max((s.times[-1] for s in series), default=None)
+    for s in series:
+        if end is not None and s.times[-1] < end:
+            s.times.append(end)
+            s.pending.append(s.pending[-1])
     return series
 
 
@@ -143,7 +149,9 @@ def plot_backlog(series: list[BacklogSeries], path: Path) -> int:
         ax.step(np.array(naive_utc, dtype="datetime64[ms]"), s.pending, where="post", label=label, marker=".")
         drawn += 1
     if drawn:
-        ax.legend(loc="upper left", fontsize="small", ncol=2)
+        top = max(max(s.pending) for s in series)
+        ax.set_ylim(bottom=0, top=max(1, top) * 1.3)
+        ax.legend(loc="upper right", fontsize="small", ncol=2)
         fig.autofmt_xdate()
     else:
         _no_data(ax, "retries")
@@ -165,6 +173,8 @@ def plot_lateness(values: np.ndarray[Any, Any], path: Path) -> int:
             mark = float(np.percentile(values, q, method="inverted_cdf"))
             ax.axvline(mark, color="tab:red", linestyle=style, label=f"p{q} = {mark:,.0f} ms")
         ax.legend(loc="upper right")
+        ax.ticklabel_format(axis="x", style="plain", useOffset=False)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     else:
         _no_data(ax, "released retries")
     ax.set_title(f"Delivery lateness (delivered_at - due_at), {values.size:,} retries")
@@ -187,6 +197,8 @@ def plot_dead_letters(by_class: dict[str, dict[str, int]], path: Path) -> int:
         left += counts
     if drawn:
         ax.invert_yaxis()
+        ax.set_xlim(0, left.max() * 1.12)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(title="group", loc="lower right", fontsize="small")
         for y, total in enumerate(left):
             ax.text(total, y, f" {int(total)}", va="center")

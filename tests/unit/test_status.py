@@ -160,7 +160,7 @@ def test_backlog_series_from_metrics_is_a_running_sum_of_retry_minus_delivered()
     level3, level4 = backlog_from_metrics(metrics)
     assert (level3.delay_level, level3.pending) == (3, [5, 3, 1])
     assert level3.times == [T, T + ms(200), T + ms(400)]
-    assert (level4.delay_level, level4.pending) == (4, [1])
+    assert (level4.delay_level, level4.pending) == (4, [1, 1])  # held until the last change
 
 
 def test_backlog_series_from_ledger_counts_up_on_decision_and_down_on_release() -> None:
@@ -168,6 +168,13 @@ def test_backlog_series_from_ledger_counts_up_on_decision_and_down_on_release() 
     retry = released(("r1", "G", 3, T, T + ms(300)))
     (series,) = backlog_from_ledger(outcomes, retry)
     assert series.pending == [2, 1] and series.times == [T, T + ms(300)]
+
+
+def test_backlog_series_are_carried_to_the_last_change_of_any_series() -> None:
+    outcomes = ledger(("G", "retry", "r1", 3, T), ("H", "retry", "r2", 3, T))
+    retry = released(("r1", "G", 3, T, T + ms(300)))
+    g, h = backlog_from_ledger(outcomes, retry)
+    assert (g.pending, h.pending) == ([1, 0], [1, 1]) and h.times == [T, T + ms(300)]
 
 
 # -- output ---------------------------------------------------------------------------
