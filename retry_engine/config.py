@@ -164,6 +164,7 @@ class TablesSection(_Strict):
     dlq: str | None = None
     quarantine: str | None = None
     outcomes: str | None = None
+    metrics: str | None = None
 
 
 class EngineConfig(_Strict):
