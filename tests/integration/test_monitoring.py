@@ -22,7 +22,14 @@ import pytest
 from retry_engine import engine, status
 from retry_engine.cli import EXIT_NOT_RUNNING, EXIT_OK, main
 from retry_engine.delta import read_query_id
-from retry_engine.plots import BACKLOG_FILE, DEAD_LETTERS_FILE, LATENESS_FILE, render
+from retry_engine.plots import (
+    BACKLOG_FILE,
+    DEAD_LETTERS_FILE,
+    LATENESS_FILE,
+    backlog_from_ledger,
+    backlog_from_metrics,
+    render,
+)
 from retry_engine.status import read_lake
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
@@ -170,7 +177,13 @@ def test_plots_command_writes_three_non_trivial_pngs(run: Run, tmp_path: Path, c
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         ink, colours = _ink(path)
         assert ink > 0.02 and colours > 20, (name, ink, colours)
-    plots = {p.name: p for p in render(read_lake(run.lake.config), tmp_path / "again")}
+    lake = read_lake(run.lake.config)
+    plots = {p.name: p for p in render(lake, tmp_path / "again")}
+    # With the engine's METRICS rows the backlog is drawn from them, and ends where the ledger says.
+    assert plots["backlog"].source == "metrics"
+    final = {(s.consumer_group, s.delay_level): s.pending[-1] for s in backlog_from_metrics(lake.metrics)}
+    assert final == {(s.consumer_group, s.delay_level): s.pending[-1] for s in backlog_from_ledger(lake.outcomes, lake.retry)}
+    assert final == {("G", 3): 0, ("slow", 3): 2}
     # One line per (group, level) with retries: G level 3 (released) and slow level 3 (held).
     assert plots["backlog"].elements == 2
     assert plots["lateness"].elements >= 1
