@@ -17,11 +17,14 @@ from typing import Any
 
 import matplotlib.image as mpimg
 import numpy as np
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
 from retry_engine import engine, status
 from retry_engine.cli import EXIT_NOT_RUNNING, EXIT_OK, main
 from retry_engine.delta import read_query_id
+from retry_engine.errors import SchemaMismatchError
 from retry_engine.plots import (
     BACKLOG_FILE,
     DEAD_LETTERS_FILE,
@@ -189,3 +192,13 @@ def test_plots_command_writes_three_non_trivial_pngs(run: Run, tmp_path: Path, c
     assert plots["lateness"].elements >= 1
     # Bars: IllegalStateException/G, InvalidOrder/strict, RuntimeException/G.
     assert plots["dead_letters"].elements == 3
+
+
+def test_a_query_that_fails_to_start_leaves_no_listener(spark: Any, tmp_path: Path) -> None:
+    lake = Lake.make(tmp_path)
+    write_deltalake(lake.path("consume_results"), pa.table({"x": [1]}))
+    before = len(spark.streams._jsqm.listListeners())
+    with pytest.raises(SchemaMismatchError, match="COLUMN_NOT_IN_TABLE"):
+        engine.start(spark, lake.config)
+    assert len(spark.streams._jsqm.listListeners()) == before
+    assert lake.rows("progress") == []
