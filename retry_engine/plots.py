@@ -9,7 +9,7 @@
 * ``dead_letters_by_error_class.png``: dead letters per error class, stacked
   by group.
 
-No Spark: tables are read with delta-rs (:func:`retry_engine.status.read_lake`);
+No Spark: tables are read with delta-rs (:func:`retry_engine.status.read_tables`);
 matplotlib runs on the non-interactive Agg backend.
 """
 
@@ -34,7 +34,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from retry_engine.config import EngineConfig  # noqa: E402
 from retry_engine.decide import RETRY as OUTCOME_RETRY  # noqa: E402
-from retry_engine.status import Lake, lateness_ms, read_lake  # noqa: E402
+from retry_engine.status import EngineTables, lateness_ms, read_tables  # noqa: E402
 
 BACKLOG_FILE = "backlog_by_level.png"
 LATENESS_FILE = "lateness.png"
@@ -210,7 +210,7 @@ def plot_dead_letters(by_class: dict[str, dict[str, int]], path: Path) -> int:
     return drawn
 
 
-def render(lake: Lake, out_dir: str | os.PathLike[str]) -> list[Plot]:
+def render(lake: EngineTables, out_dir: str | os.PathLike[str]) -> list[Plot]:
     """Write the three charts of ``lake`` into ``out_dir`` (created if missing)."""
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -232,4 +232,4 @@ def render(lake: Lake, out_dir: str | os.PathLike[str]) -> list[Plot]:
 
 def write_plots(config: EngineConfig, out_dir: str | os.PathLike[str]) -> list[Plot]:
     """Read the engine's tables and write the charts into ``out_dir``."""
-    return render(read_lake(config), out_dir)
+    return render(read_tables(config), out_dir)

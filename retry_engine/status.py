@@ -1,7 +1,7 @@
 """``retry-engine status``: what the engine is doing, read from its tables.
 
 No Spark: the Delta tables are read with delta-rs and summarised with Arrow.
-Reading (:func:`read_lake`) is separate from summarising (:func:`summarise`,
+Reading (:func:`read_tables`) is separate from summarising (:func:`summarise`,
 pure) and from formatting (:func:`format_status`, :func:`status_json`).
 
 Whether the query is running is judged from the PROGRESS table (see
@@ -36,7 +36,7 @@ QUERY_STATES: tuple[QueryState, ...] = ("running", "stale", "stopped", "failed",
 
 # A query is "stale" when nothing was recorded for longer than
 # flush interval + max(STALE_TRIGGERS triggers, 2 x the last batch's duration, MIN_STALE_MS).
-# Spark reports a progress event at least every 10 s even when idle
+# Spark reports a progress or an idle event at least every 10 s
 # (spark.sql.streaming.noDataProgressEventInterval), so 30 s is never normal silence.
 STALE_TRIGGERS = 10
 MIN_STALE_MS = 30_000
@@ -52,7 +52,7 @@ _COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
 
 
 @dataclass(frozen=True)
-class Lake:
+class EngineTables:
     """The engine tables status and plots need; an absent table is an empty one."""
 
     progress: pa.Table
@@ -87,7 +87,7 @@ def read_table_columns(path: str, table: Table, columns: tuple[str, ...]) -> pa.
     return pa.table(delta.to_pyarrow_table(columns=list(columns)))
 
 
-def read_lake(config: EngineConfig) -> Lake:
+def read_tables(config: EngineConfig) -> EngineTables:
     """Read what status and plots need. Raises :class:`TablesUnavailableError` when
     none of the engine's tables exists (most often a wrong ``engine.lake``)."""
     tables: dict[str, pa.Table] = {}
@@ -102,7 +102,7 @@ def read_lake(config: EngineConfig) -> Lake:
             f"(looked for {', '.join(config.table_path(n) for n in _COLUMNS)}); "
             "is engine.lake (or RETRY_ENGINE_LAKE) right, and has the engine run?"
         )
-    return Lake(**tables, present=frozenset(present))
+    return EngineTables(**tables, present=frozenset(present))
 
 
 # -- the summary ----------------------------------------------------------------
@@ -293,7 +293,7 @@ def outcome_counts(outcomes: pa.Table) -> dict[str, int]:
 
 
 def summarise(
-    lake: Lake, *, now: dt.datetime, trigger_interval_ms: int, flush_interval_ms: int
+    lake: EngineTables, *, now: dt.datetime, trigger_interval_ms: int, flush_interval_ms: int
 ) -> Status:
     """The status at ``now`` (pure: no I/O)."""
     state, reason, last, last_batch = query_state(
@@ -322,7 +322,7 @@ def summarise(
 def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
     """Read the engine's tables and summarise them."""
     return summarise(
-        read_lake(config),
+        read_tables(config),
         now=now or dt.datetime.now(dt.UTC),
         trigger_interval_ms=config.trigger_interval_ms,
         flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),

@@ -33,7 +33,7 @@ from retry_engine.plots import (
     backlog_from_metrics,
     render,
 )
-from retry_engine.status import read_lake
+from retry_engine.status import read_tables
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
 from tests.streaming import running
@@ -180,7 +180,7 @@ def test_plots_command_writes_three_non_trivial_pngs(run: Run, tmp_path: Path, c
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         ink, colours = _ink(path)
         assert ink > 0.02 and colours > 20, (name, ink, colours)
-    lake = read_lake(run.lake.config)
+    lake = read_tables(run.lake.config)
     plots = {p.name: p for p in render(lake, tmp_path / "again")}
     # With the engine's METRICS rows the backlog is drawn from them, and ends where the ledger says.
     assert plots["backlog"].source == "metrics"
