@@ -88,7 +88,10 @@ def _status(args: argparse.Namespace) -> int:
     from retry_engine.status import format_status, status, status_json
 
     result = status(load_config(args.config))
-    print(json.dumps(status_json(result), indent=2) if args.json else format_status(result), end="\n" if args.json else "")
+    if args.json:
+        print(json.dumps(status_json(result), indent=2))
+    else:
+        print(format_status(result), end="")
     return EXIT_OK if result.state == "running" else EXIT_NOT_RUNNING
 
 
