@@ -65,6 +65,7 @@ class Run:
     n_inputs: int
     query_id: str
     live: status.Status  # status() read while the query was running
+    live_exit: int  # `retry-engine status` exit code while the query was running
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +95,11 @@ def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Run:
             what="the progress of the batch after the releases",
         )
         live = status.status(lake.config)
+        live_exit = main(["status", "--config", str(conf)])
         query_id = str(query.id)
     wait_for(lambda: any(r["event"] == "terminated" for r in lake.rows("progress")), what="the terminated event")
     wait_for(lambda: len(spark.streams._jsqm.listListeners()) == listeners_before, what="the listener to unregister")
-    return Run(lake, conf, len(batch), query_id, live)
+    return Run(lake, conf, len(batch), query_id, live, live_exit)
 
 
 def test_progress_rows_record_every_batch_of_the_run(run: Run) -> None:
@@ -122,6 +124,7 @@ def test_progress_rows_record_every_batch_of_the_run(run: Run) -> None:
 
 def test_status_while_running(run: Run) -> None:
     assert run.live.state == "running", run.live.state_reason
+    assert run.live_exit == EXIT_OK
     assert run.live.query_id == run.query_id
     assert run.live.last_batch is not None and run.live.last_batch.batch_id >= 0
 
