@@ -144,6 +144,7 @@ class ProgressRecorder(StreamingQueryListener):
         )
         self.rows_written = 0
         self.rows_dropped = 0
+        self.unregistered = False
 
     # -- listener callbacks: cheap, never raise -----------------------------------
     def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's name)
@@ -255,6 +256,7 @@ class ProgressRecorder(StreamingQueryListener):
         if self._on_close is not None:
             try:
                 self._on_close(self)
+                self.unregistered = True
             except Exception:
                 log.exception("progress recorder %s: could not unregister the listener", self.query_id)
         log.info("progress recorder %s closed: %d rows written", self.query_id, self.rows_written)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine import engine, status
+from retry_engine import engine, monitor, status
 from retry_engine.cli import EXIT_NOT_RUNNING, EXIT_OK, main
 from retry_engine.delta import read_query_id
 from retry_engine.errors import SchemaMismatchError
@@ -58,6 +60,21 @@ def inputs() -> list[Result]:
     ]
 
 
+@contextmanager
+def capture_recorders() -> Iterator[list[monitor.ProgressRecorder]]:
+    """The recorders ``engine.start`` attaches inside the block (the real ones, only noted)."""
+    recorders: list[monitor.ProgressRecorder] = []
+    attach = monitor.attach
+
+    def noting(*args: Any, **kwargs: Any) -> monitor.ProgressRecorder:
+        recorders.append(attach(*args, **kwargs))
+        return recorders[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(monitor, "attach", noting)
+        yield recorders
+
+
 @dataclass
 class Run:
     lake: Lake
@@ -83,8 +100,7 @@ def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Run:
     conf.write_text(f'[engine]\nlake = "{lake.root}"\ntrigger_interval = "200ms"\nprogress_flush_interval = "300ms"\n')
     batch = inputs()
     lake.write_results(batch)
-    listeners_before = len(spark.streams._jsqm.listListeners())
-    with running(engine.start(spark, lake.config)) as query:
+    with capture_recorders() as recorders, running(engine.start(spark, lake.config)) as query:
         wait_for(lambda: len(lake.rows("outcomes")) >= len(batch), timeout=180, what="an outcome per input row")
         wait_for(lambda: len(lake.rows("retry")) >= 3, timeout=120, what="the three fast retries")
         released_at = max(r["delivered_at"] for r in lake.rows("retry"))
@@ -98,7 +114,9 @@ def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Run:
         live_exit = main(["status", "--config", str(conf)])
         query_id = str(query.id)
     wait_for(lambda: any(r["event"] == "terminated" for r in lake.rows("progress")), what="the terminated event")
-    wait_for(lambda: len(spark.streams._jsqm.listListeners()) == listeners_before, what="the listener to unregister")
+    (recorder,) = recorders
+    wait_for(lambda: recorder.closed, what="the recorder to close")
+    assert recorder.unregistered and recorder.rows_dropped == 0
     return Run(lake, conf, len(batch), query_id, live, live_exit)
 
 
@@ -200,8 +218,8 @@ def test_plots_command_writes_three_non_trivial_pngs(run: Run, tmp_path: Path, c
 def test_a_query_that_fails_to_start_leaves_no_listener(spark: Any, tmp_path: Path) -> None:
     lake = Lake.make(tmp_path)
     write_deltalake(lake.path("consume_results"), pa.table({"x": [1]}))
-    before = len(spark.streams._jsqm.listListeners())
-    with pytest.raises(SchemaMismatchError, match="COLUMN_NOT_IN_TABLE"):
+    with capture_recorders() as recorders, pytest.raises(SchemaMismatchError, match="COLUMN_NOT_IN_TABLE"):
         engine.start(spark, lake.config)
-    assert len(spark.streams._jsqm.listListeners()) == before
+    (recorder,) = recorders
+    assert recorder.closed and recorder.unregistered
     assert lake.rows("progress") == []

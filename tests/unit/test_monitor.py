@@ -80,7 +80,7 @@ def test_recorder_writes_its_query_only_and_closes_on_terminated(tmp_path: Path)
     recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(9, query=OTHER)}))
     recorder.onQueryTerminated(terminated("boom"))
     recorder.close(timeout=30)
-    assert recorder.closed and closed == [recorder]
+    assert recorder.closed and closed == [recorder] and recorder.unregistered
     rows = DeltaTable(path).to_pyarrow_table().sort_by("recorded_at").to_pylist()
     assert [(r["event"], r["batch_id"]) for r in rows] == [
         ("started", None), ("progress", 0), ("progress", 1), ("progress", 2), ("terminated", None)
