@@ -48,3 +48,15 @@ bench: check-env
 
 clean:
 	rm -rf $(VENV) data build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# Watching the engine (tables under engine.lake; no Spark session).
+.PHONY: status plots bench-status
+
+status: venv
+	$(VENV)/bin/retry-engine status --config $(CONFIG)
+
+plots: venv
+	$(VENV)/bin/retry-engine plots --config $(CONFIG) --out data/plots
+
+bench-status: venv
+	$(PY) bench/bench_status.py

@@ -18,6 +18,9 @@ log = logging.getLogger("retry_engine")
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+# `status` when the engine query is not running (stopped, failed, stale, never started),
+# like `systemctl status` for an inactive unit.
+EXIT_NOT_RUNNING = 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +37,16 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file and print the resolved paths")
     check.add_argument("--config")
     dlq_commands.add_parser(sub)
+    status = sub.add_parser(
+        "status",
+        help="is the engine running, last batch, backlog by level, oldest due time, lateness, dead letters "
+        f"(exit {EXIT_OK} running, {EXIT_NOT_RUNNING} not running, {EXIT_ERROR} error)",
+    )
+    status.add_argument("--config")
+    status.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    plots = sub.add_parser("plots", help="write PNG charts: backlog by level, lateness, dead letters by error class")
+    plots.add_argument("--config")
+    plots.add_argument("--out", required=True, help="folder to write the PNG files to (created if missing)")
     return parser
 
 
@@ -65,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    for table in ("consume_results", "retry", "dlq", "quarantine", "outcomes"):
+    for table in ("consume_results", "retry", "dlq", "quarantine", "outcomes", "metrics", "progress"):
         print(f"{table:16} {config.table_path(table)}")
     print(f"{'checkpoint':16} {config.checkpoint_path}")
     return EXIT_OK
@@ -73,6 +86,27 @@ def _check(args: argparse.Namespace) -> int:
 
 def _dlq(args: argparse.Namespace) -> int:
     return dlq_commands.run(args, load_config(args.config))
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from retry_engine.status import format_status, status, status_json
+
+    result = status(load_config(args.config))
+    if args.json:
+        print(json.dumps(status_json(result), indent=2))
+    else:
+        print(format_status(result), end="")
+    return EXIT_OK if result.state == "running" else EXIT_NOT_RUNNING
+
+
+def _plots(args: argparse.Namespace) -> int:
+    from retry_engine.plots import write_plots
+
+    for plot in write_plots(load_config(args.config), args.out):
+        print(f"{plot.name:13} {plot.path}  ({plot.elements} elements, from {plot.source})")
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        return {"run": _run, "check-config": _check, "dlq": _dlq}[args.command](args)
+        return {"run": _run, "check-config": _check, "dlq": _dlq, "status": _status, "plots": _plots}[args.command](args)
     except RetryEngineError as exc:
         print(f"retry-engine: {exc}", file=sys.stderr)
         return EXIT_ERROR

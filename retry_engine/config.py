@@ -46,6 +46,8 @@ DEFAULT_MAX_FILES_PER_TRIGGER = 1000
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_DEDUP_WINDOW = "10m"
 DEFAULT_STATE_BUCKET = "10s"
+# The progress listener appends its buffered events at most this often (one small commit each).
+DEFAULT_PROGRESS_FLUSH_INTERVAL = "5s"
 DEFAULT_RETRY_QUEUE_NUMS = 1
 DEFAULT_RETRY_MAX_TIMES = 16
 
@@ -53,7 +55,9 @@ ENV_LAKE = "RETRY_ENGINE_LAKE"
 ENV_CHECKPOINT = "RETRY_ENGINE_CHECKPOINT"
 ENV_MASTER = "RETRY_ENGINE_MASTER"
 
-TABLE_NAMES = ("consume_results", "messages", "retry", "dlq", "quarantine", "outcomes", "metrics", "redrive_audit")
+TABLE_NAMES = (
+    "consume_results", "messages", "retry", "dlq", "quarantine", "outcomes", "metrics", "progress", "redrive_audit",
+)
 
 
 class _Strict(BaseModel):
@@ -142,9 +146,10 @@ class EngineSection(_Strict):
     dedup_window: Duration = DEFAULT_DEDUP_WINDOW
     state_bucket: Duration = DEFAULT_STATE_BUCKET
     auto_create_groups: bool = True
+    progress_flush_interval: Duration = DEFAULT_PROGRESS_FLUSH_INTERVAL
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
-    _dur = field_validator("trigger_interval", "dedup_window", "state_bucket")(
+    _dur = field_validator("trigger_interval", "dedup_window", "state_bucket", "progress_flush_interval")(
         classmethod(lambda cls, v: _check_duration(v))
     )
 
@@ -165,6 +170,8 @@ class TablesSection(_Strict):
     quarantine: str | None = None
     outcomes: str | None = None
     redrive_audit: str | None = None
+    metrics: str | None = None
+    progress: str | None = None
 
 
 class EngineConfig(_Strict):

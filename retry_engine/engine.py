@@ -18,6 +18,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
+from retry_engine import monitor
 from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.delays import parse_duration_ms
@@ -75,14 +76,21 @@ def start(
     # schedule, which is what fires the schedule stage's timeouts. Trigger.AvailableNow
     # would never end: processing-time timeouts always ask for another batch.
     trigger = f"{config.trigger_interval_ms} milliseconds"
-    query = (
-        engine_frame(spark, config)
-        .writeStream.queryName(QUERY_NAME)
-        .foreachBatch(writer)
-        .option("checkpointLocation", checkpoint)
-        .trigger(processingTime=trigger)
-        .start()
-    )
+    # Registered first so the started event and batch 0 are recorded; it unregisters
+    # itself when the query terminates.
+    recorder = monitor.attach(spark, config, query_id=app_id)
+    try:
+        query = (
+            engine_frame(spark, config)
+            .writeStream.queryName(QUERY_NAME)
+            .foreachBatch(writer)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime=trigger)
+            .start()
+        )
+    except Exception:
+        monitor.detach(recorder)
+        raise
     log.info("engine started: query id %s, checkpoint %s", app_id, checkpoint)
     return query
 

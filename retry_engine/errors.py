@@ -71,3 +71,7 @@ class RedriveError(RetryEngineError, RuntimeError):
     """Raised when a re-drive cannot go ahead as asked (e.g. it conflicts with an unfinished one)."""
 
     code = "REDRIVE_ERROR"
+class TablesUnavailableError(RetryEngineError, RuntimeError):
+    """Raised when ``status`` or ``plots`` cannot read the engine's tables (e.g. a wrong lake path)."""
+
+    code = "TABLES_UNAVAILABLE"

@@ -1,108 +1,273 @@
-"""Writing one micro-batch of engine output to its Delta tables.
+"""Writing one micro-batch of engine output to its Delta tables, in one Spark job.
 
-The stateful stage emits rows of the internal ``WORK`` schema; this module
-projects them onto the retry, DLQ, quarantine and outcomes tables and commits
-each with Delta's idempotent-write protocol (``txnAppId`` = the query id,
-``txnVersion`` = the batch id). A replayed batch is therefore skipped by every
-table that already committed it and written by the others (B1).
+The stateful stage emits rows of the internal ``WORK`` schema. One
+``mapInArrow`` pass over them (the batch's only Spark action) routes every
+row to its table(s) on the executors (retry, DLQ, quarantine, outcomes),
+writes them as new Parquet files under each table, and sends back to the
+driver the files' add-action fields plus the batch's partial counts and
+lateness samples. The driver then commits one Delta transaction per table,
+and the METRICS rows (:mod:`retry_engine.metrics`) as a fifth, each with
+Delta's idempotent-write token (``txnAppId`` = the query id, ``txnVersion``
+= the batch id).
+
+Replay (B1): a table that already records the batch's transaction skips it
+(checked before the job, so its tasks write nothing, and again at commit);
+tables that missed it get it. Files of an attempt that never commits are
+deleted or, if the process dies first, left unreferenced, which no Delta
+reader sees (vacuum removes them).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Final
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame
 
+from retry_engine import metrics
 from retry_engine.config import EngineConfig
 from retry_engine.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARANTINED
-from retry_engine.delta import FORMAT_NAME
-from retry_engine.schemas import DLQ, OUTCOMES, QUARANTINE, RETRY, Table
+from retry_engine.delta._files import PartitionedWriter, WrittenFile
+from retry_engine.delta._log import TableLocation
+from retry_engine.delta.sink import FilesWritten, abort_files, commit_files
+from retry_engine.delta.tables import append_arrow, ensure_table
+from retry_engine.schemas import DLQ, METRICS, OUTCOMES, QUARANTINE, RETRY, WORK, Table
 
 log = logging.getLogger(__name__)
 
+OnCounts = Callable[[int, list[tuple[str, str, str, int]]], None]
+
+# What a write task sends back: one row per written file or per partial.
+TASK_RESULT_SCHEMA: Final = "kind string, table string, payload binary"
+_FILE, _COUNTS, _SAMPLES = "file", "counts", "samples"
+
+# Table columns filled from a differently named WORK column.
+_RENAMES: Final[Mapping[str, Mapping[str, str]]] = {
+    QUARANTINE.name: {"msg_id": "consumed_msg_id"},
+    OUTCOMES.name: {
+        "msg_id": "consumed_msg_id",
+        "origin_msg_id": "consumed_origin_msg_id",
+        "reconsume_times": "consumed_reconsume_times",
+    },
+}
+ROUTED_TABLES: Final = (RETRY, DLQ, QUARANTINE, OUTCOMES)
+
+
+def route(work: pa.Table, batch_id: int) -> dict[str, pa.Table]:
+    """WORK rows projected onto each output table (tables with no rows left out).
+
+    retry: deliveries; dlq: dead-letter outcomes; quarantine: quarantined
+    outcomes; outcomes: every outcome row. ``batch_id`` fills the tables'
+    ``batch_id`` column.
+    """
+    kind, outcome = work.column("kind"), work.column("outcome")
+    is_outcome = pc.equal(kind, KIND_OUTCOME)
+    masks = {
+        RETRY.name: pc.equal(kind, KIND_DELIVERY),
+        DLQ.name: pc.and_(is_outcome, pc.equal(outcome, DEAD_LETTER)),
+        QUARANTINE.name: pc.and_(is_outcome, pc.equal(outcome, QUARANTINED)),
+        OUTCOMES.name: is_outcome,
+    }
+    out: dict[str, pa.Table] = {}
+    for table in ROUTED_TABLES:
+        rows = work.filter(masks[table.name])
+        if rows.num_rows:
+            out[table.name] = _project(rows, table, batch_id)
+    return out
+
+
+def _project(rows: pa.Table, table: Table, batch_id: int) -> pa.Table:
+    renames = _RENAMES.get(table.name, {})
+    arrays = [
+        pa.array([batch_id] * rows.num_rows, pa.int64())
+        if name == "batch_id"
+        else rows.column(renames.get(name, name))
+        for name in table.names
+    ]
+    return pa.Table.from_arrays(arrays, schema=table.arrow_schema)
 
 
 @dataclass(frozen=True)
 class _Target:
-    table: Table
-    path: str
-    where: Column
-    renames: dict[str, Column]
+    """One output table as the write tasks see it (pickled to the executors)."""
 
-
-def _project(df: DataFrame, table: Table, renames: dict[str, Column]) -> DataFrame:
-    cols = [
-        (renames[c.name] if c.name in renames else F.col(c.name)).cast(table.spark_schema[c.name].dataType).alias(c.name)
-        for c in table.columns
-    ]
-    return df.select(*cols)
+    name: str
+    uri: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    not_null: tuple[str, ...]
 
 
 @dataclass(frozen=True)
+class WriteTask:
+    """The ``mapInArrow`` function of one batch: route, write, count.
+
+    Replay: a replayed task writes new files with new names; only the files the
+    driver commits become visible, and it commits a batch to a table once.
+    """
+
+    batch_id: int
+    targets: tuple[_Target, ...]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        writers = {
+            t.name: PartitionedWriter(
+                *TableLocation(t.uri).filesystem(),
+                t.schema,
+                partition_by=t.partition_by,
+                not_null=t.not_null,
+                uri=t.uri,
+            )
+            for t in self.targets
+        }
+        counts: list[pa.Table] = []
+        samples: list[pa.Table] = []
+        try:
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                work = pa.Table.from_batches([batch]).cast(WORK.arrow_schema)
+                for name, routed in route(work, self.batch_id).items():
+                    if name in writers:
+                        for part in routed.to_batches():
+                            writers[name].write(part)
+                counts.append(metrics.partial_counts(work))
+                samples.append(metrics.lateness_samples(work))
+            files = {name: writer.close() for name, writer in writers.items()}
+        except BaseException:
+            for writer in writers.values():
+                writer.discard()
+            raise
+        rows: list[tuple[str, str, bytes]] = [
+            (_FILE, name, json.dumps(asdict(f)).encode()) for name, written in files.items() for f in written
+        ]
+        if counts:
+            rows.append((_COUNTS, "", _to_ipc(metrics.merge_counts(counts))))
+            late = pa.concat_tables(samples)
+            if late.num_rows:
+                rows.append((_SAMPLES, "", _to_ipc(late)))
+        if rows:
+            kinds, tables, payloads = zip(*rows, strict=True)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(kinds, pa.string()), pa.array(tables, pa.string()), pa.array(payloads, pa.binary())],
+                names=["kind", "table", "payload"],
+            )
+
+
+def _to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _from_ipc(blob: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+
+
+@dataclass
 class BatchWriter:
-    """``foreachBatch`` function: writes one micro-batch to every output table."""
+    """``foreachBatch`` function: every output table of one micro-batch from one Spark job.
+
+    Tables are created when the writer is made, so readers find them before
+    the first output.
+    """
 
     config: EngineConfig
     app_id: str
-    on_counts: Callable[[int, list[tuple[str, str, str, int]]], None] | None = None
+    on_counts: OnCounts | None = None
+    _targets: tuple[_Target, ...] = field(init=False, repr=False)
+    _last_batch: int | None = field(default=None, init=False, repr=False)
 
-    def targets(self) -> list[_Target]:
-        outcome = F.col("kind") == KIND_OUTCOME
-        return [
-            _Target(RETRY, self.config.table_path("retry"), F.col("kind") == KIND_DELIVERY, {}),
-            _Target(DLQ, self.config.table_path("dlq"), outcome & (F.col("outcome") == DEAD_LETTER), {}),
-            _Target(
-                QUARANTINE,
-                self.config.table_path("quarantine"),
-                outcome & (F.col("outcome") == QUARANTINED),
-                {"msg_id": F.col("consumed_msg_id")},
-            ),
-            _Target(
-                OUTCOMES,
-                self.config.table_path("outcomes"),
-                outcome,
-                {
-                    "msg_id": F.col("consumed_msg_id"),
-                    "origin_msg_id": F.col("consumed_origin_msg_id"),
-                    "reconsume_times": F.col("consumed_reconsume_times"),
-                },
-            ),
-        ]
+    def __post_init__(self) -> None:
+        targets = []
+        for table in (*ROUTED_TABLES, METRICS):
+            uri = self.config.table_path(table.name)
+            delta = ensure_table(uri, table.arrow_schema, partition_by=table.partition_by)
+            not_null = tuple(f.name for f in pa.schema(delta.schema().to_arrow()) if not f.nullable)
+            targets.append(_Target(table.name, uri, table.arrow_schema, table.partition_by, not_null))
+        self._targets = tuple(targets)
+
+    def _already_committed(self, batch_id: int) -> set[str]:
+        """Tables that record this batch's transaction.
+
+        Only a batch id at or below the last one this writer handled (or the
+        first batch after a start) can be a replay, so only then is the log read.
+        """
+        if self._last_batch is not None and batch_id > self._last_batch:
+            return set()
+        done = set()
+        for target in self._targets:
+            version = DeltaTable(target.uri).transaction_version(self.app_id)
+            if version is not None and version >= batch_id:
+                done.add(target.name)
+        return done
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        """Write batch ``batch_id``. Replayed: tables that committed it skip it."""
-        batch = batch.withColumn("batch_id", F.lit(batch_id).cast("long"))
-        batch.persist()
-        try:
-            # Most batches of an idle engine only fire timeouts and release nothing:
-            # skip the four writes (each a Spark job) when there is nothing to write.
-            if batch.isEmpty():
-                return
-            for target in self.targets():
-                rows = _project(batch.filter(target.where), target.table, target.renames)
-                writer = (
-                    rows.write.format(FORMAT_NAME)
-                    .mode("append")
-                    .option("path", target.path)
-                    .option("txnAppId", self.app_id)
-                    .option("txnVersion", str(batch_id))
-                )
-                if target.table.partition_by:
-                    writer = writer.option("partitionBy", ",".join(target.table.partition_by))
-                writer.save()
-            counts = (
-                batch.filter(F.col("kind") == KIND_OUTCOME)
-                .groupBy("consumer_group", "retry_topic", "outcome")
-                .count()
-                .collect()
-            )
-        finally:
-            batch.unpersist()
-        summary = [(r["consumer_group"] or "", r["retry_topic"] or "", r["outcome"], int(r["count"])) for r in counts]
+        """Write batch ``batch_id``. Replayed: tables that committed it skip it, the others get it."""
+        skip = self._already_committed(batch_id)
+        if skip:
+            log.info("batch %d: already committed to %s; those tables skip it", batch_id, sorted(skip))
+        task = WriteTask(batch_id, tuple(t for t in self._targets if t.name not in skip and t.name != METRICS.name))
+        # The one Spark job of the batch: runs the stateful stage and the writes.
+        result = batch.mapInArrow(task, TASK_RESULT_SCHEMA).toArrow()
+        self._last_batch = batch_id if self._last_batch is None else max(self._last_batch, batch_id)
+        if result.num_rows == 0:
+            # An idle engine's batches only fire timeouts and release nothing: no commits.
+            return
+        files: dict[str, list[WrittenFile]] = {}
+        counts: list[pa.Table] = []
+        samples: list[pa.Table] = []
+        for kind, name, payload in zip(
+            result.column("kind").to_pylist(),
+            result.column("table").to_pylist(),
+            result.column("payload").to_pylist(),
+            strict=True,
+        ):
+            if kind == _FILE:
+                files.setdefault(name, []).append(WrittenFile(**json.loads(payload)))
+            elif kind == _COUNTS:
+                counts.append(_from_ipc(payload))
+            else:
+                samples.append(_from_ipc(payload))
+        self._commit(batch_id, files)
+        merged = metrics.merge_counts(counts)
+        if METRICS.name not in skip:
+            rows = metrics.metric_rows(counts, samples, batch_id=batch_id, batch_time=dt.datetime.now(dt.UTC))
+            if rows.num_rows:
+                append_arrow(self.config.table_path(METRICS.name), rows, app_id=self.app_id, txn_version=batch_id)
+        summary = metrics.outcome_summary(merged)
         if summary:
             log.info("batch %d: %s", batch_id, ", ".join(f"{g}/{t}/{o}={n}" for g, t, o, n in summary))
         if self.on_counts is not None:
             self.on_counts(batch_id, summary)
+
+    def _commit(self, batch_id: int, files: dict[str, list[WrittenFile]]) -> None:
+        """One idempotent transaction per routed table; on error, uncommitted files are deleted."""
+        pending = [t for t in self._targets if t.name in files]
+        for i, target in enumerate(pending):
+            location = TableLocation(target.uri)
+            try:
+                commit_files(
+                    location,
+                    [FilesWritten(tuple(files[target.name]))],
+                    mode="append",
+                    partition_by=target.partition_by,
+                    app_id=self.app_id,
+                    txn_version=batch_id,
+                )
+            except BaseException:
+                # This table's files and every later table's are not referenced by any commit.
+                for later in pending[i:]:
+                    abort_files(TableLocation(later.uri), [FilesWritten(tuple(files[later.name]))])
+                raise
+
+
+__all__ = ["TASK_RESULT_SCHEMA", "BatchWriter", "WriteTask", "route"]

@@ -86,6 +86,29 @@ METRIC = Column(
 )
 VALUE = Column("value", pa.float64(), "The measured value (a count, or milliseconds for lateness).", False)
 
+# -- query progress (B7): one row per StreamingQueryListener event ------------
+QUERY_ID = Column("query_id", pa.string(), "Streaming query id (stable across restarts of one checkpoint).", False)
+RUN_ID = Column("run_id", pa.string(), "Id of this run of the query (new on every start).", False)
+QUERY_NAME = Column("query_name", pa.string(), "Name the query was started with.")
+EVENT = Column("event", pa.string(), "Listener event: started, progress, idle or terminated.", False)
+EVENT_TIME = Column("event_time", TS, "When the event happened (progress: when the trigger started).", False)
+RECORDED_AT = Column("recorded_at", TS, "When the listener received the event (driver wall clock).", False)
+BATCH_DURATION_MS = Column("batch_duration_ms", pa.int64(), "Wall time of the micro-batch, ms.")
+DURATION_MS = Column(
+    "duration_ms", pa.map_(pa.string(), pa.int64()),
+    "The batch's time by phase (Spark durationMs: addBatch, latestOffset, queryPlanning, walCommit, ...).",
+)
+NUM_INPUT_ROWS = Column("num_input_rows", pa.int64(), "Rows read by the micro-batch.")
+INPUT_ROWS_PER_SECOND = Column("input_rows_per_second", pa.float64(), "Arrival rate Spark reports for the batch.")
+PROCESSED_ROWS_PER_SECOND = Column("processed_rows_per_second", pa.float64(), "Processing rate Spark reports for the batch.")
+STATE_ROWS_TOTAL = Column("state_rows_total", pa.int64(), "Rows in the state stores after the batch (all stateful operators).")
+STATE_ROWS_UPDATED = Column("state_rows_updated", pa.int64(), "State rows written by the batch.")
+STATE_ROWS_REMOVED = Column("state_rows_removed", pa.int64(), "State rows removed by the batch.")
+STATE_MEMORY_BYTES = Column("state_memory_bytes", pa.int64(), "Memory the state stores use after the batch, bytes.")
+SOURCE_END_OFFSET = Column("source_end_offset", pa.string(), "End offset of the (first) source, as Spark reports it (JSON).")
+EXCEPTION = Column("exception", pa.string(), "Why the query terminated, if it failed (terminated events only).")
+ERROR_CLASS_ON_EXCEPTION = Column("error_class_on_exception", pa.string(), "Spark's error class of that exception, if any.")
+
 # -- internal: rows between the decision step and the writers ------------------
 KIND = Column("kind", pa.string(), "outcome (one per input row) or delivery (a retry released).", False)
 ROUTE = Column("route", pa.string(), "State key part 1: the consumer group ('' when unknown).", False)

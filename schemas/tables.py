@@ -161,7 +161,33 @@ REDRIVE_AUDIT = Table(
     ),
 )
 
-ALL_TABLES = (MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES, METRICS, REDRIVE_AUDIT)
+PROGRESS = Table(
+    "progress",
+    "One row per StreamingQueryListener event of the engine query: batch timing, rows, state (B7).",
+    (
+        c.QUERY_ID,
+        c.RUN_ID,
+        c.QUERY_NAME,
+        c.EVENT,
+        c.BATCH_ID.variant(doc="Micro-batch id (progress events; null for the others).", nullable=True),
+        c.EVENT_TIME,
+        c.RECORDED_AT,
+        c.BATCH_DURATION_MS,
+        c.DURATION_MS,
+        c.NUM_INPUT_ROWS,
+        c.INPUT_ROWS_PER_SECOND,
+        c.PROCESSED_ROWS_PER_SECOND,
+        c.STATE_ROWS_TOTAL,
+        c.STATE_ROWS_UPDATED,
+        c.STATE_ROWS_REMOVED,
+        c.STATE_MEMORY_BYTES,
+        c.SOURCE_END_OFFSET,
+        c.EXCEPTION,
+        c.ERROR_CLASS_ON_EXCEPTION,
+    ),
+)
+
+ALL_TABLES = (MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES, METRICS, PROGRESS, REDRIVE_AUDIT)
 
 
 def _union(*parts: tuple[Column, ...] | Table) -> tuple[Column, ...]:

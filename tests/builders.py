@@ -68,3 +68,28 @@ class Result:
 def results_table(results: list[Result], schema: pa.Schema = CONSUME_RESULTS.arrow_schema) -> pa.Table:
     rows = [r.values for r in results]
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def work_rows(results: list[Result], *, batch_ts: dt.datetime, config: Any = None) -> pa.Table:
+    """WORK rows as the decision step makes them from ``results`` at micro-batch time ``batch_ts``."""
+    from retry_engine.config import parse_config
+    from retry_engine.decide import BATCH_TS, POSITION, Decider
+
+    table = results_table(results)
+    n = table.num_rows
+    table = table.append_column(POSITION, pa.array([f"p{i:06d}" for i in range(n)])).append_column(
+        BATCH_TS, pa.array([batch_ts] * n, type=pa.timestamp("us", tz="UTC"))
+    )
+    return pa.Table.from_batches([Decider(config or parse_config({}))(table.to_batches()[0])])
+
+
+def delivered(work: pa.Table, *, late_ms: list[int]) -> pa.Table:
+    """The retry outcomes of ``work`` as the schedule stage releases them, ``late_ms`` after due."""
+    import pyarrow.compute as pc
+
+    retries = work.filter(pc.equal(work.column("outcome"), "retry"))
+    due = retries.column("due_at").to_pylist()
+    at = pa.array([d + dt.timedelta(milliseconds=ms) for d, ms in zip(due, late_ms, strict=True)], pa.timestamp("us", tz="UTC"))
+    retries = retries.set_column(retries.schema.get_field_index("kind"), "kind", pa.array(["delivery"] * len(due)))
+    i = retries.schema.get_field_index("delivered_at")
+    return retries.set_column(i, retries.schema.field(i), at).cast(work.schema)

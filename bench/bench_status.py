@@ -1,0 +1,118 @@
+"""Cost of ``retry-engine status`` next to just reading the columns it needs.
+
+    python bench/bench_status.py [--outcomes 1000000] [--repeat 3]
+
+One synthetic lake (no Spark): ``--outcomes`` outcome rows (10 % retries, 2 %
+dead letters, 4 groups, levels 3..6), the retry table with 90 % of those
+retries released, the DLQ, and 50,000 progress rows. Reported side by side,
+best of ``--repeat``:
+
+(a) reading the needed columns of every table (``read_tables``);
+(b) (a) plus summarising (``status``: backlog anti-join, lateness
+    percentiles, dead-letter and outcome counts);
+(c) (b) plus formatting the text output;
+
+and the ratios (b)/(a), (c)/(a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from retry_engine.config import parse_config
+from retry_engine.schemas import DLQ, OUTCOMES, PROGRESS, RETRY
+from retry_engine.status import format_status, read_tables, status
+
+T0 = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
+
+
+def _ts(offsets_ms: np.ndarray) -> pa.Array:
+    base = int(T0.timestamp() * 1_000_000)
+    return pa.array(base + offsets_ms.astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
+
+
+def _fill(table_schema: pa.Schema, columns: dict[str, pa.Array], n: int) -> pa.Table:
+    arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in table_schema]
+    return pa.Table.from_arrays(arrays, schema=table_schema)
+
+
+def build_lake(root: Path, n: int, *, seed: int = 7) -> None:
+    rng = np.random.default_rng(seed)
+    groups = np.array(["billing", "orders", "search", "audit"])[rng.integers(0, 4, n)]
+    draw = rng.random(n)
+    outcome = np.where(draw < 0.10, "retry", np.where(draw < 0.12, "dead_letter", "acknowledged"))
+    level = rng.integers(3, 7, n).astype(np.int32)
+    decided = np.sort(rng.integers(0, 3_600_000, n))
+    due = decided + 1000 * level
+    ids = np.char.add("out-", np.arange(n).astype(str))
+    is_retry = outcome == "retry"
+    write_deltalake(str(root / "outcomes"), _fill(OUTCOMES.arrow_schema, {
+        "consumer_group": pa.array(groups), "outcome": pa.array(outcome),
+        "output_msg_id": pa.array(np.where(outcome == "acknowledged", None, ids)),
+        "delay_level": pa.array(np.where(is_retry, level, 0), pa.int32()),
+        "due_at": _ts(due), "decided_at": _ts(decided), "batch_id": pa.array(decided // 1000),
+    }, n))
+    released = np.flatnonzero(is_retry & (rng.random(n) < 0.9))
+    m = released.size
+    write_deltalake(str(root / "retry"), _fill(RETRY.arrow_schema, {
+        "msg_id": pa.array(ids[released]), "topic": pa.array(np.char.add("%RETRY%", groups[released])),
+        "consumer_group": pa.array(groups[released]), "delay_level": pa.array(level[released], pa.int32()),
+        "due_at": _ts(due[released]), "delivered_at": _ts(due[released] + rng.integers(0, 400, m)),
+        "delivery_key": pa.array(ids[released]),
+    }, m), partition_by=["consumer_group"])
+    dead = np.flatnonzero(outcome == "dead_letter")
+    k = dead.size
+    write_deltalake(str(root / "dlq"), _fill(DLQ.arrow_schema, {
+        "msg_id": pa.array(ids[dead]), "topic": pa.array(np.char.add("%DLQ%", groups[dead])),
+        "consumer_group": pa.array(groups[dead]),
+        "reason_code": pa.array(np.array(["MAX_RECONSUME_TIMES", "NON_RETRYABLE"])[rng.integers(0, 2, k)]),
+        "error_class": pa.array(np.array(["E1", "E2", "E3"])[rng.integers(0, 3, k)]),
+        "dead_lettered_at": _ts(decided[dead]), "delivery_key": pa.array(ids[dead]),
+    }, k), partition_by=["consumer_group"])
+    p = 50_000
+    write_deltalake(str(root / "progress"), _fill(PROGRESS.arrow_schema, {
+        "query_id": pa.array(["q"] * p), "run_id": pa.array(["r"] * p), "event": pa.array(["progress"] * p),
+        "batch_id": pa.array(np.arange(p)), "event_time": _ts(np.arange(p) * 1000),
+        "recorded_at": _ts(np.arange(p) * 1000 + 5), "batch_duration_ms": pa.array(np.full(p, 180)),
+        "num_input_rows": pa.array(np.full(p, n // p)),
+    }, p))
+
+
+def best(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--outcomes", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-status-") as tmp:
+        root = Path(tmp)
+        build_lake(root, args.outcomes)
+        config = parse_config({"engine": {"lake": str(root)}})
+        read = best(lambda: read_tables(config), args.repeat)
+        summarise = best(lambda: status(config), args.repeat)
+        formatted = best(lambda: format_status(status(config)), args.repeat)
+        print(f"outcomes rows             {args.outcomes:,}")
+        print(f"(a) read_tables           {read:.3f} s")
+        print(f"(b) status                {summarise:.3f} s   (b)/(a) = {summarise / read:.2f}")
+        print(f"(c) status + format       {formatted:.3f} s   (c)/(a) = {formatted / read:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""Recording the engine query's progress into the PROGRESS Delta table (B7).
+
+A :class:`ProgressRecorder` is a ``StreamingQueryListener`` registered on the
+session before the engine query starts. Spark calls it on the driver's
+listener bus (``onQueryStarted`` synchronously inside ``start()``); every
+callback only turns the event into one PROGRESS row and appends it to an
+in-memory buffer. A daemon thread appends the buffer to the table every
+``flush_interval`` (one small Delta commit) and once more when the query
+terminates, then unregisters the listener. Nothing here can slow or fail the
+query: callbacks never do I/O, and every error is logged, never raised.
+
+Replayed batch: after a restart, Spark re-runs the last uncommitted batch id
+under a new run id and reports a new progress event for it; the recorder
+appends it as its own row, so the table holds one row per execution of a
+batch (keyed by ``run_id`` + ``batch_id``) and readers take the latest.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+    StreamingQueryListener,
+    StreamingQueryProgress,
+)
+
+from retry_engine.config import EngineConfig
+from retry_engine.delays import parse_duration_ms
+from retry_engine.delta import append_arrow, ensure_table
+from retry_engine.schemas import PROGRESS
+
+log = logging.getLogger(__name__)
+
+STARTED = "started"
+PROGRESS_EVENT = "progress"
+IDLE = "idle"
+TERMINATED = "terminated"
+EVENTS = (STARTED, PROGRESS_EVENT, IDLE, TERMINATED)
+
+# Rows kept when the table cannot be written; beyond this the oldest are dropped (and logged).
+MAX_BUFFERED_ROWS = 10_000
+
+
+def parse_spark_time(value: str) -> dt.datetime:
+    """Spark's event timestamps (``2026-11-22T12:00:00.123Z``) as aware UTC datetimes."""
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(dt.UTC)
+
+
+def _sum(values: list[Any]) -> int | None:
+    present = [int(v) for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def progress_row(progress: StreamingQueryProgress, *, recorded_at: dt.datetime) -> dict[str, Any]:
+    """The PROGRESS row of one progress event (pure: no I/O)."""
+    operators = progress.stateOperators
+    sources = progress.sources
+    return {
+        "query_id": str(progress.id),
+        "run_id": str(progress.runId),
+        "query_name": progress.name,
+        "event": PROGRESS_EVENT,
+        "batch_id": int(progress.batchId),
+        "event_time": parse_spark_time(progress.timestamp),
+        "recorded_at": recorded_at,
+        "batch_duration_ms": int(progress.batchDuration),
+        "duration_ms": {str(k): int(v) for k, v in progress.durationMs.items()},
+        "num_input_rows": int(progress.numInputRows),
+        "input_rows_per_second": float(progress.inputRowsPerSecond),
+        "processed_rows_per_second": float(progress.processedRowsPerSecond),
+        "state_rows_total": _sum([op.numRowsTotal for op in operators]),
+        "state_rows_updated": _sum([op.numRowsUpdated for op in operators]),
+        "state_rows_removed": _sum([op.numRowsRemoved for op in operators]),
+        "state_memory_bytes": _sum([op.memoryUsedBytes for op in operators]),
+        "source_end_offset": sources[0].endOffset if sources else None,
+    }
+
+
+def lifecycle_row(
+    event: str,
+    *,
+    query_id: str,
+    run_id: str,
+    event_time: dt.datetime,
+    recorded_at: dt.datetime,
+    query_name: str | None = None,
+    exception: str | None = None,
+    error_class: str | None = None,
+) -> dict[str, Any]:
+    """The PROGRESS row of a started, idle or terminated event (pure: no I/O)."""
+    row: dict[str, Any] = dict.fromkeys(PROGRESS.names)
+    row.update(
+        query_id=query_id,
+        run_id=run_id,
+        query_name=query_name,
+        event=event,
+        event_time=event_time,
+        recorded_at=recorded_at,
+        exception=exception,
+        error_class_on_exception=error_class,
+    )
+    return row
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class ProgressRecorder(StreamingQueryListener):
+    """Listener that records one query's events into the PROGRESS table.
+
+    Events of other queries on the same session are ignored. See the module
+    docstring for threading, failure handling and replayed batches.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        query_id: str,
+        flush_interval_ms: int,
+        on_close: Callable[[ProgressRecorder], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.query_id = query_id
+        self.flush_interval_ms = flush_interval_ms
+        self._on_close = on_close
+        self._rows: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"progress-recorder-{query_id[:8]}", daemon=True
+        )
+        self.rows_written = 0
+        self.rows_dropped = 0
+        self.unregistered = False
+
+    # -- listener callbacks: cheap, never raise -----------------------------------
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's name)
+        self._guard("started", lambda: self._add_if_ours(
+            str(event.id),
+            lambda: lifecycle_row(
+                STARTED, query_id=str(event.id), run_id=str(event.runId), query_name=event.name,
+                event_time=parse_spark_time(event.timestamp), recorded_at=_now(),
+            ),
+        ))
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
+        progress = event.progress
+        self._guard("progress", lambda: self._add_if_ours(
+            str(progress.id), lambda: progress_row(progress, recorded_at=_now())
+        ))
+
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
+        self._guard("idle", lambda: self._add_if_ours(
+            str(event.id),
+            lambda: lifecycle_row(
+                IDLE, query_id=str(event.id), run_id=str(event.runId),
+                event_time=parse_spark_time(event.timestamp), recorded_at=_now(),
+            ),
+        ))
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
+        def record() -> None:
+            now = _now()
+            added = self._add_if_ours(
+                str(event.id),
+                lambda: lifecycle_row(
+                    TERMINATED, query_id=str(event.id), run_id=str(event.runId), event_time=now,
+                    recorded_at=now, exception=event.exception, error_class=event.errorClassOnException,
+                ),
+            )
+            if added:
+                self._closing.set()
+                self._wake.set()
+
+        self._guard("terminated", record)
+
+    # -- buffer and writer thread -----------------------------------------------
+    def start(self) -> None:
+        """Start the writer thread (call once, before the query starts)."""
+        self._thread.start()
+
+    def close(self, *, timeout: float = 30.0) -> None:
+        """Write what is buffered and stop the writer thread (idempotent)."""
+        self._closing.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._closing.is_set() and not self._thread.is_alive()
+
+    def _guard(self, what: str, action: Callable[[], object]) -> None:
+        try:
+            action()
+        except Exception:
+            # A listener must never break the query it watches: log and go on.
+            log.exception("progress recorder %s: could not record a %s event", self.query_id, what)
+
+    def _add_if_ours(self, event_query_id: str, make_row: Callable[[], dict[str, Any]]) -> bool:
+        if event_query_id != self.query_id or self._closing.is_set():
+            return False
+        row = make_row()
+        with self._lock:
+            self._rows.append(row)
+        return True
+
+    def flush(self) -> int:
+        """Append the buffered rows to the table; return how many were written.
+
+        On a write error the rows stay buffered for the next flush (at most
+        :data:`MAX_BUFFERED_ROWS`, oldest dropped first) and the error is logged.
+        """
+        with self._lock:
+            rows, self._rows = self._rows, []
+        if not rows:
+            return 0
+        try:
+            append_arrow(self.path, pa.Table.from_pylist(rows, schema=PROGRESS.arrow_schema))
+        except Exception:
+            log.exception(
+                "progress recorder %s: could not append %d rows to %s (batch ids %s..%s); will retry",
+                self.query_id, len(rows), self.path, rows[0].get("batch_id"), rows[-1].get("batch_id"),
+            )
+            with self._lock:
+                self._rows = rows + self._rows
+                excess = len(self._rows) - MAX_BUFFERED_ROWS
+                if excess > 0:
+                    del self._rows[:excess]
+                    self.rows_dropped += excess
+                    log.warning("progress recorder %s: dropped %d oldest rows", self.query_id, excess)
+            return 0
+        self.rows_written += len(rows)
+        return len(rows)
+
+    def _run(self) -> None:
+        interval = self.flush_interval_ms / 1000.0
+        while not self._closing.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
+            self.flush()
+        self.flush()
+        if self._on_close is not None:
+            try:
+                self._on_close(self)
+                self.unregistered = True
+            except Exception:
+                log.exception("progress recorder %s: could not unregister the listener", self.query_id)
+        log.info("progress recorder %s closed: %d rows written", self.query_id, self.rows_written)
+
+
+def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> ProgressRecorder:
+    """Create the PROGRESS table if needed and record query ``query_id``'s events.
+
+    Call before ``start()`` so the started event and batch 0 are recorded. The
+    listener unregisters itself after the query terminates (or on ``detach``).
+    """
+    path = config.table_path("progress")
+    ensure_table(path, PROGRESS.arrow_schema)
+    recorder = ProgressRecorder(
+        path,
+        query_id=query_id,
+        flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),
+        on_close=lambda r: spark.streams.removeListener(r),
+    )
+    recorder.start()
+    spark.streams.addListener(recorder)
+    return recorder
+
+
+def detach(recorder: ProgressRecorder, *, timeout: float = 30.0) -> None:
+    """Flush, stop recording and unregister (for a query that failed to start)."""
+    recorder.close(timeout=timeout)

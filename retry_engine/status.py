@@ -1,0 +1,416 @@
+"""``retry-engine status``: what the engine is doing, read from its tables.
+
+No Spark: the Delta tables are read with delta-rs and summarised with Arrow.
+Reading (:func:`read_tables`) is separate from summarising (:func:`summarise`,
+pure) and from formatting (:func:`format_status`, :func:`status_json`).
+
+Whether the query is running is judged from the PROGRESS table (see
+:func:`query_state` for the rule). Backlog, oldest due time, lateness and
+dead letters come from the engine's own ledger (outcomes, retry, dlq), which
+is exact at any moment; the METRICS table is used by the plots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from retry_engine.config import EngineConfig
+from retry_engine.decide import RETRY as OUTCOME_RETRY
+from retry_engine.delays import parse_duration_ms
+from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
+from retry_engine.monitor import PROGRESS_EVENT, TERMINATED
+from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY, Table
+
+QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]
+QUERY_STATES: tuple[QueryState, ...] = ("running", "stale", "stopped", "failed", "not_started")
+
+# A query is "stale" when nothing was recorded for longer than
+# flush interval + max(STALE_TRIGGERS triggers, 2 x the last batch's duration, MIN_STALE_MS).
+# Spark reports a progress or an idle event at least every 10 s
+# (spark.sql.streaming.noDataProgressEventInterval), so 30 s is never normal silence.
+STALE_TRIGGERS = 10
+MIN_STALE_MS = 30_000
+
+# Columns each summary needs; only these are read.
+_COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
+    "progress": (PROGRESS, tuple(PROGRESS.names)),
+    "outcomes": (OUTCOMES, ("consumer_group", "outcome", "output_msg_id", "delay_level", "due_at", "decided_at")),
+    "retry": (RETRY, ("msg_id", "consumer_group", "delay_level", "due_at", "delivered_at")),
+    "dlq": (DLQ, ("consumer_group", "reason_code", "error_class", "dead_lettered_at")),
+    "metrics": (METRICS, tuple(METRICS.names)),
+}
+
+
+@dataclass(frozen=True)
+class EngineTables:
+    """The engine tables status and plots need; an absent table is an empty one."""
+
+    progress: pa.Table
+    outcomes: pa.Table
+    retry: pa.Table
+    dlq: pa.Table
+    metrics: pa.Table
+    present: frozenset[str]
+
+
+def _empty(table: Table, columns: tuple[str, ...]) -> pa.Table:
+    schema = pa.schema([table.arrow_schema.field(c) for c in columns])
+    return schema.empty_table()
+
+
+def read_table_columns(path: str, table: Table, columns: tuple[str, ...]) -> pa.Table | None:
+    """``columns`` of the Delta table at ``path``, or None when there is no table there.
+
+    Raises :class:`SchemaMismatchError` naming the first missing column.
+    """
+    try:
+        delta = DeltaTable(path)
+    except TableNotFoundError:
+        return None
+    names = set(pa.schema(delta.schema().to_arrow()).names)
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise SchemaMismatchError(
+            f"table {table.name} at {path} has no column {missing[0]!r}; "
+            f"{table.name} needs {', '.join(columns)}"
+        )
+    return pa.table(delta.to_pyarrow_table(columns=list(columns)))
+
+
+def read_tables(config: EngineConfig) -> EngineTables:
+    """Read what status and plots need. Raises :class:`TablesUnavailableError` when
+    none of the engine's tables exists (most often a wrong ``engine.lake``)."""
+    tables: dict[str, pa.Table] = {}
+    present: set[str] = set()
+    for name, (table, columns) in _COLUMNS.items():
+        found = read_table_columns(config.table_path(name), table, columns)
+        present.update([name] if found is not None else [])
+        tables[name] = found if found is not None else _empty(table, columns)
+    if not present:
+        raise TablesUnavailableError(
+            f"no engine tables under {os.path.abspath(config.engine.lake)} "
+            f"(looked for {', '.join(config.table_path(n) for n in _COLUMNS)}); "
+            "is engine.lake (or RETRY_ENGINE_LAKE) right, and has the engine run?"
+        )
+    return EngineTables(**tables, present=frozenset(present))
+
+
+# -- the summary ----------------------------------------------------------------
+@dataclass(frozen=True)
+class LastBatch:
+    batch_id: int
+    run_id: str
+    started_at: dt.datetime
+    duration_ms: int | None
+    input_rows: int | None
+    processed_rows_per_second: float | None
+    state_rows: int | None
+    state_memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class BacklogEntry:
+    consumer_group: str
+    delay_level: int | None
+    pending: int
+    oldest_due_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class LatenessEntry:
+    """How late retries were released after their due time (ms); ``consumer_group`` '*' = all."""
+
+    consumer_group: str
+    deliveries: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+@dataclass(frozen=True)
+class DeadLetterEntry:
+    consumer_group: str
+    reason_code: str | None
+    error_class: str | None
+    count: int
+
+
+@dataclass(frozen=True)
+class Status:
+    checked_at: dt.datetime
+    state: QueryState
+    state_reason: str
+    query_id: str | None
+    last_event_at: dt.datetime | None
+    last_batch: LastBatch | None
+    outcomes: dict[str, int]
+    backlog: list[BacklogEntry]
+    oldest_due_at: dt.datetime | None
+    overdue_ms: int | None
+    lateness: list[LatenessEntry]
+    dead_letters: list[DeadLetterEntry]
+
+
+def stale_after_ms(*, trigger_interval_ms: int, flush_interval_ms: int, last_batch_ms: int | None) -> int:
+    """How long without a recorded event before a query that never said it stopped is stale."""
+    return flush_interval_ms + max(STALE_TRIGGERS * trigger_interval_ms, 2 * (last_batch_ms or 0), MIN_STALE_MS)
+
+
+def _latest(table: pa.Table, column: str) -> dict[str, Any] | None:
+    if table.num_rows == 0:
+        return None
+    index = pc.index(table[column], pc.max(table[column]))
+    row: dict[str, Any] = table.slice(index.as_py(), 1).to_pylist()[0]
+    return row
+
+
+def query_state(
+    progress: pa.Table, *, now: dt.datetime, trigger_interval_ms: int, flush_interval_ms: int
+) -> tuple[QueryState, str, dict[str, Any] | None, LastBatch | None]:
+    """Judge the query from its PROGRESS rows: (state, why, last event, last batch).
+
+    The rule: look at the latest run (the run of the most recently recorded
+    event). It ended if its last event is ``terminated`` (``failed`` when that
+    event carries an exception, else ``stopped``). Otherwise it is ``running``
+    while its last event is younger than :func:`stale_after_ms`, and
+    ``stale`` after that (the driver died without a terminated event, or a
+    batch hangs). No rows: ``not_started``.
+    """
+    last = _latest(progress, "recorded_at")
+    if last is None:
+        return "not_started", "no progress recorded yet", None, None
+    run = progress.filter(pc.equal(progress["run_id"], last["run_id"]))
+    batches = run.filter(pc.equal(run["event"], PROGRESS_EVENT))
+    row = _latest(batches, "recorded_at")
+    last_batch = None
+    if row is not None:
+        last_batch = LastBatch(
+            batch_id=row["batch_id"],
+            run_id=row["run_id"],
+            started_at=row["event_time"],
+            duration_ms=row["batch_duration_ms"],
+            input_rows=row["num_input_rows"],
+            processed_rows_per_second=row["processed_rows_per_second"],
+            state_rows=row["state_rows_total"],
+            state_memory_bytes=row["state_memory_bytes"],
+        )
+    if last["event"] == TERMINATED:
+        if last["exception"]:
+            first_line = str(last["exception"]).splitlines()[0][:200]
+            return "failed", f"terminated at {_iso(last['event_time'])} with: {first_line}", last, last_batch
+        return "stopped", f"stopped at {_iso(last['event_time'])}", last, last_batch
+    limit = stale_after_ms(
+        trigger_interval_ms=trigger_interval_ms,
+        flush_interval_ms=flush_interval_ms,
+        last_batch_ms=last_batch.duration_ms if last_batch else None,
+    )
+    silence_ms = int((now - last["recorded_at"]).total_seconds() * 1000)
+    if silence_ms <= limit:
+        return "running", f"last event {silence_ms} ms ago (stale after {limit} ms)", last, last_batch
+    return "stale", f"no event for {silence_ms} ms (limit {limit} ms) and no terminated event", last, last_batch
+
+
+def pending_retries(outcomes: pa.Table, retry: pa.Table) -> pa.Table:
+    """Retries decided (outcome ``retry``) but not yet released to %RETRY%G."""
+    decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
+    released = pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks())
+    return decided.filter(pc.invert(pc.fill_null(released, False)))
+
+
+def backlog(outcomes: pa.Table, retry: pa.Table) -> list[BacklogEntry]:
+    """Pending retries by group and delay level, with the oldest due time of each."""
+    pending = pending_retries(outcomes, retry)
+    if pending.num_rows == 0:
+        return []
+    grouped = pending.group_by(["consumer_group", "delay_level"]).aggregate(
+        [("outcome", "count"), ("due_at", "min")]
+    )
+    entries = [
+        BacklogEntry(r["consumer_group"] or "", r["delay_level"], r["outcome_count"], r["due_at_min"])
+        for r in grouped.to_pylist()
+    ]
+    return sorted(entries, key=lambda e: (e.consumer_group, e.delay_level or 0))
+
+
+def lateness_ms(retry: pa.Table) -> pa.Array:
+    """Per released retry: delivered_at - due_at in ms (R8 says never negative)."""
+    late = pc.subtract(retry["delivered_at"], retry["due_at"]).cast(pa.int64())
+    return pc.divide(late.cast(pa.float64()), 1000.0).combine_chunks()
+
+
+def _lateness_entry(group: str, values: np.ndarray[Any, Any]) -> LatenessEntry:
+    # Nearest-rank percentiles: always a lateness that was actually observed.
+    return LatenessEntry(
+        consumer_group=group,
+        deliveries=int(values.size),
+        p50_ms=float(np.percentile(values, 50, method="inverted_cdf")),
+        p99_ms=float(np.percentile(values, 99, method="inverted_cdf")),
+        max_ms=float(values.max()),
+    )
+
+
+def lateness(retry: pa.Table) -> list[LatenessEntry]:
+    """Lateness percentiles of every released retry: all groups ('*') first, then each group."""
+    if retry.num_rows == 0:
+        return []
+    values = lateness_ms(retry).to_numpy(zero_copy_only=False)
+    groups = np.array(retry["consumer_group"].to_pylist(), dtype=object)
+    entries = [_lateness_entry("*", values)]
+    for group in sorted(set(groups.tolist())):
+        entries.append(_lateness_entry(group, values[groups == group]))
+    return entries
+
+
+def dead_letters(dlq: pa.Table) -> list[DeadLetterEntry]:
+    """Dead letters by group, reason code and error class, most frequent first."""
+    if dlq.num_rows == 0:
+        return []
+    grouped = dlq.group_by(["consumer_group", "reason_code", "error_class"], use_threads=False).aggregate(
+        [("dead_lettered_at", "count")]
+    )
+    entries = [
+        DeadLetterEntry(r["consumer_group"], r["reason_code"], r["error_class"], r["dead_lettered_at_count"])
+        for r in grouped.to_pylist()
+    ]
+    return sorted(entries, key=lambda e: (-e.count, e.consumer_group, e.reason_code or "", e.error_class or ""))
+
+
+def outcome_counts(outcomes: pa.Table) -> dict[str, int]:
+    if outcomes.num_rows == 0:
+        return {}
+    counts = pc.value_counts(outcomes["outcome"].combine_chunks()).to_pylist()
+    return {c["values"]: c["counts"] for c in sorted(counts, key=lambda c: c["values"])}
+
+
+def summarise(
+    lake: EngineTables, *, now: dt.datetime, trigger_interval_ms: int, flush_interval_ms: int
+) -> Status:
+    """The status at ``now`` (pure: no I/O)."""
+    state, reason, last, last_batch = query_state(
+        lake.progress, now=now, trigger_interval_ms=trigger_interval_ms, flush_interval_ms=flush_interval_ms
+    )
+    entries = backlog(lake.outcomes, lake.retry)
+    due = [e.oldest_due_at for e in entries if e.oldest_due_at is not None]
+    oldest = min(due) if due else None
+    overdue = int((now - oldest).total_seconds() * 1000) if oldest is not None and oldest < now else None
+    return Status(
+        checked_at=now,
+        state=state,
+        state_reason=reason,
+        query_id=last["query_id"] if last else None,
+        last_event_at=last["recorded_at"] if last else None,
+        last_batch=last_batch,
+        outcomes=outcome_counts(lake.outcomes),
+        backlog=entries,
+        oldest_due_at=oldest,
+        overdue_ms=overdue,
+        lateness=lateness(lake.retry),
+        dead_letters=dead_letters(lake.dlq),
+    )
+
+
+def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
+    """Read the engine's tables and summarise them."""
+    return summarise(
+        read_tables(config),
+        now=now or dt.datetime.now(dt.UTC),
+        trigger_interval_ms=config.trigger_interval_ms,
+        flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),
+    )
+
+
+# -- output ---------------------------------------------------------------------
+def _iso(value: dt.datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _num(value: float | int | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.1f}{unit}"
+    return f"{value:,}{unit}"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = ["  " + line.rstrip()]
+    out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return out
+
+
+def format_status(status: Status) -> str:
+    """Human-readable status (the CLI's default output)."""
+    lines = [
+        f"query       {status.state}: {status.state_reason}",
+        f"query id    {status.query_id or '-'}",
+        f"checked at  {_iso(status.checked_at)}",
+    ]
+    batch = status.last_batch
+    if batch is None:
+        lines.append("last batch  -")
+    else:
+        lines.append(
+            f"last batch  #{batch.batch_id} at {_iso(batch.started_at)}: {_num(batch.duration_ms, ' ms')}, "
+            f"{_num(batch.input_rows)} rows in, {_num(batch.processed_rows_per_second, ' rows/s')}, "
+            f"state {_num(batch.state_rows)} rows / {_num(batch.state_memory_bytes, ' B')}"
+        )
+    counts = ", ".join(f"{k} {v:,}" for k, v in status.outcomes.items()) or "-"
+    lines.append(f"outcomes    {counts}")
+    lines.append("")
+    pending = sum(e.pending for e in status.backlog)
+    lines.append(f"backlog     {pending:,} retries pending in the schedule stage")
+    if status.backlog:
+        lines += _table(
+            ["group", "level", "pending", "oldest due"],
+            [[e.consumer_group, _num(e.delay_level), _num(e.pending), _iso(e.oldest_due_at)] for e in status.backlog],
+        )
+    overdue = f" (overdue by {status.overdue_ms:,} ms)" if status.overdue_ms is not None else ""
+    lines.append(f"oldest due  {_iso(status.oldest_due_at)}{overdue}")
+    lines.append("")
+    lines.append("lateness    delivered_at - due_at of released retries")
+    if status.lateness:
+        lines += _table(
+            ["group", "deliveries", "p50 ms", "p99 ms", "max ms"],
+            [[e.consumer_group, _num(e.deliveries), _num(e.p50_ms), _num(e.p99_ms), _num(e.max_ms)] for e in status.lateness],
+        )
+    else:
+        lines.append("  no retries released yet")
+    lines.append("")
+    total = sum(e.count for e in status.dead_letters)
+    lines.append(f"dead letters {total:,}")
+    if status.dead_letters:
+        lines += _table(
+            ["group", "reason", "error class", "count"],
+            [[e.consumer_group, e.reason_code or "-", e.error_class or "-", _num(e.count)] for e in status.dead_letters],
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return _iso(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def status_json(status: Status) -> dict[str, Any]:
+    """The status as JSON-ready data (timestamps as ISO 8601 UTC strings)."""
+    result: dict[str, Any] = _jsonable(dataclasses.asdict(status))
+    return result

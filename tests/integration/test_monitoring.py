@@ -1,0 +1,225 @@
+"""Progress listener, ``status`` and ``plots`` against one real engine run (B7).
+
+One module-scoped engine run on real Spark and Delta: several groups, retries
+released on fast levels, retries held on a 3 h level (the backlog), dead
+letters of three kinds and one quarantined row. The tests then read what the
+listener recorded and what the commands print and draw.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib.image as mpimg
+import numpy as np
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from retry_engine import engine, monitor, status
+from retry_engine.cli import EXIT_NOT_RUNNING, EXIT_OK, main
+from retry_engine.delta import read_query_id
+from retry_engine.errors import SchemaMismatchError
+from retry_engine.plots import (
+    BACKLOG_FILE,
+    DEAD_LETTERS_FILE,
+    LATENESS_FILE,
+    backlog_from_ledger,
+    backlog_from_metrics,
+    render,
+)
+from retry_engine.status import read_tables
+from tests.builders import Result
+from tests.lakehouse import Lake, wait_for
+from tests.streaming import running
+
+pytestmark = pytest.mark.slow
+
+INVALID_ORDER = "com.acme.InvalidOrder"
+
+
+def inputs() -> list[Result]:
+    g_fail = [Result.of(f"GF{i}").failed() for i in range(3)]
+    return [
+        *[Result.of(f"GA{i}").ok() for i in range(3)],
+        *g_fail,
+        *[Result.of(f"GD{i}").failed(delay_level_when_next_consume=-1, error_class="java.lang.IllegalStateException")
+          for i in range(2)],
+        Result.of("GX").failed(reconsume_times=16),
+        *[Result.of(f"SN{i}", group="strict").failed(error_class=INVALID_ORDER) for i in range(2)],
+        Result.of("SA", group="strict").ok(),
+        *[Result.of(f"LF{i}", group="slow").failed() for i in range(2)],
+        Result.of("Q1").with_(status="WHATEVER"),
+    ]
+
+
+@contextmanager
+def capture_recorders() -> Iterator[list[monitor.ProgressRecorder]]:
+    """The recorders ``engine.start`` attaches inside the block (the real ones, only noted)."""
+    recorders: list[monitor.ProgressRecorder] = []
+    attach = monitor.attach
+
+    def noting(*args: Any, **kwargs: Any) -> monitor.ProgressRecorder:
+        recorders.append(attach(*args, **kwargs))
+        return recorders[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(monitor, "attach", noting)
+        yield recorders
+
+
+@dataclass
+class Run:
+    lake: Lake
+    conf: Path
+    n_inputs: int
+    query_id: str
+    live: status.Status  # status() read while the query was running
+    live_exit: int  # `retry-engine status` exit code while the query was running
+
+
+@pytest.fixture(scope="module")
+def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    root = tmp_path_factory.mktemp("monitoring")
+    lake = Lake.make(
+        root / "lake",
+        engine={"progress_flush_interval": "300ms"},
+        groups={
+            "slow": {"backoff": {"levels": "1h 2h 3h"}},
+            "strict": {"non_retryable": {"error_classes": [INVALID_ORDER]}},
+        },
+    )
+    conf = root / "retry-engine.toml"
+    conf.write_text(f'[engine]\nlake = "{lake.root}"\ntrigger_interval = "200ms"\nprogress_flush_interval = "300ms"\n')
+    batch = inputs()
+    lake.write_results(batch)
+    with capture_recorders() as recorders, running(engine.start(spark, lake.config)) as query:
+        wait_for(lambda: len(lake.rows("outcomes")) >= len(batch), timeout=180, what="an outcome per input row")
+        wait_for(lambda: len(lake.rows("retry")) >= 3, timeout=120, what="the three fast retries")
+        released_at = max(r["delivered_at"] for r in lake.rows("retry"))
+        # A batch that started after the releasing one means that one completed and was recorded.
+        wait_for(
+            lambda: any(r["event"] == "progress" and r["event_time"] > released_at for r in lake.rows("progress")),
+            timeout=120,
+            what="the progress of the batch after the releases",
+        )
+        live = status.status(lake.config)
+        live_exit = main(["status", "--config", str(conf)])
+        query_id = str(query.id)
+    wait_for(lambda: any(r["event"] == "terminated" for r in lake.rows("progress")), what="the terminated event")
+    (recorder,) = recorders
+    wait_for(lambda: recorder.closed, what="the recorder to close")
+    assert recorder.unregistered and recorder.rows_dropped == 0
+    return Run(lake, conf, len(batch), query_id, live, live_exit)
+
+
+def test_progress_rows_record_every_batch_of_the_run(run: Run) -> None:
+    rows = sorted(run.lake.rows("progress"), key=lambda r: r["recorded_at"])
+    assert rows[0]["event"] == "started" and rows[-1]["event"] == "terminated"
+    assert rows[-1]["exception"] is None
+    assert {r["query_id"] for r in rows} == {run.query_id} == {read_query_id(run.lake.config.checkpoint_path)}
+    assert len({r["run_id"] for r in rows}) == 1
+    batches = [r for r in rows if r["event"] == "progress"]
+    ids = [r["batch_id"] for r in batches]
+    assert ids == list(range(len(ids))) and len(ids) >= 2
+    # Every input row was read by exactly one recorded batch.
+    assert sum(r["num_input_rows"] for r in batches) == run.n_inputs
+    first = batches[0]
+    assert first["num_input_rows"] == run.n_inputs
+    parts = dict(first["duration_ms"])
+    assert first["batch_duration_ms"] >= parts["addBatch"] > 0 and parts["triggerExecution"] > 0
+    assert first["state_rows_total"] >= 1 and first["state_memory_bytes"] > 0
+    assert first["source_end_offset"] and first["processed_rows_per_second"] > 0
+    assert all(r["event_time"] <= r["recorded_at"] for r in batches)
+
+
+def test_status_while_running(run: Run) -> None:
+    assert run.live.state == "running", run.live.state_reason
+    assert run.live_exit == EXIT_OK
+    assert run.live.query_id == run.query_id
+    assert run.live.last_batch is not None and run.live.last_batch.batch_id >= 0
+
+
+def test_status_text_after_the_run(run: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--config", str(run.conf)]) == EXIT_NOT_RUNNING
+    out = capsys.readouterr().out
+    last = max(r["batch_id"] for r in run.lake.rows("progress") if r["event"] == "progress")
+    assert out.startswith("query       stopped: stopped at ")
+    assert f"last batch  #{last} at " in out
+    assert "backlog     2 retries pending in the schedule stage" in out
+    slow_due = min(o["due_at"] for o in run.lake.rows("outcomes") if o["consumer_group"] == "slow")
+    assert f"slow   3      2        {slow_due.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}" in out
+    assert "dead letters 5" in out
+    assert "NON_RETRYABLE        com.acme.InvalidOrder" in out
+
+
+def test_status_json_after_the_run(run: Run, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--config", str(run.conf), "--json"]) == EXIT_NOT_RUNNING
+    got = json.loads(capsys.readouterr().out)
+    assert got["state"] == "stopped" and got["query_id"] == run.query_id
+    assert got["outcomes"] == dict(Counter(o["outcome"] for o in run.lake.rows("outcomes")))
+    assert got["outcomes"]["dead_letter"] == 5 and got["outcomes"]["quarantined"] == 1
+    assert [(b["consumer_group"], b["delay_level"], b["pending"]) for b in got["backlog"]] == [("slow", 3, 2)]
+    # 3 h out: the oldest pending retry is not due yet, so nothing is overdue.
+    assert got["overdue_ms"] is None
+    assert dt.datetime.fromisoformat(got["oldest_due_at"]) > dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+    retries = run.lake.rows("retry")
+    late_ms = [(r["delivered_at"] - r["due_at"]) / dt.timedelta(milliseconds=1) for r in retries]
+    overall = got["lateness"][0]
+    assert overall["consumer_group"] == "*" and overall["deliveries"] == len(retries) == 3
+    assert overall["max_ms"] == max(late_ms) and min(late_ms) >= 0  # R8: never early
+    dead = {(d["consumer_group"], d["reason_code"], d["error_class"]): d["count"] for d in got["dead_letters"]}
+    assert dead == {
+        ("G", "DLQ_REQUESTED", "java.lang.IllegalStateException"): 2,
+        ("strict", "NON_RETRYABLE", INVALID_ORDER): 2,
+        ("G", "MAX_RECONSUME_TIMES", "java.lang.RuntimeException"): 1,
+    }
+
+
+def _ink(path: Path) -> tuple[float, int]:
+    """Share of non-white pixels and number of distinct colours of a PNG."""
+    image = mpimg.imread(path)[:, :, :3]
+    ink = float((image.min(axis=2) < 0.95).mean())
+    colours = len(np.unique((image * 255).astype(np.uint8).reshape(-1, 3), axis=0))
+    return ink, colours
+
+
+def test_plots_command_writes_three_non_trivial_pngs(run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plots"
+    assert main(["plots", "--config", str(run.conf), "--out", str(out)]) == EXIT_OK
+    printed = capsys.readouterr().out
+    for name in (BACKLOG_FILE, LATENESS_FILE, DEAD_LETTERS_FILE):
+        path = out / name
+        assert str(path) in printed
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        ink, colours = _ink(path)
+        assert ink > 0.02 and colours > 20, (name, ink, colours)
+    lake = read_tables(run.lake.config)
+    plots = {p.name: p for p in render(lake, tmp_path / "again")}
+    # With the engine's METRICS rows the backlog is drawn from them, and ends where the ledger says.
+    assert plots["backlog"].source == "metrics"
+    final = {(s.consumer_group, s.delay_level): s.pending[-1] for s in backlog_from_metrics(lake.metrics)}
+    assert final == {(s.consumer_group, s.delay_level): s.pending[-1] for s in backlog_from_ledger(lake.outcomes, lake.retry)}
+    assert final == {("G", 3): 0, ("slow", 3): 2}
+    # One line per (group, level) with retries: G level 3 (released) and slow level 3 (held).
+    assert plots["backlog"].elements == 2
+    assert plots["lateness"].elements >= 1
+    # Bars: IllegalStateException/G, InvalidOrder/strict, RuntimeException/G.
+    assert plots["dead_letters"].elements == 3
+
+
+def test_a_query_that_fails_to_start_leaves_no_listener(spark: Any, tmp_path: Path) -> None:
+    lake = Lake.make(tmp_path)
+    write_deltalake(lake.path("consume_results"), pa.table({"x": [1]}))
+    with capture_recorders() as recorders, pytest.raises(SchemaMismatchError, match="COLUMN_NOT_IN_TABLE"):
+        engine.start(spark, lake.config)
+    (recorder,) = recorders
+    assert recorder.closed and recorder.unregistered
+    assert lake.rows("progress") == []

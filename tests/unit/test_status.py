@@ -1,0 +1,239 @@
+"""Status and plot data without Spark: the running rule, the summaries, the golden output."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from retry_engine.cli import EXIT_ERROR, EXIT_NOT_RUNNING, main
+from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
+from retry_engine.monitor import PROGRESS_EVENT, STARTED, TERMINATED, lifecycle_row
+from retry_engine.plots import backlog_from_ledger, backlog_from_metrics, dead_letters_by_class
+from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
+from retry_engine.status import (
+    BacklogEntry,
+    DeadLetterEntry,
+    LastBatch,
+    LatenessEntry,
+    Status,
+    backlog,
+    dead_letters,
+    format_status,
+    lateness,
+    query_state,
+    read_table_columns,
+    stale_after_ms,
+    status_json,
+)
+from tests.lakehouse import Lake
+
+GOLDEN = Path(__file__).parent / "golden"
+T = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def ms(n: int) -> dt.timedelta:
+    return dt.timedelta(milliseconds=n)
+
+
+def event(kind: str, at: dt.datetime, *, run: str = "run-1", **values: Any) -> dict[str, Any]:
+    row = lifecycle_row(kind, query_id="q-1", run_id=run, event_time=at, recorded_at=at)
+    row.update(values)
+    return row
+
+
+def batch(batch_id: int, at: dt.datetime, *, run: str = "run-1", duration: int = 150) -> dict[str, Any]:
+    return event(
+        PROGRESS_EVENT, at, run=run, batch_id=batch_id, batch_duration_ms=duration,
+        duration_ms=[("addBatch", duration - 20), ("triggerExecution", duration)],
+        num_input_rows=10 * batch_id, processed_rows_per_second=66.7, state_rows_total=4,
+        state_memory_bytes=2048,
+    )
+
+
+def progress(*rows: dict[str, Any]) -> pa.Table:
+    return pa.Table.from_pylist(list(rows), schema=PROGRESS.arrow_schema)
+
+
+def judge(table: pa.Table, now: dt.datetime) -> tuple[str, str]:
+    state, reason, _, _ = query_state(table, now=now, trigger_interval_ms=200, flush_interval_ms=500)
+    return state, reason
+
+
+# -- the running rule ---------------------------------------------------------------
+def test_stale_limit_is_the_largest_of_triggers_batch_time_and_a_floor() -> None:
+    assert stale_after_ms(trigger_interval_ms=200, flush_interval_ms=500, last_batch_ms=None) == 30_500
+    assert stale_after_ms(trigger_interval_ms=10_000, flush_interval_ms=500, last_batch_ms=1_000) == 100_500
+    assert stale_after_ms(trigger_interval_ms=200, flush_interval_ms=0, last_batch_ms=40_000) == 80_000
+
+
+def test_query_state_follows_the_latest_run() -> None:
+    assert judge(progress(), T)[0] == "not_started"
+    live = progress(event(STARTED, T), batch(0, T + ms(100)), batch(1, T + ms(300)))
+    assert judge(live, T + ms(1_000)) == ("running", "last event 700 ms ago (stale after 30500 ms)")
+    assert judge(live, T + ms(31_000))[0] == "stale"
+    stopped = progress(event(STARTED, T), batch(0, T + ms(100)), event(TERMINATED, T + ms(400)))
+    assert judge(stopped, T + ms(500)) == ("stopped", "stopped at 2026-11-22T12:00:00.400Z")
+    failed = progress(event(TERMINATED, T + ms(400), exception="java.lang.OOM: heap\n\tat x"))
+    assert judge(failed, T + ms(500)) == ("failed", "terminated at 2026-11-22T12:00:00.400Z with: java.lang.OOM: heap")
+    # A restart after a stop is a new run: the old terminated event no longer counts.
+    restarted = progress(*stopped.to_pylist(), event(STARTED, T + ms(600), run="run-2"))
+    assert judge(restarted, T + ms(700))[0] == "running"
+
+
+def test_last_batch_is_the_latest_progress_of_the_latest_run() -> None:
+    table = progress(batch(7, T, run="old"), batch(0, T + ms(500), run="new"), batch(1, T + ms(900), run="new", duration=321))
+    _, _, last, last_batch = query_state(table, now=T + ms(1_000), trigger_interval_ms=200, flush_interval_ms=500)
+    assert last is not None and last["run_id"] == "new"
+    assert last_batch == LastBatch(1, "new", T + ms(900), 321, 10, 66.7, 4, 2048)
+
+
+# -- backlog, lateness, dead letters ---------------------------------------------------
+def ledger(*rows: tuple[str, str, str | None, int | None, dt.datetime | None]) -> pa.Table:
+    """outcomes rows: (group, outcome, output_msg_id, delay_level, due_at)."""
+    full = [
+        {**dict.fromkeys(OUTCOMES.names), "consumer_group": g, "outcome": o, "output_msg_id": out,
+         "delay_level": level, "due_at": due, "decided_at": T, "batch_id": 0}
+        for g, o, out, level, due in rows
+    ]
+    return pa.Table.from_pylist(full, schema=OUTCOMES.arrow_schema)
+
+
+def released(*rows: tuple[str, str, int, dt.datetime, dt.datetime]) -> pa.Table:
+    """retry rows: (msg_id, group, delay_level, due_at, delivered_at)."""
+    names = ("msg_id", "consumer_group", "delay_level", "due_at", "delivered_at")
+    schema = pa.schema([RETRY.arrow_schema.field(n) for n in names])
+    return pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows], schema=schema)
+
+
+def test_backlog_is_decided_retries_not_yet_released() -> None:
+    outcomes = ledger(
+        ("G", "retry", "r1", 3, T + ms(10_000)),
+        ("G", "retry", "r2", 3, T + ms(5_000)),
+        ("G", "retry", "r3", 4, T + ms(30_000)),
+        ("H", "retry", "r4", 3, T + ms(1_000)),
+        ("G", "acknowledged", None, None, None),
+    )
+    retry = released(("r2", "G", 3, T + ms(5_000), T + ms(5_100)), ("r4", "H", 3, T + ms(1_000), T + ms(1_300)))
+    assert backlog(outcomes, retry) == [
+        BacklogEntry("G", 3, 1, T + ms(10_000)),
+        BacklogEntry("G", 4, 1, T + ms(30_000)),
+    ]
+
+
+def test_lateness_percentiles_overall_then_per_group() -> None:
+    retry = released(*[(f"g{i}", "G", 3, T, T + ms(i)) for i in range(1, 101)], ("h1", "H", 3, T, T + ms(1_000)))
+    overall, g, h = lateness(retry)
+    assert overall == LatenessEntry("*", 101, 51.0, 100.0, 1000.0)
+    assert g == LatenessEntry("G", 100, 50.0, 99.0, 100.0)
+    assert h == LatenessEntry("H", 1, 1000.0, 1000.0, 1000.0)
+
+
+def test_dead_letters_most_frequent_first() -> None:
+    names = ("consumer_group", "reason_code", "error_class", "dead_lettered_at")
+    schema = pa.schema([DLQ.arrow_schema.field(n) for n in names])
+    rows = [("G", "MAX_RECONSUME_TIMES", "E1", T)] + [("H", "NON_RETRYABLE", "E2", T)] * 2 + [("G", "DLQ_REQUESTED", None, T)]
+    dlq = pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows], schema=schema)
+    assert dead_letters(dlq) == [
+        DeadLetterEntry("H", "NON_RETRYABLE", "E2", 2),
+        DeadLetterEntry("G", "DLQ_REQUESTED", None, 1),
+        DeadLetterEntry("G", "MAX_RECONSUME_TIMES", "E1", 1),
+    ]
+    assert dead_letters_by_class(dlq) == {"E1": {"G": 1}, "E2": {"H": 2}, "(none)": {"G": 1}}
+
+
+def test_backlog_series_from_metrics_is_a_running_sum_of_retry_minus_delivered() -> None:
+    def m(batch_id: int, level: int, metric: str, value: float) -> dict[str, Any]:
+        return {"batch_id": batch_id, "batch_time": T + ms(200 * batch_id), "consumer_group": "G",
+                "retry_topic": "orders", "delay_level": level, "metric": metric, "value": value}
+
+    metrics = pa.Table.from_pylist(
+        [m(0, 3, "retry", 5), m(0, 3, "acknowledged", 9), m(1, 3, "delivered", 2), m(1, 4, "retry", 1),
+         m(2, 3, "delivered", 3), m(2, 3, "retry", 1)],
+        schema=METRICS.arrow_schema,
+    )
+    level3, level4 = backlog_from_metrics(metrics)
+    assert (level3.delay_level, level3.pending) == (3, [5, 3, 1])
+    assert level3.times == [T, T + ms(200), T + ms(400)]
+    assert (level4.delay_level, level4.pending) == (4, [1, 1])  # held until the last change
+
+
+def test_backlog_series_from_ledger_counts_up_on_decision_and_down_on_release() -> None:
+    outcomes = ledger(("G", "retry", "r1", 3, T), ("G", "retry", "r2", 3, T))
+    retry = released(("r1", "G", 3, T, T + ms(300)))
+    (series,) = backlog_from_ledger(outcomes, retry)
+    assert series.pending == [2, 1] and series.times == [T, T + ms(300)]
+
+
+def test_backlog_series_are_carried_to_the_last_change_of_any_series() -> None:
+    outcomes = ledger(("G", "retry", "r1", 3, T), ("H", "retry", "r2", 3, T))
+    retry = released(("r1", "G", 3, T, T + ms(300)))
+    g, h = backlog_from_ledger(outcomes, retry)
+    assert (g.pending, h.pending) == ([1, 0], [1, 1]) and h.times == [T, T + ms(300)]
+
+
+# -- output ---------------------------------------------------------------------------
+def sample_status() -> Status:
+    return Status(
+        checked_at=T + ms(1_500),
+        state="running",
+        state_reason="last event 700 ms ago (stale after 30500 ms)",
+        query_id="0f6c3f4e-6d0a-4a47-9a51-5a8f0c1b2d3e",
+        last_event_at=T + ms(800),
+        last_batch=LastBatch(42, "run-1", T + ms(600), 187, 1200, 6417.1, 35, 1_052_856),
+        outcomes={"acknowledged": 1000, "dead_letter": 3, "retry": 197},
+        backlog=[
+            BacklogEntry("billing", 3, 12, T + ms(9_000)),
+            BacklogEntry("billing", 4, 5, T + ms(29_000)),
+            BacklogEntry("orders-consumer", 3, 180, T + ms(1_000)),
+        ],
+        oldest_due_at=T + ms(1_000),
+        overdue_ms=500,
+        lateness=[LatenessEntry("*", 1000, 112.0, 390.0, 1210.5), LatenessEntry("billing", 10, 98.0, 150.0, 150.0)],
+        dead_letters=[
+            DeadLetterEntry("billing", "NON_RETRYABLE", "com.acme.InvalidOrder", 2),
+            DeadLetterEntry("orders-consumer", "MAX_RECONSUME_TIMES", None, 1),
+        ],
+    )
+
+
+def test_format_status_matches_golden_file() -> None:
+    assert format_status(sample_status()) == (GOLDEN / "status.txt").read_text()
+
+
+def test_status_json_matches_golden_file() -> None:
+    got = json.dumps(status_json(sample_status()), indent=2) + "\n"
+    assert got == (GOLDEN / "status.json").read_text()
+
+
+# -- errors ---------------------------------------------------------------------------
+def test_status_of_an_empty_lake_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path}/nowhere"\n')
+    assert main(["status", "--config", str(conf)]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "[TABLES_UNAVAILABLE]" in err and f"{tmp_path}/nowhere" in err and "engine.lake" in err
+    assert main(["plots", "--config", str(conf), "--out", str(tmp_path / "png")]) == EXIT_ERROR
+    assert "[TABLES_UNAVAILABLE]" in capsys.readouterr().err
+
+
+def test_only_a_progress_table_means_not_started(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lake = Lake.make(tmp_path)
+    write_deltalake(lake.path("progress"), PROGRESS.arrow_schema.empty_table())
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
+    assert main(["status", "--config", str(conf), "--json"]) == EXIT_NOT_RUNNING
+    assert json.loads(capsys.readouterr().out)["state"] == "not_started"
+
+
+def test_a_table_without_a_needed_column_is_named(tmp_path: Path) -> None:
+    path = str(tmp_path / "progress")
+    write_deltalake(path, pa.table({"query_id": ["q"], "run_id": ["r"]}))
+    with pytest.raises(SchemaMismatchError, match="has no column 'query_name'"):
+        read_table_columns(path, PROGRESS, tuple(PROGRESS.names))
+    assert issubclass(TablesUnavailableError, RuntimeError) and issubclass(SchemaMismatchError, ValueError)
