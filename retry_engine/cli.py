@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from retry_engine import dlq_commands
-from retry_engine.config import load_config
+from retry_engine.config import TABLE_NAMES, load_config
 from retry_engine.errors import RetryEngineError
 
 log = logging.getLogger("retry_engine")
@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    for table in ("consume_results", "retry", "dlq", "quarantine", "outcomes", "metrics", "progress"):
+    for table in TABLE_NAMES:
         print(f"{table:16} {config.table_path(table)}")
     print(f"{'checkpoint':16} {config.checkpoint_path}")
     return EXIT_OK

@@ -12,6 +12,7 @@ def test_check_config_prints_resolved_paths(tmp_path: Path, capsys: pytest.Captu
     conf.write_text(f'[engine]\nlake = "{tmp_path}/lake"\n')
     assert main(["check-config", "--config", str(conf)]) == EXIT_OK
     out = capsys.readouterr().out
+    assert f"{tmp_path}/lake/redrive_audit" in out and f"{tmp_path}/lake/messages" in out
     assert f"{tmp_path}/lake/dlq" in out and f"{tmp_path}/lake/_checkpoints/engine" in out
 
 
