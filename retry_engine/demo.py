@@ -143,7 +143,7 @@ def run_demo(
         sent: dict[str, str] = {}
         waves = [range(i, min(i + 10, messages)) for i in range(0, messages, 10)]
         for wave in waves:
-            batch = [Message(DEMO_TOPIC, f"order-{i}", tags="created", keys=kind_of(i)) for i in wave]
+            batch = [Message(DEMO_TOPIC, f"order-{i}".encode(), tags="created", keys=kind_of(i)) for i in wave]
             result = producer.send_batch(batch)
             sent.update(zip(result.msg_ids, (kind_of(i) for i in wave), strict=True))
         kinds = {k: sum(1 for v in sent.values() if v == k) for k in ("ok", "flaky", "poison")}
