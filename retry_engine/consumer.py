@@ -247,6 +247,8 @@ def _ack(outcome: _Outcome, context: ConsumeContext, size: int) -> list[tuple[_O
 
 
 def _consume_partition(spec: ListenerSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of the consumer; replayed like :func:`consume_batch`."""
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             if batch.num_rows:

@@ -315,7 +315,12 @@ class Producer:
 def _fill_batches(
     batches: Iterator[pa.RecordBatch], *, max_body_bytes: int, queue_nums: int
 ) -> Iterator[pa.RecordBatch]:
-    """Complete each row to a message: ids, born time and host, checks (runs on executors)."""
+    """Complete each row to a message: ids, born time and host, checks (runs on executors).
+
+    Replay (a retried task or a replayed micro-batch): new ids and times are
+    minted, but only one attempt's files are ever committed (the batch writer's
+    single transaction, or the stream sink's batch-id transaction check).
+    """
     ids = MessageIdGenerator()
     for batch in batches:
         if batch.num_rows == 0:
