@@ -33,7 +33,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -274,6 +274,7 @@ class ResultWriter:
 
     path: str
     app_id: str
+    _: KW_ONLY
     attempts: int = DEFAULT_WRITE_ATTEMPTS
     backoff_seconds: float = DEFAULT_WRITE_BACKOFF_SECONDS
     group: str = ""
@@ -350,6 +351,7 @@ class Consumer:
 
     spark: SparkSession
     config: EngineConfig
+    _: KW_ONLY
     group: str
     message_model: MessageModel = "CLUSTERING"
     max_reconsume_times: int = MAX_RECONSUME_TIMES_DEFAULT
