@@ -70,7 +70,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     spark = build_session(app_name="retry-engine-demo", log_level="ERROR")
     try:
-        report = run_demo(args.lake, spark=spark, messages=args.messages, echo=print)
+        report = run_demo(args.lake, spark=spark, messages=args.messages, echo=lambda line: print(line, flush=True))
     finally:
         spark.stop()
     return EXIT_OK if report.settled else EXIT_ERROR
