@@ -68,6 +68,8 @@ def _demo(args: argparse.Namespace) -> int:
     from retry_engine.demo import run_demo
     from retry_engine.session import build_session
 
+    # The Python workers inherit this: keep pandas' FutureWarnings out of the demo's output.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     spark = build_session(app_name="retry-engine-demo", log_level="ERROR")
     try:
         report = run_demo(args.lake, spark=spark, messages=args.messages, echo=lambda line: print(line, flush=True))

@@ -151,7 +151,7 @@ def _call(listener: Callable[..., Any], arg: Any, context: ConsumeContext, *, wh
     try:
         returned = listener(arg, context)
     except Exception as exc:  # the listener's failure is data: recorded as EXCEPTION, then retried
-        log.warning("listener raised on %s: %s: %s", where, type(exc).__name__, exc)
+        log.info("listener raised on %s: %s: %s", where, type(exc).__name__, exc)
         return _Outcome(EXCEPTION, _qualified(type(exc)), _truncate(str(exc)))
     if returned is None:
         return _Outcome(None, None, "listener returned None")
