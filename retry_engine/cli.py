@@ -65,8 +65,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from retry_engine.demo import run_demo
+    from retry_engine.demo import check_messages, run_demo
     from retry_engine.session import build_session
+
+    check_messages(args.messages)
 
     # The Python workers inherit this: keep pandas' FutureWarnings out of the demo's output.
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")

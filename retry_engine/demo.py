@@ -67,6 +67,13 @@ def flaky_listener(message: ReceivedMessage, context: ConsumeContext) -> str:
     return CONSUME_SUCCESS
 
 
+def check_messages(messages: object) -> int:
+    """``messages`` if it is a positive int; :class:`ConfigError` naming it otherwise."""
+    if isinstance(messages, bool) or not isinstance(messages, int) or messages < 1:
+        raise ConfigError(f"demo messages={messages!r} must be a positive int", code="INVALID_OPTION")
+    return messages
+
+
 def demo_config(lake: str) -> EngineConfig:
     return parse_config({
         "engine": {
@@ -123,8 +130,7 @@ def run_demo(
     from retry_engine import engine
     from retry_engine.session import build_session
 
-    if isinstance(messages, bool) or not isinstance(messages, int) or messages < 1:
-        raise ConfigError(f"demo messages={messages!r} must be a positive int", code="INVALID_OPTION")
+    check_messages(messages)
     config = demo_config(str(lake))
     spark = spark or build_session(shuffle_partitions=config.engine.shuffle_partitions, log_level="ERROR")
     paths = {t: config.table_path(t) for t in TABLES}

@@ -168,3 +168,10 @@ def test_default_checkpoint_does_not_contain_the_group_name() -> None:
     path = consumer(group="billing-group").checkpoint_path
     assert "billing" not in path and "_checkpoints" in path
     assert consumer(group="billing-group", message_model="BROADCASTING").checkpoint_path != path
+
+
+def test_demo_command_rejects_a_bad_message_count_before_starting_spark(capsys: pytest.CaptureFixture[str]) -> None:
+    from retry_engine.cli import EXIT_ERROR, main
+
+    assert main(["demo", "--messages", "0"]) == EXIT_ERROR
+    assert "[INVALID_OPTION] demo messages=0 must be a positive int" in capsys.readouterr().err
