@@ -32,6 +32,7 @@ from deltalake.exceptions import DeltaError
 from retry_engine.config import DEFAULT_MAX_BODY_BYTES
 from retry_engine.delta import FORMAT_NAME, append_arrow, ensure_table
 from retry_engine.errors import (
+    ConfigError,
     InvalidMessageError,
     InvalidNameError,
     MessageTypeError,
@@ -179,7 +180,8 @@ class Producer:
     budget is checked before each attempt, as RocketMQ's ``sendDefaultImpl``
     does (a running commit is not interrupted). Every attempt of one send
     carries the same token, so a retry after an attempt that did commit is a
-    no-op. One instance may be used from several threads.
+    no-op. One instance may be used from several threads; its sends are
+    serialised (use one producer per thread to send in parallel).
     """
 
     def __init__(
@@ -248,8 +250,13 @@ class Producer:
                 )
         table = self._rows(messages)
         ids = tuple(table.column("msg_id").to_pylist())
+        # Sends of one producer are serialised: the table's transaction check treats every
+        # version at or below the last committed one as done, so versions must commit in order.
         with self._lock:
             version = next(self._sequence)
+            return self._send(table, ids, version)
+
+    def _send(self, table: pa.Table, ids: tuple[str, ...], version: int) -> SendResult:
         started = time.monotonic()
         last_error: BaseException | None = None
         total = 1 + self.retry_times_when_send_failed
@@ -423,6 +430,8 @@ def send_frame(
         .option("path", messages_path)
         .option("partitionBy", ",".join(MESSAGES.partition_by))
     )
-    if txn_app_id is not None or txn_version is not None:
-        writer = writer.option("txnAppId", txn_app_id or "").option("txnVersion", "" if txn_version is None else str(txn_version))
+    if (txn_app_id is None) != (txn_version is None):
+        raise ConfigError("txn_app_id and txn_version go together; pass both or neither", code="INVALID_OPTION")
+    if txn_app_id is not None and txn_version is not None:
+        writer = writer.option("txnAppId", txn_app_id).option("txnVersion", str(txn_version))
     writer.save()

@@ -130,3 +130,12 @@ def test_bad_messages_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(InvalidMessageError, match=r"\[INVALID_OPTION\] producer option retry_times_when_send_failed=-1"):
         Producer(str(tmp_path / "m"), retry_times_when_send_failed=-1)
     assert rows(tmp_path / "m") == []
+
+
+def test_sends_from_many_threads_all_land_once(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    producer = Producer(str(tmp_path / "m"))
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        sent = list(pool.map(lambda i: producer.send("orders", f"m{i}").msg_ids[0], range(30)))
+    assert sorted(r["msg_id"] for r in rows(tmp_path / "m")) == sorted(sent)
