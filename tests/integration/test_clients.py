@@ -130,18 +130,30 @@ def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         return Consumer(spark, lake.config, group=group, trigger_interval="200 milliseconds",
                         write_backoff_seconds=0.05, **options)
 
-    queries = [engine.start(spark, lake.config)]
+    queries: list[StreamingQuery] = []
+
+    def start(query: StreamingQuery) -> StreamingQuery:
+        # One at a time: each query spawns Python source runners, and a busy machine
+        # fails spawns that overlap ("Python worker failed to connect back").
+        queries.append(query)
+        wait_for(lambda: query.exception() or query.lastProgress, timeout=TIMEOUT, what=f"{query.name} to start")
+        return query
+
     try:
+        start(engine.start(spark, lake.config))
         first = consumer("G1", write_attempts=2).subscribe("orders").register_message_listener(g1)
         failing = InjectedFailures(**vars(first.result_writer()))
-        queries.append(first.start(result_writer=failing))
-        queries.append(consumer("B", message_model="BROADCASTING").subscribe("orders").register_message_listener(broadcast))
-        queries[-1] = queries[-1].start()
-        queries.append(consumer("G2").subscribe("batch").register_batch_listener(g2, batch_size=3).start())
-        wait_for(lambda: _done(lake, ids, [queries[0], *queries[2:]]) or queries[1].exception(), timeout=TIMEOUT, what="G1's first instance to fail its write")
-        error = str(queries[1].exception())
-        queries.append(consumer("G1").subscribe("orders").register_message_listener(g1).start())
-        wait_for(lambda: _done(lake, ids, [queries[0], *queries[2:]]), timeout=TIMEOUT, what="every message to succeed or reach the DLQ")
+        g1_first = start(first.start(result_writer=failing))
+        others = [
+            start(consumer("B", message_model="BROADCASTING").subscribe("orders").register_message_listener(broadcast).start()),
+            start(consumer("G2").subscribe("batch").register_batch_listener(g2, batch_size=3).start()),
+        ]
+        healthy = [queries[0], *others]
+        wait_for(lambda: _done(lake, ids, healthy) or g1_first.exception(), timeout=TIMEOUT,
+                 what="G1's first instance to fail its write")
+        error = str(g1_first.exception())
+        healthy.append(start(consumer("G1").subscribe("orders").register_message_listener(g1).start()))
+        wait_for(lambda: _done(lake, ids, healthy), timeout=TIMEOUT, what="every message to succeed or reach the DLQ")
     finally:
         for q in queries:
             q.stop()
