@@ -8,10 +8,11 @@ STAMP := $(VENV)/.installed
 CONFIG ?= conf/retry-engine.toml
 PYTEST_ARGS ?=
 
-.PHONY: help venv check-env run test test-fast lint bench clean
+.PHONY: help venv check-env run demo test test-fast lint bench clean
 
 help:
 	@echo "make run    - run the retry engine on the embedded default (local Spark, tables under ./data/lake)"
+	@echo "make demo   - engine + producer + a flaky consumer on ./data/demo for about a minute"
 	@echo "make test   - run the whole test suite (unit + integration + slow end-to-end)"
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - benchmarks under bench/ (ratios measured side by side)"
@@ -31,6 +32,9 @@ check-env: venv
 
 run: check-env
 	$(PY) jobs/run_engine.py --config $(CONFIG)
+
+demo: check-env
+	$(VENV)/bin/retry-engine demo --lake ./data/demo
 
 test: check-env
 	$(PY) -m pytest $(PYTEST_ARGS)

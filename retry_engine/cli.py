@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="process the consume results already in the table, then stop (pending retries wait for the next run)",
     )
+    demo = sub.add_parser("demo", help="run engine, producer and a flaky consumer on a local folder for about a minute")
+    demo.add_argument("--lake", default="./data/demo", help="folder for the demo's tables (default: ./data/demo)")
+    demo.add_argument("--messages", type=int, default=20, help="messages to produce (default: 20)")
     check = sub.add_parser("check-config", help="validate a config file and print the resolved paths")
     check.add_argument("--config")
     dlq_commands.add_parser(sub)
@@ -74,6 +77,22 @@ def _run(args: argparse.Namespace) -> int:
         log.info("stopping")
         query.stop()
     return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from retry_engine.demo import check_messages, run_demo
+    from retry_engine.session import build_session
+
+    check_messages(args.messages)
+
+    # The Python workers inherit this: keep pandas' FutureWarnings out of the demo's output.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    spark = build_session(app_name="retry-engine-demo", log_level="ERROR")
+    try:
+        report = run_demo(args.lake, spark=spark, messages=args.messages, echo=lambda line: print(line, flush=True))
+    finally:
+        spark.stop()
+    return EXIT_OK if report.settled else EXIT_ERROR
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -117,7 +136,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        return {"run": _run, "check-config": _check, "dlq": _dlq, "status": _status, "plots": _plots}[args.command](args)
+        commands = {
+            "run": _run,
+            "demo": _demo,
+            "check-config": _check,
+            "dlq": _dlq,
+            "status": _status,
+            "plots": _plots,
+        }
+        return commands[args.command](args)
     except RetryEngineError as exc:
         print(f"retry-engine: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -71,7 +71,39 @@ class RedriveError(RetryEngineError, RuntimeError):
     """Raised when a re-drive cannot go ahead as asked (e.g. it conflicts with an unfinished one)."""
 
     code = "REDRIVE_ERROR"
+
+
 class TablesUnavailableError(RetryEngineError, RuntimeError):
     """Raised when ``status`` or ``plots`` cannot read the engine's tables (e.g. a wrong lake path)."""
 
     code = "TABLES_UNAVAILABLE"
+
+
+class InvalidMessageError(RetryEngineError, ValueError):
+    """Raised when a message to send is malformed (empty or oversized body, bad properties)."""
+
+    code = "INVALID_MESSAGE"
+
+
+class MessageTypeError(InvalidMessageError, TypeError):
+    """Raised when a message field has the wrong Python type."""
+
+    code = "WRONG_TYPE"
+
+
+class SendFailedError(RetryEngineError, RuntimeError):
+    """Raised when a send still fails after ``retry_times_when_send_failed`` retries or its timeout."""
+
+    code = "SEND_FAILED"
+
+
+class SubscriptionError(RetryEngineError, ValueError):
+    """Raised when a consumer subscribes to what it may not read (a DLQ, R9) or is set up wrongly."""
+
+    code = "INVALID_SUBSCRIPTION"
+
+
+class ConsumeResultWriteError(RetryEngineError, RuntimeError):
+    """Raised when a consumer cannot write its consume results after every retry (R12); the batch replays."""
+
+    code = "CONSUME_RESULT_WRITE_FAILED"

@@ -1,0 +1,141 @@
+"""The producer on real Delta tables (no Spark): ids, idempotent retries (R13), bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from retry_engine.errors import (
+    InvalidMessageError,
+    InvalidNameError,
+    MessageTypeError,
+    SendFailedError,
+)
+from retry_engine.producer import Message, MessageIdGenerator, Producer
+from retry_engine.schemas import MESSAGES
+
+
+def rows(path: Path) -> list[dict[str, Any]]:
+    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+
+
+class LostAckProducer(Producer):
+    """Commits, then reports a failure (the acknowledgement was lost) for the first ``lost`` attempts."""
+
+    def __init__(self, path: str, *, lost: int, before_commit: bool = False, **options: Any) -> None:
+        super().__init__(path, **options)
+        self.lost = lost
+        self.before_commit = before_commit
+        self.calls = 0
+
+    def _write(self, table: pa.Table, version: int) -> bool:
+        self.calls += 1
+        if self.calls <= self.lost:
+            if not self.before_commit:
+                super()._write(table, version)
+            raise OSError(f"connection reset (injected, attempt {self.calls})")
+        return super()._write(table, version)
+
+
+def test_send_writes_a_message_with_rocketmq_fields(tmp_path: Path) -> None:
+    producer = Producer(str(tmp_path / "messages"))
+    result = producer.send("orders", "hello", tags="TagA", keys=["k1", "k2"], properties={"a": "b"}, flag=3)
+    (row,) = rows(tmp_path / "messages")
+    assert row["msg_id"] == result.msg_ids[0] and len(row["msg_id"]) == 32
+    assert row["topic"] == "orders" and row["body"] == b"hello" and row["tags"] == "TagA"
+    assert row["keys"] == "k1 k2" and row["properties"] == [("a", "b")] and row["flag"] == 3
+    assert row["reconsume_times"] == 0 and row["origin_msg_id"] is None
+    assert row["born_host"] == producer.ids.host and row["born_timestamp"] is not None
+    assert DeltaTable(str(tmp_path / "messages")).metadata().partition_columns == list(MESSAGES.partition_by)
+
+
+def test_message_ids_are_unique_and_rocketmq_shaped() -> None:
+    a, b = MessageIdGenerator(), MessageIdGenerator()
+    ids = [a.next_id() for _ in range(70_000)] + [b.next_id() for _ in range(1000)]
+    assert len(set(ids[:65_536])) == 65_536
+    assert len(set(ids[-2000:])) == 2000  # two generators in one process do not collide
+    assert all(len(i) == 32 and i == i.upper() for i in ids[:10])
+
+
+def test_r13_retry_after_a_lost_acknowledgement_writes_nothing_twice(tmp_path: Path) -> None:
+    producer = LostAckProducer(str(tmp_path / "m"), lost=2, retry_backoff_ms=1)
+    result = producer.send_batch([Message("orders", b"one"), Message("orders", b"two")])
+    assert result.attempts == 3 and result.written is False  # attempt 1 committed; 2 and 3 found it
+    assert sorted(r["body"] for r in rows(tmp_path / "m")) == [b"one", b"two"]
+    producer.send("orders", b"three")  # the next send is a new transaction
+    assert len(rows(tmp_path / "m")) == 3
+
+
+def test_r13_retry_after_a_failed_write_writes_once(tmp_path: Path) -> None:
+    producer = LostAckProducer(str(tmp_path / "m"), lost=1, before_commit=True, retry_backoff_ms=1)
+    result = producer.send("orders", b"x")
+    assert (result.attempts, result.written) == (2, True)
+    assert [r["msg_id"] for r in rows(tmp_path / "m")] == list(result.msg_ids)
+
+
+def test_r13_gives_up_after_retry_times_when_send_failed(tmp_path: Path) -> None:
+    producer = LostAckProducer(
+        str(tmp_path / "m"), lost=10, before_commit=True, retry_times_when_send_failed=2, retry_backoff_ms=1
+    )
+    with pytest.raises(SendFailedError, match=r"\[SEND_FAILED\].*failed 3 time\(s\).*connection reset"):
+        producer.send("orders", b"x")
+    assert producer.calls == 3
+    assert rows(tmp_path / "m") == []
+
+
+def test_r13_timeout_stops_the_retries(tmp_path: Path) -> None:
+    producer = LostAckProducer(
+        str(tmp_path / "m"), lost=10, before_commit=True, retry_times_when_send_failed=50,
+        send_timeout_ms=1, retry_backoff_ms=5,
+    )
+    with pytest.raises(SendFailedError, match=r"\[SEND_TIMEOUT\].*send_timeout_ms=1"):
+        producer.send("orders", b"x")
+    assert producer.calls < 50
+
+
+@pytest.mark.parametrize(
+    ("topic", "code"),
+    [
+        ("bad topic", "INVALID_TOPIC_NAME"),
+        ("", "INVALID_TOPIC_NAME"),
+        ("x" * 128, "INVALID_TOPIC_NAME"),
+        ("../etc", "INVALID_TOPIC_NAME"),
+        ("%DLQ%G", "TOPIC_NOT_ALLOWED"),
+        ("%RETRY%G", "TOPIC_NOT_ALLOWED"),
+        ("SCHEDULE_TOPIC_XXXX", "TOPIC_NOT_ALLOWED"),
+    ],
+)
+def test_invalid_topic_is_a_clear_error(tmp_path: Path, topic: str, code: str) -> None:
+    producer = Producer(str(tmp_path / "m"))
+    with pytest.raises(InvalidNameError, match=rf"\[{code}\]"):
+        producer.send(topic, b"x")
+
+
+def test_bad_messages_are_clear_errors(tmp_path: Path) -> None:
+    producer = Producer(str(tmp_path / "m"), max_body_bytes=10)
+    with pytest.raises(InvalidMessageError, match=r"\[BODY_TOO_LARGE\].*'orders' is 11 bytes; at most 10"):
+        producer.send("orders", b"x" * 11)
+    with pytest.raises(InvalidMessageError, match=r"\[BODY_EMPTY\]"):
+        producer.send("orders", b"")
+    with pytest.raises(MessageTypeError, match=r"\[WRONG_TYPE\] message body must be bytes or str, got int"):
+        producer.send("orders", 42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"properties must map str to str"):
+        producer.send("orders", b"x", properties={"n": 1})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match=r"keys must be a str or a sequence of str"):
+        producer.send("orders", b"x", keys=[1])  # type: ignore[list-item]
+    with pytest.raises(InvalidMessageError, match=r"\[INVALID_OPTION\] producer option retry_times_when_send_failed=-1"):
+        Producer(str(tmp_path / "m"), retry_times_when_send_failed=-1)
+    assert rows(tmp_path / "m") == []
+
+
+def test_sends_from_many_threads_all_land_once(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    producer = Producer(str(tmp_path / "m"))
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        sent = list(pool.map(lambda i: producer.send("orders", f"m{i}").msg_ids[0], range(30)))
+    assert sorted(r["msg_id"] for r in rows(tmp_path / "m")) == sorted(sent)
