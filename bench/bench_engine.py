@@ -236,13 +236,15 @@ def lateness(spark: Any, work: Path, seconds: int, per_second: int, trigger_ms: 
     src = config.table_path("consume_results")
     expected = 0
     try:
+        while query.lastProgress is None:  # start-up is not part of the measurement
+            time.sleep(0.2)
         for i in range(seconds * 2):
             chunk = consume_results(per_second // 2, failure_rate=1.0, seed=i, offset=expected)
             write_deltalake(src, chunk, mode="append")
             expected += chunk.num_rows
             time.sleep(0.5)
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and query.exception() is None:
             retry = DeltaTable(config.table_path("retry"))
             if retry.to_pyarrow_table(columns=["msg_id"]).num_rows >= expected:
                 break
@@ -293,6 +295,8 @@ def backlog(spark: Any, work: Path, targets: list[int], budget_s: float, chunk_r
                            state_bucket="10s", max_files_per_trigger=2)
     src = config.table_path("consume_results")
     query = engine.start(spark, config)
+    while query.lastProgress is None:
+        time.sleep(0.2)
     steps: list[BacklogStep] = []
     pending, started = 0, time.monotonic()
     start_ts = dt.datetime.now(dt.UTC)
@@ -412,7 +416,7 @@ def main() -> None:
     sampler = RssSampler().start()
     try:
         log(f"work dir {work}; warm-up")
-        throughput(spark, work / "warm", 2_000, 200, 2)
+        throughput(spark, work / "warm", 2_000, 100, 2)
         rates = throughput(spark, work / "run", args.rows, args.naive_rows, args.batches)
         late = lateness(spark, work, args.late_seconds, args.late_rate, args.trigger_ms)
         log(f"lateness: {late}")
