@@ -8,14 +8,14 @@ STAMP := $(VENV)/.installed
 CONFIG ?= conf/retry-engine.toml
 PYTEST_ARGS ?=
 
-.PHONY: help venv check-env run demo test test-fast lint bench clean
+.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io clean
 
 help:
 	@echo "make run    - run the retry engine on the embedded default (local Spark, tables under ./data/lake)"
 	@echo "make demo   - engine + producer + a flaky consumer on ./data/demo for about a minute"
 	@echo "make test   - run the whole test suite (unit + integration + slow end-to-end)"
 	@echo "make lint   - ruff and mypy"
-	@echo "make bench  - benchmarks under bench/ (ratios measured side by side)"
+	@echo "make bench  - the engine's benchmark table (ratios measured side by side; BENCH_ARGS=--quick for a smoke run)"
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "retry-engine needs Python 3.11 or newer (found %s)" % sys.version.split()[0])'
@@ -46,9 +46,16 @@ lint: venv
 	$(VENV)/bin/ruff check retry_engine schemas jobs tests bench
 	$(VENV)/bin/mypy retry_engine schemas
 
+BENCH_ARGS ?=
+
 bench: check-env
+	$(PY) bench/bench_engine.py $(BENCH_ARGS)
+
+bench-quick: check-env
+	$(PY) bench/bench_engine.py --quick
+
+bench-io: check-env
 	$(PY) bench/bench_delta_io.py
-	$(PY) bench/bench_engine.py
 
 clean:
 	rm -rf $(VENV) data build *.egg-info .pytest_cache .mypy_cache .ruff_cache

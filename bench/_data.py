@@ -13,14 +13,34 @@ from deltalake import write_deltalake
 from retry_engine.schemas import CONSUME_RESULTS
 
 
-def consume_results(n: int, *, failure_rate: float, seed: int = 7, groups: int = 4) -> pa.Table:
+def consume_results(
+    n: int,
+    *,
+    failure_rate: float,
+    seed: int = 7,
+    groups: int = 4,
+    offset: int = 0,
+    arrival_rate: float | None = None,
+    start: dt.datetime | None = None,
+) -> pa.Table:
+    """``n`` results with msg ids ``offset..offset+n``; a share ``failure_rate`` failed.
+
+    With ``arrival_rate`` (messages/s) store timestamps advance from ``start`` at
+    that rate, as a live topic's would (so they fall into realistic state
+    buckets); otherwise every row has the same timestamp.
+    """
     rng = np.random.default_rng(seed)
-    now = dt.datetime.now(dt.UTC)
-    ids = [f"{i:032X}" for i in range(n)]
+    now = start or dt.datetime.now(dt.UTC)
+    ids = [f"{i:032X}" for i in range(offset, offset + n)]
     failed = rng.random(n) < failure_rate
-    ts = pa.array([now] * n, pa.timestamp("us", tz="UTC"))
+    if arrival_rate:
+        base_us = int(now.timestamp() * 1_000_000)
+        step = np.arange(n, dtype=np.int64) * int(1_000_000 / arrival_rate)
+        ts = pa.array(base_us + step, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    else:
+        ts = pa.array([now] * n, pa.timestamp("us", tz="UTC"))
     columns = {
-        "result_id": pa.array([f"r{i}" for i in range(n)]),
+        "result_id": pa.array([f"r{i}" for i in range(offset, offset + n)]),
         "consumer_group": pa.array([f"group_{i % groups}" for i in range(n)]),
         "consumer_id": pa.array(["consumer-1@10.0.0.9"] * n),
         "message_model": pa.array(["CLUSTERING"] * n),

@@ -184,6 +184,7 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         self._available_now_version: int | None = None
         self._log: DeltaLog | None = None
         self._reservoir_id: str | None = None
+        self._initial: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors only need options and schema; delta-rs handles do not pickle.
@@ -209,7 +210,17 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
             )
 
     def initialOffset(self) -> dict[str, Any]:
-        """Before the snapshot at the latest version, or before ``startingVersion``'s commit."""
+        """Before the snapshot at the latest version, or before ``startingVersion``'s commit.
+
+        Computed once per reader: Spark asks again when it plans the first
+        batch, and a table that gained commits in between must not move the
+        start past the files of the first batch (they would be skipped).
+        """
+        if self._initial is None:
+            self._initial = self._initial_offset()
+        return self._initial
+
+    def _initial_offset(self) -> dict[str, Any]:
         delta_log = self.delta_log
         start = self.options.starting_version
         if start is None:
