@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="process the consume results already in the table, then stop (pending retries wait for the next run)",
     )
+    zip_ = sub.add_parser("zip", help="build the --py-files zip that spark-submit ships to executors")
+    zip_.add_argument("--output", default="dist/retry_engine.zip")
     check = sub.add_parser("check-config", help="validate a config file and print the resolved paths")
     check.add_argument("--config")
     return parser
@@ -69,6 +71,13 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _zip(args: argparse.Namespace) -> int:
+    from retry_engine.cluster import build_py_files
+
+    print(build_py_files(args.output))
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -77,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        return {"run": _run, "check-config": _check}[args.command](args)
+        return {"run": _run, "check-config": _check, "zip": _zip}[args.command](args)
     except RetryEngineError as exc:
         print(f"retry-engine: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -198,12 +198,18 @@ class StandaloneCluster:
     ) -> subprocess.Popen[bytes]:
         """Start ``spark-submit`` of ``app`` (script and its arguments) in client mode.
 
-        The process runs in its own process group so the caller can stop all of
-        it (driver and its JVM) at once.
+        ``py_files`` goes to the executors (``--py-files``) and onto the driver
+        JVM's ``PYTHONPATH``: Spark plans Python data sources (``deltars``) in
+        Python workers that the driver JVM starts, and those do not see
+        ``--py-files``. The process runs in its own process group so the
+        caller can stop all of it (driver and its JVM) at once.
         """
+        zip_path = str(Path(py_files).resolve())
+        base_env = {**self.env(), **(env or {})}
+        python_path = os.pathsep.join(p for p in (zip_path, base_env.get("PYTHONPATH", "")) if p)
         command = [
             str(spark_home() / "bin" / "spark-submit"), "--master", self.master_url,
-            "--py-files", str(py_files),
+            "--py-files", zip_path,
             "--conf", f"spark.cores.max={self.cores}",
             "--conf", "spark.executor.memory=512m",
         ]
@@ -211,7 +217,7 @@ class StandaloneCluster:
             command += ["--conf", f"{key}={value}"]
         with log_file.open("ab") as out:
             return subprocess.Popen(
-                [*command, *app], env={**self.env(), **(env or {})},
+                [*command, *app], env={**base_env, "PYTHONPATH": python_path},
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
 

@@ -158,13 +158,15 @@ class Feeder:
             self.lake.write_results(answers)
         return len(answers)
 
-    def settled(self) -> bool:
-        """Every row written has its outcome and every retry the engine owes has been answered."""
+    def unsettled(self) -> str:
+        """What is still open: rows without an outcome, retries not yet released or answered."""
         outcomes = self.lake.rows("outcomes")
-        if not set(self.expected) <= {o["result_id"] for o in outcomes}:
-            return False
+        waiting = len(set(self.expected) - {o["result_id"] for o in outcomes})
         owed = sum(1 for o in outcomes if o["outcome"] == "retry")
-        return owed == len(self.answered) and self.answer_retries() == 0
+        answered_now = self.answer_retries()
+        if waiting or owed != len(self.answered) or answered_now:
+            return f"{waiting} rows without outcome, {owed} retries decided, {len(self.answered)} released"
+        return ""
 
 
 def test_b1_r8_random_sigkills_lose_duplicate_and_hurry_nothing(tmp_path: Path) -> None:
@@ -199,9 +201,9 @@ def test_b1_r8_random_sigkills_lose_duplicate_and_hurry_nothing(tmp_path: Path) 
         # Last start: no more kills and no new first deliveries; answer retries until all settle.
         engine.start()
         deadline = time.monotonic() + DRAIN_TIMEOUT
-        while not feeder.settled():
+        while unsettled := feeder.unsettled():
             if time.monotonic() > deadline:
-                raise AssertionError(f"seed {seed}: not settled after {DRAIN_TIMEOUT}s:\n{engine.tail()}")
+                raise AssertionError(f"seed {seed}: after {DRAIN_TIMEOUT}s {unsettled}:\n{engine.tail()}")
             engine.started()  # fails fast if the engine died
             time.sleep(0.5)
     finally:
