@@ -100,7 +100,7 @@ def test_issue6_engine_on_standalone_cluster_with_py_files_zip(tmp_path: Path) -
                     lake.write_results([redeliver(r) for r in fresh])
                 return len(lake.rows("dlq")) == 1 and len(lake.rows("outcomes")) == 3 + MAX_TIMES
 
-            wait_for(ladder_done, timeout=75, what=f"the ladder on the cluster (log: {log})")
+            wait_for(ladder_done, timeout=300, what=f"the ladder on the cluster (log: {log})")
         finally:
             _stop(app)
         shipped = list(cluster.worker_dir.glob("app-*/*/retry_engine.zip"))

@@ -39,8 +39,8 @@ KILLS = int(os.environ.get("RETRY_ENGINE_CRASH_KILLS", "10"))
 # Seconds after "engine started" at which the kill lands: the first batch after a
 # restart (replaying the one the last kill interrupted) runs inside this window.
 KILL_WINDOW = (0.3, 5.0)
-STARTUP_TIMEOUT = 120.0
-DRAIN_TIMEOUT = 180.0
+STARTUP_TIMEOUT = 300.0
+DRAIN_TIMEOUT = 400.0
 FEED_EVERY = 1.0
 STARTED_MARK = "engine started: query id"
 
@@ -150,7 +150,7 @@ class Feeder:
                 answer = redeliver(row)
                 outcome = "dead_letter" if row["reconsume_times"] >= MAX_TIMES else "retry"
             else:
-                answer = redeliver(row, status="CONSUME_SUCCESS", error_class=None, error_message=None)
+                answer = redeliver(row, status="CONSUME_SUCCESS").with_(error_class=None, error_message=None)
                 outcome = "acknowledged"
             self.expected[answer.values["result_id"]] = outcome
             answers.append(answer)
