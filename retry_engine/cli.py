@@ -53,7 +53,9 @@ def _run(args: argparse.Namespace) -> int:
         engine.run_once(spark, config)
         return EXIT_OK
     query = engine.start(spark, config)
-    signal.signal(signal.SIGTERM, lambda *_: query.stop())
+    # SIGTERM takes the Ctrl-C path. Calling query.stop() inside the handler re-enters
+    # the py4j call that awaitTermination is blocked in ("reentrant call" RuntimeError).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     log.info("retry engine running; tables under %s; Ctrl-C to stop", config.engine.lake)
     try:
         query.awaitTermination()
