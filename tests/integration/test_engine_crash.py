@@ -249,4 +249,4 @@ def test_b1_r8_random_sigkills_lose_duplicate_and_hurry_nothing(tmp_path: Path) 
     early: list[dict[str, Any]] = [r for r in retries if r["delivered_at"] < r["due_at"]]
     assert early == [], context  # R8
     print(f"{len(feeder.expected)} consume results, {len(retries)} retries, {len(dlq)} dead letters, "
-          f"{engine.starts} starts")
+          f"{engine.starts} starts, kills at {kill_points}")
