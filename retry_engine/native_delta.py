@@ -103,8 +103,9 @@ def read_stream(
     """Stream the Delta table at ``path``, with a stream-ordered position string per row.
 
     The position (file modification time, file name, row index in the file)
-    matches what the deltars source gives in ``sourcePositionColumn``: stable
-    across replays of a batch, so derived ids are too.
+    plays the part of the deltars source's ``sourcePositionColumn``: it depends
+    only on the file and row, so it is the same when a batch is replayed and so
+    are ids derived from it. Untested: needs the Delta jars.
     """
     frame = (
         spark.readStream.format(DELTA_FORMAT)
