@@ -52,9 +52,9 @@ def _executor_python(folder: Path) -> Path:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the spark-submit process group (the engine stops its query), SIGKILL if it lingers."""
+    """SIGTERM spark-submit (its JVM stops the context and the Python driver), then SIGKILL what is left."""
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
