@@ -7,8 +7,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= conf/retry-engine.toml
 PYTEST_ARGS ?=
+MASTER ?= spark://127.0.0.1:7077
+CRASH_KILLS ?= 40
+CRASH_SEED ?=
+SPARK_SUBMIT = $(shell $(PY) -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit"))' 2>/dev/null)
 
-.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io clean
+.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io clean dist submit cluster-test crash-test
 
 help:
 	@echo "make run    - run the retry engine on the embedded default (local Spark, tables under ./data/lake)"
@@ -16,6 +20,10 @@ help:
 	@echo "make test   - run the whole test suite (unit + integration + slow end-to-end)"
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - the engine's benchmark table (ratios measured side by side; BENCH_ARGS=--quick for a smoke run)"
+	@echo "make dist   - dist/retry_engine.zip, the --py-files zip for spark-submit"
+	@echo "make submit MASTER=spark://host:7077 - spark-submit the engine to a cluster"
+	@echo "make cluster-test - start a standalone master+worker on 127.0.0.1, submit the engine, check, stop"
+	@echo "make crash-test   - SIGKILL the engine CRASH_KILLS times (default $(CRASH_KILLS)) and check every row"
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "retry-engine needs Python 3.11 or newer (found %s)" % sys.version.split()[0])'
@@ -57,8 +65,25 @@ bench-quick: check-env
 bench-io: check-env
 	$(PY) bench/bench_delta_io.py
 
+dist: venv
+	$(PY) -m retry_engine.cli zip --output dist/retry_engine.zip
+
+# Executors run PYSPARK_PYTHON: it must have pyarrow, pandas, deltalake and pydantic.
+# PYTHONPATH: the driver JVM plans the deltars source in Python workers that do not see --py-files.
+submit: dist
+	PYSPARK_PYTHON=$${PYSPARK_PYTHON:-$(abspath $(PY))} PYTHONPATH=$(abspath dist/retry_engine.zip) \
+	  $(SPARK_SUBMIT) --master $(MASTER) \
+	  --py-files dist/retry_engine.zip --driver-java-options -Xss32m jobs/run_engine.py --config $(CONFIG)
+
+cluster-test: check-env
+	$(PY) -m pytest -s tests/integration/test_cluster.py $(PYTEST_ARGS)
+
+crash-test: check-env
+	RETRY_ENGINE_CRASH_KILLS=$(CRASH_KILLS) RETRY_ENGINE_CRASH_SEED=$(CRASH_SEED) \
+	  $(PY) -m pytest -s tests/integration/test_engine_crash.py $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) data build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) data build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 # Watching the engine (tables under engine.lake; no Spark session).
 .PHONY: status plots bench-status

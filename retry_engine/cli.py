@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run engine, producer and a flaky consumer on a local folder for about a minute")
     demo.add_argument("--lake", default="./data/demo", help="folder for the demo's tables (default: ./data/demo)")
     demo.add_argument("--messages", type=int, default=20, help="messages to produce (default: 20)")
+    zip_ = sub.add_parser("zip", help="build the --py-files zip that spark-submit ships to executors")
+    zip_.add_argument("--output", default="dist/retry_engine.zip")
     check = sub.add_parser("check-config", help="validate a config file and print the resolved paths")
     check.add_argument("--config")
     dlq_commands.add_parser(sub)
@@ -69,7 +71,9 @@ def _run(args: argparse.Namespace) -> int:
         engine.run_once(spark, config)
         return EXIT_OK
     query = engine.start(spark, config)
-    signal.signal(signal.SIGTERM, lambda *_: query.stop())
+    # SIGTERM takes the Ctrl-C path. Calling query.stop() inside the handler re-enters
+    # the py4j call that awaitTermination is blocked in ("reentrant call" RuntimeError).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     log.info("retry engine running; tables under %s; Ctrl-C to stop", config.engine.lake)
     try:
         query.awaitTermination()
@@ -128,6 +132,13 @@ def _plots(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _zip(args: argparse.Namespace) -> int:
+    from retry_engine.cluster import build_py_files
+
+    print(build_py_files(args.output))
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -143,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "dlq": _dlq,
             "status": _status,
             "plots": _plots,
+            "zip": _zip,
         }
         return commands[args.command](args)
     except RetryEngineError as exc:

@@ -50,6 +50,9 @@ DEFAULT_STATE_BUCKET = "10s"
 DEFAULT_PROGRESS_FLUSH_INTERVAL = "5s"
 DEFAULT_RETRY_QUEUE_NUMS = 1
 DEFAULT_RETRY_MAX_TIMES = 16
+# "deltars": the delta-rs bridge (no jars); "delta": Spark's own Delta format (needs the jars).
+TableFormat = Literal["deltars", "delta"]
+DEFAULT_TABLE_FORMAT: TableFormat = "deltars"
 
 ENV_LAKE = "RETRY_ENGINE_LAKE"
 ENV_CHECKPOINT = "RETRY_ENGINE_CHECKPOINT"
@@ -147,6 +150,7 @@ class EngineSection(_Strict):
     state_bucket: Duration = DEFAULT_STATE_BUCKET
     auto_create_groups: bool = True
     progress_flush_interval: Duration = DEFAULT_PROGRESS_FLUSH_INTERVAL
+    table_format: TableFormat = DEFAULT_TABLE_FORMAT
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
     _dur = field_validator("trigger_interval", "dedup_window", "state_bucket", "progress_flush_interval")(

@@ -18,7 +18,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from retry_engine import monitor
+from retry_engine import monitor, native_delta
 from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.delays import parse_duration_ms
@@ -41,17 +41,27 @@ def _decide_batches(decider: Decider) -> Callable[[Iterator[pa.RecordBatch]], It
     return run
 
 
-def engine_frame(spark: SparkSession, config: EngineConfig) -> DataFrame:
-    """The engine's streaming DataFrame of WORK rows, before the writers."""
+def _read_results(spark: SparkSession, config: EngineConfig) -> DataFrame:
+    """The consume-result stream through the configured table format (``engine.table_format``)."""
     source_path = config.table_path("consume_results")
+    if config.engine.table_format == "delta":
+        native_delta.ensure_table(spark, source_path, CONSUME_RESULTS)
+        return native_delta.read_stream(
+            spark, source_path, max_files_per_trigger=config.engine.max_files_per_trigger, position_column=POSITION
+        )
     ensure_table(source_path, CONSUME_RESULTS.arrow_schema)
-    results = (
+    return (
         spark.readStream.format(FORMAT_NAME)
         .option("path", source_path)
         .option("maxFilesPerTrigger", str(config.engine.max_files_per_trigger))
         .option("sourcePositionColumn", POSITION)
         .load()
     )
+
+
+def engine_frame(spark: SparkSession, config: EngineConfig) -> DataFrame:
+    """The engine's streaming DataFrame of WORK rows, before the writers."""
+    results = _read_results(spark, config)
     check_input_schema(to_arrow_schema(results.schema, timezone="UTC"))
     decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
         _decide_batches(Decider(config)), WORK.spark_schema
@@ -66,12 +76,20 @@ def start(
     spark: SparkSession,
     config: EngineConfig,
     *,
-    writer: BatchWriter | None = None,
+    writer: Callable[[DataFrame, int], None] | None = None,
 ) -> StreamingQuery:
-    """Start the engine query; the caller owns it (``awaitTermination`` / ``stop``)."""
+    """Start the engine query; the caller owns it (``awaitTermination`` / ``stop``).
+
+    With ``engine.table_format = "delta"`` this first checks that Spark has the
+    Delta jars and settings (:func:`retry_engine.native_delta.require_delta`).
+    """
+    native = config.engine.table_format == "delta"
+    if native:
+        native_delta.require_delta(spark)
     checkpoint = config.checkpoint_path
     app_id = ensure_query_id(checkpoint)
-    writer = writer or BatchWriter(config, app_id)
+    if writer is None:
+        writer = native_delta.NativeBatchWriter(config, app_id) if native else BatchWriter(config, app_id)
     # An explicit processing-time trigger makes Spark run (possibly empty) batches on
     # schedule, which is what fires the schedule stage's timeouts. Trigger.AvailableNow
     # would never end: processing-time timeouts always ask for another batch.

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MASTER = "local[2]"
 DEFAULT_SHUFFLE_PARTITIONS = 2
 MIN_JAVA_MAJOR = 17
+PYTHON_EXEC_KEYS = ("spark.pyspark.python", "spark.pyspark.driver.python")
 ROCKSDB_PROVIDER = (
     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 )
@@ -108,11 +109,20 @@ def build_session(
 
     if master is not None and master.startswith("local"):
         require_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master is not None:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
-    for key, value in spark_conf(shuffle_partitions=shuffle_partitions, extra=extra_conf).items():
+    conf = spark_conf(shuffle_partitions=shuffle_partitions, extra=extra_conf)
+    if master is None:
+        # Under spark-submit the executors' interpreter is the launcher's choice
+        # (PYSPARK_PYTHON, --conf spark.pyspark.python): on a cluster the driver's
+        # own path may not exist on the workers.
+        for key in PYTHON_EXEC_KEYS:
+            if extra_conf is None or key not in extra_conf:
+                conf.pop(key, None)
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)

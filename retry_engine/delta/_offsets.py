@@ -177,6 +177,26 @@ def through_version_of(end: Offset) -> int:
     return end.version
 
 
+def replay_start(start: Offset, end: Offset) -> Offset:
+    """The start of the range ``(start, end]`` to read, when ``start`` may be a recomputed initial offset.
+
+    Spark does not log where batch 0 started: when batch 0 is run again after a
+    restart, its start is ``initialOffset()`` asked anew, i.e. the snapshot at
+    the table's latest version *now*, which can lie past the logged ``end``
+    (the range would be empty and the batch's input lost). Like Delta's own
+    source, re-read such a batch as the snapshot just before ``end``: for an
+    append-only stream that is the same rows. Any other ``start`` is returned
+    unchanged.
+    """
+    if not (start.is_starting_version and start.index == BASE_INDEX):
+        return start
+    consistent = end.version == start.version if end.is_starting_version else end.version > start.version
+    if consistent:
+        return start
+    version = end.version if end.is_starting_version else end.version - 1
+    return Offset(version, BASE_INDEX, True, start.reservoir_id)
+
+
 def files_between(
     log: LogReader,
     start: Offset,

@@ -47,6 +47,7 @@ from retry_engine.delta._offsets import (
     end_offset,
     files_after,
     files_between,
+    replay_start,
 )
 from retry_engine.delta._options import (
     lower_keys,
@@ -265,8 +266,12 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         return end.to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        """One partition per file in ``(start, end]``, in stream order."""
-        begin, finish = Offset.from_json(start), Offset.from_json(end)
+        """One partition per file in ``(start, end]``, in stream order.
+
+        Replayed: the same files, also for batch 0 after a restart (see ``replay_start``).
+        """
+        finish = Offset.from_json(end)
+        begin = replay_start(Offset.from_json(start), finish)
         self._check_reservoir(finish)
         files = files_between(self.delta_log, begin, finish, rules=self.options.rules, on_commit=self._on_commit)
         log.debug("%s: batch %s -> %s has %d files", self.options.path, start, end, len(files))
