@@ -32,6 +32,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 
 from retry_engine import metrics
+from retry_engine._arrow_ipc import from_ipc, to_ipc
 from retry_engine.config import EngineConfig
 from retry_engine.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARANTINED
 from retry_engine.delta._files import PartitionedWriter, WrittenFile
@@ -149,27 +150,16 @@ class WriteTask:
             (_FILE, name, json.dumps(asdict(f)).encode()) for name, written in files.items() for f in written
         ]
         if counts:
-            rows.append((_COUNTS, "", _to_ipc(metrics.merge_counts(counts))))
+            rows.append((_COUNTS, "", to_ipc(metrics.merge_counts(counts))))
             late = pa.concat_tables(samples)
             if late.num_rows:
-                rows.append((_SAMPLES, "", _to_ipc(late)))
+                rows.append((_SAMPLES, "", to_ipc(late)))
         if rows:
             kinds, tables, payloads = zip(*rows, strict=True)
             yield pa.RecordBatch.from_arrays(
                 [pa.array(kinds, pa.string()), pa.array(tables, pa.string()), pa.array(payloads, pa.binary())],
                 names=["kind", "table", "payload"],
             )
-
-
-def _to_ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
-
-
-def _from_ipc(blob: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
 
 
 @dataclass
@@ -234,9 +224,9 @@ class BatchWriter:
             if kind == _FILE:
                 files.setdefault(name, []).append(WrittenFile(**json.loads(payload)))
             elif kind == _COUNTS:
-                counts.append(_from_ipc(payload))
+                counts.append(from_ipc(payload))
             else:
-                samples.append(_from_ipc(payload))
+                samples.append(from_ipc(payload))
         self._commit(batch_id, files)
         merged = metrics.merge_counts(counts)
         if METRICS.name not in skip:

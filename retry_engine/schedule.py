@@ -30,6 +30,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql.streaming.state import GroupState
 
+from retry_engine._arrow_ipc import from_ipc, to_ipc
 from retry_engine.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
 from retry_engine.schemas import WORK
 
@@ -38,17 +39,6 @@ log = logging.getLogger(__name__)
 STATE_SCHEMA = "pending binary, seen binary, expires_ms long"
 _SEEN_SCHEMA = pa.schema([pa.field("msg_id", pa.string())])
 _NS_PER_MS = 1_000_000
-
-
-def _to_ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
-
-
-def _from_ipc(blob: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
 
 
 def _to_arrow(frame: pd.DataFrame) -> pa.Table:
@@ -76,8 +66,8 @@ class ScheduleStage:
         now_ms = state.getCurrentProcessingTimeMs()
         if state.exists:
             pending_blob, seen_blob, expires_ms = state.get
-            pending = _from_ipc(pending_blob)
-            seen = set(_from_ipc(seen_blob).column("msg_id").to_pylist())
+            pending = from_ipc(pending_blob)
+            seen = set(from_ipc(seen_blob).column("msg_id").to_pylist())
         else:
             pending, seen, expires_ms = WORK.arrow_schema.empty_table(), set(), 0
 
@@ -109,7 +99,7 @@ class ScheduleStage:
         if pending.num_rows == 0 and now_ms >= int(expires_ms):
             state.remove()
             return
-        state.update((_to_ipc(pending), _to_ipc(pa.table({"msg_id": sorted(seen)}, schema=_SEEN_SCHEMA)), int(expires_ms)))
+        state.update((to_ipc(pending), to_ipc(pa.table({"msg_id": sorted(seen)}, schema=_SEEN_SCHEMA)), int(expires_ms)))
         # Spark fires the timeout in the first batch whose timestamp is past now + duration.
         state.setTimeoutDuration(max(1, next_ms - now_ms))
 
