@@ -1,0 +1,47 @@
+"""What a consumer's subscription delivers: tag expressions and where it starts (no engine needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from retry_engine.consumer import Consumer
+from retry_engine.producer import Producer
+from tests.lakehouse import Lake
+from tests.streaming import running
+
+
+def delivered(spark: Any, consumer: Consumer, name: str, then: Any = None) -> list[dict[str, Any]]:
+    """Run the consumer's delivery stream into a memory table until caught up (twice if ``then``)."""
+    query = consumer.deliveries().writeStream.format("memory").queryName(name).start()
+    with running(query):
+        query.processAllAvailable()
+        if then is not None:
+            then()
+            query.processAllAvailable()
+    return [row.asDict() for row in spark.table(name).collect()]
+
+
+def test_tag_expression_delivers_only_the_listed_tags(spark: Any, tmp_path: Path) -> None:
+    lake = Lake.make(tmp_path)
+    producer = Producer(lake.path("messages"))
+    sent = {tag: producer.send("orders", f"body {tag}", tags=tag).msg_ids[0] for tag in ("A", "B", "C")}
+    untagged = producer.send("orders", "no tag").msg_ids[0]
+    elsewhere = producer.send("other", "other topic", tags="A").msg_ids[0]
+    consumer = Consumer(spark, lake.config, group="G").subscribe("orders", "A || B")
+    rows = delivered(spark, consumer, "tags_ab")
+    assert sorted(r["msg_id"] for r in rows) == sorted([sent["A"], sent["B"]])
+    assert all(r["delivery_key"] == f"{r['msg_id']}:0" for r in rows)  # R14 on a first delivery
+    everything = Consumer(spark, lake.config, group="G2").subscribe("orders")
+    assert sorted(r["msg_id"] for r in delivered(spark, everything, "tags_all")) == sorted([*sent.values(), untagged])
+    assert elsewhere not in {r["msg_id"] for r in rows}
+
+
+def test_consume_from_latest_skips_what_was_already_there(spark: Any, tmp_path: Path) -> None:
+    lake = Lake.make(tmp_path)
+    producer = Producer(lake.path("messages"))
+    old = producer.send("orders", "before").msg_ids[0]
+    new: list[str] = []
+    consumer = Consumer(spark, lake.config, group="G", consume_from="latest").subscribe("orders")
+    rows = delivered(spark, consumer, "latest", then=lambda: new.extend(producer.send("orders", "after").msg_ids))
+    assert [r["msg_id"] for r in rows] == new and old not in new
