@@ -85,7 +85,14 @@ class ScheduleStage:
                     pending = pa.concat_tables([pending, _to_arrow(scheduled)])
                 expires_ms = max(int(expires_ms), now_ms + self.dedup_window_ms)
 
-        next_ms = int(expires_ms)
+        # Wake-ups still ahead: the end of the dedup window, and the earliest pending due time.
+        # A passed window is no wake-up (it would fire the key on every micro-batch, shipping
+        # its whole blob each time); its msg ids are forgotten, as the window promises.
+        wake_ms: list[int] = []
+        if now_ms < int(expires_ms):
+            wake_ms.append(int(expires_ms))
+        else:
+            seen = set()
         if pending.num_rows:
             due_ms = pending.column("due_at").cast(pa.int64()).to_numpy() // 1000
             is_due = due_ms <= now_ms
@@ -94,11 +101,12 @@ class ScheduleStage:
                 pending = pending.filter(pa.array(~is_due))
                 log.debug("group %s bucket %s: released %d retries", route, bucket, int(is_due.sum()))
             if not is_due.all():
-                next_ms = min(next_ms, int(due_ms[~is_due].min()))
+                wake_ms.append(int(due_ms[~is_due].min()))
 
-        if pending.num_rows == 0 and now_ms >= int(expires_ms):
+        if not wake_ms:
             state.remove()
             return
+        next_ms = min(wake_ms)
         state.update((to_ipc(pending), to_ipc(pa.table({"msg_id": sorted(seen)}, schema=_SEEN_SCHEMA)), int(expires_ms)))
         # Spark fires the timeout in the first batch whose timestamp is past now + duration.
         state.setTimeoutDuration(max(1, next_ms - now_ms))

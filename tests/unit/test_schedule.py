@@ -1,0 +1,75 @@
+"""The schedule stage's function without Spark: what it emits, keeps and when it asks to wake (R8, B1)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pandas as pd
+
+from retry_engine.config import parse_config
+from retry_engine.schedule import ScheduleStage
+from tests.builders import T0, Result, work_rows
+
+MINUTE_MS = 60_000
+
+
+class HeldState:
+    """Plays Spark's GroupState for one key: the value, the clock and the timeout asked for."""
+
+    def __init__(self, now: dt.datetime) -> None:
+        self.value: tuple[Any, ...] | None = None
+        self.now_ms = int(now.timestamp() * 1000)
+        self.timeout_ms: int | None = None
+
+    @property
+    def exists(self) -> bool:
+        return self.value is not None
+
+    @property
+    def get(self) -> tuple[Any, ...]:
+        assert self.value is not None
+        return self.value
+
+    def update(self, value: tuple[Any, ...]) -> None:
+        self.value = value
+
+    def remove(self) -> None:
+        self.value = None
+
+    def getCurrentProcessingTimeMs(self) -> int:  # noqa: N802 (Spark's name)
+        return self.now_ms
+
+    def setTimeoutDuration(self, ms: int) -> None:  # noqa: N802 (Spark's name)
+        self.timeout_ms = ms
+
+
+def run(stage: ScheduleStage, key: tuple[str, int], frames: list[pd.DataFrame], state: HeldState) -> pd.DataFrame:
+    out = list(stage(key, iter(frames), state))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def test_r8_a_retry_due_in_an_hour_outlives_the_dedup_window_without_waking_every_batch() -> None:
+    config = parse_config({"engine": {"message_delay_level": "1h"}})
+    work = work_rows([Result.of("F").failed()], batch_ts=T0, config=config).to_pandas(maps_as_pydicts="strict")
+    (key,) = {(r, int(b)) for r, b in zip(work["route"], work["bucket"], strict=True)}
+    stage = ScheduleStage(dedup_window_ms=10 * MINUTE_MS)
+    state = HeldState(T0)
+    first = run(stage, key, [work], state)
+    assert list(first["outcome"]) == ["retry"] and state.exists
+    assert state.timeout_ms == 10 * MINUTE_MS  # the dedup window ends before the retry is due
+
+    # The window's timeout fires: nothing is due, so the next wake-up is the due time, not "now".
+    state.now_ms += 11 * MINUTE_MS
+    assert run(stage, key, [], state).empty
+    assert state.timeout_ms == 49 * MINUTE_MS
+    # A duplicate after the window is no longer recognised (as documented), but nothing is lost.
+    again = run(stage, key, [work], state)
+    assert list(again["outcome"]) == ["retry"]
+
+    # Due: released once, never before, and the key's state goes once nothing is left to wait for.
+    state.now_ms = int((T0 + dt.timedelta(hours=1)).timestamp() * 1000) - 1
+    assert run(stage, key, [], state).empty
+    state.now_ms += 11 * MINUTE_MS
+    released = run(stage, key, [], state)
+    assert list(released["kind"]) == ["delivery", "delivery"] and not state.exists
