@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from retry_engine.config import EngineConfig
 from retry_engine.delta.tables import open_table
@@ -38,7 +39,10 @@ def read_audit(config: EngineConfig) -> pa.Table:
 
 def moved_through(config: EngineConfig, redrive_id: str, target_table: str) -> int:
     """Highest chunk of ``redrive_id`` that reached ``target_table``; -1 when none did."""
-    table = open_table(config.table_path(target_table))
+    return _chunk_done(open_table(config.table_path(target_table)), redrive_id)
+
+
+def _chunk_done(table: DeltaTable | None, redrive_id: str) -> int:
     done = None if table is None else table.transaction_version(app_id(redrive_id))
     return -1 if done is None else done
 
@@ -47,11 +51,12 @@ def _moved(config: EngineConfig, rows: pa.Table) -> pa.Array:
     if rows.num_rows == 0:
         return pa.array([], pa.bool_())
     pairs = rows.select(["redrive_id", "target_table"]).group_by(["redrive_id", "target_table"]).aggregate([])
+    targets = pairs.column("target_table").to_pylist()
+    # Each target table is opened once, however many re-drives wrote to it.
+    opened = {target: open_table(config.table_path(target)) for target in set(targets)}
     through = {
-        (rid, target): moved_through(config, rid, target)
-        for rid, target in zip(
-            pairs.column("redrive_id").to_pylist(), pairs.column("target_table").to_pylist(), strict=True
-        )
+        (rid, target): _chunk_done(opened[target], rid)
+        for rid, target in zip(pairs.column("redrive_id").to_pylist(), targets, strict=True)
     }
     limits = pa.array(
         [

@@ -45,7 +45,6 @@ STARTED = "started"
 PROGRESS_EVENT = "progress"
 IDLE = "idle"
 TERMINATED = "terminated"
-EVENTS = (STARTED, PROGRESS_EVENT, IDLE, TERMINATED)
 
 # Rows kept when the table cannot be written; beyond this the oldest are dropped (and logged).
 MAX_BUFFERED_ROWS = 10_000

@@ -34,15 +34,12 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from retry_engine.config import EngineConfig  # noqa: E402
 from retry_engine.decide import RETRY as OUTCOME_RETRY  # noqa: E402
+from retry_engine.metrics import DELIVERED  # noqa: E402
 from retry_engine.status import EngineTables, lateness_ms, read_tables  # noqa: E402
 
 BACKLOG_FILE = "backlog_by_level.png"
 LATENESS_FILE = "lateness.png"
 DEAD_LETTERS_FILE = "dead_letters_by_error_class.png"
-
-# METRICS metric names written by the engine's writer.
-METRIC_RETRY = "retry"
-METRIC_DELIVERED = "delivered"
 
 BacklogSource = Literal["metrics", "ledger"]
 DPI = 100
@@ -97,10 +94,10 @@ def _series_from_changes(changes: list[tuple[dt.datetime, str, int | None, int]]
 
 def backlog_from_metrics(metrics: pa.Table) -> list[BacklogSeries]:
     """Backlog by (group, level) per batch: running sum of ``retry`` - ``delivered``."""
-    rows = metrics.filter(pc.is_in(metrics["metric"], pa.array([METRIC_RETRY, METRIC_DELIVERED])))
+    rows = metrics.filter(pc.is_in(metrics["metric"], pa.array([OUTCOME_RETRY, DELIVERED])))
     changes = [
         (r["batch_time"], r["consumer_group"] or "", r["delay_level"],
-         int(r["value"]) if r["metric"] == METRIC_RETRY else -int(r["value"]))
+         int(r["value"]) if r["metric"] == OUTCOME_RETRY else -int(r["value"]))
         for r in rows.to_pylist()
     ]
     return _series_from_changes(changes)

@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 
 from retry_engine.audit import AUDIT_TABLE, MOVED, app_id, read_audit
 from retry_engine.config import EngineConfig
+from retry_engine.decide import new_msg_id
 from retry_engine.delta.tables import append_arrow
 from retry_engine.dlq import (
     PROP_REDRIVE_COUNT,
@@ -141,9 +142,8 @@ def default_redrive_id(selection: Selection, *, target: Target, reset_reconsume_
 
 
 def redriven_msg_id(redrive_id: str, dlq_msg_id: str, generation: int) -> str:
-    """Deterministic id of the message a re-drive writes for one dead letter."""
-    digest = hashlib.sha1(f"redrive\0{redrive_id}\0{dlq_msg_id}\0{generation}".encode()).hexdigest()
-    return digest[:32].upper()
+    """Deterministic id of the message a re-drive writes for one dead letter (as the engine mints its ids)."""
+    return new_msg_id(f"redrive\0{redrive_id}", dlq_msg_id, str(generation))
 
 
 def redrive(

@@ -32,7 +32,6 @@ from retry_engine.monitor import PROGRESS_EVENT, TERMINATED
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY, Table
 
 QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]
-QUERY_STATES: tuple[QueryState, ...] = ("running", "stale", "stopped", "failed", "not_started")
 
 # A query is "stale" when nothing was recorded for longer than
 # flush interval + max(STALE_TRIGGERS triggers, 2 x the last batch's duration, MIN_STALE_MS).
