@@ -39,7 +39,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from retry_engine.config import EngineConfig
-from retry_engine.decide import BROADCASTING, CLUSTERING, MAX_RECONSUME_TIMES_DEFAULT, SUCCESS
+from retry_engine.decide import (
+    BROADCASTING,
+    CLUSTERING,
+    MAX_RECONSUME_TIMES_DEFAULT,
+    SUCCESS,
+    truncate_error,
+)
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table
 from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
 from retry_engine.names import is_dlq_topic, is_retry_topic, validate_group, validate_topic
@@ -60,7 +66,6 @@ ConsumeFrom = Literal["earliest", "latest"]
 MESSAGE_MODELS: tuple[MessageModel, ...] = (CLUSTERING, BROADCASTING)  # type: ignore[assignment]
 LISTENER_STATUSES = (CONSUME_SUCCESS, RECONSUME_LATER)
 DELIVERY_KEY = "delivery_key"
-ERROR_MESSAGE_LIMIT = 2000
 DEFAULT_TRIGGER_INTERVAL = "1 second"
 # RocketMQ re-sends a failed send-back 5 s later; here the batch retries its write with backoff.
 DEFAULT_WRITE_ATTEMPTS = 5
@@ -152,7 +157,7 @@ def _call(listener: Callable[..., Any], arg: Any, context: ConsumeContext, *, wh
         returned = listener(arg, context)
     except Exception as exc:  # the listener's failure is data: recorded as EXCEPTION, then retried
         log.info("listener raised on %s: %s: %s", where, type(exc).__name__, exc)
-        return _Outcome(EXCEPTION, _qualified(type(exc)), _truncate(str(exc)))
+        return _Outcome(EXCEPTION, _qualified(type(exc)), truncate_error(str(exc)))
     if returned is None:
         return _Outcome(None, None, "listener returned None")
     status = getattr(returned, "value", returned)
@@ -161,7 +166,7 @@ def _call(listener: Callable[..., Any], arg: Any, context: ConsumeContext, *, wh
     return _Outcome(
         EXCEPTION,
         "InvalidConsumeStatus",
-        _truncate(f"listener returned {returned!r}; expected one of {', '.join(LISTENER_STATUSES)} or None"),
+        truncate_error(f"listener returned {returned!r}; expected one of {', '.join(LISTENER_STATUSES)} or None"),
     )
 
 
@@ -170,8 +175,6 @@ def _qualified(cls: type) -> str:
     return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
 
 
-def _truncate(text: str | None) -> str | None:
-    return text if text is None or len(text) <= ERROR_MESSAGE_LIMIT else text[: ERROR_MESSAGE_LIMIT - 3] + "..."
 
 
 # -- one delivered Arrow batch -> consume results (pure, runs on executors) -----------

@@ -431,7 +431,7 @@ def _decide_valid(
         "consumer_id": py["consumer_id"][j],
         "status": status,
         "error_class": py["error_class"][j],
-        "error_message": _truncate(py["error_message"][j]),
+        "error_message": truncate_error(py["error_message"][j]),
         "consumed_at": py["consumed_at"][j],
         "delay_level": level,
     }
@@ -444,7 +444,7 @@ def _decide_valid(
         "delivery_key": f"{origin}:{reconsume + 1}",
         "source_result_id": base["result_id"],
         "error_class": py["error_class"][j],
-        "error_message": _truncate(py["error_message"][j]),
+        "error_message": truncate_error(py["error_message"][j]),
         "bucket": bucket,
     }
     if dead_code is not None:
@@ -478,7 +478,8 @@ def _decide_valid(
     }
 
 
-def _truncate(text: str | None) -> str | None:
+def truncate_error(text: str | None) -> str | None:
+    """An error message cut to ``ERROR_MESSAGE_LIMIT`` characters (consumers and the engine agree)."""
     if text is None or len(text) <= ERROR_MESSAGE_LIMIT:
         return text
     return text[: ERROR_MESSAGE_LIMIT - 3] + "..."

@@ -25,8 +25,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from retry_engine.config import EngineConfig
+from retry_engine.delta._files import POSITION_ROW_DIGITS
 from retry_engine.errors import EnvironmentProblem
-from retry_engine.outputs import ROUTED_TABLES, route
+from retry_engine.outputs import ROUTED_TABLES, route_to
 from retry_engine.schemas import Table
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,6 @@ CATALOG_CLASS = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 EXTENSIONS_KEY = "spark.sql.extensions"
 CATALOG_KEY = "spark.sql.catalog.spark_catalog"
 DELTA_RELEASES = "https://docs.delta.io/latest/releases.html"
-# Digits of the row index in a position string (as in the deltars source).
-_ROW_DIGITS = 9
 
 
 def delta_problems(*, loadable: Callable[[str], bool], conf: Mapping[str, str]) -> list[str]:
@@ -117,7 +116,7 @@ def read_stream(
         "/",
         F.lpad(F.unix_millis(F.col("_metadata.file_modification_time")).cast("string"), 15, "0"),
         F.col("_metadata.file_name"),
-        F.lpad(F.col("_metadata.row_index").cast("string"), _ROW_DIGITS, "0"),
+        F.lpad(F.col("_metadata.row_index").cast("string"), POSITION_ROW_DIGITS, "0"),
     )
     return frame.withColumn(position_column, position)
 
@@ -127,9 +126,7 @@ def routed_rows(table: Table, batch_id: int) -> Callable[[Iterator[pa.RecordBatc
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            rows = route(pa.Table.from_batches([batch]), batch_id).get(table.name)
-            if rows is not None:
-                yield from rows.to_batches()
+            yield from route_to(pa.Table.from_batches([batch]), table, batch_id).to_batches()
 
     return run
 

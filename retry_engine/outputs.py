@@ -68,20 +68,25 @@ def route(work: pa.Table, batch_id: int) -> dict[str, pa.Table]:
     outcomes; outcomes: every outcome row. ``batch_id`` fills the tables'
     ``batch_id`` column.
     """
+    out: dict[str, pa.Table] = {}
+    for table in ROUTED_TABLES:
+        rows = route_to(work, table, batch_id)
+        if rows.num_rows:
+            out[table.name] = rows
+    return out
+
+
+def route_to(work: pa.Table, table: Table, batch_id: int) -> pa.Table:
+    """The rows of ``work`` that belong in ``table`` (one of :data:`ROUTED_TABLES`), projected onto it."""
     kind, outcome = work.column("kind"), work.column("outcome")
     is_outcome = pc.equal(kind, KIND_OUTCOME)
     masks = {
-        RETRY.name: pc.equal(kind, KIND_DELIVERY),
-        DLQ.name: pc.and_(is_outcome, pc.equal(outcome, DEAD_LETTER)),
-        QUARANTINE.name: pc.and_(is_outcome, pc.equal(outcome, QUARANTINED)),
-        OUTCOMES.name: is_outcome,
+        RETRY.name: lambda: pc.equal(kind, KIND_DELIVERY),
+        DLQ.name: lambda: pc.and_(is_outcome, pc.equal(outcome, DEAD_LETTER)),
+        QUARANTINE.name: lambda: pc.and_(is_outcome, pc.equal(outcome, QUARANTINED)),
+        OUTCOMES.name: lambda: is_outcome,
     }
-    out: dict[str, pa.Table] = {}
-    for table in ROUTED_TABLES:
-        rows = work.filter(masks[table.name])
-        if rows.num_rows:
-            out[table.name] = _project(rows, table, batch_id)
-    return out
+    return _project(work.filter(masks[table.name]()), table, batch_id)
 
 
 def _project(rows: pa.Table, table: Table, batch_id: int) -> pa.Table:
