@@ -44,6 +44,7 @@ from _data import consume_results, write_table  # noqa: E402
 from retry_engine import engine  # noqa: E402
 from retry_engine.config import EngineConfig, parse_config  # noqa: E402
 from retry_engine.delta import write_stream  # noqa: E402
+from retry_engine.metrics import OUTCOME_METRICS  # noqa: E402
 from retry_engine.session import build_session  # noqa: E402
 
 ARRIVAL_RATE = 10_000.0  # simulated messages/s of the topic: spreads store times over state buckets
@@ -138,27 +139,48 @@ class Rate:
         return self.rows / self.seconds if self.seconds else 0.0
 
 
-def steady_rate(progress: list[dict[str, Any]]) -> Rate:
-    """Input rows / execution time of the batches with input after the first (start-up excluded)."""
-    with_input = sorted((p for p in progress if p["numInputRows"] > 0), key=lambda p: p["batchId"])
+def steady_rate(progress: list[dict[str, Any]], rows_of: dict[int, int] | None = None) -> Rate:
+    """Input rows / execution time of the batches with input after the first (start-up excluded).
+
+    ``rows_of`` (batch id -> consume results) overrides Spark's ``numInputRows``,
+    which counts the engine's packed source rows (one per Arrow batch read).
+    """
+    def rows_in(p: dict[str, Any]) -> int:
+        return rows_of.get(int(p["batchId"]), 0) if rows_of is not None else int(p["numInputRows"])
+
+    with_input = sorted((p for p in progress if rows_in(p) > 0), key=lambda p: p["batchId"])
     measured = with_input[1:] or with_input
-    rows = sum(int(p["numInputRows"]) for p in measured)
+    rows = sum(rows_in(p) for p in measured)
     ms = sum(int(p["durationMs"].get("triggerExecution", 0)) for p in measured)
     return Rate(rows, ms / 1000, len(measured))
 
 
-def wait_for_input(query: Any, rows: int, *, timeout: float) -> list[dict[str, Any]]:
-    """Poll until the query has read ``rows`` input rows; returns its progress."""
+def engine_rows(config: EngineConfig) -> dict[int, int]:
+    """Consume results decided per batch id, from the METRICS table (one outcome per input row)."""
+    path = config.table_path("metrics")
+    if not DeltaTable.is_deltatable(path):
+        return {}
+    rows = DeltaTable(path).to_pyarrow_table(columns=["batch_id", "metric", "value"]).to_pylist()
+    out: dict[int, int] = {}
+    for r in rows:
+        if r["metric"] in OUTCOME_METRICS:
+            out[r["batch_id"]] = out.get(r["batch_id"], 0) + int(r["value"])
+    return out
+
+
+def wait_for_input(query: Any, rows: int, *, timeout: float, config: EngineConfig | None = None) -> list[dict[str, Any]]:
+    """Poll until the query has read ``rows`` input rows (for the engine: decided them); returns its progress."""
     deadline = time.monotonic() + timeout
     while True:
         if query.exception() is not None:
             raise RuntimeError(f"query failed: {query.exception()}")
         progress = query.recentProgress
-        if sum(int(p["numInputRows"]) for p in progress) >= rows:
-            return list(progress)
+        done = sum(engine_rows(config).values()) if config else sum(int(p["numInputRows"]) for p in progress)
+        if done >= rows:
+            return list(query.recentProgress)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{query.name}: read {sum(int(p['numInputRows']) for p in progress)} of {rows} rows")
-        time.sleep(0.2)
+            raise TimeoutError(f"{query.name}: read {done} of {rows} rows")
+        time.sleep(0.5 if config else 0.2)
 
 
 def engine_config(lake: Path, source: Path | None = None, **engine_keys: Any) -> EngineConfig:
@@ -190,10 +212,10 @@ def engine_run(spark: Any, src: Path, work: Path, rows: int, files_per_batch: in
                            message_delay_level="1s 1s 1s 1s", state_bucket="10s")
     query = engine.start(spark, config)
     try:
-        progress = wait_for_input(query, rows, timeout=1800)
+        progress = wait_for_input(query, rows, timeout=1800, config=config)
     finally:
         query.stop()
-    return steady_rate(progress)
+    return steady_rate(progress, engine_rows(config))
 
 
 def naive_run(spark: Any, src: Path, work: Path, rows: int) -> Rate:
@@ -320,7 +342,8 @@ def backlog(spark: Any, work: Path, targets: list[int], budget_s: float, chunk_r
                                                      start=start_ts + dt.timedelta(seconds=pending / ARRIVAL_RATE)),
                                 mode="append")
                 pending += n
-            progress = wait_for_input(query, pending, timeout=3600)
+            progress = wait_for_input(query, pending, timeout=3600, config=config)
+            rows_of = engine_rows(config)
             # Three batches without input: the cost of a trigger while the backlog waits.
             seen = max(p["batchId"] for p in progress)
             deadline = time.monotonic() + 120
@@ -329,11 +352,11 @@ def backlog(spark: Any, work: Path, targets: list[int], budget_s: float, chunk_r
                 if len(idle) >= 3:
                     break
                 time.sleep(0.3)
-            step_batches = [p for p in progress if p["batchId"] > first_batch and p["numInputRows"] > 0]
+            step_batches = [p for p in progress if p["batchId"] > first_batch and rows_of.get(p["batchId"], 0) > 0]
             last = max(query.recentProgress, key=lambda p: p["batchId"])
             ops = last.get("stateOperators") or [{}]
             in_ms = [int(p["durationMs"].get("triggerExecution", 0)) for p in step_batches]
-            in_rows = sum(int(p["numInputRows"]) for p in step_batches)
+            in_rows = sum(rows_of[p["batchId"]] for p in step_batches)
             steps.append(BacklogStep(
                 pending=pending,
                 state_keys=int(ops[0].get("numRowsTotal", 0)),

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 
-def to_ipc(table: pa.Table) -> bytes:
+def to_ipc(table: pa.Table | pa.RecordBatch) -> bytes:
     """``table`` as one IPC stream."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
+        writer.write(table)
     return bytes(sink.getvalue().to_pybytes())
 
 

@@ -60,10 +60,21 @@ def _sum(values: list[Any]) -> int | None:
     return sum(present) if present else None
 
 
-def progress_row(progress: StreamingQueryProgress, *, recorded_at: dt.datetime) -> dict[str, Any]:
-    """The PROGRESS row of one progress event (pure: no I/O)."""
+def progress_row(
+    progress: StreamingQueryProgress, *, recorded_at: dt.datetime, input_rows: int | None = None
+) -> dict[str, Any]:
+    """The PROGRESS row of one progress event (pure: no I/O).
+
+    ``input_rows`` is the batch's count of consume results when the engine
+    knows it: Spark's ``numInputRows`` counts the rows the source handed
+    over, which the deltars source packs (one per Arrow batch). The two
+    rates are scaled by the same factor, as Spark derives both from that count.
+    """
     operators = progress.stateOperators
     sources = progress.sources
+    spark_rows = int(progress.numInputRows)
+    rows = spark_rows if input_rows is None else input_rows
+    scale = rows / spark_rows if spark_rows else 1.0
     return {
         "query_id": str(progress.id),
         "run_id": str(progress.runId),
@@ -74,9 +85,9 @@ def progress_row(progress: StreamingQueryProgress, *, recorded_at: dt.datetime) 
         "recorded_at": recorded_at,
         "batch_duration_ms": int(progress.batchDuration),
         "duration_ms": {str(k): int(v) for k, v in progress.durationMs.items()},
-        "num_input_rows": int(progress.numInputRows),
-        "input_rows_per_second": float(progress.inputRowsPerSecond),
-        "processed_rows_per_second": float(progress.processedRowsPerSecond),
+        "num_input_rows": rows,
+        "input_rows_per_second": float(progress.inputRowsPerSecond) * scale,
+        "processed_rows_per_second": float(progress.processedRowsPerSecond) * scale,
         "state_rows_total": _sum([op.numRowsTotal for op in operators]),
         "state_rows_updated": _sum([op.numRowsUpdated for op in operators]),
         "state_rows_removed": _sum([op.numRowsRemoved for op in operators]),
@@ -135,6 +146,7 @@ class ProgressRecorder(StreamingQueryListener):
         self.flush_interval_ms = flush_interval_ms
         self._on_close = on_close
         self._rows: list[dict[str, Any]] = []
+        self._input_rows: dict[int, int] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -158,8 +170,25 @@ class ProgressRecorder(StreamingQueryListener):
     def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
         progress = event.progress
         self._guard("progress", lambda: self._add_if_ours(
-            str(progress.id), lambda: progress_row(progress, recorded_at=_now())
+            str(progress.id),
+            lambda: progress_row(progress, recorded_at=_now(), input_rows=self._take_input_rows(int(progress.batchId))),
         ))
+
+    def record_input_rows(self, batch_id: int, rows: int) -> None:
+        """The writer's count of the consume results of ``batch_id`` (before Spark reports the batch).
+
+        A replayed batch records its count again; the latest is used.
+        """
+        with self._lock:
+            self._input_rows[batch_id] = rows
+
+    def _take_input_rows(self, batch_id: int) -> int | None:
+        with self._lock:
+            rows = self._input_rows.pop(batch_id, None)
+            # Counts of batches Spark never reported (stopped mid-batch) are not kept forever.
+            for stale in [b for b in self._input_rows if b < batch_id]:
+                del self._input_rows[stale]
+        return rows
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
         self._guard("idle", lambda: self._add_if_ours(

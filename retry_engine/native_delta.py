@@ -28,6 +28,7 @@ from retry_engine.config import EngineConfig
 from retry_engine.delta._files import POSITION_ROW_DIGITS
 from retry_engine.errors import EnvironmentProblem
 from retry_engine.outputs import ROUTED_TABLES, route_to
+from retry_engine.packed import unpack
 from retry_engine.schemas import Table
 
 log = logging.getLogger(__name__)
@@ -122,11 +123,11 @@ def read_stream(
 
 
 def routed_rows(table: Table, batch_id: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """``mapInArrow`` function keeping the rows of ``table`` (the deltars writer's :func:`route`)."""
+    """``mapInArrow`` function from packed WORK rows to the rows of ``table`` (the deltars writer's :func:`route`)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            yield from route_to(pa.Table.from_batches([batch]), table, batch_id).to_batches()
+            yield from route_to(unpack(batch.column("payload").to_pylist()), table, batch_id).to_batches()
 
     return run
 

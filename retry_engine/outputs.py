@@ -1,7 +1,7 @@
 """Writing one micro-batch of engine output to its Delta tables, in one Spark job.
 
-The stateful stage emits rows of the internal ``WORK`` schema. One
-``mapInArrow`` pass over them (the batch's only Spark action) routes every
+The stateful stage emits rows of the internal ``WORK`` schema, packed
+(:mod:`retry_engine.packed`). One ``mapInArrow`` pass over them (the batch's only Spark action) routes every
 row to its table(s) on the executors (retry, DLQ, quarantine, outcomes),
 writes them as new Parquet files under each table, and sends back to the
 driver the files' add-action fields plus the batch's partial counts and
@@ -39,7 +39,8 @@ from retry_engine.delta._files import PartitionedWriter, WrittenFile
 from retry_engine.delta._log import TableLocation
 from retry_engine.delta.sink import FilesWritten, abort_files, commit_files
 from retry_engine.delta.tables import append_arrow, ensure_table
-from retry_engine.schemas import DLQ, METRICS, OUTCOMES, QUARANTINE, RETRY, WORK, Table
+from retry_engine.packed import unpack
+from retry_engine.schemas import DLQ, METRICS, OUTCOMES, QUARANTINE, RETRY, Table
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ class WriteTask:
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
-                work = pa.Table.from_batches([batch]).cast(WORK.arrow_schema)
+                work = unpack(batch.column("payload").to_pylist())
                 for name, routed in route(work, self.batch_id).items():
                     if name in writers:
                         for part in routed.to_batches():

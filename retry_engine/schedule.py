@@ -12,7 +12,7 @@ timeout is set to its earliest due time; a retry is released in the first
 micro-batch whose timestamp is past its ``due_at``, never earlier.
 
 Rows with ``bucket == -1`` (acknowledged, dropped, quarantined) pass through
-without touching state.
+without touching state, still packed.
 
 Replay: Spark re-runs a micro-batch from the state of the previous version
 with the same batch timestamp, and this function is deterministic in its
@@ -28,30 +28,28 @@ from dataclasses import dataclass
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.streaming.state import GroupState
 
 from retry_engine._arrow_ipc import from_ipc, to_ipc
 from retry_engine.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
+from retry_engine.packed import unpack
 from retry_engine.schemas import WORK
 
 log = logging.getLogger(__name__)
 
 STATE_SCHEMA = "pending binary, seen binary, expires_ms long"
 _SEEN_SCHEMA = pa.schema([pa.field("msg_id", pa.string())])
-_NS_PER_MS = 1_000_000
-
-
-def _to_arrow(frame: pd.DataFrame) -> pa.Table:
-    return pa.Table.from_pandas(frame, schema=WORK.arrow_schema, preserve_index=False)
-
-
-def _to_pandas(table: pa.Table) -> pd.DataFrame:
-    return table.to_pandas(maps_as_pydicts="strict")
+_US_PER_MS = 1_000
 
 
 @dataclass(frozen=True)
 class ScheduleStage:
-    """The stateful function; ``dedup_window_ms`` is how long a key remembers its msg ids."""
+    """The stateful function; ``dedup_window_ms`` is how long a key remembers its msg ids.
+
+    Input and output are packed rows (:mod:`retry_engine.packed`): each carries
+    WORK rows of this key as an Arrow IPC payload.
+    """
 
     dedup_window_ms: int
 
@@ -59,9 +57,10 @@ class ScheduleStage:
         self, key: tuple[str, int], frames: Iterator[pd.DataFrame], state: GroupState
     ) -> Iterator[pd.DataFrame]:
         route, bucket = key
-        parts = [frame for frame in frames if len(frame)]
+        payloads = [payload for frame in frames for payload in frame["payload"]]
         if int(bucket) == NO_STATE_BUCKET:
-            yield from parts
+            if payloads:
+                yield _packed(key, payloads)
             return
         now_ms = state.getCurrentProcessingTimeMs()
         if state.exists:
@@ -71,18 +70,22 @@ class ScheduleStage:
         else:
             pending, seen, expires_ms = WORK.arrow_schema.empty_table(), set(), 0
 
-        if parts:
-            new = pd.concat(parts, ignore_index=True).sort_values("source_position", kind="stable")
-            repeated = new["consumed_msg_id"].isin(seen) | new["consumed_msg_id"].duplicated()
-            if repeated.any():
-                yield _as_duplicates(new[repeated])
-            fresh = new[~repeated]
-            if len(fresh):
-                yield fresh
-                seen.update(fresh["consumed_msg_id"])
-                scheduled = fresh[fresh["outcome"] == RETRY]
-                if len(scheduled):
-                    pending = pa.concat_tables([pending, _to_arrow(scheduled)])
+        out: list[pa.Table] = []
+        if payloads:
+            new = unpack(payloads)
+            new = new.take(pc.sort_indices(new.column("source_position")))
+            ids = new.column("consumed_msg_id")
+            known = pc.is_in(ids, value_set=pa.array(list(seen), pa.string())).to_numpy(zero_copy_only=False)
+            repeated = pa.array(pd.Index(ids.to_numpy(zero_copy_only=False)).duplicated() | known)
+            if pc.any(repeated).as_py():
+                out.append(_as_duplicates(new.filter(repeated)))
+            fresh = new.filter(pc.invert(repeated))
+            if fresh.num_rows:
+                out.append(fresh)
+                seen.update(fresh.column("consumed_msg_id").to_pylist())
+                scheduled = fresh.filter(pc.equal(fresh.column("outcome"), RETRY))
+                if scheduled.num_rows:
+                    pending = pa.concat_tables([pending, scheduled])
                 expires_ms = max(int(expires_ms), now_ms + self.dedup_window_ms)
 
         # Wake-ups still ahead: the end of the dedup window, and the earliest pending due time.
@@ -94,14 +97,16 @@ class ScheduleStage:
         else:
             seen = set()
         if pending.num_rows:
-            due_ms = pending.column("due_at").cast(pa.int64()).to_numpy() // 1000
+            due_ms = pending.column("due_at").cast(pa.int64()).to_numpy() // _US_PER_MS
             is_due = due_ms <= now_ms
             if is_due.any():
-                yield _as_deliveries(_to_pandas(pending.filter(pa.array(is_due))), now_ms)
+                out.append(_as_deliveries(pending.filter(pa.array(is_due)), now_ms))
                 pending = pending.filter(pa.array(~is_due))
                 log.debug("group %s bucket %s: released %d retries", route, bucket, int(is_due.sum()))
             if not is_due.all():
                 wake_ms.append(int(due_ms[~is_due].min()))
+        if out:
+            yield _packed(key, [to_ipc(table) for table in out])
 
         if not wake_ms:
             state.remove()
@@ -112,25 +117,42 @@ class ScheduleStage:
         state.setTimeoutDuration(max(1, next_ms - now_ms))
 
 
-def _as_duplicates(rows: pd.DataFrame) -> pd.DataFrame:
+def _packed(key: tuple[str, int], payloads: list[bytes]) -> pd.DataFrame:
+    return pd.DataFrame({"route": [key[0]] * len(payloads), "bucket": [int(key[1])] * len(payloads), "payload": payloads})
+
+
+def _with(table: pa.Table, **columns: pa.Array | pa.ChunkedArray) -> pa.Table:
+    for name, values in columns.items():
+        table = table.set_column(table.schema.get_field_index(name), WORK.arrow_schema.field(name), values)
+    return table
+
+
+def _as_duplicates(rows: pa.Table) -> pa.Table:
     """A repeated consume result: recorded in the ledger, produces nothing else."""
-    out = rows.copy()
-    out["reason_code"] = "DUPLICATE"
-    out["reason"] = (
-        "msg_id " + out["consumed_msg_id"].astype(str) + " of group " + out["consumer_group"].astype(str)
-        + " was already decided; its " + out["outcome"].astype(str) + " is " + out["output_msg_id"].astype(str)
+    reason = pc.binary_join_element_wise(
+        "msg_id ", rows.column("consumed_msg_id"), " of group ", rows.column("consumer_group"),
+        " was already decided; its ", rows.column("outcome"), " is ", rows.column("output_msg_id"), "",
+        null_handling="replace", null_replacement="None",
     )
-    out["outcome"] = DUPLICATE
-    return out
+    n = rows.num_rows
+    return _with(
+        rows,
+        reason_code=pa.array(["DUPLICATE"] * n, pa.string()),
+        reason=reason,
+        outcome=pa.array([DUPLICATE] * n, pa.string()),
+    )
 
 
-def _as_deliveries(rows: pd.DataFrame, now_ms: int) -> pd.DataFrame:
+def _as_deliveries(rows: pa.Table, now_ms: int) -> pa.Table:
     """Retries leaving the schedule stage for %RETRY%G: stored (and delivered) now."""
-    now = pd.Timestamp(now_ms * _NS_PER_MS, tz="UTC")
-    rows["kind"] = KIND_DELIVERY
-    rows["delivered_at"] = now
-    rows["store_timestamp"] = now
-    return rows
+    n = rows.num_rows
+    now = pa.array([now_ms * _US_PER_MS] * n, pa.int64()).cast(WORK["delivered_at"].type)
+    return _with(
+        rows,
+        kind=pa.array([KIND_DELIVERY] * n, pa.string()),
+        delivered_at=now,
+        store_timestamp=now.cast(WORK["store_timestamp"].type),
+    )
 
 
 __all__ = ["STATE_SCHEMA", "ScheduleStage"]

@@ -98,7 +98,10 @@ DURATION_MS = Column(
     "duration_ms", pa.map_(pa.string(), pa.int64()),
     "The batch's time by phase (Spark durationMs: addBatch, latestOffset, queryPlanning, walCommit, ...).",
 )
-NUM_INPUT_ROWS = Column("num_input_rows", pa.int64(), "Rows read by the micro-batch.")
+NUM_INPUT_ROWS = Column(
+    "num_input_rows", pa.int64(),
+    "Consume results read by the micro-batch (the engine's count; Spark's numInputRows counts packed source rows).",
+)
 INPUT_ROWS_PER_SECOND = Column("input_rows_per_second", pa.float64(), "Arrival rate Spark reports for the batch.")
 PROCESSED_ROWS_PER_SECOND = Column("processed_rows_per_second", pa.float64(), "Processing rate Spark reports for the batch.")
 STATE_ROWS_TOTAL = Column("state_rows_total", pa.int64(), "Rows in the state stores after the batch (all stateful operators).")

@@ -32,29 +32,48 @@ class Offset:
     index: int
     is_starting_version: bool
     reservoir_id: str | None = None
+    # Only on the end of a query's first batch: where that batch started (see ``replay_start``).
+    batch_start: Offset | None = None
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.version, self.index)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "sourceVersion": SOURCE_VERSION,
             "reservoirId": self.reservoir_id,
             "reservoirVersion": self.version,
             "index": self.index,
             "isStartingVersion": self.is_starting_version,
         }
+        if self.batch_start is not None:
+            out["batchStart"] = {
+                "reservoirVersion": self.batch_start.version,
+                "index": self.batch_start.index,
+                "isStartingVersion": self.batch_start.is_starting_version,
+            }
+        return out
+
+    def starting_from(self, start: Offset) -> Offset:
+        """This end offset, recording that its batch started at ``start``."""
+        return Offset(self.version, self.index, self.is_starting_version, self.reservoir_id,
+                      Offset(start.version, start.index, start.is_starting_version, start.reservoir_id))
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Offset:
         try:
             source_version = int(data.get("sourceVersion", SOURCE_VERSION))
+            recorded = data.get("batchStart")
             offset = cls(
                 version=int(data["reservoirVersion"]),
                 index=int(data["index"]),
                 is_starting_version=bool(data["isStartingVersion"]),
                 reservoir_id=data.get("reservoirId"),
+                batch_start=None if recorded is None else cls(
+                    int(recorded["reservoirVersion"]), int(recorded["index"]), bool(recorded["isStartingVersion"]),
+                    data.get("reservoirId"),
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise DeltaSourceError(f"not a deltars offset: {dict(data)!r}", code="DELTA_OFFSET_INVALID") from exc
@@ -181,13 +200,20 @@ def replay_start(start: Offset, end: Offset) -> Offset:
     """The start of the range ``(start, end]`` to read, when ``start`` may be a recomputed initial offset.
 
     Spark does not log where batch 0 started: when batch 0 is run again after a
-    restart, its start is ``initialOffset()`` asked anew, i.e. the snapshot at
-    the table's latest version *now*, which can lie past the logged ``end``
-    (the range would be empty and the batch's input lost). Like Delta's own
-    source, re-read such a batch as the snapshot just before ``end``: for an
-    append-only stream that is the same rows. Any other ``start`` is returned
-    unchanged.
+    restart, its start is ``initialOffset()`` asked anew: the snapshot at the
+    table's latest version *now*, or with ``startingVersion=latest`` the commit
+    after it. Either can lie past or inside the logged batch (its input would
+    be lost). So the end of a query's first batch records where that batch
+    started (``batchStart``), and that start is used: the replay reads the
+    same files, rows and positions.
+
+    Ends logged without ``batchStart`` (by older versions): a recomputed
+    snapshot start past ``end`` is re-read, like Delta's own source does, as
+    the snapshot just before ``end``; for an append-only stream that is the
+    same rows. Any other ``start`` is returned unchanged.
     """
+    if end.batch_start is not None:
+        return end.batch_start
     if not (start.is_starting_version and start.index == BASE_INDEX):
         return start
     consistent = end.version == start.version if end.is_starting_version else end.version > start.version

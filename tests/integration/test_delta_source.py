@@ -215,3 +215,24 @@ def test_starting_version_latest_reads_only_new_commits(spark: SparkSession, lak
         write_deltalake(str(src), rows(50, 3), mode="append")
         query.processAllAvailable()
     assert ids_of(spark, "latest") == [50, 51, 52]
+
+
+def test_packed_column_carries_the_same_rows_as_arrow_batches(spark: SparkSession, lake: Path) -> None:
+    """``packedColumn``: one Spark row per Arrow batch read; unpacked, the rows and positions of a plain read."""
+    from retry_engine._arrow_ipc import from_ipc
+
+    src = lake / "src"
+    make_table(src, versions=3, partition_by=["day"])
+    plain = spark.read.format(FORMAT_NAME).option("path", str(src)).option("sourcePositionColumn", "_pos").load()
+    packed = (
+        spark.read.format(FORMAT_NAME).option("path", str(src)).option("sourcePositionColumn", "_pos")
+        .option("packedColumn", "_rows").load()
+    )
+    assert [(f.name, f.dataType.simpleString(), f.nullable) for f in packed.schema.fields] == [("_rows", "binary", False)]
+    payloads = [r["_rows"] for r in packed.collect()]
+    assert 1 <= len(payloads) < 30  # batches, not rows
+    unpacked = pa.concat_tables([from_ipc(bytes(p)) for p in payloads])
+    assert unpacked.schema.names == ["id", "name", "at", "day", "_pos"]
+    assert unpacked.schema.field("at").type == pa.timestamp("us", tz="UTC")
+    got = sorted(zip(unpacked.column("id").to_pylist(), unpacked.column("_pos").to_pylist(), strict=True))
+    assert got == sorted((r["id"], r["_pos"]) for r in plain.select("id", "_pos").collect())

@@ -58,7 +58,7 @@ def test_native_writer_routes_rows_on_spark_as_the_deltars_writer_does(spark: An
     from retry_engine.config import parse_config
     from retry_engine.native_delta import routed_rows
     from retry_engine.outputs import ROUTED_TABLES, route
-    from retry_engine.schemas import WORK
+    from retry_engine.packed import pack
     from tests.builders import T0, Result, delivered, work_rows
 
     config = parse_config({"engine": {"auto_create_groups": False}, "groups": {"G": {}}})
@@ -70,7 +70,7 @@ def test_native_writer_routes_rows_on_spark_as_the_deltars_writer_does(spark: An
     )
     rows = pa.concat_tables([work, delivered(work, late_ms=[3])])
     expected = route(rows, 7)
-    batch = spark.createDataFrame(rows.to_pandas(maps_as_pydicts="strict"), WORK.spark_schema).repartition(2)
+    batch = spark.createDataFrame(pa.Table.from_batches([pack(rows)])).repartition(2)
     for table in ROUTED_TABLES:
         got = batch.mapInArrow(routed_rows(table, 7), table.spark_schema).toArrow()
         want = expected.get(table.name, table.arrow_schema.empty_table())

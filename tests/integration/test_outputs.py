@@ -14,7 +14,8 @@ from retry_engine import engine
 from retry_engine.delta import append_arrow
 from retry_engine.metrics import DELIVERED, LATENESS_MS_MIN, OUTCOME_METRICS
 from retry_engine.outputs import BatchWriter, route
-from retry_engine.schemas import OUTCOMES, WORK
+from retry_engine.packed import pack
+from retry_engine.schemas import OUTCOMES
 from tests.builders import T0, Result, delivered, work_rows
 from tests.lakehouse import Lake, wait_for
 
@@ -28,7 +29,8 @@ def _batch(spark: Any) -> tuple[Any, pa.Table]:
         batch_ts=T0,
     )
     rows = pa.concat_tables([work, delivered(work, late_ms=[5, 7])])
-    return spark.createDataFrame(rows, WORK.spark_schema), rows
+    # As the schedule stage hands them over: packed, a few rows per key (retry_engine.packed).
+    return spark.createDataFrame(pa.Table.from_batches([pack(rows)])).repartition(2), rows
 
 
 def _counts(lake: Lake) -> dict[str, int]:

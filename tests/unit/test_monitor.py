@@ -110,3 +110,22 @@ def test_a_failed_write_keeps_the_rows_for_the_next_flush(tmp_path: Path, caplog
     recorder.path = str(tmp_path / "progress")
     assert recorder.flush() == 1
     assert DeltaTable(recorder.path).to_pyarrow_table()["batch_id"].to_pylist() == [0]
+
+
+def test_progress_row_takes_the_engines_input_count_and_scales_the_rates_with_it() -> None:
+    """The deltars source packs rows, so Spark's numInputRows (10 here) counts Arrow batches."""
+    progress = QueryProgressEvent.fromJson({"progress": progress_json(4)}).progress
+    row = progress_row(progress, recorded_at=NOW, input_rows=40_000)
+    assert row["num_input_rows"] == 40_000
+    assert (row["input_rows_per_second"], row["processed_rows_per_second"]) == (20_000.0, 50_000.0)
+
+
+def test_recorder_uses_the_count_recorded_for_its_batch(tmp_path: Path) -> None:
+    recorder = ProgressRecorder(str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000)
+    recorder.record_input_rows(3, 7)  # a batch Spark never reported: dropped, not reused
+    recorder.record_input_rows(4, 40_000)
+    recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(4)}))
+    recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(5)}))
+    rows = recorder._rows
+    assert [(r["batch_id"], r["num_input_rows"]) for r in rows] == [(4, 40_000), (5, 10)]
+    assert recorder._input_rows == {}

@@ -6,8 +6,10 @@ import datetime as dt
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from retry_engine.config import parse_config
+from retry_engine.packed import pack, unpack
 from retry_engine.schedule import ScheduleStage
 from tests.builders import T0, Result, work_rows
 
@@ -44,15 +46,17 @@ class HeldState:
         self.timeout_ms = ms
 
 
-def run(stage: ScheduleStage, key: tuple[str, int], frames: list[pd.DataFrame], state: HeldState) -> pd.DataFrame:
-    out = list(stage(key, iter(frames), state))
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+def run(stage: ScheduleStage, key: tuple[str, int], inputs: list[pa.Table], state: HeldState) -> pd.DataFrame:
+    """Packed in, as decide hands rows over; unpacked out."""
+    frames = [pack(table).to_pandas() for table in inputs]
+    out = [payload for frame in stage(key, iter(frames), state) for payload in frame["payload"]]
+    return unpack(out).to_pandas(maps_as_pydicts="strict") if out else pd.DataFrame()
 
 
 def test_r8_a_retry_due_in_an_hour_outlives_the_dedup_window_without_waking_every_batch() -> None:
     config = parse_config({"engine": {"message_delay_level": "1h"}})
-    work = work_rows([Result.of("F").failed()], batch_ts=T0, config=config).to_pandas(maps_as_pydicts="strict")
-    (key,) = {(r, int(b)) for r, b in zip(work["route"], work["bucket"], strict=True)}
+    work = work_rows([Result.of("F").failed()], batch_ts=T0, config=config)
+    (key,) = {(r, int(b)) for r, b in zip(work["route"].to_pylist(), work["bucket"].to_pylist(), strict=True)}
     stage = ScheduleStage(dedup_window_ms=10 * MINUTE_MS)
     state = HeldState(T0)
     first = run(stage, key, [work], state)
@@ -73,3 +77,26 @@ def test_r8_a_retry_due_in_an_hour_outlives_the_dedup_window_without_waking_ever
     state.now_ms += 11 * MINUTE_MS
     released = run(stage, key, [], state)
     assert list(released["kind"]) == ["delivery", "delivery"] and not state.exists
+
+
+def test_b1_a_repeated_consume_result_is_recorded_as_a_duplicate_and_schedules_nothing() -> None:
+    config = parse_config({"engine": {"message_delay_level": "1h"}})
+    failing = Result.of("F").failed()
+    first = work_rows([failing], batch_ts=T0, config=config)
+    # In one batch twice (a retried producer) and again in a later batch.
+    twice = work_rows([failing.with_(result_id="again"), failing.with_(result_id="and again")], batch_ts=T0, config=config)
+    (key,) = {(r, int(b)) for r, b in zip(first["route"].to_pylist(), first["bucket"].to_pylist(), strict=True)}
+    stage = ScheduleStage(dedup_window_ms=10 * MINUTE_MS)
+    state = HeldState(T0)
+    out = run(stage, key, [first], state)
+    assert list(out["outcome"]) == ["retry"]
+    retry_id = out["output_msg_id"].iloc[0]
+    state.now_ms += MINUTE_MS
+    again = run(stage, key, [twice], state)
+    assert list(again["outcome"]) == ["duplicate", "duplicate"]
+    assert set(again["reason_code"]) == {"DUPLICATE"}
+    assert again["reason"].iloc[0] == f"msg_id F of group G was already decided; its retry is {retry_id}"
+    # Still one retry pending: released once when due.
+    state.now_ms = int((T0 + dt.timedelta(hours=1)).timestamp() * 1000) + 1
+    released = run(stage, key, [], state)
+    assert list(released["kind"]) == ["delivery"] and list(released["output_msg_id"]) == [retry_id]

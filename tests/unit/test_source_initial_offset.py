@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 from pyspark.sql.datasource import ReadAllAvailable
+from pyspark.sql.types import StringType, StructField, StructType
 
 from retry_engine.delta import append_arrow, ensure_table
 from retry_engine.delta.source import DeltaStreamReader, SourceOptions
@@ -27,3 +31,46 @@ def test_initial_offset_does_not_move_when_the_table_grows(tmp_path: Path) -> No
     assert len(files) == 1
     rows = sum(b.num_rows for f in files for b in reader.read(f))
     assert rows == 1
+
+
+def _read_ids(reader: DeltaStreamReader, start: dict[str, Any], end: dict[str, Any]) -> list[tuple[str, str]]:
+    """(msg_id, position) of every row of the range, in stream order."""
+    out = []
+    for part in reader.partitions(start, end):
+        for batch in reader.read(part):
+            out += list(zip(batch.column("msg_id").to_pylist(), batch.column("_pos").to_pylist(), strict=True))
+    return out
+
+
+@pytest.mark.parametrize("starting_version", [None, "latest"])
+def test_b1_first_batch_replayed_after_a_restart_reads_the_same_rows_and_positions(
+    tmp_path: Path, starting_version: str | None
+) -> None:
+    """R12/B1: the driver dies after logging batch 0's end, before committing it; producers go on writing.
+
+    Spark logs only the end of batch 0 and asks a new reader for its initial
+    offset, which now lies past (snapshot) or inside (``latest``) the batch.
+    """
+    path = str(tmp_path / "in")
+    ensure_table(path, CONSUME_RESULTS.arrow_schema)
+    append_arrow(path, results_table([Result.of("OLD")]))
+    options = {"path": path, "maxFilesPerTrigger": "2", "sourcePositionColumn": "_pos"}
+    if starting_version:
+        options["startingVersion"] = starting_version
+    schema = StructType([*CONSUME_RESULTS.spark_schema.fields, StructField("_pos", StringType(), False)])
+    reader = DeltaStreamReader(SourceOptions.parse(options), schema)
+    initial = reader.initialOffset()
+    for i in range(3):
+        append_arrow(path, results_table([Result.of(f"NEW{i}")]))
+    end = reader.latestOffset(initial, reader.getDefaultReadLimit())
+    planned = _read_ids(reader, initial, end)
+    assert [m for m, _ in planned] == (["OLD", "NEW0"] if starting_version is None else ["NEW0", "NEW1"])
+
+    append_arrow(path, results_table([Result.of("LATE")]))
+    restarted = DeltaStreamReader(SourceOptions.parse(options), schema)
+    logged_end = json.loads(json.dumps(end))  # as read back from the offset log
+    assert _read_ids(restarted, restarted.initialOffset(), logged_end) == planned
+    # The next batch starts where the logged one ended.
+    following = restarted.latestOffset(logged_end, restarted.getDefaultReadLimit())
+    rest = [m for m, _ in _read_ids(restarted, logged_end, following)]
+    assert rest == (["NEW1", "NEW2"] if starting_version is None else ["NEW2", "LATE"])
