@@ -48,11 +48,19 @@ from retry_engine.decide import (
 )
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table
 from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
-from retry_engine.names import is_dlq_topic, is_retry_topic, validate_group, validate_topic
+from retry_engine.names import (
+    PROP_REDRIVE_COUNT,
+    delivery_key,
+    is_dlq_topic,
+    is_retry_topic,
+    redrive_count,
+    validate_group,
+    validate_topic,
+)
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
@@ -71,6 +79,17 @@ DEFAULT_TRIGGER_INTERVAL = "1 second"
 DEFAULT_WRITE_ATTEMPTS = 5
 DEFAULT_WRITE_BACKOFF_SECONDS = 1.0
 MESSAGE_NAMES = tuple(c.name for c in MESSAGE_COLUMNS)
+
+
+def delivery_key_column() -> Column:
+    """:func:`retry_engine.names.delivery_key` as a Spark expression over message columns (R14)."""
+    from pyspark.sql import functions as F
+
+    base = F.concat_ws(
+        ":", F.coalesce(F.col("origin_msg_id"), F.col("msg_id")), F.coalesce(F.col("reconsume_times"), F.lit(0)).cast("string")
+    )
+    redrives = F.coalesce(F.col("properties")[PROP_REDRIVE_COUNT].try_cast("int"), F.lit(0))
+    return F.when(redrives > 0, F.concat(base, F.lit(":r"), redrives.cast("string"))).otherwise(base)
 
 
 # -- what the listener sees ---------------------------------------------------------
@@ -105,6 +124,7 @@ class ReceivedMessage:
     def from_row(cls, row: Mapping[str, Any]) -> ReceivedMessage:
         origin = row["origin_msg_id"] or row["msg_id"]
         reconsume = row["reconsume_times"] or 0
+        properties = dict(row["properties"] or ())
         return cls(
             msg_id=row["msg_id"],
             topic=row["retry_topic"] or row["topic"],
@@ -112,7 +132,7 @@ class ReceivedMessage:
             body=row["body"] or b"",
             tags=row["tags"],
             keys=row["keys"],
-            properties=dict(row["properties"] or ()),
+            properties=properties,
             flag=row["flag"] or 0,
             born_timestamp=row["born_timestamp"],
             born_host=row["born_host"],
@@ -120,7 +140,7 @@ class ReceivedMessage:
             queue_id=row["queue_id"],
             reconsume_times=reconsume,
             origin_msg_id=origin,
-            delivery_key=row.get(DELIVERY_KEY) or f"{origin}:{reconsume}",
+            delivery_key=row.get(DELIVERY_KEY) or delivery_key(origin, reconsume, redrive_count(properties)),
         )
 
 
@@ -475,8 +495,7 @@ class Consumer:
             ensure_table(retry_path, RETRY.arrow_schema, partition_by=RETRY.partition_by)
             retries = self._read(retry_path).filter(F.col("consumer_group") == F.lit(self.group)).select(*MESSAGE_NAMES)
             delivered = delivered.unionByName(retries)
-        key = F.concat_ws(":", F.coalesce(F.col("origin_msg_id"), F.col("msg_id")), F.coalesce(F.col("reconsume_times"), F.lit(0)).cast("string"))
-        return delivered.withColumn(DELIVERY_KEY, key)
+        return delivered.withColumn(DELIVERY_KEY, delivery_key_column())
 
     def result_writer(self) -> ResultWriter:
         """The default ``foreachBatch`` writer of this consumer (tied to its checkpoint)."""

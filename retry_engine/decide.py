@@ -28,8 +28,10 @@ from retry_engine.delays import BackoffPolicy, next_level, schedule_queue_id
 from retry_engine.errors import SchemaMismatchError
 from retry_engine.names import (
     GROUP_MAX_LENGTH,
+    PROP_REDRIVE_COUNT,
     TOPIC_MAX_LENGTH,
     VALID_CHARACTERS,
+    delivery_key,
     dlq_topic,
     retry_topic,
 )
@@ -261,6 +263,7 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
     slow_rows = slow.to_pylist()
     py = {name: cols[name].take(slow).to_pylist() for name in _DECISION_INPUTS}
     attempts = cols["attempts"].take(slow).to_pylist()
+    py["redrive_count"] = _redrive_counts(cols["properties"].take(slow))
     # The state key's bucket: when the consumed message was stored (R8 keys by store time).
     store_us = pc.coalesce(
         cols["store_timestamp"].take(slow),
@@ -301,6 +304,12 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
     order = pa.concat_arrays([pc.indices_nonzero(is_ack), slow])
     merged = pa.Table.from_batches([acks, others]).combine_chunks()
     return merged.take(pc.sort_indices(order)).to_batches()[0]
+
+
+def _redrive_counts(properties: pa.Array) -> list[int]:
+    """The ``REDRIVE_COUNT`` property of each message (0 when absent or not a count)."""
+    values = pc.map_lookup(properties, PROP_REDRIVE_COUNT, "first").to_pylist()
+    return [int(v) if v is not None and v.isdigit() else 0 for v in values]
 
 
 def _ack_rows(
@@ -441,7 +450,7 @@ def _decide_valid(
         **message,
         "origin_msg_id": origin,
         "reconsume_times": reconsume + 1,
-        "delivery_key": f"{origin}:{reconsume + 1}",
+        "delivery_key": delivery_key(origin, reconsume + 1, py["redrive_count"][j]),
         "source_result_id": base["result_id"],
         "error_class": py["error_class"][j],
         "error_message": truncate_error(py["error_message"][j]),

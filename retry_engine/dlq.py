@@ -35,7 +35,7 @@ from retry_engine.audit import AUDIT_TABLE, MOVED, read_audit
 from retry_engine.config import EngineConfig
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import SelectionError
-from retry_engine.names import validate_group, validate_topic
+from retry_engine.names import PROP_REDRIVE_COUNT, validate_group, validate_topic
 from retry_engine.schemas import DLQ
 
 if TYPE_CHECKING:
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 # Properties a re-drive puts on the message it writes (B5); they survive later retries (R7).
 PROP_REDRIVE_ID = "REDRIVE_ID"
 PROP_REDRIVE_FROM = "REDRIVE_FROM_MSG_ID"
-PROP_REDRIVE_COUNT = "REDRIVE_COUNT"
 
 SummaryKey = Literal["group", "topic", "error_class", "reason_code", "day"]
 SUMMARY_KEYS: dict[str, str] = {

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
@@ -147,10 +147,16 @@ def merge_counts(partials: Sequence[pa.Table]) -> pa.Table:
     return out.sort_by([(k, "ascending") for k in _KEYS])
 
 
-def nearest_rank(sorted_values: np.ndarray, fraction: float) -> int:
-    """The nearest-rank percentile of ascending ``sorted_values`` (0 < fraction <= 1)."""
-    rank = int(np.ceil(fraction * len(sorted_values)))
-    return int(sorted_values[max(rank, 1) - 1])
+def nearest_rank(values: np.ndarray[Any, Any], fraction: float) -> float:
+    """The nearest-rank percentile of ``values`` (0 < fraction <= 1): the smallest
+    observed value with at least ``fraction`` of the values at or below it.
+
+    The one definition of lateness percentiles: the METRICS rows, ``status``
+    and ``plots`` all use it.
+    """
+    ordered = np.sort(values)
+    rank = int(np.ceil(fraction * len(ordered)))
+    return float(ordered[max(rank, 1) - 1])
 
 
 def metric_rows(
@@ -181,8 +187,8 @@ def metric_rows(
             ms = np.sort(np.asarray(by_group.column("lateness_ms_list")[int(i)].values.to_numpy(), dtype=np.int64))
             for name, value in (
                 (LATENESS_MS_MIN, int(ms[0])),
-                (LATENESS_MS_P50, nearest_rank(ms, 0.5)),
-                (LATENESS_MS_P99, nearest_rank(ms, 0.99)),
+                (LATENESS_MS_P50, int(nearest_rank(ms, 0.5))),
+                (LATENESS_MS_P99, int(nearest_rank(ms, 0.99))),
                 (LATENESS_MS_MAX, int(ms[-1])),
             ):
                 groups.append(group)

@@ -1,4 +1,4 @@
-"""RocketMQ naming: validation and the per-group logical topics (R3).
+"""RocketMQ naming: validation, the per-group logical topics (R3) and delivery keys (R14).
 
 Names are validated like RocketMQ's ``TopicValidator`` before they go near a
 path; a logical name such as ``%RETRY%G`` is only ever a column value.
@@ -18,6 +18,27 @@ TOPIC_MAX_LENGTH = 127
 GROUP_MAX_LENGTH = 255
 VALID_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 VALID_CHARACTERS = "%|a-zA-Z0-9_-"
+
+# Set by a re-drive on the message it writes (B5); later retries copy it (R7).
+PROP_REDRIVE_COUNT = "REDRIVE_COUNT"
+
+
+def redrive_count(properties: dict[str, str] | None) -> int:
+    """How often a message was re-driven, from its properties (0 when absent or not a count)."""
+    value = (properties or {}).get(PROP_REDRIVE_COUNT, "")
+    return int(value) if value.isdigit() else 0
+
+
+def delivery_key(origin_msg_id: str, reconsume_times: int, redrive_count: int = 0) -> str:
+    """R14's de-duplication key of one delivery: ``origin:reconsume_times``, plus ``:r<n>`` once re-driven.
+
+    A re-driven dead letter restarts at reconsume times 0 or keeps its count;
+    both were delivered before, so without the re-drive count the key would
+    repeat one a de-duplicating consumer has already seen, and it would drop
+    the message the operator re-drove.
+    """
+    key = f"{origin_msg_id}:{reconsume_times}"
+    return f"{key}:r{redrive_count}" if redrive_count > 0 else key
 
 
 def name_problem(name: object, *, kind: str, max_length: int) -> str | None:

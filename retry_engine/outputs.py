@@ -38,7 +38,7 @@ from retry_engine.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARAN
 from retry_engine.delta._files import PartitionedWriter, WrittenFile
 from retry_engine.delta._log import TableLocation
 from retry_engine.delta.sink import FilesWritten, abort_files, commit_files
-from retry_engine.delta.tables import append_arrow, ensure_table
+from retry_engine.delta.tables import append_arrow, ensure_table, not_null_columns
 from retry_engine.packed import unpack
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, QUARANTINE, RETRY, Table
 
@@ -187,8 +187,7 @@ class BatchWriter:
         for table in (*ROUTED_TABLES, METRICS):
             uri = self.config.table_path(table.name)
             delta = ensure_table(uri, table.arrow_schema, partition_by=table.partition_by)
-            not_null = tuple(f.name for f in pa.schema(delta.schema().to_arrow()) if not f.nullable)
-            targets.append(_Target(table.name, uri, table.arrow_schema, table.partition_by, not_null))
+            targets.append(_Target(table.name, uri, table.arrow_schema, table.partition_by, not_null_columns(delta)))
         self._targets = tuple(targets)
 
     def _already_committed(self, batch_id: int) -> set[str]:

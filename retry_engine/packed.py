@@ -10,6 +10,12 @@ a handful of rows per task and never looks inside them.
 
 Order: :func:`pack` keeps input order within a key, and :func:`unpack`
 concatenates payloads in the order given.
+
+Size: a payload holds at most :data:`MAX_PAYLOAD_ROWS` rows. Spark builds
+each Arrow batch it hands to Python in JVM direct memory, and a single huge
+binary value (all of a busy key's rows) needs one contiguous buffer there;
+the engine's session also caps the bytes per Arrow batch
+(``spark.sql.execution.arrow.maxBytesPerBatch``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ PACKED_ARROW_SCHEMA: Final = pa.schema(
     [pa.field("route", pa.string()), pa.field("bucket", pa.int64()), pa.field("payload", pa.binary())]
 )
 KEY_COLUMNS: Final = ("route", "bucket")
+MAX_PAYLOAD_ROWS: Final = 8192
 
 
 def packed_batch(keys: Sequence[tuple[str, int]], payloads: Sequence[bytes]) -> pa.RecordBatch:
@@ -44,7 +51,8 @@ def packed_batch(keys: Sequence[tuple[str, int]], payloads: Sequence[bytes]) -> 
 
 
 def pack(work: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
-    """``work`` as packed rows, one per distinct (route, bucket), rows in input order within each."""
+    """``work`` as packed rows: per distinct (route, bucket), its rows in input order, in payloads
+    of at most :data:`MAX_PAYLOAD_ROWS` rows."""
     table = work if isinstance(work, pa.Table) else pa.Table.from_batches([work])
     if table.num_rows == 0:
         return _empty()
@@ -56,9 +64,18 @@ def pack(work: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
     change = np.flatnonzero((routes[1:] != routes[:-1]) | (buckets[1:] != buckets[:-1])) + 1
     starts = [0, *change.tolist()]
     ends = [*change.tolist(), ordered.num_rows]
-    keys = [(str(routes[s]), int(buckets[s])) for s in starts]
-    payloads = [to_ipc(ordered.slice(s, e - s)) for s, e in zip(starts, ends, strict=True)]
+    keys: list[tuple[str, int]] = []
+    payloads: list[bytes] = []
+    for start, end in zip(starts, ends, strict=True):
+        chunks = payload_chunks(ordered.slice(start, end - start))
+        keys += [(str(routes[start]), int(buckets[start]))] * len(chunks)
+        payloads += chunks
     return packed_batch(keys, payloads)
+
+
+def payload_chunks(rows: pa.Table) -> list[bytes]:
+    """``rows`` as payloads of at most :data:`MAX_PAYLOAD_ROWS` rows each, in order."""
+    return [to_ipc(rows.slice(i, MAX_PAYLOAD_ROWS)) for i in range(0, rows.num_rows, MAX_PAYLOAD_ROWS)]
 
 
 def _empty() -> pa.RecordBatch:
@@ -73,4 +90,4 @@ def unpack(payloads: Iterable[bytes]) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-__all__ = ["KEY_COLUMNS", "PACKED_ARROW_SCHEMA", "PACKED_SCHEMA", "pack", "packed_batch", "unpack"]
+__all__ = ["KEY_COLUMNS", "MAX_PAYLOAD_ROWS", "PACKED_ARROW_SCHEMA", "PACKED_SCHEMA", "pack", "packed_batch", "payload_chunks", "unpack"]

@@ -34,7 +34,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from retry_engine.config import EngineConfig  # noqa: E402
 from retry_engine.decide import RETRY as OUTCOME_RETRY  # noqa: E402
-from retry_engine.metrics import DELIVERED  # noqa: E402
+from retry_engine.metrics import DELIVERED, nearest_rank  # noqa: E402
 from retry_engine.status import EngineTables, lateness_ms, read_tables  # noqa: E402
 
 BACKLOG_FILE = "backlog_by_level.png"
@@ -167,7 +167,7 @@ def plot_lateness(values: np.ndarray[Any, Any], path: Path) -> int:
         heights, _, _ = ax.hist(values, bins=min(30, max(5, values.size // 2)), color="tab:blue", alpha=0.8)
         drawn = int(np.count_nonzero(heights))
         for q, style in ((50, "--"), (99, ":")):
-            mark = float(np.percentile(values, q, method="inverted_cdf"))
+            mark = nearest_rank(values, q / 100)
             ax.axvline(mark, color="tab:red", linestyle=style, label=f"p{q} = {mark:,.0f} ms")
         ax.legend(loc="upper right")
         ax.ticklabel_format(axis="x", style="plain", useOffset=False)

@@ -47,14 +47,13 @@ from retry_engine.config import EngineConfig
 from retry_engine.decide import new_msg_id
 from retry_engine.delta.tables import append_arrow
 from retry_engine.dlq import (
-    PROP_REDRIVE_COUNT,
     PROP_REDRIVE_FROM,
     PROP_REDRIVE_ID,
     Selection,
     read_dlq,
 )
 from retry_engine.errors import ConfigError, RedriveError
-from retry_engine.names import retry_topic
+from retry_engine.names import PROP_REDRIVE_COUNT, delivery_key, redrive_count, retry_topic
 from retry_engine.schemas import MESSAGES, REDRIVE_AUDIT, RETRY
 
 log = logging.getLogger(__name__)
@@ -465,7 +464,7 @@ def _messages(config: EngineConfig, chunk: pa.Table, dlq: dict[str, dict[str, An
                 "delivered_at": now,
                 "error_class": dead["error_class"],
                 "error_message": dead["error_message"],
-                "delivery_key": f"{dead['origin_msg_id']}:{intent['reconsume_times']}",
+                "delivery_key": delivery_key(dead["origin_msg_id"], intent["reconsume_times"], redrive_count(props)),
             }
         )
     schema = MESSAGES if target == "topic" else RETRY

@@ -33,7 +33,7 @@ from pyspark.sql.streaming.state import GroupState
 
 from retry_engine._arrow_ipc import from_ipc, to_ipc
 from retry_engine.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
-from retry_engine.packed import unpack
+from retry_engine.packed import payload_chunks, unpack
 from retry_engine.schemas import WORK
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class ScheduleStage:
             if not is_due.all():
                 wake_ms.append(int(due_ms[~is_due].min()))
         if out:
-            yield _packed(key, [to_ipc(table) for table in out])
+            yield _packed(key, [payload for table in out for payload in payload_chunks(table)])
 
         if not wake_ms:
             state.remove()

@@ -62,6 +62,7 @@ def require_java() -> None:
 
 
 DRIVER_JAVA_OPTIONS = "-Xss32m"
+ARROW_MAX_BYTES_PER_BATCH = 64 * 1024 * 1024
 
 
 def spark_conf(
@@ -76,6 +77,9 @@ def spark_conf(
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # The engine's rows cross to Python packed (retry_engine.packed): cap the bytes of
+        # each Arrow batch, built in JVM direct memory, not only its row count (10,000).
+        "spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_MAX_BYTES_PER_BATCH),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         # The Python workers must run the interpreter that has pyarrow and deltalake.

@@ -21,13 +21,13 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
 
 from retry_engine.config import EngineConfig
 from retry_engine.decide import RETRY as OUTCOME_RETRY
 from retry_engine.delays import parse_duration_ms
+from retry_engine.delta.tables import open_table, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
+from retry_engine.metrics import nearest_rank
 from retry_engine.monitor import PROGRESS_EVENT, TERMINATED
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY, Table
 
@@ -72,11 +72,10 @@ def read_table_columns(path: str, table: Table, columns: tuple[str, ...]) -> pa.
 
     Raises :class:`SchemaMismatchError` naming the first missing column.
     """
-    try:
-        delta = DeltaTable(path)
-    except TableNotFoundError:
+    delta = open_table(path)
+    if delta is None:
         return None
-    names = set(pa.schema(delta.schema().to_arrow()).names)
+    names = set(table_arrow_schema(delta).names)
     missing = [c for c in columns if c not in names]
     if missing:
         raise SchemaMismatchError(
@@ -248,12 +247,12 @@ def lateness_ms(retry: pa.Table) -> pa.Array:
 
 
 def _lateness_entry(group: str, values: np.ndarray[Any, Any]) -> LatenessEntry:
-    # Nearest-rank percentiles: always a lateness that was actually observed.
+    # Nearest-rank percentiles (as in the METRICS table): always a lateness that was actually observed.
     return LatenessEntry(
         consumer_group=group,
         deliveries=int(values.size),
-        p50_ms=float(np.percentile(values, 50, method="inverted_cdf")),
-        p99_ms=float(np.percentile(values, 99, method="inverted_cdf")),
+        p50_ms=nearest_rank(values, 0.5),
+        p99_ms=nearest_rank(values, 0.99),
         max_ms=float(values.max()),
     )
 

@@ -34,7 +34,7 @@ from retry_engine.delta._files import PartitionedWriter, WrittenFile, delete_qui
 from retry_engine.delta._log import TableLocation, data_file_path, join_path
 from retry_engine.delta._options import lower_keys, require_path
 from retry_engine.delta.source import FORMAT_NAME
-from retry_engine.delta.tables import ensure_table
+from retry_engine.delta.tables import ensure_table, not_null_columns
 from retry_engine.errors import ConfigError, DeltaSinkError
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ class _DeltaWriter:
             )
         table = ensure_table(self.location.table_uri, self.arrow_schema, partition_by=self.options.partition_by)
         self.partition_by = tuple(table.metadata().partition_columns)
-        self.not_null = tuple(f.name for f in pa.schema(table.schema().to_arrow()) if not f.nullable)
+        self.not_null = not_null_columns(table)
         app_id = self.options.txn_app_id
         self.committed_txn = table.transaction_version(app_id) if app_id is not None else None
         self.skip_writes = False

@@ -34,6 +34,11 @@ def table_arrow_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
+def not_null_columns(table: DeltaTable) -> tuple[str, ...]:
+    """Columns the table declares NOT NULL (writers check them before writing a file)."""
+    return tuple(f.name for f in table_arrow_schema(table) if not f.nullable)
+
+
 def ensure_table(path: str, arrow_schema: pa.Schema, *, partition_by: Sequence[str] = ()) -> DeltaTable:
     """Create the table at ``path`` if missing; else check ``arrow_schema`` fits it.
 

@@ -37,6 +37,17 @@ def test_tag_expression_delivers_only_the_listed_tags(spark: Any, tmp_path: Path
     assert elsewhere not in {r["msg_id"] for r in rows}
 
 
+def test_r14_a_redriven_message_has_a_delivery_key_of_its_own(spark: Any, tmp_path: Path) -> None:
+    lake = Lake.make(tmp_path)
+    producer = Producer(lake.path("messages"))
+    plain = producer.send("orders", "first time").msg_ids[0]
+    again = producer.send("orders", "re-driven twice", properties={"REDRIVE_COUNT": "2"}).msg_ids[0]
+    odd = producer.send("orders", "user property", properties={"REDRIVE_COUNT": "lots"}).msg_ids[0]
+    consumer = Consumer(spark, lake.config, group="G").subscribe("orders")
+    keys = {r["msg_id"]: r["delivery_key"] for r in delivered(spark, consumer, "keys")}
+    assert keys == {plain: f"{plain}:0", again: f"{again}:0:r2", odd: f"{odd}:0"}
+
+
 def test_consume_from_latest_skips_what_was_already_there(spark: Any, tmp_path: Path) -> None:
     lake = Lake.make(tmp_path)
     producer = Producer(lake.path("messages"))

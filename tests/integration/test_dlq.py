@@ -27,6 +27,7 @@ from retry_engine.cli import EXIT_ERROR, EXIT_OK, main
 from retry_engine.delta import table_version
 from retry_engine.dlq import Selection
 from retry_engine.errors import InvalidNameError, RedriveError, SelectionError
+from retry_engine.names import PROP_REDRIVE_COUNT
 from retry_engine.schemas import MESSAGES, REDRIVE_AUDIT, RETRY
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
@@ -266,7 +267,7 @@ def test_redrive_to_original_topic_marks_and_audits(lake: Lake) -> None:
     for m in messages:
         props = dict(m["properties"])
         source = dead[props[dlq.PROP_REDRIVE_FROM]]
-        assert props[dlq.PROP_REDRIVE_ID] == report.redrive_id and props[dlq.PROP_REDRIVE_COUNT] == "1"
+        assert props[dlq.PROP_REDRIVE_ID] == report.redrive_id and props[PROP_REDRIVE_COUNT] == "1"
         assert props["color"] == "red"  # user properties kept
         assert m["topic"] == source["retry_topic"] and m["origin_msg_id"] == source["origin_msg_id"]
         assert (m["body"], m["born_timestamp"], m["attempts"]) == (source["body"], source["born_timestamp"], source["attempts"])
@@ -300,7 +301,7 @@ def test_redrive_to_retry_path_keeps_or_resets_count(lake: Lake) -> None:
             assert row["topic"] == f"%RETRY%{source['consumer_group']}" and row["consumer_group"] == source["consumer_group"]
             assert row["retry_topic"] == source["retry_topic"] and row["origin_msg_id"] == source["origin_msg_id"]
             want = source["reconsume_times"] if count is None else count
-            assert row["reconsume_times"] == want and row["delivery_key"] == f"{source['origin_msg_id']}:{want}"
+            assert row["reconsume_times"] == want and row["delivery_key"] == f"{source['origin_msg_id']}:{want}:r1"  # R14: not a key seen before
             assert row["error_class"] == source["error_class"]
             assert row["delivered_at"] >= source["dead_lettered_at"]
     assert DeltaTable(lake.path("retry")).schema().to_arrow().names == RETRY.names

@@ -56,11 +56,33 @@ def test_b1_replayed_batch_id_writes_nothing_twice(spark: Any, tmp_path: Path) -
     after = _counts(lake)
     assert after == {t: 2 * n for t, n in first.items()}
     assert DeltaTable(lake.path("metrics")).transaction_version("app-1") == 1
-    # The skipped attempts left no data file behind: every Parquet file on disk is referenced.
+    # The skipped attempts left no data file behind.
+    _assert_no_orphan_files(lake)
+
+
+def _assert_no_orphan_files(lake: Lake) -> None:
+    """Every Parquet file on disk is referenced by the table."""
     for table in TABLES:
         live = pa.table(DeltaTable(lake.path(table)).get_add_actions(flatten=True)).column("path").to_pylist()
         on_disk = [str(p.relative_to(lake.path(table))) for p in Path(lake.path(table)).rglob("*.parquet")]
         assert sorted(on_disk) == sorted(live), table
+
+
+def test_b1_a_table_that_got_the_batch_elsewhere_meanwhile_drops_the_files_written_for_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The commit-time check: a new batch id is not checked before the job, so its files are written first."""
+    lake = Lake.make(tmp_path)
+    df, rows = _batch(spark)
+    writer = BatchWriter(lake.config, "app-1")
+    writer(df, 0)
+    first = _counts(lake)
+    # Batch 1 reaches the outcomes table from elsewhere (e.g. a second copy of the query).
+    append_arrow(lake.path("outcomes"), route(rows, 1)["outcomes"].cast(OUTCOMES.arrow_schema),
+                 app_id="app-1", txn_version=1)
+    writer(df, 1)
+    assert _counts(lake) == {t: 2 * n for t, n in first.items()}
+    _assert_no_orphan_files(lake)
 
 
 @pytest.mark.slow

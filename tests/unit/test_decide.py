@@ -56,6 +56,14 @@ def test_r3_r7_retry_message_copy_rules() -> None:
     assert row["delivery_key"] == "M-first:1"  # R14
 
 
+def test_r14_a_redriven_message_keeps_its_redrive_count_in_the_delivery_key() -> None:
+    """A re-drive resets reconsume times: without the count the key would repeat one already delivered."""
+    redriven = Result.of("M-again").failed(properties=[("REDRIVE_COUNT", "2")], origin_msg_id="M-origin")
+    odd = Result.of("M-odd").failed(properties=[("REDRIVE_COUNT", "many")])
+    first, second = run([redriven, odd])
+    assert first["delivery_key"] == "M-origin:1:r2" and second["delivery_key"] == "M-odd:1"
+
+
 def test_r3_r7_origin_and_retry_topic_survive_later_retries() -> None:
     again = Result.of("M-retry-3", topic="%RETRY%G").failed(
         reconsume_times=3, origin_msg_id="M-first", retry_topic="orders"

@@ -70,3 +70,10 @@ def test_b2_custom_level_list_without_policy_key() -> None:
     assert group is not None
     policy = cfg.policy(group)
     assert policy.first_level == 1 and policy.delay_ms(5) == 2000
+
+
+def test_r14_delivery_key_adds_the_redrive_count_only_once_redriven() -> None:
+    from retry_engine.names import delivery_key, redrive_count
+
+    assert delivery_key("O", 3) == "O:3" and delivery_key("O", 0, 1) == "O:0:r1"
+    assert [redrive_count(p) for p in (None, {}, {"REDRIVE_COUNT": "4"}, {"REDRIVE_COUNT": "-1"})] == [0, 0, 4, 0]

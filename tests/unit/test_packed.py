@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from retry_engine.config import parse_config
-from retry_engine.packed import pack, unpack
+from retry_engine.packed import MAX_PAYLOAD_ROWS, pack, unpack
 from retry_engine.schemas import WORK
 from tests.builders import T0, Result, work_rows
 
@@ -38,3 +38,20 @@ def test_empty_input_packs_to_no_rows_and_unpacks_to_an_empty_work_table() -> No
     assert packed.num_rows == 0 and packed.schema.names == ["route", "bucket", "payload"]
     assert unpack([]).schema == WORK.arrow_schema and unpack([]).num_rows == 0
     assert isinstance(packed, pa.RecordBatch)
+
+
+def test_a_busy_key_is_split_into_bounded_payloads_in_order() -> None:
+    """Spark builds each Arrow batch for Python in JVM direct memory: no payload holds a whole busy key."""
+    one = work_rows([Result.of("F").failed()], batch_ts=T0)
+    rows = MAX_PAYLOAD_ROWS * 2 + 5
+    many = pa.concat_tables([one] * rows)
+    many = many.set_column(
+        many.schema.get_field_index("source_position"), "source_position", pa.array([f"{i:09d}" for i in range(rows)])
+    )
+    packed = pack(many)
+    sizes = [unpack([p]).num_rows for p in packed.column("payload").to_pylist()]
+    assert sizes == [MAX_PAYLOAD_ROWS, MAX_PAYLOAD_ROWS, 5]
+    assert len(set(zip(packed.column("route").to_pylist(), packed.column("bucket").to_pylist(), strict=True))) == 1
+    assert unpack(packed.column("payload").to_pylist()).column("source_position").to_pylist() == [
+        f"{i:09d}" for i in range(rows)
+    ]
