@@ -530,7 +530,9 @@ class Consumer:
             on_batch=self._on_batch,
             batch_size=self._batch_size,
         )
-        results = self.deliveries().select(*MESSAGE_NAMES).mapInArrow(_consume_partition(spec), CONSUME_RESULTS.spark_schema)
+        results = self.deliveries().select(*MESSAGE_NAMES, DELIVERY_KEY).mapInArrow(
+            _consume_partition(spec), CONSUME_RESULTS.spark_schema
+        )
         query = (
             results.writeStream.queryName(f"consumer-{hashlib.sha1(self.checkpoint_path.encode()).hexdigest()[:12]}")
             .foreachBatch(writer)

@@ -16,9 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
-
 from retry_engine.config import EngineConfig, parse_config
 from retry_engine.consumer import (
     CONSUME_SUCCESS,
@@ -27,6 +24,7 @@ from retry_engine.consumer import (
     Consumer,
     ReceivedMessage,
 )
+from retry_engine.delta.tables import open_table
 from retry_engine.errors import ConfigError
 from retry_engine.producer import Message, Producer
 
@@ -98,10 +96,8 @@ class DemoReport:
 
 
 def _rows(path: str) -> list[dict[str, Any]]:
-    try:
-        return list(DeltaTable(path).to_pyarrow_table().to_pylist())
-    except TableNotFoundError:
-        return []
+    table = open_table(path)
+    return [] if table is None else list(table.to_pyarrow_table().to_pylist())
 
 
 def _progress(config: EngineConfig, sent: dict[str, str]) -> tuple[dict[str, int], bool]:

@@ -37,6 +37,9 @@ QUERY_NAME = "retry-engine"
 
 # The deltars source hands consume results over packed in this column (its ``packedColumn``).
 PACKED_INPUT = "_packed_results"
+# Decide works on at most this many rows at a time (Spark's own Arrow batch size for
+# unpacked input): its per-failure Python objects are what a decide worker holds.
+DECIDE_BATCH_ROWS = 10_000
 
 
 def _decide_batches(decider: Decider) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -56,7 +59,7 @@ def _unpacked(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         return
     stamp = batch.schema.field(BATCH_TS)
     for payload, ts in zip(batch.column(PACKED_INPUT).to_pylist(), batch.column(BATCH_TS).to_pylist(), strict=True):
-        for results in from_ipc(payload).to_batches():
+        for results in from_ipc(payload).to_batches(max_chunksize=DECIDE_BATCH_ROWS):
             yield results.append_column(stamp, pa.array([ts] * results.num_rows, stamp.type))
 
 

@@ -35,7 +35,7 @@ PACKED_ARROW_SCHEMA: Final = pa.schema(
     [pa.field("route", pa.string()), pa.field("bucket", pa.int64()), pa.field("payload", pa.binary())]
 )
 KEY_COLUMNS: Final = ("route", "bucket")
-MAX_PAYLOAD_ROWS: Final = 8192
+MAX_PAYLOAD_ROWS: Final = 4096
 
 
 def packed_batch(keys: Sequence[tuple[str, int]], payloads: Sequence[bytes]) -> pa.RecordBatch:

@@ -62,7 +62,7 @@ def require_java() -> None:
 
 
 DRIVER_JAVA_OPTIONS = "-Xss32m"
-ARROW_MAX_BYTES_PER_BATCH = 64 * 1024 * 1024
+ARROW_MAX_BYTES_PER_BATCH = 8 * 1024 * 1024
 
 
 def spark_conf(
