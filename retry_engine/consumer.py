@@ -19,7 +19,7 @@ engine turns into retries, dead letters or recorded drops.
   batch, and finally the batch fails so Spark replays it on restart: exactly
   one consume result per delivered message.
 * R14: every delivered message carries ``delivery_key`` =
-  ``origin_msg_id:reconsume_times``.
+  ``origin_msg_id:reconsume_times``, plus ``:r<n>`` once re-driven n times.
 
 Pure parts (the listener calls, :func:`consume_batch`) need no Spark.
 """
@@ -47,9 +47,9 @@ from retry_engine.decide import (
     truncate_error,
 )
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table
+from retry_engine.dlq import redrive_count_column
 from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
 from retry_engine.names import (
-    PROP_REDRIVE_COUNT,
     delivery_key,
     is_dlq_topic,
     is_retry_topic,
@@ -88,7 +88,7 @@ def delivery_key_column() -> Column:
     base = F.concat_ws(
         ":", F.coalesce(F.col("origin_msg_id"), F.col("msg_id")), F.coalesce(F.col("reconsume_times"), F.lit(0)).cast("string")
     )
-    redrives = F.coalesce(F.col("properties")[PROP_REDRIVE_COUNT].try_cast("int"), F.lit(0))
+    redrives = redrive_count_column()
     return F.when(redrives > 0, F.concat(base, F.lit(":r"), redrives.cast("string"))).otherwise(base)
 
 

@@ -33,6 +33,7 @@ from retry_engine.names import (
     VALID_CHARACTERS,
     delivery_key,
     dlq_topic,
+    parse_redrive_count,
     retry_topic,
 )
 from retry_engine.schemas import CONSUME_RESULTS, WORK
@@ -307,9 +308,8 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
 
 
 def _redrive_counts(properties: pa.Array) -> list[int]:
-    """The ``REDRIVE_COUNT`` property of each message (0 when absent or not a count)."""
-    values = pc.map_lookup(properties, PROP_REDRIVE_COUNT, "first").to_pylist()
-    return [int(v) if v is not None and v.isdigit() else 0 for v in values]
+    """The ``REDRIVE_COUNT`` property of each message (:func:`~retry_engine.names.parse_redrive_count`)."""
+    return [parse_redrive_count(v) for v in pc.map_lookup(properties, PROP_REDRIVE_COUNT, "first").to_pylist()]
 
 
 def _ack_rows(

@@ -35,15 +35,29 @@ from retry_engine.audit import AUDIT_TABLE, MOVED, read_audit
 from retry_engine.config import EngineConfig
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import SelectionError
-from retry_engine.names import PROP_REDRIVE_COUNT, validate_group, validate_topic
+from retry_engine.names import (
+    PROP_REDRIVE_COUNT,
+    REDRIVE_COUNT_PATTERN,
+    redrive_count,
+    validate_group,
+    validate_topic,
+)
 from retry_engine.schemas import DLQ
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 # Properties a re-drive puts on the message it writes (B5); they survive later retries (R7).
 PROP_REDRIVE_ID = "REDRIVE_ID"
 PROP_REDRIVE_FROM = "REDRIVE_FROM_MSG_ID"
+
+def redrive_count_column() -> Column:
+    """:func:`retry_engine.names.redrive_count` as a Spark expression over a ``properties`` map column."""
+    from pyspark.sql import functions as F
+
+    value = F.col("properties")[PROP_REDRIVE_COUNT]
+    return F.when(value.rlike(REDRIVE_COUNT_PATTERN), value.cast("int")).otherwise(F.lit(0))
+
 
 SummaryKey = Literal["group", "topic", "error_class", "reason_code", "day"]
 SUMMARY_KEYS: dict[str, str] = {
@@ -164,7 +178,7 @@ class Selection:
             wanted = pa.array(self.ids, pa.string())
             keep = both(pc.or_(pc.is_in(rows.column("msg_id"), wanted), pc.is_in(rows.column("origin_msg_id"), wanted)))
         if self.max_redrives is not None:
-            counts = [int(dict(p or []).get(PROP_REDRIVE_COUNT, 0)) for p in rows.column("properties").to_pylist()]
+            counts = [redrive_count(dict(p or [])) for p in rows.column("properties").to_pylist()]
             keep = both(pc.less(pa.array(counts, pa.int64()), self.max_redrives))
         if self.error_pattern is not None:
             pattern = re.compile(self.error_pattern)
@@ -191,8 +205,7 @@ class Selection:
             ids = list(self.ids)
             df = df.filter(F.col("msg_id").isin(ids) | F.col("origin_msg_id").isin(ids))
         if self.max_redrives is not None:
-            count = F.coalesce(F.col("properties")[PROP_REDRIVE_COUNT].cast("int"), F.lit(0))
-            df = df.filter(count < self.max_redrives)
+            df = df.filter(redrive_count_column() < self.max_redrives)
         if self.error_pattern is not None:
             df = df.filter(
                 F.coalesce(F.col("error_class").rlike(self.error_pattern), F.lit(False))
@@ -308,7 +321,7 @@ def dead_letters(
     frame["attempt_count"] = [0 if a is None else len(a) for a in frame["attempts"]]
     frame["last_consumer_id"] = [None if a is None or len(a) == 0 else a[-1]["consumer_id"] for a in frame["attempts"]]
     frame["properties"] = [dict(p) if p is not None else {} for p in frame["properties"]]
-    frame["redrive_count"] = [int(p.get(PROP_REDRIVE_COUNT, 0)) for p in frame["properties"]]
+    frame["redrive_count"] = [redrive_count(p) for p in frame["properties"]]
     moved = _moved_by(config)
     frame["redriven_by"] = [moved.get(m) for m in frame["msg_id"]]
     return frame[list(LISTING_COLUMNS)].sort_values(["dead_lettered_at", "msg_id"], ignore_index=True)
@@ -354,7 +367,7 @@ def _dead_letters_spark(
         "body_text": F.col("body").cast("string"),
         "attempt_count": F.coalesce(F.size("attempts"), F.lit(0)),
         "last_consumer_id": F.when(F.size("attempts") > 0, last["consumer_id"]),
-        "redrive_count": F.coalesce(F.col("properties")[PROP_REDRIVE_COUNT].cast("int"), F.lit(0)),
+        "redrive_count": redrive_count_column(),
     }
     cols = [derived[c].alias(c) if c in derived else F.col(c) for c in LISTING_COLUMNS]
     return df.select(*cols).orderBy("dead_lettered_at", "msg_id")

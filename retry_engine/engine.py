@@ -124,6 +124,10 @@ def start(
 
     With ``engine.table_format = "delta"`` this first checks that Spark has the
     Delta jars and settings (:func:`retry_engine.native_delta.require_delta`).
+
+    A custom ``writer`` receives packed rows (:mod:`retry_engine.packed`); the
+    progress table then records Spark's ``numInputRows``, a count of packed
+    source rows, as the batches' input.
     """
     native = config.engine.table_format == "delta"
     if native:

@@ -148,11 +148,11 @@ def merge_counts(partials: Sequence[pa.Table]) -> pa.Table:
 
 
 def nearest_rank(values: np.ndarray[Any, Any], fraction: float) -> float:
-    """The nearest-rank percentile of ``values`` (0 < fraction <= 1): the smallest
-    observed value with at least ``fraction`` of the values at or below it.
+    """The nearest-rank percentile of non-empty ``values`` (0 < fraction <= 1): the
+    smallest observed value with at least ``fraction`` of the values at or below it.
 
-    The one definition of lateness percentiles: the METRICS rows, ``status``
-    and ``plots`` all use it.
+    The one rule for lateness percentiles: the METRICS rows (whole ms), ``status``
+    and ``plots`` (fractional ms, from the retry table) all use it.
     """
     ordered = np.sort(values)
     rank = int(np.ceil(fraction * len(ordered)))

@@ -7,6 +7,7 @@ path; a logical name such as ``%RETRY%G`` is only ever a column value.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from retry_engine.errors import InvalidNameError
 
@@ -23,10 +24,20 @@ VALID_CHARACTERS = "%|a-zA-Z0-9_-"
 PROP_REDRIVE_COUNT = "REDRIVE_COUNT"
 
 
-def redrive_count(properties: dict[str, str] | None) -> int:
-    """How often a message was re-driven, from its properties (0 when absent or not a count)."""
-    value = (properties or {}).get(PROP_REDRIVE_COUNT, "")
-    return int(value) if value.isdigit() else 0
+# What counts as a re-drive count: 1-9 ASCII digits. Anything else (a user's own value,
+# "+2", " 2", non-ASCII digits) reads as 0, in Python and in Spark alike.
+REDRIVE_COUNT_PATTERN = "^[0-9]{1,9}$"
+_REDRIVE_COUNT = re.compile(REDRIVE_COUNT_PATTERN)
+
+
+def parse_redrive_count(value: str | None) -> int:
+    """A ``REDRIVE_COUNT`` property value as a count (0 unless it matches :data:`REDRIVE_COUNT_PATTERN`)."""
+    return int(value) if value is not None and _REDRIVE_COUNT.match(value) else 0
+
+
+def redrive_count(properties: Mapping[str, str] | None) -> int:
+    """How often a message was re-driven, from its properties (see :func:`parse_redrive_count`)."""
+    return parse_redrive_count((properties or {}).get(PROP_REDRIVE_COUNT))
 
 
 def delivery_key(origin_msg_id: str, reconsume_times: int, redrive_count: int = 0) -> str:

@@ -216,6 +216,8 @@ class BatchWriter:
         self._last_batch = batch_id if self._last_batch is None else max(self._last_batch, batch_id)
         if result.num_rows == 0:
             # An idle engine's batches only fire timeouts and release nothing: no commits.
+            if self.on_counts is not None:
+                self.on_counts(batch_id, [])
             return
         files: dict[str, list[WrittenFile]] = {}
         counts: list[pa.Table] = []

@@ -11,7 +11,9 @@ a handful of rows per task and never looks inside them.
 Order: :func:`pack` keeps input order within a key, and :func:`unpack`
 concatenates payloads in the order given.
 
-Size: a payload holds at most :data:`MAX_PAYLOAD_ROWS` rows. Spark builds
+Size: a payload holds at most :data:`MAX_PAYLOAD_ROWS` rows and about
+:data:`MAX_PAYLOAD_BYTES` (by average row size; wide bodies make for fewer
+rows; Arrow and Java cap one binary value at 2 GiB). Spark builds
 each Arrow batch it hands to Python in JVM direct memory, and a single huge
 binary value (all of a busy key's rows) needs one contiguous buffer there;
 the engine's session also caps the bytes per Arrow batch
@@ -27,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine._arrow_ipc import from_ipc, to_ipc
+from retry_engine._arrow_ipc import from_ipc, ipc_chunks
 from retry_engine.schemas import WORK
 
 PACKED_SCHEMA: Final = "route string, bucket long, payload binary"
@@ -36,6 +38,7 @@ PACKED_ARROW_SCHEMA: Final = pa.schema(
 )
 KEY_COLUMNS: Final = ("route", "bucket")
 MAX_PAYLOAD_ROWS: Final = 4096
+MAX_PAYLOAD_BYTES: Final = 4 * 1024 * 1024
 
 
 def packed_batch(keys: Sequence[tuple[str, int]], payloads: Sequence[bytes]) -> pa.RecordBatch:
@@ -74,8 +77,8 @@ def pack(work: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
 
 
 def payload_chunks(rows: pa.Table) -> list[bytes]:
-    """``rows`` as payloads of at most :data:`MAX_PAYLOAD_ROWS` rows each, in order."""
-    return [to_ipc(rows.slice(i, MAX_PAYLOAD_ROWS)) for i in range(0, rows.num_rows, MAX_PAYLOAD_ROWS)]
+    """``rows`` as payloads of at most :data:`MAX_PAYLOAD_ROWS` rows and about :data:`MAX_PAYLOAD_BYTES`, in order."""
+    return ipc_chunks(rows, max_rows=MAX_PAYLOAD_ROWS, max_bytes=MAX_PAYLOAD_BYTES)
 
 
 def _empty() -> pa.RecordBatch:
@@ -90,4 +93,4 @@ def unpack(payloads: Iterable[bytes]) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-__all__ = ["KEY_COLUMNS", "MAX_PAYLOAD_ROWS", "PACKED_ARROW_SCHEMA", "PACKED_SCHEMA", "pack", "packed_batch", "payload_chunks", "unpack"]
+__all__ = ["KEY_COLUMNS", "MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_ROWS", "PACKED_ARROW_SCHEMA", "PACKED_SCHEMA", "pack", "packed_batch", "payload_chunks", "unpack"]

@@ -438,7 +438,7 @@ def _messages(config: EngineConfig, chunk: pa.Table, dlq: dict[str, dict[str, An
         props = dict(dead["properties"] or [])
         props[PROP_REDRIVE_ID] = intent["redrive_id"]
         props[PROP_REDRIVE_FROM] = intent["dlq_msg_id"]
-        props[PROP_REDRIVE_COUNT] = str(int(props.get(PROP_REDRIVE_COUNT, "0")) + 1)
+        props[PROP_REDRIVE_COUNT] = str(redrive_count(props) + 1)
         new_id = intent["redriven_msg_id"]
         message = {
             "msg_id": new_id,

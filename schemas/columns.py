@@ -102,8 +102,8 @@ NUM_INPUT_ROWS = Column(
     "num_input_rows", pa.int64(),
     "Consume results read by the micro-batch (the engine's count; Spark's numInputRows counts packed source rows).",
 )
-INPUT_ROWS_PER_SECOND = Column("input_rows_per_second", pa.float64(), "Arrival rate Spark reports for the batch.")
-PROCESSED_ROWS_PER_SECOND = Column("processed_rows_per_second", pa.float64(), "Processing rate Spark reports for the batch.")
+INPUT_ROWS_PER_SECOND = Column("input_rows_per_second", pa.float64(), "Arrival rate Spark reports for the batch, scaled to num_input_rows.")
+PROCESSED_ROWS_PER_SECOND = Column("processed_rows_per_second", pa.float64(), "Processing rate Spark reports for the batch, scaled to num_input_rows.")
 STATE_ROWS_TOTAL = Column("state_rows_total", pa.int64(), "Rows in the state stores after the batch (all stateful operators).")
 STATE_ROWS_UPDATED = Column("state_rows_updated", pa.int64(), "State rows written by the batch.")
 STATE_ROWS_REMOVED = Column("state_rows_removed", pa.int64(), "State rows removed by the batch.")

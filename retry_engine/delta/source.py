@@ -14,8 +14,9 @@ micro-batch yields the same rows in the same order (and the same
 ``sourcePositionColumn`` values).
 
 ``packedColumn`` is for Python consumers of the stream (``mapInArrow``): each
-Spark row then holds one Arrow batch as read (table columns plus the
-position column), as an Arrow IPC stream in that one binary column. Spark
+Spark row then holds a slice of an Arrow batch as read (table columns plus the
+position column; about :data:`PACKED_MAX_BYTES`), as an Arrow IPC stream in
+that one binary column. Spark
 converts a few rows per file instead of every row, which is most of the cost
 of a read that Python code will consume as Arrow anyway.
 """
@@ -44,7 +45,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from retry_engine._arrow_ipc import to_ipc
+from retry_engine._arrow_ipc import ipc_chunks
 from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import Commit, DeltaLog, FileEntry, TableLocation
 from retry_engine.delta._offsets import (
@@ -73,6 +74,9 @@ log = logging.getLogger(__name__)
 
 FORMAT_NAME = "deltars"
 DEFAULT_MAX_FILES_PER_TRIGGER = 1000
+# With packedColumn: about this many bytes per packed value (Spark builds each Arrow
+# batch in JVM direct memory, and one binary value is capped at 2 GiB).
+PACKED_MAX_BYTES = 8 * 1024 * 1024
 
 @dataclass(frozen=True)
 class SourceOptions:
@@ -214,7 +218,8 @@ class _FileReading:
             return
         target = arrow_target(self.schema)
         for batch in batches:
-            yield pa.RecordBatch.from_arrays([pa.array([to_ipc(batch)], pa.binary())], schema=target)
+            payloads = ipc_chunks(batch, max_rows=batch.num_rows, max_bytes=PACKED_MAX_BYTES)
+            yield pa.RecordBatch.from_arrays([pa.array(payloads, pa.binary())], schema=target)
 
 
 class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAvailableNow):

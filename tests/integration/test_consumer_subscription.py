@@ -48,6 +48,27 @@ def test_r14_a_redriven_message_has_a_delivery_key_of_its_own(spark: Any, tmp_pa
     assert keys == {plain: f"{plain}:0", again: f"{again}:0:r2", odd: f"{odd}:0"}
 
 
+def test_r14_spark_and_python_make_the_same_delivery_keys(spark: Any) -> None:
+    """The consumer computes keys in Spark; decide and re-drive in Python: one rule for both."""
+    from retry_engine.consumer import delivery_key_column
+    from retry_engine.names import delivery_key, redrive_count
+
+    values = [None, "", "3", "007", "+2", " 2", "2 ", "\u00b2", "\u0663", "lots", "-1", "123456789", "1234567890", "9" * 5000]
+    rows = [
+        {"msg_id": f"M{i}", "origin_msg_id": None if i % 2 else "O", "reconsume_times": i % 3,
+         "properties": {} if v is None else {"REDRIVE_COUNT": v}}
+        for i, v in enumerate(values)
+    ]
+    df = spark.createDataFrame(rows, "msg_id string, origin_msg_id string, reconsume_times int, properties map<string,string>")
+    got = {r["msg_id"]: r["key"] for r in df.select("msg_id", delivery_key_column().alias("key")).collect()}
+    want = {
+        r["msg_id"]: delivery_key(r["origin_msg_id"] or r["msg_id"], r["reconsume_times"], redrive_count(r["properties"]))
+        for r in rows
+    }
+    assert got == want
+    assert got["M2"] == "O:2:r3" and got["M7"] == "M7:1"  # "3" counts, "\u00b2" does not
+
+
 def test_consume_from_latest_skips_what_was_already_there(spark: Any, tmp_path: Path) -> None:
     lake = Lake.make(tmp_path)
     producer = Producer(lake.path("messages"))

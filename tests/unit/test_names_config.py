@@ -77,3 +77,15 @@ def test_r14_delivery_key_adds_the_redrive_count_only_once_redriven() -> None:
 
     assert delivery_key("O", 3) == "O:3" and delivery_key("O", 0, 1) == "O:0:r1"
     assert [redrive_count(p) for p in (None, {}, {"REDRIVE_COUNT": "4"}, {"REDRIVE_COUNT": "-1"})] == [0, 0, 4, 0]
+
+
+@pytest.mark.parametrize(
+    ("value", "count"),
+    [(None, 0), ("", 0), ("3", 3), ("007", 7), ("+2", 0), (" 2", 0), ("2 ", 0), ("²", 0), ("٣", 0),
+     ("lots", 0), ("-1", 0), ("123456789", 123456789), ("1234567890", 0), ("9" * 5000, 0)],
+)
+def test_r14_one_rule_for_what_a_redrive_count_is(value: str | None, count: int) -> None:
+    """Never raises: the property is a user's as much as the engine's (bad input must not stop a batch)."""
+    from retry_engine.names import parse_redrive_count
+
+    assert parse_redrive_count(value) == count

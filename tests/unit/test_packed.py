@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from retry_engine._arrow_ipc import from_ipc, ipc_chunks
 from retry_engine.config import parse_config
-from retry_engine.packed import MAX_PAYLOAD_ROWS, pack, unpack
+from retry_engine.packed import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_ROWS, pack, payload_chunks, unpack
 from retry_engine.schemas import WORK
 from tests.builders import T0, Result, work_rows
 
@@ -55,3 +56,24 @@ def test_a_busy_key_is_split_into_bounded_payloads_in_order() -> None:
     assert unpack(packed.column("payload").to_pylist()).column("source_position").to_pylist() == [
         f"{i:09d}" for i in range(rows)
     ]
+
+
+def test_wide_rows_make_for_fewer_rows_per_payload() -> None:
+    """Bodies of 200 KiB: a payload keeps to about MAX_PAYLOAD_BYTES, not MAX_PAYLOAD_ROWS rows."""
+    one = work_rows([Result.of("W").failed()], batch_ts=T0)
+    rows = pa.concat_tables([one] * 100)
+    rows = rows.set_column(rows.schema.get_field_index("body"), WORK.arrow_schema.field("body"),
+                           pa.array([b"x" * 200 * 1024] * 100, pa.binary()))
+    payloads = payload_chunks(rows)
+    assert len(payloads) > 1 and all(len(p) < 2 * MAX_PAYLOAD_BYTES for p in payloads)
+    assert unpack(payloads).num_rows == 100
+
+
+def test_ipc_chunks_bound_rows_and_bytes_and_keep_order() -> None:
+    table = pa.table({"i": pa.array(range(10), pa.int64())})
+    by_rows = [from_ipc(c).column("i").to_pylist() for c in ipc_chunks(table, max_rows=4, max_bytes=1 << 20)]
+    assert by_rows == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    by_bytes = [from_ipc(c).num_rows for c in ipc_chunks(table, max_rows=100, max_bytes=24)]
+    assert by_bytes == [3, 3, 3, 1]  # 8 bytes a row
+    assert [from_ipc(c).num_rows for c in ipc_chunks(table, max_rows=100, max_bytes=1)] == [1] * 10
+    assert ipc_chunks(table.slice(0, 0), max_rows=4, max_bytes=100) == []
