@@ -58,11 +58,19 @@ def log(message: str) -> None:
 
 
 def _children(pid: int) -> list[int]:
+    """Children of every thread of ``pid`` (the JVM forks Python from non-main threads)."""
+    out: list[int] = []
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return []
+        return out
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+    return out
 
 
 def _descendants(pid: int) -> list[int]:
@@ -95,7 +103,11 @@ def _cmdline(pid: int) -> str:
 
 @dataclass
 class RssSampler:
-    """Peak RSS of this driver process, the JVM, and the JVM's Python workers (summed)."""
+    """Peak RSS of this driver process, the JVM, and the JVM's Python workers (summed).
+
+    Python workers are forked from one daemon, so their summed RSS counts the
+    pages they share with it more than once: an upper bound.
+    """
 
     peak: dict[str, float] = field(default_factory=lambda: {"python driver": 0.0, "JVM": 0.0, "python workers": 0.0})
     _stop: threading.Event = field(default_factory=threading.Event)
