@@ -54,11 +54,11 @@ def packed_batch(keys: Sequence[tuple[str, int]], payloads: Sequence[bytes]) -> 
 
 
 def pack(work: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
-    """``work`` as packed rows: per distinct (route, bucket), its rows in input order, in payloads
-    of at most :data:`MAX_PAYLOAD_ROWS` rows."""
+    """``work`` as packed rows: per distinct (route, bucket), its rows in input order, in
+    :func:`payload_chunks`."""
     table = work if isinstance(work, pa.Table) else pa.Table.from_batches([work])
     if table.num_rows == 0:
-        return _empty()
+        return packed_batch([], [])
     # sort_indices is stable: rows of one key keep their input order.
     order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in KEY_COLUMNS])
     ordered = table.take(order)
@@ -79,10 +79,6 @@ def pack(work: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
 def payload_chunks(rows: pa.Table) -> list[bytes]:
     """``rows`` as payloads of at most :data:`MAX_PAYLOAD_ROWS` rows and about :data:`MAX_PAYLOAD_BYTES`, in order."""
     return ipc_chunks(rows, max_rows=MAX_PAYLOAD_ROWS, max_bytes=MAX_PAYLOAD_BYTES)
-
-
-def _empty() -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in PACKED_ARROW_SCHEMA], schema=PACKED_ARROW_SCHEMA)
 
 
 def unpack(payloads: Iterable[bytes]) -> pa.Table:

@@ -33,7 +33,7 @@ from pyspark.sql.streaming.state import GroupState
 
 from retry_engine._arrow_ipc import from_ipc, to_ipc
 from retry_engine.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
-from retry_engine.packed import payload_chunks, unpack
+from retry_engine.packed import packed_batch, payload_chunks, unpack
 from retry_engine.schemas import WORK
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class ScheduleStage:
 
 
 def _packed(key: tuple[str, int], payloads: list[bytes]) -> pd.DataFrame:
-    return pd.DataFrame({"route": [key[0]] * len(payloads), "bucket": [int(key[1])] * len(payloads), "payload": payloads})
+    return packed_batch([key] * len(payloads), payloads).to_pandas()
 
 
 def _with(table: pa.Table, **columns: pa.Array | pa.ChunkedArray) -> pa.Table:
