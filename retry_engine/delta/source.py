@@ -16,9 +16,9 @@ micro-batch yields the same rows in the same order (and the same
 ``packedColumn`` is for Python consumers of the stream (``mapInArrow``): each
 Spark row then holds a slice of an Arrow batch as read (table columns plus the
 position column; about :data:`PACKED_MAX_BYTES`), as an Arrow IPC stream in
-that one binary column. Spark
-converts a few rows per file instead of every row, which is most of the cost
-of a read that Python code will consume as Arrow anyway.
+that one binary column. Spark converts a few rows per file instead of every
+row, which is most of the cost of a read that Python code will consume as
+Arrow anyway.
 """
 
 from __future__ import annotations
