@@ -13,6 +13,7 @@ import base64
 import datetime as dt
 import hashlib
 import json
+import logging
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -37,6 +38,8 @@ from retry_engine.names import (
     retry_topic,
 )
 from retry_engine.schemas import CONSUME_RESULTS, WORK
+
+log = logging.getLogger(__name__)
 
 Status = Literal["CONSUME_SUCCESS", "RECONSUME_LATER", "EXCEPTION"]
 SUCCESS = "CONSUME_SUCCESS"
@@ -64,7 +67,26 @@ OUTCOMES = (ACKNOWLEDGED, RETRY, DEAD_LETTER, DROPPED, DUPLICATE, QUARANTINED)
 
 KIND_OUTCOME = "outcome"
 KIND_DELIVERY = "delivery"
-NO_STATE_BUCKET = -1
+# The bucket of rows that never touch the schedule stage's state (acknowledged, dropped,
+# quarantined, dead-lettered). A real bucket is floor(store time in us / bucket in us) with a
+# bucket of at least 1 ms, so it is above int64's minimum whatever the store time: before
+# 1970 buckets are negative, and -1 is a real one (1969-12-31T23:59:59Z with 1 s buckets).
+NO_STATE_BUCKET = -(2**63)
+
+INT32_MAX = 2**31 - 1
+# Python's datetime holds years 1 to 9999; Arrow's timestamp[us] holds about +-292,000 years.
+# A time outside Python's range cannot be a real clock reading, and deciding it would raise.
+_PY_MIN_US = -62_135_596_800_000_000
+_PY_MAX_US = 253_402_300_799_999_999
+# A quarantined row keeps this much of a body over engine.max_body_bytes in ``raw``, plus its size.
+RAW_BODY_PREFIX_BYTES = 1024
+
+# Java's Character.isWhitespace, which RocketMQ's UtilAll.isBlank applies to every char:
+# Unicode space, line and paragraph separators except the no-break spaces (U+00A0, U+2007,
+# U+202F), and the controls \t \n \v \f \r and U+001C-U+001F. Valid in re and in RE2.
+JAVA_WHITESPACE = "\t\n\x0b\x0c\r\x1c-\x1f \u1680\u2000-\u2006\u2008-\u200a\u2028\u2029\u205f\u3000"
+_BLANK = re.compile(f"[{JAVA_WHITESPACE}]*")
+_BLANK_PATTERN = f"^[{JAVA_WHITESPACE}]*$"
 
 _VALID_NAME_PATTERN = f"^[{VALID_CHARACTERS}]+$"
 
@@ -86,7 +108,7 @@ class Decider:
         return self._policies[group_name]
 
     def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        return decide(batch, self)
+        return decide_or_quarantine(batch, self)
 
 
 def check_input_schema(schema: pa.Schema) -> None:
@@ -134,7 +156,88 @@ def _normalise(batch: pa.RecordBatch) -> tuple[dict[str, pa.Array], Problems]:
                     ("WRONG_TYPE", f"column {col.name}: {_short(value)!r} is not a valid {col.type}")
                 )
         out[col.name] = pa.array(values, type=col.type)
+    for col in CONSUME_RESULTS.columns:
+        out[col.name] = _valid_utf8(col.name, out[col.name], problems)
+        out[col.name] = _python_times(col.name, out[col.name], problems)
     return out, problems
+
+
+def _valid_utf8(name: str, array: pa.Array, problems: Problems) -> pa.Array:
+    """``array`` with every value that is not valid UTF-8 replaced, and its row flagged INVALID_UTF8.
+
+    Parquet does not validate strings, and Python cannot decode such a value.
+    A plain string keeps its text with the bad bytes escaped (``\\xff``), so
+    the quarantine row's columns stay readable; a nested value becomes null.
+    The row's ``raw`` keeps the exact bytes (:func:`_raw_json`).
+    """
+    if not _has_strings(array.type):
+        return array
+    try:
+        array.validate(full=True)
+        return array
+    except pa.ArrowInvalid:
+        pass
+    plain = pa.types.is_string(array.type)
+    raw = array.cast(pa.binary()) if plain else None
+    values: list[Any] = []
+    for i in range(len(array)):
+        try:
+            values.append(array.slice(i, 1).to_pylist()[0])
+        except UnicodeDecodeError as exc:
+            shown = raw[i].as_py() if raw is not None else exc.object
+            values.append(shown.decode("utf-8", "backslashreplace") if plain else None)
+            problems[i].append(("INVALID_UTF8", f"column {name}: {_short(shown)!r} is not valid UTF-8"))
+    return pa.array(values, type=array.type)
+
+
+def _has_strings(t: pa.DataType) -> bool:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return True
+    if pa.types.is_map(t):
+        return _has_strings(t.key_type) or _has_strings(t.item_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _has_strings(t.value_type)
+    if pa.types.is_struct(t):
+        return any(_has_strings(f.type) for f in t)
+    return False
+
+
+def _python_times(name: str, array: pa.Array, problems: Problems) -> pa.Array:
+    """``array`` with timestamps outside years 1-9999 nulled and their rows flagged TIMESTAMP_OUT_OF_RANGE.
+
+    Covers top-level timestamp columns and the attempts' ``consumed_at``.
+    """
+    if pa.types.is_timestamp(array.type):
+        micros = array.cast(pa.int64())
+        rows = pa.array(np.arange(len(array), dtype=np.int64))
+    elif pa.types.is_list(array.type) and pa.types.is_struct(array.type.value_type):
+        struct = array.type.value_type
+        fields = [f.name for f in struct if pa.types.is_timestamp(f.type)]
+        if not fields or len(array) == 0:
+            return array
+        flat = pc.list_flatten(array)
+        micros = pa.concat_arrays([pc.struct_field(flat, f).cast(pa.int64()) for f in fields])
+        rows = pa.concat_arrays([pc.list_parent_indices(array)] * len(fields))
+    else:
+        return array
+    outside = pc.fill_null(pc.or_(pc.less(micros, _PY_MIN_US), pc.greater(micros, _PY_MAX_US)), False)
+    if not pc.any(outside).as_py():
+        return array
+    bad_values = micros.filter(outside).to_pylist()
+    bad_rows = rows.filter(outside).to_pylist()
+    flagged: set[int] = set()
+    for row, value in zip(bad_rows, bad_values, strict=True):
+        if row not in flagged:
+            flagged.add(row)
+            problems[row].append(
+                (
+                    "TIMESTAMP_OUT_OF_RANGE",
+                    f"column {name}: {value} us since 1970 is outside years 1-9999 (no clock reads that)",
+                )
+            )
+    mask = np.zeros(len(array), dtype=bool)
+    mask[sorted(flagged)] = True
+    return pc.if_else(pa.array(mask), pa.nulls(len(array), array.type), array)
 
 
 # -- step 2: validation (vectorised) -----------------------------------------------
@@ -149,12 +252,10 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
     msg_id, group, topic = cols["msg_id"], cols["consumer_group"], cols["topic"]
     status, model = cols["status"], cols["message_model"]
 
-    def blank(a: pa.Array) -> pa.Array:
-        return pc.or_kleene(pc.is_null(a), pc.equal(pc.utf8_length(a), 0))
-
-    _flag(problems, blank(msg_id), "MISSING_MSG_ID", "msg_id is missing")
-    _flag(problems, blank(group), "MISSING_GROUP", "consumer_group is missing")
-    _flag(problems, blank(topic), "MISSING_TOPIC", "topic is missing")
+    blank = blank_mask
+    _flag(problems, blank(msg_id), "MISSING_MSG_ID", "msg_id is missing (null, empty or whitespace)")
+    _flag(problems, blank(group), "MISSING_GROUP", "consumer_group is missing (null, empty or whitespace)")
+    _flag(problems, blank(topic), "MISSING_TOPIC", "topic is missing (null, empty or whitespace)")
 
     def bad_name(a: pa.Array, max_length: int) -> pa.Array:
         present = pc.invert(blank(a))
@@ -203,6 +304,15 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
         "INVALID_RECONSUME_TIMES",
         lambda i: f"reconsume_times {reconsume[i].as_py()} is negative",
     )
+    # The retry or dead letter carries reconsume_times + 1 (R7); at the int32 maximum that
+    # value does not exist. No real consumer gets there (the DLQ takes it at 16 by default).
+    _flag(
+        problems,
+        pc.equal(reconsume, INT32_MAX),
+        "RECONSUME_TIMES_OVERFLOW",
+        lambda i: f"reconsume_times {INT32_MAX} is the int32 maximum: the next message would need "
+        f"reconsume_times {INT32_MAX + 1} (R7), which the column cannot hold",
+    )
     max_times = cols["max_reconsume_times"]
     _flag(
         problems,
@@ -210,6 +320,16 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
         "INVALID_MAX_RECONSUME_TIMES",
         lambda i: f"max_reconsume_times {max_times[i].as_py()} is below -1 (-1 or null = group default)",
     )
+
+
+def is_blank(value: str | None) -> bool:
+    """RocketMQ's ``UtilAll.isBlank``: null, empty, or only Java whitespace."""
+    return value is None or _BLANK.fullmatch(value) is not None
+
+
+def blank_mask(values: pa.Array) -> pa.Array:
+    """:func:`is_blank` of every value of a string array (never null)."""
+    return pc.or_kleene(pc.is_null(values), pc.match_substring_regex(values, _BLANK_PATTERN))
 
 
 # -- step 3: decisions ---------------------------------------------------------------
@@ -272,7 +392,9 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
         cols["consumed_at"].take(slow),
         pa.scalar(batch_ts, WORK["decided_at"].type),
     ).cast(pa.int64())
-    buckets = pc.divide(store_us, decider.bucket_ms * 1000).to_pylist()
+    # Floor, not Arrow's truncating divide: a store time before 1970 belongs to the bucket
+    # that starts before it, like any other (NO_STATE_BUCKET is below every real bucket).
+    buckets = np.floor_divide(store_us.to_numpy(), decider.bucket_ms * 1000).tolist()
     positions = batch.column(POSITION).take(slow).to_pylist()
     rows: list[dict[str, Any]] = []
     for j, i in enumerate(slow_rows):
@@ -290,9 +412,12 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
             "bucket": NO_STATE_BUCKET,
         }
         if i in problems:
-            rows.append(_quarantine(base, problems[i], batch, i))
+            row = _quarantine(base, problems[i])
         else:
-            rows.append(_decide_valid(base, py, j, attempts[j], buckets[j], batch_ts, decider))
+            row = _decide_valid(base, py, j, attempts[j], buckets[j], batch_ts, decider)
+        if row["outcome"] == QUARANTINED:
+            row["raw"] = _raw_json(batch, i, body_limit=config.engine.max_body_bytes)
+        rows.append(row)
     decided = pa.RecordBatch.from_pylist(rows, schema=_COMPUTED_SCHEMA)
     copied = {name: cols[name].take(slow) for name in _COPIED}
     others = pa.RecordBatch.from_arrays(
@@ -361,14 +486,14 @@ _COPIED = ("tags", "keys", "body", "flag", "properties", "born_timestamp", "born
 _COMPUTED_SCHEMA = pa.schema([f for f in WORK.arrow_schema if f.name not in _COPIED])
 
 
-def _quarantine(base: dict[str, Any], problems: list[tuple[str, str]], batch: pa.RecordBatch, i: int) -> dict[str, Any]:
+def _quarantine(base: dict[str, Any], problems: list[tuple[str, str]]) -> dict[str, Any]:
+    """A quarantine outcome for the first problem's code, with every problem's reason (``raw`` is added by the caller)."""
     code = problems[0][0]
     return {
         **base,
         "outcome": QUARANTINED,
         "reason_code": code,
         "reason": "; ".join(reason for _, reason in problems),
-        "raw": _raw_json(batch, i),
         "quarantined_at": base["decided_at"],
         "msg_id": base["consumed_msg_id"],
     }
@@ -398,15 +523,15 @@ def _decide_valid(
         }
     group = config.group(group_name)
     if group is None:
-        return {
-            **base,
-            "outcome": QUARANTINED,
-            "reason_code": "SUBSCRIPTION_GROUP_NOT_EXIST",
-            "reason": f"subscription group {group_name!r} does not exist and engine.auto_create_groups is off",
-            "raw": None,
-            "quarantined_at": batch_ts,
-            "msg_id": base["consumed_msg_id"],
-        }
+        return _quarantine(
+            base,
+            [
+                (
+                    "SUBSCRIPTION_GROUP_NOT_EXIST",
+                    f"subscription group {group_name!r} does not exist and engine.auto_create_groups is off",
+                )
+            ],
+        )
     if group.retry_queue_nums <= 0:
         return {
             **base,
@@ -432,7 +557,8 @@ def _decide_valid(
         dead_code = None
 
     consumed_msg_id: str = py["msg_id"][j]
-    origin = py["origin_msg_id"][j] or consumed_msg_id
+    # UtilAll.isBlank: a whitespace-only origin id is no id; the consumed message is the first delivery.
+    origin = consumed_msg_id if is_blank(py["origin_msg_id"][j]) else py["origin_msg_id"][j]
     level = None if dead_code else next_level(decider.policy(group_name, group), requested=requested, reconsume_times=reconsume)
     attempt = {
         "reconsume_times": reconsume,
@@ -472,6 +598,20 @@ def _decide_valid(
         }
     assert level is not None
     delay = decider.policy(group_name, group).delay_ms(level)
+    try:
+        due_at = batch_ts + dt.timedelta(milliseconds=delay)
+    except OverflowError:
+        # Only a configured delay of thousands of years gets here; such a retry could never be delivered.
+        return _quarantine(
+            base,
+            [
+                (
+                    "DUE_AT_OUT_OF_RANGE",
+                    f"delay level {level} of group {group_name!r} waits {delay} ms: due after year 9999; "
+                    "fix the group's backoff",
+                )
+            ],
+        )
     out_id = new_msg_id(group_name, consumed_msg_id, "retry")
     return {
         **common,
@@ -483,7 +623,7 @@ def _decide_valid(
         "delay_level": level,
         "schedule_queue_id": schedule_queue_id(level),
         "scheduled_at": batch_ts,
-        "due_at": batch_ts + dt.timedelta(milliseconds=delay),
+        "due_at": due_at,
     }
 
 
@@ -500,10 +640,51 @@ def _short(value: Any, limit: int = 80) -> Any:
     return value
 
 
-def _raw_json(batch: pa.RecordBatch, i: int) -> str:
-    row = batch.slice(i, 1).to_pylist()[0]
-    row.pop(BATCH_TS, None)
+def _raw_json(batch: pa.RecordBatch, i: int, *, body_limit: int) -> str:
+    """Row ``i`` of ``batch`` as JSON, exactly as read, for the quarantine table.
+
+    Binary values are base64 (``{"base64": ...}``); one over ``body_limit`` bytes
+    keeps only its first :data:`RAW_BODY_PREFIX_BYTES` and its size, so a huge
+    body is not copied into the quarantine. Values Python cannot represent keep
+    their exact content: invalid UTF-8 as ``{"invalid_utf8_base64": ...}``, a
+    time outside years 1-9999 as ``{"unrepresentable": <int>, "type": ...}``.
+    """
+    row = {
+        name: _raw_value(column[i], body_limit)
+        for name, column in zip(batch.schema.names, batch.columns, strict=True)
+        if name != BATCH_TS
+    }
     return json.dumps(row, default=_json_default, sort_keys=True)
+
+
+def _raw_value(scalar: pa.Scalar, body_limit: int) -> Any:
+    if not scalar.is_valid:
+        return None
+    t = scalar.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        data = scalar.as_buffer()
+        if data.size > body_limit:
+            prefix = data[:RAW_BODY_PREFIX_BYTES].to_pybytes()
+            return {"base64": base64.b64encode(prefix).decode(), "size": data.size, "truncated": True}
+        return {"base64": base64.b64encode(data.to_pybytes()).decode()}
+    try:
+        return scalar.as_py()
+    except (UnicodeDecodeError, OverflowError, ValueError):
+        pass
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return {"invalid_utf8_base64": base64.b64encode(scalar.as_buffer().to_pybytes()).decode()}
+    if pa.types.is_struct(t):
+        return {f.name: _raw_value(scalar[f.name], body_limit) for f in t}
+    if pa.types.is_map(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+        return [_raw_value(v, body_limit) for v in scalar.values]
+    if pa.types.is_temporal(t):
+        return {"unrepresentable": pa.array([scalar]).view(_int_view(t)).cast(pa.int64())[0].as_py(), "type": str(t)}
+    return {"unrepresentable": str(t)}
+
+
+def _int_view(t: pa.DataType) -> pa.DataType:
+    """The integer type with ``t``'s storage (temporal types are 32 or 64-bit integers)."""
+    return pa.int32() if t.bit_width == 32 else pa.int64()
 
 
 def _json_default(value: Any) -> Any:
@@ -514,4 +695,102 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-__all__: Sequence[str] = ("Decider", "check_input_schema", "decide", "new_msg_id")
+# -- the general rule: no row stops the stream ----------------------------------------
+
+
+def decide_or_quarantine(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
+    """:func:`decide`, except that rows whose decision raises are quarantined (DECIDE_FAILED).
+
+    When deciding ``batch`` raises anything, its halves are decided apart, down
+    to single rows; a row that still raises on its own gets a quarantine outcome
+    naming the exception's class and message, and every other row its normal
+    decision, in input order. A row is never lost and never stops the stream.
+
+    Replay: :func:`decide` is deterministic, so a replayed batch splits the
+    same way and quarantines the same rows.
+    """
+    try:
+        return decide(batch, decider)
+    except Exception as exc:  # the bad-input rule: whatever it is, find the rows that raise
+        log.warning(
+            "deciding %d rows raised %s: %s; deciding them apart to quarantine the rows that raise",
+            batch.num_rows, type(exc).__name__, exc,
+        )
+        return pa.concat_batches(_decide_apart(batch, decider, exc))
+
+
+def _decide_apart(batch: pa.RecordBatch, decider: Decider, exc: Exception) -> list[pa.RecordBatch]:
+    """The decisions of ``batch``, whose deciding raised ``exc``, bisected down to the rows that raise."""
+    if batch.num_rows == 1:
+        return [_failed_row(batch, exc, decider.config)]
+    half = batch.num_rows // 2
+    out: list[pa.RecordBatch] = []
+    for part in (batch.slice(0, half), batch.slice(half)):
+        try:
+            out.append(decide(part, decider))
+        except Exception as part_exc:  # narrowed down further, then quarantined
+            out.extend(_decide_apart(part, decider, part_exc))
+    return out
+
+
+def _failed_row(batch: pa.RecordBatch, exc: Exception, config: EngineConfig) -> pa.RecordBatch:
+    """The DECIDE_FAILED quarantine outcome of the one row of ``batch``, from what can be read of it."""
+
+    def value(name: str, kind: type) -> Any:
+        if name not in batch.schema.names:
+            return None
+        try:
+            v = batch.column(name)[0].as_py()
+        except (UnicodeDecodeError, OverflowError, ValueError):
+            return None
+        return v if isinstance(v, kind) else None
+
+    def text(name: str) -> str | None:
+        v: str | None = value(name, str)
+        return None if v is None else _printable(v)
+
+    decided_at = value(BATCH_TS, dt.datetime) or _EPOCH
+    if decided_at.tzinfo is None:
+        decided_at = decided_at.replace(tzinfo=dt.UTC)
+    group, msg_id, position = text("consumer_group"), text("msg_id"), text(POSITION)
+    reconsume = value("reconsume_times", int)
+    reason = truncate_error(_printable(f"deciding this row raised {type(exc).__name__}: {exc}"))
+    log.warning(
+        "group %s msg_id %s (source position %s) quarantined: DECIDE_FAILED: %s", group, msg_id, position, reason
+    )
+    row = {
+        "kind": KIND_OUTCOME,
+        "route": group or "",
+        "bucket": NO_STATE_BUCKET,
+        "result_id": text("result_id") or f"pos:{position}",
+        "source_position": position,
+        "decided_at": decided_at,
+        "consumer_group": group,
+        "retry_topic": text("retry_topic") or text("topic"),
+        "consumed_msg_id": msg_id,
+        "consumed_origin_msg_id": text("origin_msg_id"),
+        "consumed_reconsume_times": reconsume if reconsume is not None and -(2**31) <= reconsume <= INT32_MAX else None,
+        "outcome": QUARANTINED,
+        "reason_code": "DECIDE_FAILED",
+        "reason": reason,
+        "raw": _raw_json(batch, 0, body_limit=config.engine.max_body_bytes),
+        "quarantined_at": decided_at,
+        "msg_id": msg_id,
+    }
+    return pa.RecordBatch.from_pylist([row], schema=WORK.arrow_schema)
+
+
+def _printable(text: str) -> str:
+    """``text`` as valid UTF-8 (lone surrogates escaped), so Arrow can store it."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+__all__: Sequence[str] = (
+    "Decider",
+    "blank_mask",
+    "check_input_schema",
+    "decide",
+    "decide_or_quarantine",
+    "is_blank",
+    "new_msg_id",
+)

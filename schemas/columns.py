@@ -72,7 +72,10 @@ OUTPUT_MSG_ID = Column("output_msg_id", pa.string(), "msg_id of the retry or dea
 BATCH_ID = Column("batch_id", pa.int64(), "Micro-batch that decided this row.", False)
 DECIDED_AT = Column("decided_at", TS, "Micro-batch time of the decision.", False)
 SOURCE_POSITION = Column("source_position", pa.string(), "Position of the input row in the consume-result table.")
-RAW = Column("raw", pa.string(), "The input row as JSON (binary as base64), exactly as read.")
+RAW = Column(
+    "raw", pa.string(),
+    "The input row as JSON, exactly as read (binary as base64; a body over the limit as its first 1 KiB and size).",
+)
 QUARANTINED_AT = Column("quarantined_at", TS, "Micro-batch time of quarantine.", False)
 
 # -- engine metrics (B7) --------------------------------------------------------
@@ -115,7 +118,9 @@ ERROR_CLASS_ON_EXCEPTION = Column("error_class_on_exception", pa.string(), "Spar
 # -- internal: rows between the decision step and the writers ------------------
 KIND = Column("kind", pa.string(), "outcome (one per input row) or delivery (a retry released).", False)
 ROUTE = Column("route", pa.string(), "State key part 1: the consumer group ('' when unknown).", False)
-BUCKET = Column("bucket", pa.int64(), "State key part 2: store-time bucket of the message; -1 = no state.", False)
+BUCKET = Column(
+    "bucket", pa.int64(), "State key part 2: floor(store time / state bucket); int64 min (NO_STATE_BUCKET) = no state.", False
+)
 CONSUMED_MSG_ID = Column("consumed_msg_id", pa.string(), "msg_id of the consumed message.")
 CONSUMED_ORIGIN_MSG_ID = Column("consumed_origin_msg_id", pa.string(), "origin_msg_id of the consumed message.")
 CONSUMED_RECONSUME_TIMES = Column("consumed_reconsume_times", pa.int32(), "reconsume_times of the consumed message.")
