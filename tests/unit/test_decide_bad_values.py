@@ -323,3 +323,24 @@ def test_unknown_group_quarantine_keeps_the_row_in_raw() -> None:
     assert row["reason_code"] == "SUBSCRIPTION_GROUP_NOT_EXIST"
     raw = json.loads(row["raw"])
     assert raw["msg_id"] == "U1" and raw["consumer_group"] == "ghost" and raw[POSITION] == "p0000"
+
+
+def test_a_decision_that_overflows_deep_inside_decide_quarantines_only_its_rows() -> None:
+    """#12 item 3, R3: with retry_queue_nums = 2^32 a retry's queue id (hash % nums) can pass int32.
+
+    Nothing anticipates it: building the output raises ArrowInvalid for those
+    rows only. They are quarantined with the exception; their neighbours retry.
+    """
+    results = [Result.of(f"W{i}", group="wide").failed() for i in range(8)]
+    rows = run(results, {"groups": {"wide": {"retry_queue_nums": 2**32}}})
+    assert [r["consumed_msg_id"] for r in rows] == [f"W{i}" for i in range(8)]
+    outcomes = {r["outcome"] for r in rows}
+    assert outcomes == {"retry", "quarantined"}, outcomes
+    for row in rows:
+        if row["outcome"] == "retry":
+            assert 0 <= row["queue_id"] <= INT32_MAX
+        else:
+            assert row["reason_code"] == "DECIDE_FAILED"
+            assert row["reason"].startswith("deciding this row raised ArrowInvalid: Value ")
+            assert int(row["reason"].split("Value ")[1].split()[0]) > INT32_MAX
+            assert json.loads(row["raw"])["msg_id"] == row["consumed_msg_id"]
