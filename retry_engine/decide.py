@@ -5,6 +5,11 @@ loose types) into rows of the internal ``WORK`` schema: one *outcome* row per
 input row, carrying for failures the retry or dead-letter message built by
 RocketMQ's copy rules. It is a pure function of its input and the config, so
 a replayed micro-batch decides exactly the same way (B1). No Spark here.
+
+Any value a column can hold gets an outcome (SPEC, bad input): int32 edges,
+times outside Python's years 1-9999 and invalid UTF-8 are quarantined with a
+reason code, and :func:`decide_or_quarantine` (what :class:`Decider` calls)
+quarantines, with its exception, any row whose decision still raises.
 """
 
 from __future__ import annotations
@@ -252,7 +257,7 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
     msg_id, group, topic = cols["msg_id"], cols["consumer_group"], cols["topic"]
     status, model = cols["status"], cols["message_model"]
 
-    blank = blank_mask
+    blank = blank_mask  # RocketMQ's UtilAll.isBlank
     _flag(problems, blank(msg_id), "MISSING_MSG_ID", "msg_id is missing (null, empty or whitespace)")
     _flag(problems, blank(group), "MISSING_GROUP", "consumer_group is missing (null, empty or whitespace)")
     _flag(problems, blank(topic), "MISSING_TOPIC", "topic is missing (null, empty or whitespace)")

@@ -43,6 +43,13 @@ DECIDE_BATCH_ROWS = 10_000
 
 
 def _decide_batches(decider: Decider) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of the decide step: consume results in, packed WORK rows out.
+
+    ``decider`` quarantines a row whose decision raises (DECIDE_FAILED) instead of
+    failing the task, so no input row can stop the stream (SPEC, bad input).
+    Replay: deterministic in its input, so a replayed batch decides the same way.
+    """
+
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for results in _unpacked(batch):
