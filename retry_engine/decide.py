@@ -674,17 +674,17 @@ def _raw_value(scalar: pa.Scalar, body_limit: int) -> Any:
         return {"base64": base64.b64encode(data.to_pybytes()).decode()}
     try:
         return scalar.as_py()
-    except (UnicodeDecodeError, OverflowError, ValueError):
-        pass
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return {"invalid_utf8_base64": base64.b64encode(scalar.as_buffer().to_pybytes()).decode()}
-    if pa.types.is_struct(t):
-        return {f.name: _raw_value(scalar[f.name], body_limit) for f in t}
-    if pa.types.is_map(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
-        return [_raw_value(v, body_limit) for v in scalar.values]
-    if pa.types.is_temporal(t):
-        return {"unrepresentable": pa.array([scalar]).view(_int_view(t)).cast(pa.int64())[0].as_py(), "type": str(t)}
-    return {"unrepresentable": str(t)}
+    except Exception as exc:  # raw is the record of a bad row: it must hold whatever the row holds
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return {"invalid_utf8_base64": base64.b64encode(scalar.as_buffer().to_pybytes()).decode()}
+        if pa.types.is_struct(t):
+            return {f.name: _raw_value(scalar[f.name], body_limit) for f in t}
+        if pa.types.is_map(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
+            return [_raw_value(v, body_limit) for v in scalar.values]
+        if pa.types.is_temporal(t):
+            micros = pa.array([scalar]).view(_int_view(t)).cast(pa.int64())[0].as_py()
+            return {"unrepresentable": micros, "type": str(t)}
+        return {"unreadable": f"{type(exc).__name__}: {_printable(str(exc))}", "type": str(t)}
 
 
 def _int_view(t: pa.DataType) -> pa.DataType:

@@ -344,3 +344,39 @@ def test_a_decision_that_overflows_deep_inside_decide_quarantines_only_its_rows(
             assert row["reason"].startswith("deciding this row raised ArrowInvalid: Value ")
             assert int(row["reason"].split("Value ")[1].split()[0]) > INT32_MAX
             assert json.loads(row["raw"])["msg_id"] == row["consumed_msg_id"]
+
+
+class _HostileScalar(pa.ExtensionScalar):
+    def as_py(self, **_: Any) -> Any:
+        raise RuntimeError("this value cannot be read")
+
+
+class _HostileType(pa.ExtensionType):
+    """An extra column of a type decide knows nothing about, whose values raise when read."""
+
+    def __init__(self) -> None:
+        super().__init__(pa.int64(), "test.hostile")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> _HostileType:
+        return cls()
+
+    def __arrow_ext_scalar_class__(self) -> type[pa.ExtensionScalar]:
+        return _HostileScalar
+
+
+def test_raw_records_a_value_that_cannot_be_read_instead_of_failing() -> None:
+    """Bad-input rule, #12 items 2-3: an unreadable value in an extra column still lets the row be quarantined.
+
+    The row keeps its own reason (UNKNOWN_STATUS); its raw names what could not be read.
+    """
+    table = results_table([Result.of("Q").with_(status="??"), Result.of("OK").ok()])
+    hostile = pa.ExtensionArray.from_storage(_HostileType(), pa.array([7, 8], pa.int64()))
+    rows = decide_table(table.append_column("extra", hostile)).to_pylist()
+    assert (rows[0]["reason_code"], rows[1]["outcome"]) == ("UNKNOWN_STATUS", "acknowledged")
+    raw = json.loads(rows[0]["raw"])
+    assert raw["msg_id"] == "Q"
+    assert raw["extra"] == {"unreadable": "RuntimeError: this value cannot be read", "type": "extension<test.hostile<_HostileType>>"}
