@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import logging
 import os
+import posixpath
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -103,8 +104,63 @@ def join_path(root: str, relative: str) -> str:
 
 
 def data_file_path(log_path: str) -> str:
-    """The physical relative path of a data file named in the log (log paths are URL-encoded)."""
+    """The physical relative path of a data file named in the log (log paths are URL-encoded).
+
+    Only for paths this package wrote itself; paths read from a log go
+    through :func:`relative_data_path`, which refuses any leaving the table.
+    """
     return unquote(log_path)
+
+
+def _table_root(table_uri: str) -> tuple[str, str]:
+    """``(scheme://authority, normalised path)`` of a table root; local paths become ``file`` ones."""
+    parsed = urlparse(table_uri)
+    if parsed.scheme in ("", "file") or len(parsed.scheme) == 1:  # one letter: a Windows drive
+        return "file://", posixpath.normpath(TableLocation(table_uri).local_root)
+    return f"{parsed.scheme}://{parsed.netloc}", posixpath.normpath("/" + parsed.path.lstrip("/"))
+
+
+def relative_data_path(log_path: str, table_uri: str) -> str:
+    """Where the data file ``log_path`` (as the log names it) lies, relative to the table root.
+
+    Log paths are URL-encoded URIs, relative to the table root or absolute
+    (shallow clones write absolute ones). A path that resolves outside the
+    table (``../other_table/...``, ``%2e%2e/``, ``/etc/...``, a URI of another
+    folder, bucket or scheme) is refused with :class:`DeltaSourceError`
+    ``DELTA_PATH_OUTSIDE_TABLE``: a log someone else can write must not make
+    the reader open files of other tables or tenants.
+    """
+
+    def refuse(why: str) -> DeltaSourceError:
+        return DeltaSourceError(
+            f"data file path {log_path!r} in the log of {table_uri} {why}; format('deltars') reads only "
+            "files inside the table's own folder. The log was written by a broken or hostile writer: "
+            "remove the commit or restore the table",
+            code="DELTA_PATH_OUTSIDE_TABLE",
+        )
+
+    decoded = unquote(log_path)
+    if not decoded or "\x00" in decoded:
+        raise refuse("is empty or contains a NUL character")
+    parsed = urlparse(log_path)
+    is_uri = bool(parsed.scheme) and len(parsed.scheme) > 1
+    if is_uri or decoded.startswith("/"):
+        authority, root = _table_root(table_uri)
+        if is_uri:
+            scheme = "file://" if parsed.scheme == "file" else f"{parsed.scheme}://{parsed.netloc}"
+            if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+                raise refuse(f"names host {parsed.netloc!r}")
+            path = unquote(parsed.path)
+        else:
+            scheme, path = "file://", decoded
+        full = posixpath.normpath(path)
+        if scheme != authority or not full.startswith(root.rstrip("/") + "/"):
+            raise refuse(f"resolves to {scheme}{full}, outside the table root {authority}{root}")
+        return full[len(root.rstrip("/")) + 1 :]
+    relative = posixpath.normpath(decoded)
+    if relative in (".", "..") or relative.startswith("../"):
+        raise refuse(f"resolves to {relative!r}, outside the table root")
+    return relative
 
 
 # --------------------------------------------------------------------------- commits

@@ -47,7 +47,7 @@ from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from retry_engine._arrow_ipc import ipc_chunks
 from retry_engine.delta._files import FileToRead, read_file
-from retry_engine.delta._log import Commit, DeltaLog, FileEntry, TableLocation
+from retry_engine.delta._log import Commit, DeltaLog, FileEntry, TableLocation, relative_data_path
 from retry_engine.delta._offsets import (
     Admission,
     ChangeRules,
@@ -153,7 +153,9 @@ class FilePartition(InputPartition):
         self.file = file
 
     @classmethod
-    def of(cls, entry: FileEntry) -> FilePartition:
+    def of(cls, entry: FileEntry, table_uri: str) -> FilePartition:
+        """The partition reading ``entry``; a path outside the table fails here, on the driver."""
+        relative_data_path(entry.path, table_uri)
         return cls(
             FileToRead(
                 path=entry.path,
@@ -210,7 +212,12 @@ class _FileReading:
             raise DeltaSourceError(f"unexpected input partition {partition!r}", code="DELTA_PARTITION_INVALID")
         fs, root = TableLocation(self.options.path).filesystem()
         batches = read_file(
-            fs, root, partition.file, arrow_target(self.rows), position_column=self.options.position_column
+            fs,
+            root,
+            partition.file,
+            arrow_target(self.rows),
+            table_uri=self.options.path,
+            position_column=self.options.position_column,
         )
         packed = self.options.packed_column
         if packed is None:
@@ -328,7 +335,7 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         self._check_reservoir(finish)
         files = files_between(self.delta_log, begin, finish, rules=self.options.rules, on_commit=self._on_commit)
         log.debug("%s: batch %s -> %s has %d files", self.options.path, start, end, len(files))
-        return [FilePartition.of(f) for f in files]
+        return [FilePartition.of(f, self.options.path) for f in files]
 
     def commit(self, end: dict[str, Any]) -> None:
         log.debug("%s: source committed through %s", self.options.path, end)
@@ -348,7 +355,7 @@ class DeltaBatchReader(_FileReading, DataSourceReader):
         version = self.options.version_as_of
         if version is None:
             version = delta_log.latest_version()
-        return [FilePartition.of(f) for f in delta_log.snapshot(version)]
+        return [FilePartition.of(f, self.options.path) for f in delta_log.snapshot(version)]
 
 
 class DeltaRsDataSource(DataSource):
