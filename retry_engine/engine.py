@@ -67,13 +67,18 @@ def _read_results(spark: SparkSession, config: EngineConfig) -> DataFrame:
     """The consume-result stream through the configured table format (``engine.table_format``).
 
     Fails at start when the table lacks a required column. The deltars source
-    packs its rows (``packedColumn``): decide reads them as Arrow anyway.
+    packs its rows (``packedColumn``): decide reads them as Arrow anyway. The
+    ``[source]`` settings become the reader's Delta options.
     """
     source_path = config.table_path("consume_results")
     if config.engine.table_format == "delta":
         native_delta.ensure_table(spark, source_path, CONSUME_RESULTS)
         frame = native_delta.read_stream(
-            spark, source_path, max_files_per_trigger=config.engine.max_files_per_trigger, position_column=POSITION
+            spark,
+            source_path,
+            max_files_per_trigger=config.engine.max_files_per_trigger,
+            position_column=POSITION,
+            options=config.source.stream_options(),
         )
         check_input_schema(to_arrow_schema(frame.schema, timezone="UTC"))
         return frame
@@ -85,6 +90,7 @@ def _read_results(spark: SparkSession, config: EngineConfig) -> DataFrame:
         .option("maxFilesPerTrigger", str(config.engine.max_files_per_trigger))
         .option("sourcePositionColumn", POSITION)
         .option("packedColumn", PACKED_INPUT)
+        .options(**config.source.stream_options())
         .load()
     )
 

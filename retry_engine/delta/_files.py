@@ -145,7 +145,14 @@ def read_file(
         handle = fs.open_input_file(full)
     except FileNotFoundError as exc:
         raise DeltaSourceError(
-            f"data file {full} of version {file.version} is missing (vacuumed?)", code="DELTA_FILE_MISSING"
+            f"data file {full} added by version {file.version} is gone: a DELETE, UPDATE or overwrite "
+            "removed it from the table and VACUUM (or a person) deleted it before the stream read it; "
+            "its rows cannot be read any more. skipChangeCommits / ignoreDeletes (retry-engine config: "
+            "[source] skip_change_commits / ignore_deletes) skip the commits that remove data, but not "
+            "this add. To go on, start a new checkpoint with startingVersion or startingTimestamp "
+            "([source] starting_version / starting_timestamp) at a version whose files still exist "
+            "(the first commit after the removal); rows of the vacuumed files are not processed",
+            code="DELTA_FILE_MISSING",
         ) from exc
     with handle:
         parquet = pq.ParquetFile(handle)
