@@ -519,7 +519,8 @@ class DeltaLog:
             raise DeltaSourceError(
                 f"commit {version} of {self.uri} is missing from {LOG_DIR} (removed by log cleanup?); "
                 "the stream cannot continue without losing data. Restart it from a new checkpoint "
-                "(optionally with startingVersion)",
+                "with startingVersion or startingTimestamp (retry-engine config: [source] starting_version "
+                "/ starting_timestamp) at a version whose commit is still in the log",
                 code="DELTA_COMMIT_MISSING",
             )
         return commit

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
+from deltalake import write_deltalake
 from pyspark.sql.datasource import ReadAllAvailable
 
 from retry_engine.config import load_config, parse_config
@@ -157,3 +158,26 @@ def test_starting_version_reads_that_commit_and_later_and_fails_past_the_end(tmp
     assert _msg_ids({"path": path}) == ["V1", "V2"]  # the latest snapshot
     with pytest.raises(DeltaSourceError, match=r"DELTA_STARTING_VERSION_INVALID.*startingVersion=99999999999999999999"):
         _msg_ids({"path": path, "startingVersion": "99999999999999999999"})
+
+
+def test_an_overwrite_fails_the_stream_naming_every_way_past_it(tmp_path: Path) -> None:
+    """#12 item 9: the error names Delta's options, the engine's keys, and what each does."""
+    path = _table_with_commit_times(tmp_path, [1000, 1500])  # versions 0, 1
+    reader = DeltaStreamReader(SourceOptions.parse({"path": path, "startingVersion": "latest"}), CONSUME_RESULTS.spark_schema)
+    start = reader.initialOffset()
+    write_deltalake(path, results_table([Result.of("NEW")]), mode="overwrite")  # version 2: remove + add
+    with pytest.raises(DeltaSourceError, match="DELTA_SOURCE_REMOVE_IN_COMMIT") as caught:
+        reader.latestOffset(start, ReadAllAvailable())
+    message = str(caught.value)
+    for named in (
+        "commit 2 ", "removes 1 data file(s) and adds 1", "overwrite",
+        "skipChangeCommits=true", "[source] skip_change_commits = true", "skips every commit that removes data",
+        "ignoreDeletes=true", "[source] ignore_deletes = true", "only delete whole files",
+        "startingVersion=3", "[source] starting_version", "startingTimestamp", "[source] starting_timestamp",
+    ):
+        assert named in message, named
+    skipping = DeltaStreamReader(
+        SourceOptions.parse({"path": path, "startingVersion": "latest", "skipChangeCommits": "true"}),
+        CONSUME_RESULTS.spark_schema,
+    )
+    assert skipping.latestOffset(start, ReadAllAvailable())["reservoirVersion"] == 3  # past the overwrite, no rows
