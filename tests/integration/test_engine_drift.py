@@ -97,7 +97,7 @@ def test_engine_runs_on_a_drifted_table_and_quarantines_only_uncastable_rows(
             line = next((m for m in drift_lines if f"column {column!r}" in m), None)
             assert line is not None, (column, drift_lines)
             assert path in line and all(w in line for w in words), line
-        wait_for(lambda: len(lake.rows("outcomes")) >= len(rows), what="an outcome for every drifted row")
+        wait_for(lambda: len(lake.rows("outcomes")) >= len(rows), timeout=300, what="an outcome for every drifted row")
 
         # A later commit evolves the schema (adds a known column and an unknown one): the stream goes on.
         merged = pa.Table.from_pylist(
@@ -105,8 +105,8 @@ def test_engine_runs_on_a_drifted_table_and_quarantines_only_uncastable_rows(
             schema=DRIFTED.append(pa.field("tags", pa.string())).append(pa.field("added_later", pa.int64())),
         )
         write_deltalake(path, merged, mode="append", schema_mode="merge")
-        wait_for(lambda: len(lake.rows("outcomes")) >= len(rows) + 1, what="the outcome of the merged commit")
-        wait_for(lambda: len(lake.rows("retry")) >= 3, what="retries of FAIL, NULLS and MERGED")
+        wait_for(lambda: len(lake.rows("outcomes")) >= len(rows) + 1, timeout=300, what="the outcome of the merged commit")
+        wait_for(lambda: len(lake.rows("retry")) >= 3, timeout=300, what="retries of FAIL, NULLS and MERGED")
         assert query.isActive and query.exception() is None
     finally:
         query.stop()
