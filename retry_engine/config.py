@@ -19,6 +19,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -164,6 +166,58 @@ class EngineSection(_Strict):
         return value
 
 
+class SourceSection(_Strict):
+    """How the engine streams consume_results: Delta's streaming source options, same meaning.
+
+    ``starting_version`` / ``starting_timestamp`` take effect only for a new
+    checkpoint (a running stream resumes where its checkpoint says, as in
+    Delta); ``skip_change_commits`` / ``ignore_deletes`` apply on every start.
+    """
+
+    starting_version: Annotated[StrictInt, Field(ge=0)] | Literal["latest"] | None = None
+    """Read the changes of this commit and later ones instead of the latest snapshot; "latest": only new commits."""
+    starting_timestamp: str | None = None
+    """Like ``starting_version``, from the first commit at or after this date or UTC timestamp."""
+    skip_change_commits: StrictBool = False
+    """Skip commits that remove data (DELETE, UPDATE, MERGE, overwrite), the rows they add too."""
+    ignore_deletes: StrictBool = False
+    """Skip commits that only delete whole files (and add none)."""
+
+    @field_validator("starting_timestamp")
+    @classmethod
+    def _timestamp(cls, value: str | None) -> str | None:
+        if value is not None:
+            from retry_engine.delta._options import parse_timestamp_ms
+
+            try:
+                parse_timestamp_ms(value, name="starting_timestamp")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_start(self) -> SourceSection:
+        if self.starting_version is not None and self.starting_timestamp is not None:
+            raise ValueError(
+                f"starting_version ({self.starting_version!r}) and starting_timestamp "
+                f"({self.starting_timestamp!r}) are both set; a stream starts at one place: give only one"
+            )
+        return self
+
+    def stream_options(self) -> dict[str, str]:
+        """These settings as the options of Delta's (and ``deltars``'s) stream reader."""
+        options: dict[str, str] = {}
+        if self.starting_version is not None:
+            options["startingVersion"] = str(self.starting_version)
+        if self.starting_timestamp is not None:
+            options["startingTimestamp"] = self.starting_timestamp
+        if self.skip_change_commits:
+            options["skipChangeCommits"] = "true"
+        if self.ignore_deletes:
+            options["ignoreDeletes"] = "true"
+        return options
+
+
 class TablesSection(_Strict):
     """Per-table path overrides; unset tables live under ``engine.lake``."""
 
@@ -182,6 +236,7 @@ class EngineConfig(_Strict):
     """The whole configuration file."""
 
     engine: EngineSection = Field(default_factory=EngineSection)
+    source: SourceSection = Field(default_factory=SourceSection)
     tables: TablesSection = Field(default_factory=TablesSection)
     group_defaults: GroupConfig = Field(default_factory=GroupConfig)
     groups: dict[str, GroupConfig] = Field(default_factory=dict)

@@ -153,6 +153,9 @@ def _normalise(batch: pa.RecordBatch) -> tuple[dict[str, pa.Array], Problems]:
             pass
         values: list[Any] = []
         for i, value in enumerate(array.to_pylist()):
+            if value is None:  # null fits every type, even one Arrow has no cast to
+                values.append(None)
+                continue
             try:
                 values.append(pa.array([value], type=array.type).cast(col.type, safe=True)[0].as_py())
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):

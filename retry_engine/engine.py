@@ -24,7 +24,7 @@ from retry_engine._arrow_ipc import from_ipc
 from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.delays import parse_duration_ms
-from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table
+from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_readable_table, report_drift
 from retry_engine.outputs import BatchWriter, OnCounts
 from retry_engine.packed import PACKED_SCHEMA, pack
 from retry_engine.schedule import STATE_SCHEMA, ScheduleStage
@@ -73,18 +73,28 @@ def _unpacked(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
 def _read_results(spark: SparkSession, config: EngineConfig) -> DataFrame:
     """The consume-result stream through the configured table format (``engine.table_format``).
 
-    Fails at start when the table lacks a required column. The deltars source
-    packs its rows (``packedColumn``): decide reads them as Arrow anyway.
+    Fails at start only when the table lacks a required column; other drift
+    is logged and tolerated (:func:`~retry_engine.delta.ensure_readable_table`). The deltars source
+    packs its rows (``packedColumn``): decide reads them as Arrow anyway. The
+    ``[source]`` settings become the reader's Delta options.
     """
     source_path = config.table_path("consume_results")
     if config.engine.table_format == "delta":
         native_delta.ensure_table(spark, source_path, CONSUME_RESULTS)
         frame = native_delta.read_stream(
-            spark, source_path, max_files_per_trigger=config.engine.max_files_per_trigger, position_column=POSITION
+            spark,
+            source_path,
+            max_files_per_trigger=config.engine.max_files_per_trigger,
+            position_column=POSITION,
+            options=config.source.stream_options(),
         )
-        check_input_schema(to_arrow_schema(frame.schema, timezone="UTC"))
+        read_schema = to_arrow_schema(frame.schema, timezone="UTC")
+        report_drift(source_path, read_schema, CONSUME_RESULTS.arrow_schema, ignore=[POSITION])
+        check_input_schema(read_schema)
         return frame
-    table = ensure_table(source_path, CONSUME_RESULTS.arrow_schema)
+    # Drift is tolerated (decide casts value by value and quarantines what does not fit);
+    # only a missing required column stops the start.
+    table, _ = ensure_readable_table(source_path, CONSUME_RESULTS.arrow_schema)
     check_input_schema(pa.schema(table.schema().to_arrow()))
     return (
         spark.readStream.format(FORMAT_NAME)
@@ -92,6 +102,7 @@ def _read_results(spark: SparkSession, config: EngineConfig) -> DataFrame:
         .option("maxFilesPerTrigger", str(config.engine.max_files_per_trigger))
         .option("sourcePositionColumn", POSITION)
         .option("packedColumn", PACKED_INPUT)
+        .options(**config.source.stream_options())
         .load()
     )
 

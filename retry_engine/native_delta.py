@@ -99,18 +99,25 @@ def ensure_table(spark: SparkSession, path: str, table: Table) -> None:
 
 
 def read_stream(
-    spark: SparkSession, path: str, *, max_files_per_trigger: int, position_column: str
+    spark: SparkSession,
+    path: str,
+    *,
+    max_files_per_trigger: int,
+    position_column: str,
+    options: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """Stream the Delta table at ``path``, with a stream-ordered position string per row.
 
     The position (file modification time, file name, row index in the file)
     plays the part of the deltars source's ``sourcePositionColumn``: it depends
     only on the file and row, so it is the same when a batch is replayed and so
-    are ids derived from it. Untested: needs the Delta jars.
+    are ids derived from it. ``options`` are more of Delta's source options
+    (``startingVersion``, ``skipChangeCommits``, ...). Untested: needs the Delta jars.
     """
     frame = (
         spark.readStream.format(DELTA_FORMAT)
         .option("maxFilesPerTrigger", str(max_files_per_trigger))
+        .options(**dict(options or {}))
         .load(path)
     )
     position = F.concat_ws(

@@ -18,7 +18,14 @@ from retry_engine.delta.source import (
     DeltaStreamReader,
     SourceOptions,
 )
-from retry_engine.delta.tables import append_arrow, ensure_table, read_table, table_version
+from retry_engine.delta.tables import (
+    append_arrow,
+    ensure_readable_table,
+    ensure_table,
+    read_table,
+    report_drift,
+    table_version,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -41,10 +48,12 @@ __all__ = [
     "SourceOptions",
     "append_arrow",
     "ensure_query_id",
+    "ensure_readable_table",
     "ensure_table",
     "read_query_id",
     "read_table",
     "register",
+    "report_drift",
     "table_version",
     "write_stream",
 ]

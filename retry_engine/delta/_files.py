@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from retry_engine.delta._log import data_file_path, join_path, partition_value_string
+from retry_engine.delta._log import join_path, partition_value_string, relative_data_path
 from retry_engine.errors import DeltaSinkError, DeltaSourceError
 
 READ_BATCH_ROWS = 65_536
@@ -127,22 +127,32 @@ def read_file(
     file: FileToRead,
     target: pa.Schema,
     *,
+    table_uri: str,
     position_column: str | None = None,
     batch_rows: int = READ_BATCH_ROWS,
 ) -> Iterator[pa.RecordBatch]:
-    """Stream one data file as record batches of exactly ``target``.
+    """Stream one data file of the table at ``table_uri`` as record batches of exactly ``target``.
 
     Columns are matched by name. Partition columns come from the log's
     partition values; a column the file lacks (added to the table later) is
     null; ``position_column`` holds each row's stream position. Deterministic:
     the same file always gives the same batches.
     """
-    full = join_path(root, data_file_path(file.path))
+    # Checked here as well as where the driver plans the read: a task never opens a
+    # file outside the table, whoever built its partition.
+    full = join_path(root, relative_data_path(file.path, table_uri))
     try:
         handle = fs.open_input_file(full)
     except FileNotFoundError as exc:
         raise DeltaSourceError(
-            f"data file {full} of version {file.version} is missing (vacuumed?)", code="DELTA_FILE_MISSING"
+            f"data file {full} added by version {file.version} is gone: a DELETE, UPDATE or overwrite "
+            "removed it from the table and VACUUM (or a person) deleted it before the stream read it; "
+            "its rows cannot be read any more. skipChangeCommits / ignoreDeletes (retry-engine config: "
+            "[source] skip_change_commits / ignore_deletes) skip the commits that remove data, but not "
+            "this add. To go on, start a new checkpoint with startingVersion or startingTimestamp "
+            "([source] starting_version / starting_timestamp) at a version whose files still exist "
+            "(the first commit after the removal); rows of the vacuumed files are not processed",
+            code="DELTA_FILE_MISSING",
         ) from exc
     with handle:
         parquet = pq.ParquetFile(handle)

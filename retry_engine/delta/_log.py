@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import logging
 import os
+import posixpath
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -103,8 +104,63 @@ def join_path(root: str, relative: str) -> str:
 
 
 def data_file_path(log_path: str) -> str:
-    """The physical relative path of a data file named in the log (log paths are URL-encoded)."""
+    """The physical relative path of a data file named in the log (log paths are URL-encoded).
+
+    Only for paths this package wrote itself; paths read from a log go
+    through :func:`relative_data_path`, which refuses any leaving the table.
+    """
     return unquote(log_path)
+
+
+def _table_root(table_uri: str) -> tuple[str, str]:
+    """``(scheme://authority, normalised path)`` of a table root; local paths become ``file`` ones."""
+    parsed = urlparse(table_uri)
+    if parsed.scheme in ("", "file") or len(parsed.scheme) == 1:  # one letter: a Windows drive
+        return "file://", posixpath.normpath(TableLocation(table_uri).local_root)
+    return f"{parsed.scheme}://{parsed.netloc}", posixpath.normpath("/" + parsed.path.lstrip("/"))
+
+
+def relative_data_path(log_path: str, table_uri: str) -> str:
+    """Where the data file ``log_path`` (as the log names it) lies, relative to the table root.
+
+    Log paths are URL-encoded URIs, relative to the table root or absolute
+    (shallow clones write absolute ones). A path that resolves outside the
+    table (``../other_table/...``, ``%2e%2e/``, ``/etc/...``, a URI of another
+    folder, bucket or scheme) is refused with :class:`DeltaSourceError`
+    ``DELTA_PATH_OUTSIDE_TABLE``: a log someone else can write must not make
+    the reader open files of other tables or tenants.
+    """
+
+    def refuse(why: str) -> DeltaSourceError:
+        return DeltaSourceError(
+            f"data file path {log_path!r} in the log of {table_uri} {why}; format('deltars') reads only "
+            "files inside the table's own folder. The log was written by a broken or hostile writer: "
+            "remove the commit or restore the table",
+            code="DELTA_PATH_OUTSIDE_TABLE",
+        )
+
+    decoded = unquote(log_path)
+    if not decoded or "\x00" in decoded:
+        raise refuse("is empty or contains a NUL character")
+    parsed = urlparse(log_path)
+    is_uri = bool(parsed.scheme) and len(parsed.scheme) > 1
+    if is_uri or decoded.startswith("/"):
+        authority, root = _table_root(table_uri)
+        if is_uri:
+            scheme = "file://" if parsed.scheme == "file" else f"{parsed.scheme}://{parsed.netloc}"
+            if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+                raise refuse(f"names host {parsed.netloc!r}")
+            path = unquote(parsed.path)
+        else:
+            scheme, path = "file://", decoded
+        full = posixpath.normpath(path)
+        if scheme != authority or not full.startswith(root.rstrip("/") + "/"):
+            raise refuse(f"resolves to {scheme}{full}, outside the table root {authority}{root}")
+        return full[len(root.rstrip("/")) + 1 :]
+    relative = posixpath.normpath(decoded)
+    if relative in (".", "..") or relative.startswith("../"):
+        raise refuse(f"resolves to {relative!r}, outside the table root")
+    return relative
 
 
 # --------------------------------------------------------------------------- commits
@@ -121,6 +177,8 @@ class Commit:
     """``remove`` actions with ``dataChange`` true."""
     protocol: Mapping[str, Any] | None = None
     metadata: Mapping[str, Any] | None = None
+    in_commit_timestamp: int | None = None
+    """``commitInfo.inCommitTimestamp`` (ms) when the table records commit times in the log."""
 
     @property
     def changes_data(self) -> bool:
@@ -137,6 +195,7 @@ def parse_commit(version: int, lines: Iterable[str]) -> Commit:
     adds: list[Mapping[str, Any]] = []
     removes: list[Mapping[str, Any]] = []
     protocol = metadata = None
+    in_commit_timestamp: int | None = None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -156,7 +215,10 @@ def parse_commit(version: int, lines: Iterable[str]) -> Commit:
             protocol = action["protocol"]
         elif "metaData" in action:
             metadata = action["metaData"]
-    return Commit(version, tuple(adds), tuple(removes), protocol, metadata)
+        elif "commitInfo" in action and isinstance(action["commitInfo"], dict):
+            stamp = action["commitInfo"].get("inCommitTimestamp")
+            in_commit_timestamp = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else None
+    return Commit(version, tuple(adds), tuple(removes), protocol, metadata, in_commit_timestamp)
 
 
 def commit_log_path(version: int) -> str:
@@ -264,6 +326,18 @@ def snapshot_entries(table_rows: list[dict[str, Any]], version: int) -> list[Fil
     ]
 
 
+# How to get past a commit the stream cannot follow: Delta's option names, and the
+# retry engine's config keys for the same options (the engine streams consume_results).
+CHANGE_OPTIONS_HELP = (
+    "one of: skipChangeCommits=true (retry-engine config: [source] skip_change_commits = true), which "
+    "skips every commit that removes data, the rows it adds too; ignoreDeletes=true ([source] "
+    "ignore_deletes = true), which skips commits that only delete whole files and add none; or, from a "
+    "new checkpoint, startingVersion={next_version} ([source] starting_version) or startingTimestamp "
+    "([source] starting_timestamp), which start at that commit (or the first at or after that time) "
+    "and never read what came before"
+)
+
+
 def commit_entries(commit: Commit, *, uri: str, ignore_deletes: bool, skip_change_commits: bool) -> list[FileEntry]:
     """The files commit ``commit`` contributes to a stream, under Delta's rules.
 
@@ -282,10 +356,9 @@ def commit_entries(commit: Commit, *, uri: str, ignore_deletes: bool, skip_chang
             return []
         raise DeltaSourceError(
             f"commit {commit.version} of {uri} removes {len(commit.removes)} data file(s)"
-            f"{' and adds ' + str(len(commit.adds)) if commit.adds else ''} (an update, delete, merge or "
-            "overwrite); a stream cannot follow it. Set option skipChangeCommits=true to skip commits "
-            "that change existing data"
-            + ("" if commit.adds else ", or ignoreDeletes=true to ignore commits that only delete"),
+            f"{' and adds ' + str(len(commit.adds)) if commit.adds else ''} (a DELETE, UPDATE, MERGE or "
+            "overwrite); a stream of appended rows cannot follow it. To go on, restart the stream with "
+            f"{CHANGE_OPTIONS_HELP.format(next_version=commit.version + 1)}",
             code="DELTA_SOURCE_REMOVE_IN_COMMIT",
         )
     for add in commit.adds:
@@ -394,13 +467,60 @@ class DeltaLog:
             self._commits.popitem(last=False)
         return commit
 
+    def commit_timestamp_ms(self, version: int) -> int | None:
+        """When commit ``version`` happened, as Delta tells it; None if the commit file is gone.
+
+        Delta's rule: the in-commit timestamp when the table records one, else
+        the commit file's modification time.
+        """
+        commit = self.commit(version)
+        if commit is None:
+            return None
+        if commit.in_commit_timestamp is not None:
+            return commit.in_commit_timestamp
+        if self._fs is None:
+            self._fs = self.location.filesystem()
+        fs, root = self._fs
+        info = fs.get_file_info(join_path(root, commit_log_path(version)))
+        if info.mtime_ns is None:
+            return None
+        return int(info.mtime_ns) // 1_000_000
+
+    def first_version_at_or_after(self, timestamp_ms: int, *, option: str) -> int:
+        """The first commit at or after ``timestamp_ms`` (Delta's ``startingTimestamp``).
+
+        A time before every commit still kept gives the earliest kept commit;
+        a time after the latest commit is an error (``DELTA_TIMESTAMP_AFTER_LATEST_COMMIT``),
+        as in Delta. Scans back from the latest commit, so the cost is the
+        number of commits since ``timestamp_ms``.
+        """
+        latest = self.latest_version()
+        latest_ms = self.commit_timestamp_ms(latest)
+        if latest_ms is not None and timestamp_ms > latest_ms:
+            stamp = dt.datetime.fromtimestamp(latest_ms / 1000, dt.UTC).isoformat()
+            raise DeltaSourceError(
+                f"{option} is after the latest commit of {self.uri} (version {latest}, committed {stamp}); "
+                "nothing was committed then yet. Use a time at or before it, or start from the next "
+                "commit with the starting version 'latest'",
+                code="DELTA_TIMESTAMP_AFTER_LATEST_COMMIT",
+            )
+        found = latest
+        version = latest - 1
+        while version >= 0:
+            stamp_ms = self.commit_timestamp_ms(version)
+            if stamp_ms is None or stamp_ms < timestamp_ms:
+                break
+            found, version = version, version - 1
+        return found
+
     def require_commit(self, version: int) -> Commit:
         commit = self.commit(version)
         if commit is None:
             raise DeltaSourceError(
                 f"commit {version} of {self.uri} is missing from {LOG_DIR} (removed by log cleanup?); "
                 "the stream cannot continue without losing data. Restart it from a new checkpoint "
-                "(optionally with startingVersion)",
+                "with startingVersion or startingTimestamp (retry-engine config: [source] starting_version "
+                "/ starting_timestamp) at a version whose commit is still in the log",
                 code="DELTA_COMMIT_MISSING",
             )
         return commit

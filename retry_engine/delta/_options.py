@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Mapping
 
@@ -63,3 +64,25 @@ def require_path(options: Mapping[str, str]) -> str:
             code="PATH_MISSING",
         )
     return path
+
+
+# Delta's forms of ``startingTimestamp``: a date, or a date and time (UTC unless an offset is given).
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+TIMESTAMP_FORMS = "a date 'YYYY-MM-DD' or a timestamp 'YYYY-MM-DDTHH:MM:SS[.ffffff][Z|+HH:MM]'"
+
+
+def parse_timestamp_ms(raw: str, *, name: str = "startingTimestamp") -> int:
+    """Delta's ``startingTimestamp`` forms as epoch milliseconds (naive values are UTC).
+
+    Raises :class:`ConfigError` ``INVALID_OPTION`` naming the value and the forms accepted.
+    """
+    text = raw.strip()
+    try:
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}([ T][0-9:.]+(Z|[+-]\d{2}:?\d{2})?)?", text):
+            raise ValueError("not a date or timestamp")
+        parsed = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"option {name}={raw!r} is not {TIMESTAMP_FORMS}", code="INVALID_OPTION") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return (parsed - _EPOCH) // dt.timedelta(milliseconds=1)

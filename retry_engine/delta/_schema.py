@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -55,6 +56,78 @@ def check_write_schema(uri: str, table: pa.Schema, data: pa.Schema) -> None:
             f"data columns: {data.names}",
             code="COLUMN_MISSING_IN_DATA",
         )
+
+
+@dataclass(frozen=True)
+class SchemaDrift:
+    """One way a table read by the engine differs from the schema the engine expects."""
+
+    column: str
+    table_type: pa.DataType | None
+    """None: the table lacks the column."""
+    expected_type: pa.DataType | None
+    """None: the engine does not know the column."""
+    effect: str
+    """What the reader does about it."""
+
+    def describe(self) -> str:
+        table = "no such column" if self.table_type is None else str(self.table_type)
+        expected = "no such column" if self.expected_type is None else str(self.expected_type)
+        return f"column {self.column!r} (table: {table}; expected: {expected}): {self.effect}"
+
+
+def _always_fits(have: pa.DataType, want: pa.DataType) -> bool:
+    """Every value of ``have`` casts to ``want`` without loss (widening integers or floats)."""
+    if pa.types.is_integer(have) and pa.types.is_integer(want):
+        if pa.types.is_signed_integer(have) == pa.types.is_signed_integer(want):
+            return bool(want.bit_width >= have.bit_width)
+        return bool(pa.types.is_unsigned_integer(have) and want.bit_width > have.bit_width)
+    if pa.types.is_floating(have) and pa.types.is_floating(want):
+        return bool(want.bit_width >= have.bit_width)
+    if pa.types.is_integer(have) and pa.types.is_floating(want):
+        return bool(have.bit_width < {16: 11, 32: 24, 64: 53}[want.bit_width])
+    return False
+
+
+def _castable(have: pa.DataType, want: pa.DataType) -> bool:
+    """Arrow has a cast from ``have`` to ``want`` (values may still fail one by one)."""
+    try:
+        pa.nulls(1, have).cast(want)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
+    return True
+
+
+def schema_drift(table: pa.Schema, expected: pa.Schema, *, ignore: Iterable[str] = ()) -> list[SchemaDrift]:
+    """How ``table`` differs from ``expected``, column by column, with what a tolerant reader does.
+
+    Pure and Spark-free. The effects describe the engine's decide step, which
+    reads by name: extra columns are ignored, missing ones are null, other
+    types are cast value by value and a value that does not fit quarantines
+    its row (``WRONG_TYPE``). Nullability and string/binary flavours are not drift.
+    """
+    skipped = set(ignore)
+    drifts: list[SchemaDrift] = []
+    for f in expected:
+        if f.name in skipped:
+            continue
+        if f.name not in table.names:
+            drifts.append(SchemaDrift(f.name, None, f.type, "read as null in every row"))
+            continue
+        have = table.field(f.name).type
+        if normalize_type(have) == normalize_type(f.type):
+            continue
+        if _always_fits(have, f.type):
+            effect = "cast; every value fits"
+        elif _castable(have, f.type):
+            effect = "cast value by value; a row whose value does not fit is quarantined (WRONG_TYPE)"
+        else:
+            effect = "no cast exists; a row with a non-null value is quarantined (WRONG_TYPE)"
+        drifts.append(SchemaDrift(f.name, have, f.type, effect))
+    for f in table:
+        if f.name not in expected.names and f.name not in skipped:
+            drifts.append(SchemaDrift(f.name, f.type, None, "ignored (kept only in quarantined rows' raw JSON)"))
+    return drifts
 
 
 def check_partition_columns(uri: str, table: Iterable[str], wanted: Iterable[str]) -> None:

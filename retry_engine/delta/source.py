@@ -47,7 +47,7 @@ from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from retry_engine._arrow_ipc import ipc_chunks
 from retry_engine.delta._files import FileToRead, read_file
-from retry_engine.delta._log import Commit, DeltaLog, FileEntry, TableLocation
+from retry_engine.delta._log import Commit, DeltaLog, FileEntry, TableLocation, relative_data_path
 from retry_engine.delta._offsets import (
     Admission,
     ChangeRules,
@@ -62,6 +62,7 @@ from retry_engine.delta._options import (
     parse_bool,
     parse_bytes,
     parse_positive_int,
+    parse_timestamp_ms,
     require_path,
 )
 from retry_engine.delta._schema import check_stream_schema
@@ -88,6 +89,8 @@ class SourceOptions:
     ignore_deletes: bool = False
     skip_change_commits: bool = False
     starting_version: int | Literal["latest"] | None = None
+    starting_timestamp: str | None = None
+    """As given; :attr:`starting_timestamp_ms` is its value."""
     version_as_of: int | None = None
     position_column: str | None = None
     packed_column: str | None = None
@@ -100,14 +103,23 @@ class SourceOptions:
         if raw_start.lower() == "latest":
             starting = "latest"
         elif raw_start:
-            if not raw_start.isdigit():
+            if not (raw_start.isascii() and raw_start.isdigit()):
                 raise ConfigError(
                     f"option startingVersion={raw_start!r} must be a version number >= 0 or 'latest'",
                     code="INVALID_OPTION",
                 )
             starting = int(raw_start)
+        raw_timestamp = opts.get("startingtimestamp", "").strip() or None
+        if raw_timestamp is not None:
+            parse_timestamp_ms(raw_timestamp)
+            if starting is not None:
+                raise ConfigError(
+                    f"options startingVersion={raw_start!r} and startingTimestamp={raw_timestamp!r} are both "
+                    "set; a stream starts at one place: give only one of them",
+                    code="INVALID_OPTION",
+                )
         raw_as_of = opts.get("versionasof", "").strip()
-        if raw_as_of and not raw_as_of.isdigit():
+        if raw_as_of and not (raw_as_of.isascii() and raw_as_of.isdigit()):
             raise ConfigError(f"option versionAsOf={raw_as_of!r} must be a version number >= 0", code="INVALID_OPTION")
         return cls(
             path=require_path(opts),
@@ -116,10 +128,15 @@ class SourceOptions:
             ignore_deletes=parse_bool(opts, "ignoreDeletes"),
             skip_change_commits=parse_bool(opts, "skipChangeCommits"),
             starting_version=starting,
+            starting_timestamp=raw_timestamp,
             version_as_of=int(raw_as_of) if raw_as_of else None,
             position_column=opts.get("sourcepositioncolumn", "").strip() or None,
             packed_column=opts.get("packedcolumn", "").strip() or None,
         )
+
+    @property
+    def starting_timestamp_ms(self) -> int | None:
+        return None if self.starting_timestamp is None else parse_timestamp_ms(self.starting_timestamp)
 
     @property
     def rules(self) -> ChangeRules:
@@ -153,7 +170,9 @@ class FilePartition(InputPartition):
         self.file = file
 
     @classmethod
-    def of(cls, entry: FileEntry) -> FilePartition:
+    def of(cls, entry: FileEntry, table_uri: str) -> FilePartition:
+        """The partition reading ``entry``; a path outside the table fails here, on the driver."""
+        relative_data_path(entry.path, table_uri)
         return cls(
             FileToRead(
                 path=entry.path,
@@ -210,7 +229,12 @@ class _FileReading:
             raise DeltaSourceError(f"unexpected input partition {partition!r}", code="DELTA_PARTITION_INVALID")
         fs, root = TableLocation(self.options.path).filesystem()
         batches = read_file(
-            fs, root, partition.file, arrow_target(self.rows), position_column=self.options.position_column
+            fs,
+            root,
+            partition.file,
+            arrow_target(self.rows),
+            table_uri=self.options.path,
+            position_column=self.options.position_column,
         )
         packed = self.options.packed_column
         if packed is None:
@@ -273,7 +297,13 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
     def _initial_offset(self) -> dict[str, Any]:
         delta_log = self.delta_log
         start = self.options.starting_version
-        if start is None:
+        timestamp_ms = self.options.starting_timestamp_ms
+        if timestamp_ms is not None:
+            # Delta: every commit at or after the time, from its changes (not a snapshot).
+            option = f"startingTimestamp={self.options.starting_timestamp!r}"
+            version = delta_log.first_version_at_or_after(timestamp_ms, option=option)
+            offset = Offset(version, -1, False, self._reservoir_id)
+        elif start is None:
             offset = Offset(delta_log.latest_version(), -1, True, self._reservoir_id)
         elif start == "latest":
             offset = Offset.after_version(delta_log.latest_version(), self._reservoir_id)
@@ -328,7 +358,7 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         self._check_reservoir(finish)
         files = files_between(self.delta_log, begin, finish, rules=self.options.rules, on_commit=self._on_commit)
         log.debug("%s: batch %s -> %s has %d files", self.options.path, start, end, len(files))
-        return [FilePartition.of(f) for f in files]
+        return [FilePartition.of(f, self.options.path) for f in files]
 
     def commit(self, end: dict[str, Any]) -> None:
         log.debug("%s: source committed through %s", self.options.path, end)
@@ -348,7 +378,7 @@ class DeltaBatchReader(_FileReading, DataSourceReader):
         version = self.options.version_as_of
         if version is None:
             version = delta_log.latest_version()
-        return [FilePartition.of(f) for f in delta_log.snapshot(version)]
+        return [FilePartition.of(f, self.options.path) for f in delta_log.snapshot(version)]
 
 
 class DeltaRsDataSource(DataSource):
@@ -356,7 +386,8 @@ class DeltaRsDataSource(DataSource):
 
     Options: ``path`` (required). Reading: ``maxFilesPerTrigger`` (default
     1000), ``maxBytesPerTrigger``, ``ignoreDeletes``, ``skipChangeCommits``,
-    ``startingVersion`` (a version or "latest"), ``versionAsOf`` (batch),
+    ``startingVersion`` (a version or "latest") or ``startingTimestamp`` (a
+    date or timestamp: the first commit at or after it), ``versionAsOf`` (batch),
     ``sourcePositionColumn``, ``packedColumn`` (rows packed as Arrow IPC
     batches in one binary column). Writing: ``partitionBy`` (comma-separated),
     ``txnAppId`` + ``txnVersion`` (idempotent batch writes; streams use the

@@ -10,7 +10,12 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
-from retry_engine.delta._schema import check_partition_columns, check_write_schema
+from retry_engine.delta._schema import (
+    SchemaDrift,
+    check_partition_columns,
+    check_write_schema,
+    schema_drift,
+)
 from retry_engine.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -60,6 +65,37 @@ def ensure_table(path: str, arrow_schema: pa.Schema, *, partition_by: Sequence[s
     check_write_schema(path, table_arrow_schema(table), arrow_schema)
     check_partition_columns(path, table.metadata().partition_columns, partition_by)
     return table
+
+
+def ensure_readable_table(
+    path: str, arrow_schema: pa.Schema, *, ignore: Sequence[str] = ()
+) -> tuple[DeltaTable, list[SchemaDrift]]:
+    """Create the table at ``path`` if missing; else tolerate drift from ``arrow_schema`` and log it.
+
+    For tables the engine reads but others write (consume_results): extra
+    columns, missing columns and other types do not stop the reader, whose
+    consumer casts value by value (see :func:`~retry_engine.delta._schema.schema_drift`).
+    Returns the table and its drift (see :func:`report_drift`); whether the
+    columns the reader *needs* are there is the caller's check.
+    """
+    table = open_table(path)
+    if table is None:
+        return ensure_table(path, arrow_schema), []
+    return table, report_drift(path, table_arrow_schema(table), arrow_schema, ignore=ignore)
+
+
+def report_drift(
+    path: str, table_schema: pa.Schema, arrow_schema: pa.Schema, *, ignore: Sequence[str] = ()
+) -> list[SchemaDrift]:
+    """Log one warning per way ``table_schema`` drifts from ``arrow_schema`` and return them.
+
+    Each line names the column, the table's type, the expected type and what
+    the reader does about it; ``ignore`` names columns not to compare.
+    """
+    drifts = schema_drift(table_schema, arrow_schema, ignore=ignore)
+    for drift in drifts:
+        log.warning("%s drifts from the schema the engine expects; tolerated: %s", path, drift.describe())
+    return drifts
 
 
 def read_table(path: str, *, version: int | None = None) -> pa.Table:

@@ -357,13 +357,13 @@ def test_read_file_attaches_typed_partition_values_positions_and_missing_columns
     )
     fs, root = TableLocation(path).filesystem()
     file = FileToRead(entry.path, dict(entry.partition_values), entry.version, entry.index, entry.is_starting_version)
-    batches = list(read_file(fs, root, file, target, position_column="pos", batch_rows=2))
+    batches = list(read_file(fs, root, file, target, table_uri=root, position_column="pos", batch_rows=2))
     assert [b.num_rows for b in batches] == [2, 1]
     assert all(b.schema == target for b in batches)
     out = pa.Table.from_batches(batches).to_pydict()
     assert out["id"] == [1, 2, 3] and out["day"] == [dt.date(2024, 1, 2)] * 3 and out["later"] == [None] * 3
     assert out["pos"] == [f"s{0:020d}/000000/{r:09d}" for r in range(3)]
-    assert list(read_file(fs, root, file, target, position_column="pos", batch_rows=2))[0] == batches[0]
+    assert list(read_file(fs, root, file, target, table_uri=root, position_column="pos", batch_rows=2))[0] == batches[0]
 
 
 def test_partitioned_writer_and_commit_are_idempotent(tmp_path: Path) -> None:

@@ -42,9 +42,18 @@ def _read_ids(reader: DeltaStreamReader, start: dict[str, Any], end: dict[str, A
     return out
 
 
-@pytest.mark.parametrize("starting_version", [None, "latest"])
+@pytest.mark.parametrize(
+    ("start", "first", "rest"),
+    [
+        ({}, ["OLD", "NEW0"], ["NEW1", "NEW2"]),
+        # Consumer(consume_from="latest") reads with startingVersion=latest (#12 item 7).
+        ({"startingVersion": "latest"}, ["NEW0", "NEW1"], ["NEW2", "LATE"]),
+        # Before every commit: from the first commit on (#12 item 9).
+        ({"startingTimestamp": "1970-01-01"}, ["OLD", "NEW0"], ["NEW1", "NEW2"]),
+    ],
+)
 def test_b1_first_batch_replayed_after_a_restart_reads_the_same_rows_and_positions(
-    tmp_path: Path, starting_version: str | None
+    tmp_path: Path, start: dict[str, str], first: list[str], rest: list[str]
 ) -> None:
     """R12/B1: the driver dies after logging batch 0's end, before committing it; producers go on writing.
 
@@ -54,9 +63,7 @@ def test_b1_first_batch_replayed_after_a_restart_reads_the_same_rows_and_positio
     path = str(tmp_path / "in")
     ensure_table(path, CONSUME_RESULTS.arrow_schema)
     append_arrow(path, results_table([Result.of("OLD")]))
-    options = {"path": path, "maxFilesPerTrigger": "2", "sourcePositionColumn": "_pos"}
-    if starting_version:
-        options["startingVersion"] = starting_version
+    options = {"path": path, "maxFilesPerTrigger": "2", "sourcePositionColumn": "_pos", **start}
     schema = StructType([*CONSUME_RESULTS.spark_schema.fields, StructField("_pos", StringType(), False)])
     reader = DeltaStreamReader(SourceOptions.parse(options), schema)
     initial = reader.initialOffset()
@@ -64,7 +71,7 @@ def test_b1_first_batch_replayed_after_a_restart_reads_the_same_rows_and_positio
         append_arrow(path, results_table([Result.of(f"NEW{i}")]))
     end = reader.latestOffset(initial, reader.getDefaultReadLimit())
     planned = _read_ids(reader, initial, end)
-    assert [m for m, _ in planned] == (["OLD", "NEW0"] if starting_version is None else ["NEW0", "NEW1"])
+    assert [m for m, _ in planned] == first
 
     append_arrow(path, results_table([Result.of("LATE")]))
     restarted = DeltaStreamReader(SourceOptions.parse(options), schema)
@@ -72,5 +79,4 @@ def test_b1_first_batch_replayed_after_a_restart_reads_the_same_rows_and_positio
     assert _read_ids(restarted, restarted.initialOffset(), logged_end) == planned
     # The next batch starts where the logged one ended.
     following = restarted.latestOffset(logged_end, restarted.getDefaultReadLimit())
-    rest = [m for m, _ in _read_ids(restarted, logged_end, following)]
-    assert rest == (["NEW1", "NEW2"] if starting_version is None else ["NEW2", "LATE"])
+    assert [m for m, _ in _read_ids(restarted, logged_end, following)] == rest

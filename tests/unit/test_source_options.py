@@ -1,0 +1,183 @@
+"""#12 item 9: Delta's streaming source options on consume_results, as ``deltars`` options and ``[source]`` keys.
+
+Meanings are Delta's: ``startingVersion`` reads the changes of that commit and
+later ones (``latest``: only commits after start), ``startingTimestamp`` the
+changes of the first commit at or after that time (a time after the latest
+commit is an error, a time before every commit starts at the earliest), the
+two are exclusive; ``skipChangeCommits`` / ``ignoreDeletes`` skip commits that
+remove data. No SparkSession here: the stream reader is driven directly, on
+real Delta tables.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from deltalake import write_deltalake
+from pyspark.sql.datasource import ReadAllAvailable
+
+from retry_engine.config import load_config, parse_config
+from retry_engine.delta import append_arrow, ensure_table
+from retry_engine.delta.source import DeltaStreamReader, SourceOptions
+from retry_engine.errors import ConfigError, DeltaSourceError
+from retry_engine.schemas import CONSUME_RESULTS
+from tests.builders import Result, results_table
+
+CONF = Path(__file__).parents[2] / "conf" / "retry-engine.toml"
+
+
+# ------------------------------------------------------------------ [source] config keys
+
+
+def test_source_section_defaults_and_the_shipped_config_read_the_latest_snapshot() -> None:
+    assert parse_config({}).source.stream_options() == {}
+    assert load_config(CONF, env={}).source.stream_options() == {}
+
+
+@pytest.mark.parametrize(
+    ("section", "options"),
+    [
+        ({"starting_version": 0}, {"startingVersion": "0"}),
+        ({"starting_version": 42}, {"startingVersion": "42"}),
+        ({"starting_version": "latest"}, {"startingVersion": "latest"}),
+        ({"starting_timestamp": "2026-01-01"}, {"startingTimestamp": "2026-01-01"}),
+        ({"starting_timestamp": "2026-01-01T10:00:00.5+02:00"}, {"startingTimestamp": "2026-01-01T10:00:00.5+02:00"}),
+        (
+            {"skip_change_commits": True, "ignore_deletes": True},
+            {"skipChangeCommits": "true", "ignoreDeletes": "true"},
+        ),
+    ],
+)
+def test_source_keys_become_deltas_reader_options(section: dict[str, object], options: dict[str, str]) -> None:
+    config = parse_config({"source": section})
+    assert config.source.stream_options() == options
+    # Every mapped option is one the deltars reader accepts.
+    SourceOptions.parse({"path": "/t", **options})
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"starting_version": -1}, r"source\.starting_version.*greater than or equal to 0"),
+        ({"starting_version": -(2**63)}, r"source\.starting_version"),
+        ({"starting_version": 1.5}, r"source\.starting_version"),
+        ({"starting_version": "7"}, r"source\.starting_version.*'latest'"),
+        ({"starting_version": "earliest"}, r"source\.starting_version.*'latest'"),
+        ({"starting_version": True}, r"source\.starting_version"),
+        ({"starting_timestamp": "yesterday"}, r"starting_timestamp='yesterday' is not a date"),
+        ({"starting_timestamp": "2026-02-30"}, r"starting_timestamp='2026-02-30' is not a date"),
+        ({"starting_timestamp": ""}, r"starting_timestamp='' is not a date"),
+        ({"starting_timestamp": "2026-01-01T00:00:00Z; DROP TABLE"}, r"is not a date"),
+        ({"starting_timestamp": 1_700_000_000}, r"source\.starting_timestamp"),
+        ({"starting_version": 3, "starting_timestamp": "2026-01-01"}, r"both set.*only one"),
+        ({"starting_version": "latest", "starting_timestamp": "2026-01-01"}, r"both set"),
+        ({"skip_change_commits": "yes"}, r"source\.skip_change_commits.*boolean"),
+        ({"ignore_deletes": 1}, r"source\.ignore_deletes.*boolean"),
+        ({"ignoreDeletes": True}, r"unknown key 'source\.ignoreDeletes'.*ignore_deletes, skip_change_commits"),
+        ({"starting_offset": 1}, r"unknown key 'source\.starting_offset'.*starting_timestamp, starting_version"),
+    ],
+)
+def test_hostile_source_keys_are_rejected_at_load_naming_the_key(section: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"source": section})
+
+
+# ------------------------------------------------------------------ reader options
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"startingVersion": "-1"}, r"startingVersion='-1' must be a version number >= 0 or 'latest'"),
+        ({"startingVersion": "1e3"}, r"startingVersion='1e3'"),
+        ({"startingVersion": "\u00b2"}, r"startingVersion='\u00b2'"),  # str.isdigit() is true for it
+        ({"startingTimestamp": "garbage"}, r"startingTimestamp='garbage' is not a date"),
+        ({"startingTimestamp": "2026-01-01T24:00:00Z"}, r"is not a date"),
+        ({"startingVersion": "0", "startingTimestamp": "2026-01-01"}, r"both set"),
+        ({"startingVersion": "latest", "startingTimestamp": "2026-01-01"}, r"both set"),
+        ({"skipChangeCommits": "1"}, r"skipChangeCommits='1' must be 'true' or 'false'"),
+        ({"ignoreDeletes": "yes"}, r"ignoreDeletes='yes' must be 'true' or 'false'"),
+    ],
+)
+def test_hostile_reader_options_fail_naming_the_option(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=rf"INVALID_OPTION.*{message}"):
+        SourceOptions.parse({"path": "/t", **options})
+
+
+def _table_with_commit_times(tmp_path: Path, seconds: list[int]) -> str:
+    """A consume_results table whose commit ``v`` (one row, msg id ``V{v}``) happened at ``seconds[v]``.
+
+    Without in-commit timestamps Delta's commit time is the commit file's
+    modification time, so the test sets those.
+    """
+    path = str(tmp_path / "cr")
+    ensure_table(path, CONSUME_RESULTS.arrow_schema)  # version 0: no rows
+    for version in range(1, len(seconds)):
+        append_arrow(path, results_table([Result.of(f"V{version}")]))
+    for version, second in enumerate(seconds):
+        os.utime(Path(path) / "_delta_log" / f"{version:020d}.json", (second, second))
+    return path
+
+
+def _msg_ids(options: dict[str, str]) -> list[str]:
+    reader = DeltaStreamReader(SourceOptions.parse(options), CONSUME_RESULTS.spark_schema)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    return [m for part in reader.partitions(start, end) for b in reader.read(part) for m in b.column("msg_id").to_pylist()]
+
+
+@pytest.mark.parametrize(
+    ("when", "ids"),
+    [
+        ("1970-01-01T00:16:40Z", ["V1", "V2", "V3"]),  # = commit 0's time (1000 s): at or after, inclusive
+        ("1970-01-01", ["V1", "V2", "V3"]),  # before every commit: the earliest
+        ("1970-01-01T00:33:20Z", ["V2", "V3"]),  # exactly commit 2 (2000 s)
+        ("1970-01-01T00:33:20.001Z", ["V3"]),  # just after commit 2
+        ("1970-01-01T01:33:20+01:00", ["V2", "V3"]),  # an offset: the same instant as 2000 s UTC
+        ("1970-01-01T00:50:00Z", ["V3"]),  # exactly the latest commit
+    ],
+)
+def test_starting_timestamp_reads_commits_at_or_after_it(tmp_path: Path, when: str, ids: list[str]) -> None:
+    path = _table_with_commit_times(tmp_path, [1000, 1500, 2000, 3000])
+    assert _msg_ids({"path": path, "startingTimestamp": when}) == ids
+
+
+def test_starting_timestamp_after_the_latest_commit_fails_naming_the_commit_and_the_way_out(tmp_path: Path) -> None:
+    path = _table_with_commit_times(tmp_path, [1000, 1500])
+    with pytest.raises(DeltaSourceError, match=r"DELTA_TIMESTAMP_AFTER_LATEST_COMMIT.*startingTimestamp='2999-01-01'.*version 1.*'latest'"):
+        _msg_ids({"path": path, "startingTimestamp": "2999-01-01"})
+
+
+def test_starting_version_reads_that_commit_and_later_and_fails_past_the_end(tmp_path: Path) -> None:
+    path = _table_with_commit_times(tmp_path, [1000, 1500, 2000])
+    assert _msg_ids({"path": path, "startingVersion": "2"}) == ["V2"]
+    assert _msg_ids({"path": path, "startingVersion": "0"}) == ["V1", "V2"]
+    assert _msg_ids({"path": path, "startingVersion": "latest"}) == []
+    assert _msg_ids({"path": path}) == ["V1", "V2"]  # the latest snapshot
+    with pytest.raises(DeltaSourceError, match=r"DELTA_STARTING_VERSION_INVALID.*startingVersion=99999999999999999999"):
+        _msg_ids({"path": path, "startingVersion": "99999999999999999999"})
+
+
+def test_an_overwrite_fails_the_stream_naming_every_way_past_it(tmp_path: Path) -> None:
+    """#12 item 9: the error names Delta's options, the engine's keys, and what each does."""
+    path = _table_with_commit_times(tmp_path, [1000, 1500])  # versions 0, 1
+    reader = DeltaStreamReader(SourceOptions.parse({"path": path, "startingVersion": "latest"}), CONSUME_RESULTS.spark_schema)
+    start = reader.initialOffset()
+    write_deltalake(path, results_table([Result.of("NEW")]), mode="overwrite")  # version 2: remove + add
+    with pytest.raises(DeltaSourceError, match="DELTA_SOURCE_REMOVE_IN_COMMIT") as caught:
+        reader.latestOffset(start, ReadAllAvailable())
+    message = str(caught.value)
+    for named in (
+        "commit 2 ", "removes 1 data file(s) and adds 1", "overwrite",
+        "skipChangeCommits=true", "[source] skip_change_commits = true", "skips every commit that removes data",
+        "ignoreDeletes=true", "[source] ignore_deletes = true", "only delete whole files",
+        "startingVersion=3", "[source] starting_version", "startingTimestamp", "[source] starting_timestamp",
+    ):
+        assert named in message, named
+    skipping = DeltaStreamReader(
+        SourceOptions.parse({"path": path, "startingVersion": "latest", "skipChangeCommits": "true"}),
+        CONSUME_RESULTS.spark_schema,
+    )
+    assert skipping.latestOffset(start, ReadAllAvailable())["reservoirVersion"] == 3  # past the overwrite, no rows
