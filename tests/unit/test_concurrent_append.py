@@ -54,7 +54,7 @@ def test_two_processes_appending_the_same_transactions_leave_one_copy(tmp_path: 
     for p in procs:
         p.start()
     try:
-        results = dict(out.get(timeout=600) for _ in procs)  # type: ignore[misc]
+        results: dict[str, object] = dict(out.get(timeout=600) for _ in procs)  # type: ignore[misc]
     finally:
         for p in procs:
             p.join(timeout=60)
