@@ -42,6 +42,7 @@ from retry_engine.decide import new_msg_id
 from retry_engine.delta import FORMAT_NAME, append_arrow, ensure_table
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import (
+    ConcurrentWriteError,
     ConfigError,
     InvalidMessageError,
     InvalidNameError,
@@ -62,8 +63,9 @@ DEFAULT_SEND_TIMEOUT_MS = 3000
 DEFAULT_RETRY_BACKOFF_MS = 100
 DEFAULT_QUEUE_NUMS = 4
 
-# Errors a retry can cure: storage hiccups and commit conflicts. Bad input is never retried.
-RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (OSError, DeltaError)
+# Errors a retry can cure: storage hiccups and commit conflicts (delta-rs' own, or
+# append_arrow's after repeated conflicts). Bad input is never retried.
+RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (OSError, DeltaError, ConcurrentWriteError)
 
 # A producer id becomes part of a Delta app id: printable, no spaces, bounded.
 PRODUCER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
