@@ -78,9 +78,11 @@ TARGETS: tuple[Target, ...] = ("topic", "retry")
 TARGET_TABLES: dict[str, str] = {"topic": "messages", "retry": "retry"}
 DEFAULT_CHUNK_SIZE = 100
 REDRIVE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-# Claims a re-drive may lose in a row (another re-drive claimed first each time) before it
-# gives up; each lost claim is someone else's progress, so this takes a storm of re-drives.
-MAX_CLAIM_ATTEMPTS = 20
+# Claims a re-drive may lose in a row before it gives up. Each lost claim is another
+# re-drive's claim, and there are only as many claims as chunks of work, so a re-drive
+# cannot loop forever; this bound only stops one that is starved by a storm of others
+# (a faster run of the same id can legitimately win dozens of chunks in a row).
+MAX_CLAIM_ATTEMPTS = 1000
 
 Phase = Literal["planned", "moved"]
 
