@@ -109,3 +109,28 @@ def test_expect_version_on_a_missing_table_is_refused(tmp_path: Path) -> None:
     """#12 item 10: a claim against a table that is not there cannot name a version of it."""
     with pytest.raises(ConfigError, match=r"\[INVALID_OPTION\].*table is at None"):
         append_arrow(str(tmp_path / "none"), _rows(1, "x"), expect_version=0)
+
+
+def test_delta_rs_fails_a_commit_whose_app_id_another_writer_committed_since_its_snapshot(tmp_path: Path) -> None:
+    """#12 item 10: the delta-rs rule append_arrow relies on (measured on deltalake 1.6.6), pinned here
+    so an upgrade that drops it fails this test rather than silently duplicating rows.
+
+    A handle read at version v commits (app "job", 1) after another writer
+    committed (app "job", 1) at v+1: CommitFailedError. An unrelated append in
+    between (no app transaction) does not make it fail.
+    """
+    from deltalake import write_deltalake
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import CommitProperties, Transaction
+
+    path = str(tmp_path / "t")
+    append_arrow(path, _rows(0, "setup"))
+    token = CommitProperties(app_transactions=[Transaction("job", 1)])
+    checked = DeltaTable(path)
+    write_deltalake(path, _rows(1, "other"), mode="append", commit_properties=token)
+    with pytest.raises(CommitFailedError, match="Concurrent transaction"):
+        write_deltalake(checked, _rows(1, "stale"), mode="append", commit_properties=token)
+    checked = DeltaTable(path)
+    write_deltalake(path, _rows(2, "unrelated"), mode="append")
+    write_deltalake(checked, _rows(3, "fresh"), mode="append", commit_properties=CommitProperties(app_transactions=[Transaction("job", 2)]))
+    assert sorted(read_table(path).column("txn").to_pylist()) == [0, 1, 2, 3]
