@@ -5,10 +5,17 @@ The audit table is an intent log. A re-drive writes a chunk's rows here first
 appends the chunk's new messages to the target table under the same app
 transaction. A chunk has *moved* once its target table records that
 transaction at the chunk's version or later; an audit row whose chunk has not
-moved belongs to an interrupted re-drive that a re-run completes. No Spark here.
+moved belongs to an interrupted re-drive that a re-run completes.
+
+The audit table is also the claim log: a re-drive appends a chunk's rows only
+as the next version after the audit version it planned from (see
+:func:`retry_engine.delta.append_arrow`'s ``expect_version``), so two re-drives
+running at once never both claim a dead letter. No Spark here.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,14 +34,29 @@ def app_id(redrive_id: str) -> str:
     return f"redrive:{redrive_id}"
 
 
-def read_audit(config: EngineConfig) -> pa.Table:
-    """Every audit row plus a boolean ``moved`` column; empty when nothing was re-driven yet."""
+@dataclass(frozen=True)
+class AuditSnapshot:
+    """The audit rows (plus ``moved``) of one audit table version."""
+
+    rows: pa.Table
+    version: int | None
+    """The audit table version the rows are from; None when there is no audit table yet."""
+
+
+def audit_snapshot(config: EngineConfig) -> AuditSnapshot:
+    """The latest audit rows and the version they were read at (to claim against it)."""
     table = open_table(config.table_path(AUDIT_TABLE))
     if table is None:
         rows = REDRIVE_AUDIT.arrow_schema.empty_table()
     else:
         rows = pa.table(table.to_pyarrow_table()).select(REDRIVE_AUDIT.names)
-    return rows.append_column(MOVED, _moved(config, rows))
+    version = None if table is None else table.version()
+    return AuditSnapshot(rows.append_column(MOVED, _moved(config, rows)), version)
+
+
+def read_audit(config: EngineConfig) -> pa.Table:
+    """Every audit row plus a boolean ``moved`` column; empty when nothing was re-driven yet."""
+    return audit_snapshot(config).rows
 
 
 def moved_through(config: EngineConfig, redrive_id: str, target_table: str) -> int:

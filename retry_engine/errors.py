@@ -107,3 +107,9 @@ class ConsumeResultWriteError(RetryEngineError, RuntimeError):
     """Raised when a consumer cannot write its consume results after every retry (R12); the batch replays."""
 
     code = "CONSUME_RESULT_WRITE_FAILED"
+
+
+class ConcurrentWriteError(RetryEngineError, RuntimeError):
+    """Raised when a commit that must build on a checked table version finds that another writer committed first."""
+
+    code = "TABLE_MOVED"

@@ -1,10 +1,17 @@
 """Publishing messages into the topic table (RocketMQ's ``DefaultMQProducer``, over Delta).
 
 Every topic lives in one ``messages`` table partitioned by topic. A send is
-one Delta commit carrying the producer's idempotency token (app id = the
-producer instance, version = its send sequence number), so retrying a send
-whose outcome is unknown never writes the message twice (R13): the retry
-first asks the table whether that token is already committed.
+one Delta commit carrying an idempotency token (a Delta app transaction), so
+retrying a send whose outcome is unknown never writes the message twice
+(R13): the retry, and a send that timed out, first ask the table whether that
+token is already committed.
+
+The token is ``(producer:<producer_id>, sequence)`` when the caller names its
+producer and numbers its sends: it holds across processes, so a restarted
+process that sends the same sequence again writes nothing and gets the same
+message ids back. Without a ``producer_id`` the token is the producer
+instance (a random id) and its own send counter: it only covers the retries
+inside one ``send`` call.
 
 For Spark, :func:`prepare_messages` turns a DataFrame with ``topic`` and
 ``body`` (plus any optional message columns) into rows of the messages table,
@@ -17,6 +24,7 @@ import datetime as dt
 import itertools
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -30,8 +38,11 @@ import pyarrow as pa
 from deltalake.exceptions import DeltaError
 
 from retry_engine.config import DEFAULT_MAX_BODY_BYTES
+from retry_engine.decide import new_msg_id
 from retry_engine.delta import FORMAT_NAME, append_arrow, ensure_table
+from retry_engine.delta.tables import open_table
 from retry_engine.errors import (
+    ConcurrentWriteError,
     ConfigError,
     InvalidMessageError,
     InvalidNameError,
@@ -52,8 +63,36 @@ DEFAULT_SEND_TIMEOUT_MS = 3000
 DEFAULT_RETRY_BACKOFF_MS = 100
 DEFAULT_QUEUE_NUMS = 4
 
-# Errors a retry can cure: storage hiccups and commit conflicts. Bad input is never retried.
-RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (OSError, DeltaError)
+# Errors a retry can cure: storage hiccups and commit conflicts (delta-rs' own, or
+# append_arrow's after repeated conflicts). Bad input is never retried.
+RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (OSError, DeltaError, ConcurrentWriteError)
+
+# A producer id becomes part of a Delta app id: printable, no spaces, bounded.
+PRODUCER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+# Delta transaction versions are signed 64-bit integers.
+MAX_SEQUENCE = 2**63 - 1
+
+
+def check_producer_id(value: object) -> str:
+    """``value`` if it can be a producer id; :class:`InvalidMessageError` (``INVALID_PRODUCER_ID``) otherwise."""
+    if not isinstance(value, str) or PRODUCER_ID.fullmatch(value) is None:
+        shown = value if not isinstance(value, str) or len(value) <= 80 else f"{value[:80]}... ({len(value)} chars)"
+        raise InvalidMessageError(
+            f"producer_id {shown!r} must be 1-128 characters from A-Z a-z 0-9 _ . : - "
+            "(no spaces or newlines); pick one stable name per sending process, e.g. 'orders-service-1'",
+            code="INVALID_PRODUCER_ID",
+        )
+    return value
+
+
+def check_sequence(value: object) -> int:
+    """``value`` if it can be a send sequence number; :class:`InvalidMessageError` (``INVALID_SEQUENCE``) otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQUENCE:
+        raise InvalidMessageError(
+            f"sequence {value!r} must be an int from 0 to {MAX_SEQUENCE} (a Delta transaction version)",
+            code="INVALID_SEQUENCE",
+        )
+    return value
 
 
 # -- message ids ---------------------------------------------------------------
@@ -169,7 +208,9 @@ class SendResult:
     msg_ids: tuple[str, ...]
     attempts: int
     written: bool
-    """False when a retry found the send already committed by an earlier attempt."""
+    """False when the send was found already committed: by an earlier attempt of this
+    send, or (with a ``producer_id``) by an earlier send of the same sequence, maybe
+    from another process; nothing was written again."""
 
 
 class Producer:
@@ -180,8 +221,21 @@ class Producer:
     budget is checked before each attempt, as RocketMQ's ``sendDefaultImpl``
     does (a running commit is not interrupted). Every attempt of one send
     carries the same token, so a retry after an attempt that did commit is a
-    no-op. One instance may be used from several threads; its sends are
-    serialised (use one producer per thread to send in parallel).
+    no-op, and a send whose attempts failed or timed out is reported as sent
+    when the table shows its token after all (the commit landed but its
+    acknowledgement was lost). One instance may be used from several threads;
+    its sends are serialised (use one producer per thread to send in parallel).
+
+    ``producer_id`` (recommended): a stable name for the sending process, unique
+    among the processes that send to this table at the same time. Each send
+    then takes a ``sequence``: the caller's own number for what it sends (an
+    offset, a row number of its input), increasing from send to send. The
+    token ``(producer_id, sequence)`` is checked in the table, so a send
+    repeated after a crash or restart, by any process, writes nothing and
+    returns the same message ids. A send whose sequence is at or below the
+    highest one committed for ``producer_id`` counts as already sent: number
+    sends in the order you send them. Without ``producer_id`` the token is
+    this instance's; it covers only the retries inside one call.
     """
 
     def __init__(
@@ -194,7 +248,10 @@ class Producer:
         retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         queue_nums: int = DEFAULT_QUEUE_NUMS,
+        producer_id: str | None = None,
     ) -> None:
+        if producer_id is not None:
+            check_producer_id(producer_id)
         for name, value, low in (
             ("retry_times_when_send_failed", retry_times_when_send_failed, 0),
             ("send_timeout_ms", send_timeout_ms, 1),
@@ -212,8 +269,10 @@ class Producer:
         self.max_body_bytes = max_body_bytes
         self.queue_nums = queue_nums
         self.ids = MessageIdGenerator()
-        # One idempotency app id per producer instance; its versions are the send sequence.
-        self.app_id = f"producer-{producer_group}-{uuid.uuid4()}"
+        self.producer_id = producer_id
+        # The token's app id: the caller's stable name, or (without one) this instance. The
+        # two forms cannot collide: "producer:" vs "producer-".
+        self.app_id = f"producer:{producer_id}" if producer_id is not None else f"producer-{producer_group}-{uuid.uuid4()}"
         self._sequence = itertools.count(1)
         self._lock = threading.Lock()
         ensure_table(messages_path, MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
@@ -227,17 +286,33 @@ class Producer:
         keys: str | Sequence[str] | None = None,
         properties: Mapping[str, str] | None = None,
         flag: int = 0,
+        sequence: int | None = None,
     ) -> SendResult:
         """Send one message; see :meth:`send_batch`."""
-        return self.send_batch([Message(topic, body, tags, keys, properties, flag)])  # type: ignore[arg-type]
+        return self.send_batch([Message(topic, body, tags, keys, properties, flag)], sequence=sequence)  # type: ignore[arg-type]
 
-    def send_batch(self, messages: Sequence[Message]) -> SendResult:
+    def send_batch(self, messages: Sequence[Message], *, sequence: int | None = None) -> SendResult:
         """Send ``messages`` as one commit: all of them are written, once, or none.
 
-        Raises :class:`InvalidMessageError` for an oversized body (never
-        retried) and :class:`SendFailedError` when every attempt failed or the
-        timeout ran out, with the last error as its cause.
+        ``sequence`` is required with a ``producer_id`` and refused without one
+        (see the class docstring). Raises :class:`InvalidMessageError` for an
+        oversized body or a bad sequence (never retried) and
+        :class:`SendFailedError` when every attempt failed or the timeout ran
+        out and the table does not hold the send, with the last error as its cause.
         """
+        if self.producer_id is not None and sequence is None:
+            raise InvalidMessageError(
+                f"producer {self.producer_id!r} sends need a sequence= number (the caller's own, increasing), "
+                "so that a repeated send is recognised across restarts",
+                code="SEQUENCE_REQUIRED",
+            )
+        if self.producer_id is None and sequence is not None:
+            raise InvalidMessageError(
+                f"sequence={sequence!r} needs a producer: Producer(..., producer_id='<stable name>')",
+                code="PRODUCER_ID_REQUIRED",
+            )
+        if sequence is not None:
+            check_sequence(sequence)
         if not messages:
             raise InvalidMessageError("send_batch needs at least one message", code="BATCH_EMPTY")
         for m in messages:
@@ -248,12 +323,12 @@ class Producer:
                     f"message body to topic {m.topic!r} is {len(m.body)} bytes; at most {self.max_body_bytes} allowed",
                     code="BODY_TOO_LARGE",
                 )
-        table = self._rows(messages)
+        table = self._rows(messages, sequence)
         ids = tuple(table.column("msg_id").to_pylist())
         # Sends of one producer are serialised: the table's transaction check treats every
         # version at or below the last committed one as done, so versions must commit in order.
         with self._lock:
-            version = next(self._sequence)
+            version = next(self._sequence) if sequence is None else sequence
             return self._send(table, ids, version)
 
     def _send(self, table: pa.Table, ids: tuple[str, ...], version: int) -> SendResult:
@@ -263,9 +338,12 @@ class Producer:
         for attempt in range(1, total + 1):
             elapsed_ms = (time.monotonic() - started) * 1000
             if attempt > 1 and elapsed_ms >= self.send_timeout_ms:
+                if self._landed(version):
+                    return SendResult(ids, attempt - 1, False)
                 raise SendFailedError(
                     f"send of {len(ids)} message(s) (first {ids[0]}) timed out after {elapsed_ms:.0f} ms "
-                    f"and {attempt - 1} attempt(s) (send_timeout_ms={self.send_timeout_ms})",
+                    f"and {attempt - 1} attempt(s) (send_timeout_ms={self.send_timeout_ms}); "
+                    f"the table does not hold transaction {self.app_id}/{version}",
                     code="SEND_TIMEOUT",
                 ) from last_error
             try:
@@ -280,6 +358,8 @@ class Producer:
                     time.sleep(self.retry_backoff_ms / 1000)
                 continue
             return SendResult(ids, attempt, written)
+        if self._landed(version):
+            return SendResult(ids, total, False)
         raise SendFailedError(
             f"send of {len(ids)} message(s) (first {ids[0]}) failed {total} time(s) "
             f"(retry_times_when_send_failed={self.retry_times_when_send_failed}): {last_error}",
@@ -291,11 +371,37 @@ class Producer:
             self.path, table, app_id=self.app_id, txn_version=version, partition_by=MESSAGES.partition_by
         )
 
-    def _rows(self, messages: Sequence[Message]) -> pa.Table:
+    def _landed(self, version: int) -> bool:
+        """Whether the table holds this send's token after all its attempts failed.
+
+        An attempt can commit and still fail (the acknowledgement of the commit
+        was lost, or the attempt ran past the timeout): reporting that as a
+        failure makes the caller send again. If the table cannot be read
+        either, the send is reported failed (the caller's resend is then safe
+        only with a ``producer_id``).
+        """
+        try:
+            table = open_table(self.path)
+            done = None if table is None else table.transaction_version(self.app_id)
+        except RETRYABLE_ERRORS as exc:
+            log.warning("send %s/%d: could not check whether it landed: %s", self.app_id, version, exc)
+            return False
+        if done is not None and done >= version:
+            log.info("send %s/%d: its attempts failed but the table holds it (at %d): sent", self.app_id, version, done)
+            return True
+        return False
+
+    def _rows(self, messages: Sequence[Message], sequence: int | None) -> pa.Table:
         now = dt.datetime.now(dt.UTC)
         rows = []
-        for m in messages:
-            msg_id = self.ids.next_id(now)
+        for index, m in enumerate(messages):
+            # With a caller's sequence the ids are derived from the token, so a repeated
+            # send (from any process) reports the ids of the copy that is in the table.
+            msg_id = (
+                self.ids.next_id(now)
+                if sequence is None
+                else new_msg_id(f"producer\0{self.producer_id}", str(sequence), str(index))
+            )
             rows.append({
                 "msg_id": msg_id,
                 "topic": m.topic,

@@ -19,6 +19,21 @@ How exactly once works
     ``force=True``; one planned by another unfinished re-drive is an error
     that names that re-drive.
 
+Re-drives running at the same time
+    The audit append of a new chunk is its *claim*: it commits only as the
+    audit table's next version after the one the plan was read from (Delta
+    appends never conflict with each other, so this is checked explicitly,
+    see ``append_arrow(expect_version=...)``). If anyone claimed anything in
+    between, the claim fails, nothing is written, and the re-drive plans
+    again from the new audit version: dead letters another re-drive claimed
+    meanwhile are then an error naming it (or skipped once it moved them),
+    and chunks another run of the *same* re-drive claimed are finished from
+    their audit rows. So each dead letter moves at most once, and the target
+    table holds exactly the messages of the audit rows whose chunk moved,
+    whatever runs concurrently. Chunks of one re-drive move in chunk order
+    (a run finishes every claimed chunk before it claims the next), which is
+    what lets the target's transaction version say which chunks moved.
+
 The new message is marked: properties ``REDRIVE_ID``, ``REDRIVE_FROM_MSG_ID``
 and ``REDRIVE_COUNT`` (copied by later retries, so a message that dies again
 shows it was re-driven). The DLQ itself is never modified (R9: append-only).
@@ -42,17 +57,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine.audit import AUDIT_TABLE, MOVED, app_id, read_audit
+from retry_engine.audit import AUDIT_TABLE, MOVED, app_id, audit_snapshot, read_audit
 from retry_engine.config import EngineConfig
 from retry_engine.decide import new_msg_id
-from retry_engine.delta.tables import append_arrow
+from retry_engine.delta.tables import append_arrow, ensure_table
 from retry_engine.dlq import (
     PROP_REDRIVE_FROM,
     PROP_REDRIVE_ID,
     Selection,
     read_dlq,
 )
-from retry_engine.errors import ConfigError, RedriveError
+from retry_engine.errors import ConcurrentWriteError, ConfigError, RedriveError
 from retry_engine.names import PROP_REDRIVE_COUNT, delivery_key, redrive_count, retry_topic
 from retry_engine.schemas import MESSAGES, REDRIVE_AUDIT, RETRY
 
@@ -63,6 +78,11 @@ TARGETS: tuple[Target, ...] = ("topic", "retry")
 TARGET_TABLES: dict[str, str] = {"topic": "messages", "retry": "retry"}
 DEFAULT_CHUNK_SIZE = 100
 REDRIVE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Claims a re-drive may lose in a row before it gives up. Each lost claim is another
+# re-drive's claim, and there are only as many claims as chunks of work, so a re-drive
+# cannot loop forever; this bound only stops one that is starved by a storm of others
+# (a faster run of the same id can legitimately win dozens of chunks in a row).
+MAX_CLAIM_ATTEMPTS = 1000
 
 Phase = Literal["planned", "moved"]
 
@@ -191,6 +211,19 @@ def redrive(
     )
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What one look at the audit table decides: the chunks to move, in order, and the counts."""
+
+    chunks: list[tuple[pa.Table, bool]]
+    """(audit rows of the chunk, whether it was claimed before this look and is being resumed)."""
+    audit_version: int | None
+    matched: int
+    skipped: int
+    total: int
+    everything: pa.Table
+
+
 def _redrive(
     config: EngineConfig,
     selection: Selection | None,
@@ -223,10 +256,106 @@ def _redrive(
     elif not REDRIVE_ID.match(redrive_id):
         raise ConfigError(f"redrive id {redrive_id!r} must match {REDRIVE_ID.pattern}", code="INVALID_OPTION")
     operator = operator or _whoami()
+    audit_path = config.table_path(AUDIT_TABLE)
 
-    audit = read_audit(config)
+    def plan_now(exclude: set[str]) -> _Plan:
+        return _plan(
+            config, selection, redrive_id=redrive_id, target=target, reset=reset_reconsume_times, force=force,
+            chunk_size=chunk_size, operator=operator, note=note, exclude=exclude,
+        )
+
+    if dry_run:
+        plan = plan_now(set())
+        limit = len(plan.chunks) if max_chunks is None else min(max_chunks, len(plan.chunks))
+        chunks = plan.chunks[:limit]
+        table = pa.concat_tables([c for c, _ in chunks]) if chunks else REDRIVE_AUDIT.arrow_schema.empty_table()
+        resumed = sum(c.num_rows for c, was_pending in chunks if was_pending)
+        log.info("re-drive %s dry run: %d would move (%d resumed), %d skipped", redrive_id, table.num_rows, resumed, plan.skipped)
+        return RedriveReport(
+            redrive_id=redrive_id, target=target, dry_run=True, matched=plan.matched, skipped=plan.skipped,
+            resumed=resumed, moved=0, remaining=plan.total - table.num_rows, plan=table.to_pandas(),
+        )
+
+    # Chunks this run handled (claimed, or resumed), over every look at the audit table.
+    done: list[pa.Table] = []
+    done_ids: set[str] = set()
+    moved = resumed = 0
+    lost = 0  # claims lost in a row, with nothing handled in between
+    while True:
+        plan = plan_now(done_ids)
+        budget = len(plan.chunks) if max_chunks is None else max(min(max_chunks - len(done), len(plan.chunks)), 0)
+        expect = plan.audit_version
+        if expect is None and any(not was_pending for _, was_pending in plan.chunks[:budget]):
+            # Claims are commits against a checked audit version: create the table (only now,
+            # so a re-drive that moves nothing leaves no trace), then look again.
+            ensure_table(audit_path, REDRIVE_AUDIT.arrow_schema)
+            continue
+        by_id = _index(plan.everything, [c for c, _ in plan.chunks[:budget]])
+        handled_before = len(done)
+        try:
+            for chunk, was_pending in plan.chunks[:budget]:
+                k = int(chunk.column("chunk")[0].as_py())
+                if not was_pending:
+                    if expect is None or not append_arrow(
+                        audit_path, chunk, app_id=app_id(redrive_id), txn_version=k, expect_version=expect
+                    ):
+                        raise ConcurrentWriteError(f"{audit_path}: chunk {k} of re-drive {redrive_id} was claimed meanwhile")
+                    expect += 1
+                    _report(on_progress, ChunkProgress(redrive_id, k, "planned", chunk.num_rows, moved, plan.total))
+                done.append(chunk)
+                done_ids.update(chunk.column("dlq_msg_id").to_pylist())
+                written = _move(config, chunk, by_id, redrive_id=redrive_id, target=target)
+                if written:
+                    moved += chunk.num_rows
+                    resumed += chunk.num_rows if was_pending else 0
+                log.info(
+                    "re-drive %s chunk %d: %d messages %s %s (%d/%d)", redrive_id, k, chunk.num_rows,
+                    "moved to" if written else "were already in", TARGET_TABLES[target], moved, plan.total,
+                )
+                _report(on_progress, ChunkProgress(redrive_id, k, "moved", chunk.num_rows, moved, plan.total))
+                limiter.after(chunk.num_rows)
+        except ConcurrentWriteError as exc:
+            # Another re-drive (or another run of this one) claimed dead letters since this plan
+            # was made: plan again from the new audit version. Every lost claim means someone
+            # else made progress, so only a storm of re-drives exhausts the attempts.
+            lost = 0 if len(done) > handled_before else lost + 1
+            if lost >= MAX_CLAIM_ATTEMPTS:
+                raise RedriveError(
+                    f"re-drive {redrive_id}: other re-drives claimed dead letters first {lost} times in a row; "
+                    f"{moved} messages moved so far; run it again to go on",
+                    code="REDRIVE_CONTENDED",
+                ) from exc
+            log.info("re-drive %s: the audit table changed while claiming: %s; planning again", redrive_id, exc)
+            continue
+        table = pa.concat_tables(done) if done else REDRIVE_AUDIT.arrow_schema.empty_table()
+        return RedriveReport(
+            redrive_id=redrive_id, target=target, dry_run=False, matched=plan.matched, skipped=plan.skipped,
+            resumed=resumed, moved=moved, remaining=plan.total - sum(c.num_rows for c, _ in plan.chunks[:budget]),
+            plan=table.to_pandas(),
+        )
+
+
+def _plan(
+    config: EngineConfig,
+    selection: Selection | None,
+    *,
+    redrive_id: str,
+    target: Target,
+    reset: bool,
+    force: bool,
+    chunk_size: int,
+    operator: str,
+    note: str | None,
+    exclude: set[str],
+) -> _Plan:
+    """Read the audit table (and its version) and the DLQ; decide the chunks to move.
+
+    ``exclude``: dead letters this run already handled (not counted as skipped).
+    """
+    snapshot = audit_snapshot(config)
+    audit = snapshot.rows
     mine = audit.filter(pc.equal(audit.column("redrive_id"), redrive_id))
-    _check_same_redrive(mine, redrive_id, target=target, reset=reset_reconsume_times)
+    _check_same_redrive(mine, redrive_id, target=target, reset=reset)
     pending = mine.filter(pc.invert(mine.column(MOVED)))
     everything = read_dlq(config)
     # selection=None (resume): nothing new is planned, only the pending chunks move.
@@ -251,7 +380,9 @@ def _redrive(
     fresh_mask = [i not in seen_here and (force or i not in moved_elsewhere) for i in ids]
     fresh = matched.filter(pa.array(fresh_mask, pa.bool_())).sort_by([("dead_lettered_at", "ascending"), ("msg_id", "ascending")])
     pending_ids = set(pending.column("dlq_msg_id").to_pylist())
-    skipped = sum(1 for i, planned in zip(ids, fresh_mask, strict=True) if not planned and i not in pending_ids)
+    skipped = sum(
+        1 for i, planned in zip(ids, fresh_mask, strict=True) if not planned and i not in pending_ids and i not in exclude
+    )
 
     generations = _generations(audit)
     now = _now()
@@ -262,7 +393,7 @@ def _redrive(
             chunk=first_chunk + n,
             redrive_id=redrive_id,
             target=target,
-            reset=reset_reconsume_times,
+            reset=reset,
             selection=None if selection is None else selection.describe(),
             operator=operator,
             note=note,
@@ -276,44 +407,34 @@ def _redrive(
         for k in sorted(set(pending.column("chunk").to_pylist()))
     ]
     chunks = [(c, True) for c in resumed_chunks] + [(c, False) for c in new_chunks]
-    total_planned = sum(c.num_rows for c, _ in chunks)
-    limit = len(chunks) if max_chunks is None else min(max_chunks, len(chunks))
-    plan = pa.concat_tables([c for c, _ in chunks[:limit]]) if limit else REDRIVE_AUDIT.arrow_schema.empty_table()
-    resumed = sum(c.num_rows for c, was_pending in chunks[:limit] if was_pending)
-    report = RedriveReport(
-        redrive_id=redrive_id,
-        target=target,
-        dry_run=dry_run,
+    return _Plan(
+        chunks=chunks,
+        audit_version=snapshot.version,
         matched=matched.num_rows,
         skipped=skipped,
-        resumed=resumed,
-        moved=0 if dry_run else plan.num_rows,
-        remaining=total_planned - plan.num_rows,
-        plan=plan.to_pandas(),
+        total=sum(c.num_rows for c, _ in chunks),
+        everything=everything,
     )
-    if dry_run:
-        log.info("re-drive %s dry run: %d would move (%d resumed), %d skipped", redrive_id, plan.num_rows, resumed, skipped)
-        return report
 
-    needed = pa.array(plan.column("dlq_msg_id").to_pylist(), pa.string())
-    by_id = _index(everything.filter(pc.is_in(everything.column("msg_id"), needed)))
-    moved = 0
-    for chunk, was_pending in chunks[:limit]:
-        k = int(chunk.column("chunk")[0].as_py())
-        if not was_pending:
-            append_arrow(config.table_path(AUDIT_TABLE), chunk, app_id=app_id(redrive_id), txn_version=k)
-            _report(on_progress, ChunkProgress(redrive_id, k, "planned", chunk.num_rows, moved, total_planned))
-        table = TARGET_TABLES[target]
-        rows = _messages(config, chunk, by_id, target=target)
-        schema = MESSAGES if target == "topic" else RETRY
-        append_arrow(
-            config.table_path(table), rows, app_id=app_id(redrive_id), txn_version=k, partition_by=schema.partition_by
-        )
-        moved += chunk.num_rows
-        log.info("re-drive %s chunk %d: %d messages moved to %s (%d/%d)", redrive_id, k, chunk.num_rows, table, moved, total_planned)
-        _report(on_progress, ChunkProgress(redrive_id, k, "moved", chunk.num_rows, moved, total_planned))
-        limiter.after(chunk.num_rows)
-    return report
+
+def _move(
+    config: EngineConfig, chunk: pa.Table, by_id: dict[str, dict[str, Any]], *, redrive_id: str, target: Target
+) -> bool:
+    """Append one claimed chunk's messages to the target table; False if it was already there.
+
+    Idempotent under the transaction ``(redrive:<id>, chunk)``: another run of
+    the same re-drive moving the same chunk at the same time leaves one copy
+    (both build it from the same audit rows, so the ids agree).
+    """
+    rows = _messages(config, chunk, by_id, target=target)
+    schema = MESSAGES if target == "topic" else RETRY
+    return append_arrow(
+        config.table_path(TARGET_TABLES[target]),
+        rows,
+        app_id=app_id(redrive_id),
+        txn_version=int(chunk.column("chunk")[0].as_py()),
+        partition_by=schema.partition_by,
+    )
 
 
 def resume(
@@ -419,8 +540,10 @@ def _plan_chunk(
     return pa.Table.from_pylist(planned, schema=REDRIVE_AUDIT.arrow_schema)
 
 
-def _index(dlq: pa.Table) -> dict[str, dict[str, Any]]:
-    return {row["msg_id"]: row for row in dlq.to_pylist()}
+def _index(dlq: pa.Table, chunks: list[pa.Table]) -> dict[str, dict[str, Any]]:
+    """The dead letters ``chunks`` name, by msg id."""
+    needed = pa.array([i for c in chunks for i in c.column("dlq_msg_id").to_pylist()], pa.string())
+    return {row["msg_id"]: row for row in dlq.filter(pc.is_in(dlq.column("msg_id"), needed)).to_pylist()}
 
 
 def _messages(config: EngineConfig, chunk: pa.Table, dlq: dict[str, dict[str, Any]], *, target: Target) -> pa.Table:

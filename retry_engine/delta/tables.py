@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
 from retry_engine.delta._schema import (
@@ -16,7 +16,7 @@ from retry_engine.delta._schema import (
     check_write_schema,
     schema_drift,
 )
-from retry_engine.errors import ConfigError
+from retry_engine.errors import ConcurrentWriteError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,12 @@ def read_table(path: str, *, version: int | None = None) -> pa.Table:
     return pa.table(DeltaTable(path, version=version).to_pyarrow_table())
 
 
+# A conflict on a checked append means another writer committed in between; each
+# re-check either finds the transaction done (skip) or commits, so a few attempts suffice
+# unless other writers of the same app id keep winning.
+MAX_APPEND_ATTEMPTS = 10
+
+
 def append_arrow(
     path: str,
     table: pa.Table,
@@ -110,33 +116,127 @@ def append_arrow(
     app_id: str | None = None,
     txn_version: int | None = None,
     partition_by: Sequence[str] = (),
+    expect_version: int | None = None,
 ) -> bool:
     """Append ``table`` to the Delta table at ``path`` (created if missing).
 
     With ``app_id`` and ``txn_version`` the append is idempotent like Delta's
     ``txnAppId`` / ``txnVersion``: it is skipped, returning False, when the
     table already records a transaction of ``app_id`` at ``txn_version`` or
-    later. delta-rs records the token but does not check it, so it is checked
-    here; a writer racing with another copy of itself gets a commit conflict.
+    later. delta-rs records the token but does not skip on it, so it is
+    checked here, and the commit is made against the very snapshot that was
+    checked: if another writer committed a transaction of the same ``app_id``
+    in between, delta-rs' conflict check fails the commit (its
+    ``ConcurrentTransaction`` rule), and the check runs again on the new
+    snapshot: skip if the other writer committed this version, else retry.
+    Two processes appending the same ``(app_id, txn_version)`` at once thus
+    leave exactly one copy. Appends of other writers (other app ids) do not
+    conflict. Raises :class:`~retry_engine.errors.ConcurrentWriteError` after
+    :data:`MAX_APPEND_ATTEMPTS` conflicts in a row.
+
+    With ``expect_version`` the append commits only as the table's next
+    version after ``expect_version``: any commit by anyone since then raises
+    :class:`~retry_engine.errors.ConcurrentWriteError` (code ``TABLE_MOVED``)
+    and nothing is written. Callers use it to claim rows they chose from that
+    version (the re-drive audit): re-read, re-decide, try again.
     """
     if (app_id is None) != (txn_version is None):
         raise ConfigError("app_id and txn_version go together; pass both or neither", code="INVALID_OPTION")
-    existing = open_table(path)
-    if existing is not None:
-        check_write_schema(path, table_arrow_schema(existing), table.schema)
-        check_partition_columns(path, existing.metadata().partition_columns, partition_by)
-    properties = None
-    if app_id is not None and txn_version is not None:
-        done = existing.transaction_version(app_id) if existing is not None else None
-        if done is not None and done >= txn_version:
-            log.info("%s: transaction %s/%d already in the table (at %d); append skipped", path, app_id, txn_version, done)
+    if expect_version is not None:
+        return _append_at(path, table, expect_version, app_id=app_id, txn_version=txn_version, partition_by=partition_by)
+    last_error: CommitFailedError | None = None
+    for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
+        checked = _checked_handle(path, table.schema, partition_by)
+        if _already_done(path, checked, app_id, txn_version):
             return False
-        properties = CommitProperties(app_transactions=[Transaction(app_id, txn_version)])
+        try:
+            _write(checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=False)
+        except CommitFailedError as exc:
+            if app_id is None:
+                raise
+            last_error = exc
+            log.info("%s: commit of %s/%s conflicted (attempt %d); checking again", path, app_id, txn_version, attempt)
+            continue
+        return True
+    raise ConcurrentWriteError(
+        f"{path}: append of transaction {app_id}/{txn_version} conflicted {MAX_APPEND_ATTEMPTS} times in a row "
+        f"with other writers of app id {app_id!r} (is a second copy of this writer running?): {last_error}",
+    ) from last_error
+
+
+def _append_at(
+    path: str,
+    table: pa.Table,
+    expect_version: int,
+    *,
+    app_id: str | None,
+    txn_version: int | None,
+    partition_by: Sequence[str],
+) -> bool:
+    """Append as version ``expect_version + 1`` or not at all (see :func:`append_arrow`)."""
+    if isinstance(expect_version, bool) or not isinstance(expect_version, int) or expect_version < 0:
+        raise ConfigError(f"expect_version must be a table version (an int >= 0), got {expect_version!r}", code="INVALID_OPTION")
+    latest = table_version(path)
+    if latest is None or latest < expect_version:
+        raise ConfigError(
+            f"{path}: expect_version={expect_version} but the table is at {latest}; pass a version read from it",
+            code="INVALID_OPTION",
+        )
+    if latest > expect_version:
+        raise ConcurrentWriteError(f"{path}: the table moved from version {expect_version} to {latest}; read it again")
+    checked = DeltaTable(path, version=expect_version)
+    check_write_schema(path, table_arrow_schema(checked), table.schema)
+    check_partition_columns(path, checked.metadata().partition_columns, partition_by)
+    if _already_done(path, checked, app_id, txn_version):
+        return False
+    try:
+        _write(checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=True)
+    except CommitFailedError as exc:
+        raise ConcurrentWriteError(
+            f"{path}: another writer committed after version {expect_version}; read the table again: {exc}"
+        ) from exc
+    return True
+
+
+def _checked_handle(path: str, schema: pa.Schema, partition_by: Sequence[str]) -> DeltaTable:
+    """A handle on the latest snapshot, the table created first if missing (concurrent creators are fine)."""
+    existing = open_table(path)
+    if existing is None:
+        return ensure_table(path, schema, partition_by=partition_by)
+    check_write_schema(path, table_arrow_schema(existing), schema)
+    check_partition_columns(path, existing.metadata().partition_columns, partition_by)
+    return existing
+
+
+def _already_done(path: str, checked: DeltaTable, app_id: str | None, txn_version: int | None) -> bool:
+    if app_id is None or txn_version is None:
+        return False
+    done = checked.transaction_version(app_id)
+    if done is not None and done >= txn_version:
+        log.info("%s: transaction %s/%d already in the table (at %d); append skipped", path, app_id, txn_version, done)
+        return True
+    return False
+
+
+def _write(
+    checked: DeltaTable,
+    table: pa.Table,
+    *,
+    app_id: str | None,
+    txn_version: int | None,
+    partition_by: Sequence[str],
+    strict: bool,
+) -> None:
+    """Commit ``table`` with ``checked``'s snapshot as the read version.
+
+    ``strict``: no commit retries, so a commit that finds a newer version fails
+    instead of being rebased onto it (appends never conflict with appends).
+    """
+    transactions = [Transaction(app_id, txn_version)] if app_id is not None and txn_version is not None else None
     write_deltalake(
-        path,
+        checked,
         table,
         mode="append",
         partition_by=list(partition_by) or None,
-        commit_properties=properties,
+        commit_properties=CommitProperties(app_transactions=transactions, max_commit_retries=0 if strict else None),
     )
-    return True

@@ -139,3 +139,94 @@ def test_sends_from_many_threads_all_land_once(tmp_path: Path) -> None:
     with ThreadPoolExecutor(max_workers=6) as pool:
         sent = list(pool.map(lambda i: producer.send("orders", f"m{i}").msg_ids[0], range(30)))
     assert sorted(r["msg_id"] for r in rows(tmp_path / "m")) == sorted(sent)
+
+
+def test_r13_timeout_after_the_commit_landed_reports_the_send(tmp_path: Path) -> None:
+    """#12 item 12 / R13: the first attempt commits, then fails (lost ack); the budget runs out.
+
+    The table holds the send's transaction, so the send succeeded: reporting
+    SEND_TIMEOUT would make the caller resend and duplicate it.
+    """
+    producer = LostAckProducer(
+        str(tmp_path / "m"), lost=10**6, retry_times_when_send_failed=10**6, send_timeout_ms=1, retry_backoff_ms=5
+    )
+    result = producer.send("orders", b"x")
+    assert result.written is False and result.attempts >= 1
+    assert [r["msg_id"] for r in rows(tmp_path / "m")] == list(result.msg_ids)
+
+
+def test_r13_last_retry_failing_after_the_commit_landed_reports_the_send(tmp_path: Path) -> None:
+    """#12 item 12 / R13: no retries left, the only attempt committed and then failed: the send is reported sent."""
+    producer = LostAckProducer(str(tmp_path / "m"), lost=1, retry_times_when_send_failed=0)
+    result = producer.send("orders", b"x")
+    assert (result.attempts, result.written) == (1, False)
+    assert [r["msg_id"] for r in rows(tmp_path / "m")] == list(result.msg_ids)
+
+
+def test_r13_timeout_names_the_missing_transaction(tmp_path: Path) -> None:
+    """#12 item 12: when nothing landed, SEND_TIMEOUT still fires and says the table lacks the send."""
+    producer = LostAckProducer(
+        str(tmp_path / "m"), lost=10**6, before_commit=True, retry_times_when_send_failed=10**6,
+        send_timeout_ms=1, retry_backoff_ms=5,
+    )
+    with pytest.raises(SendFailedError, match=r"\[SEND_TIMEOUT\].*does not hold transaction producer-"):
+        producer.send("orders", b"x")
+    assert rows(tmp_path / "m") == []
+
+
+def test_stable_producer_id_deduplicates_a_repeated_sequence(tmp_path: Path) -> None:
+    """#12 item 21 / R13: (producer_id, sequence) is the token: a repeat writes nothing and returns the same ids."""
+    path = str(tmp_path / "m")
+    first = Producer(path, producer_id="orders-svc.1").send_batch(
+        [Message("orders", b"a"), Message("orders", b"b")], sequence=0
+    )
+    again = Producer(path, producer_id="orders-svc.1").send_batch(
+        [Message("orders", b"a"), Message("orders", b"b")], sequence=0
+    )
+    assert first.written and not again.written
+    assert again.msg_ids == first.msg_ids and len(set(first.msg_ids)) == 2
+    assert all(len(i) == 32 and i == i.upper() for i in first.msg_ids)
+    other = Producer(path, producer_id="billing-svc").send("orders", b"a", sequence=0)  # another producer's 0
+    assert other.written and other.msg_ids[0] not in first.msg_ids
+    assert sorted(r["msg_id"] for r in rows(tmp_path / "m")) == sorted(first.msg_ids + other.msg_ids)
+
+
+@pytest.mark.parametrize(
+    "producer_id",
+    ["", " ", "   ", "orders\n", "\norders", "orders svc", "x" * 129, "x" * 100_000, "ürün", "a/b", 42, b"orders"],
+)
+def test_bad_producer_id_is_a_clear_error(tmp_path: Path, producer_id: Any) -> None:
+    """#12 item 21, hostile input: empty, whitespace, newline-terminated, huge, non-ASCII, path-like, non-str ids."""
+    with pytest.raises(InvalidMessageError, match=r"\[INVALID_PRODUCER_ID\] producer_id .* must be 1-128 characters"):
+        Producer(str(tmp_path / "m"), producer_id=producer_id)
+
+
+def test_longest_producer_id_is_accepted(tmp_path: Path) -> None:
+    """#12 item 21: the bound is inclusive (128 characters)."""
+    assert Producer(str(tmp_path / "m"), producer_id="x" * 128).send("orders", b"x", sequence=1).written
+
+
+@pytest.mark.parametrize("sequence", [-1, -(2**63), 2**63, True, 1.0, "1", None])
+def test_bad_sequence_is_a_clear_error(tmp_path: Path, sequence: Any) -> None:
+    """#12 item 21, hostile input: negative, beyond int64, bool, float, str and missing sequences write nothing."""
+    producer = Producer(str(tmp_path / "m"), producer_id="p1")
+    code = "SEQUENCE_REQUIRED" if sequence is None else "INVALID_SEQUENCE"
+    with pytest.raises(InvalidMessageError, match=rf"\[{code}\]"):
+        producer.send("orders", b"x", sequence=sequence)
+    assert rows(tmp_path / "m") == []
+
+
+def test_sequence_bounds_are_delta_transaction_versions(tmp_path: Path) -> None:
+    """#12 item 21: 0 and 2**63-1 are valid; after 2**63-1 every lower sequence counts as already sent."""
+    producer = Producer(str(tmp_path / "m"), producer_id="p1")
+    assert producer.send("orders", b"x", sequence=0).written
+    assert producer.send("orders", b"y", sequence=2**63 - 1).written
+    assert not producer.send("orders", b"z", sequence=5).written
+    assert sorted(r["body"] for r in rows(tmp_path / "m")) == [b"x", b"y"]
+
+
+def test_sequence_without_producer_id_is_refused(tmp_path: Path) -> None:
+    """#12 item 21: an instance-scoped producer cannot promise cross-process dedup, so it takes no sequence."""
+    with pytest.raises(InvalidMessageError, match=r"\[PRODUCER_ID_REQUIRED\] sequence=3 needs a producer"):
+        Producer(str(tmp_path / "m")).send("orders", b"x", sequence=3)
+    assert rows(tmp_path / "m") == []

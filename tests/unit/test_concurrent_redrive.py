@@ -1,0 +1,170 @@
+"""Re-drives running at the same time (#12 item 11, SPEC B5 and B8).
+
+Each re-drive runs in its own OS process (``multiprocessing``, spawn) over real
+Delta tables in a temp folder; the dead letters are written with delta-rs
+(re-drive needs no Spark). What must hold whatever runs concurrently: each dead
+letter is moved at most once, and the audit table says exactly what moved.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import multiprocessing as mp
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from retry_engine import redrive
+from retry_engine.audit import read_audit
+from retry_engine.config import EngineConfig, parse_config
+from retry_engine.delta import append_arrow
+from retry_engine.dlq import PROP_REDRIVE_FROM, PROP_REDRIVE_ID, Selection
+from retry_engine.errors import RedriveError
+from retry_engine.schemas import DLQ
+
+DEAD = 24
+T0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
+
+
+def _config(root: str) -> EngineConfig:
+    return parse_config({"engine": {"lake": root}})
+
+
+def _dead_letter(i: int) -> dict[str, Any]:
+    error = "com.acme.Timeout" if i % 2 == 0 else "com.acme.BadJson"
+    return {
+        "msg_id": f"DLQ-{i:03d}",
+        "topic": "%DLQ%billing",
+        "body": f"order-{i}".encode(),
+        "properties": [("a", "b")],
+        "born_timestamp": T0,
+        "store_timestamp": T0,
+        "reconsume_times": 16,
+        "origin_msg_id": f"ORIGIN-{i:03d}",
+        "retry_topic": "orders",
+        "consumer_group": "billing",
+        "dead_lettered_at": T0 + dt.timedelta(seconds=i),
+        "reason_code": "MAX_RECONSUME_TIMES",
+        "error_class": error,
+        "error_message": f"{error} on order {i}",
+        "delivery_key": f"ORIGIN-{i:03d}:16",
+    }
+
+
+def _lake(tmp_path: Path) -> str:
+    root = str(tmp_path / "lake")
+    config = _config(root)
+    rows = pa.Table.from_pylist([_dead_letter(i) for i in range(DEAD)], schema=DLQ.arrow_schema)
+    append_arrow(config.table_path("dlq"), rows, partition_by=DLQ.partition_by)
+    return root
+
+
+def _run_redrive(root: str, options: dict[str, Any], barrier: mp.synchronize.Barrier, out: mp.Queue[object]) -> None:
+    """One operator: wait for the other, then re-drive; report ("ok", id, moved) or ("error", code, message)."""
+    try:
+        config = _config(root)
+        selection = Selection(**options.pop("selection"))
+        barrier.wait(timeout=120)
+        report = redrive.redrive(config, selection, target="topic", chunk_size=1, **options)
+        out.put(("ok", report.redrive_id, report.moved))
+    except RedriveError as exc:
+        out.put(("error", exc.code, str(exc)))
+    except BaseException as exc:  # anything else fails the test, in the parent
+        out.put(("crash", type(exc).__name__, repr(exc)))
+        barrier.abort()
+
+
+def _race(root: str, *runs: dict[str, Any]) -> list[tuple[str, str, object]]:
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(len(runs))
+    out: mp.Queue[object] = ctx.Queue()
+    procs = [ctx.Process(target=_run_redrive, args=(root, dict(r), barrier, out)) for r in runs]
+    for p in procs:
+        p.start()
+    try:
+        results: list[tuple[str, str, object]] = [out.get(timeout=600) for _ in procs]  # type: ignore[misc]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert not [r for r in results if r[0] == "crash"], results
+    return results
+
+
+def _moved_messages(root: str) -> list[dict[str, Any]]:
+    path = _config(root).table_path("messages")
+    try:
+        rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+    except Exception:  # noqa: BLE001 - no table: nothing moved
+        return []
+    return [{**r, "props": dict(r["properties"])} for r in rows]
+
+
+def _assert_at_most_once_and_audited(root: str) -> list[dict[str, Any]]:
+    """Each dead letter at most once in the target; moved audit rows == the messages, row for row."""
+    messages = _moved_messages(root)
+    copies = Counter(m["props"][PROP_REDRIVE_FROM] for m in messages)
+    assert {k: n for k, n in copies.items() if n > 1} == {}, "dead letters moved more than once"
+    audit = read_audit(_config(root)).to_pylist()
+    moved = {(a["redrive_id"], a["dlq_msg_id"], a["redriven_msg_id"], a["topic"]) for a in audit if a["moved"]}
+    landed = {(m["props"][PROP_REDRIVE_ID], m["props"][PROP_REDRIVE_FROM], m["msg_id"], m["topic"]) for m in messages}
+    assert moved == landed
+    assert len(audit) == len({(a["redrive_id"], a["dlq_msg_id"]) for a in audit}), "a dead letter audited twice"
+    return messages
+
+
+def test_overlapping_redrives_at_once_move_each_dead_letter_at_most_once(tmp_path: Path) -> None:
+    """#12 item 11 / B5, B8: "all of billing" and "billing's timeouts" (half of it) start at the same moment.
+
+    Each dead letter moves at most once and the audit matches what moved. A
+    re-drive that meets the other's claims stops with REDRIVE_UNFINISHED (it
+    names the other); run again afterwards, it moves what is left, so in the
+    end every dead letter has moved exactly once.
+    """
+    root = _lake(tmp_path)
+    everything: dict[str, Any] = {"selection": {"group": "billing"}}
+    timeouts: dict[str, Any] = {"selection": {"group": "billing", "error_pattern": "Timeout"}}
+    results = _race(root, everything, timeouts)
+    for status, code, _ in results:
+        assert status == "ok" or code == "REDRIVE_UNFINISHED", results
+    _assert_at_most_once_and_audited(root)
+    # Afterwards, one by one: both complete, and nothing moves twice.
+    config = _config(root)
+    for options in (timeouts, everything):
+        report = redrive.redrive(config, Selection(**options["selection"]), target="topic", chunk_size=1)
+        assert report.complete
+    messages = _assert_at_most_once_and_audited(root)
+    assert sorted(m["props"][PROP_REDRIVE_FROM] for m in messages) == [f"DLQ-{i:03d}" for i in range(DEAD)]
+
+
+@pytest.mark.parametrize(
+    "selections",
+    [
+        pytest.param(({"group": "billing"}, {"group": "billing"}), id="same-selection"),
+        pytest.param(
+            ({"group": "billing", "error_pattern": "Timeout"}, {"group": "billing", "error_pattern": "BadJson"}),
+            id="different-selections",
+        ),
+    ],
+)
+def test_one_redrive_id_started_twice_at_once_audits_exactly_what_moved(
+    tmp_path: Path, selections: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    """#12 item 11 / B5: the same ``--redrive-id`` run twice at the same moment (an operator's double
+    start; or two selections under one id): both runs finish, every audit row's message is in the
+    target exactly once, and no message is in the target that the audit does not show."""
+    root = _lake(tmp_path)
+    results = _race(root, *({"selection": s, "redrive_id": "fix-42"} for s in selections))
+    assert [r[0] for r in results] == ["ok", "ok"], results
+    messages = _assert_at_most_once_and_audited(root)
+    audit = read_audit(_config(root))
+    assert set(audit.column("redrive_id").to_pylist()) == {"fix-42"} and all(audit.column("moved").to_pylist())
+    # Together the runs moved the union of their selections (here: all of billing), each dead
+    # letter once, and each message was written by exactly one of them.
+    assert sorted(m["props"][PROP_REDRIVE_FROM] for m in messages) == [f"DLQ-{i:03d}" for i in range(DEAD)]
+    assert sum(int(r[2]) for r in results) == len(messages)  # type: ignore[call-overload]
