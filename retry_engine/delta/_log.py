@@ -399,8 +399,9 @@ class DeltaLog:
         if commit is None:
             raise DeltaSourceError(
                 f"commit {version} of {self.uri} is missing from {LOG_DIR} (removed by log cleanup?); "
-                "the stream cannot continue without losing data. Restart it from a new checkpoint "
-                "(optionally with startingVersion)",
+                "the stream cannot continue without losing data. Restore the missing log file; a new "
+                "checkpoint does not help (the retry engine resumes after the lake's last batch, which needs "
+                "this commit)",
                 code="DELTA_COMMIT_MISSING",
             )
         return commit
