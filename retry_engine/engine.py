@@ -22,7 +22,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -35,6 +34,7 @@ from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.delays import parse_duration_ms
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, table_version
+from retry_engine.delta.tables import open_table
 from retry_engine.errors import EngineStoppedError, LakeResumeError, LeaseLostError
 from retry_engine.lease import EngineState, Heartbeat, LakeLease, Owner
 from retry_engine.outputs import BatchWriter, OnCounts, roll_forward
@@ -174,10 +174,10 @@ def _resume_point(
     last = before.last_batch if before is not None else None
     if last is not None:
         roll_forward(config, last)
-    source = DeltaTable(config.table_path("consume_results"))
+    source = open_table(config.table_path("consume_results"))
     point = resume.plan(
         before, query_id=query_id, checkpoint=checkpoint, fresh=fresh,
-        source_table_id=str(source.metadata().id), discard_pending=discard_pending,
+        source_table_id=None if source is None else str(source.metadata().id), discard_pending=discard_pending,
     )
     if point is not None:
         resume.store(checkpoint, point)
@@ -218,8 +218,6 @@ def start(
     checkpoint = config.checkpoint_path
     fresh = resume.is_fresh(checkpoint)
     app_id = ensure_query_id(checkpoint)
-    # The source table must exist before the lease is used to plan where to resume.
-    ensure_table(config.table_path("consume_results"), CONSUME_RESULTS.arrow_schema)
     lease = LakeLease(
         config.engine.lake, Owner.this_process(query_id=app_id, checkpoint=checkpoint), timeout_ms=config.lease_timeout_ms
     )

@@ -294,7 +294,14 @@ class BatchWriter:
             else:
                 samples.append(from_ipc(payload))
         merged = metrics.merge_counts(counts)
-        if self.lease is not None and not self._record(batch_id, files, merged):
+        try:
+            recorded = self._record(batch_id, files, merged)
+        except BaseException:
+            # Fenced (LeaseLostError) or the record failed: no commit will reference these files.
+            for name, written in files.items():
+                abort_files(TableLocation(self.config.table_path(name)), [FilesWritten(tuple(written))])
+            raise
+        if not recorded:
             # Replay of a batch the lake already records: its recorded files were
             # committed at start (roll_forward); this attempt's files are dropped.
             for name, written in files.items():

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from retry_engine import resume
-from retry_engine.engine import _at_or_after
 from retry_engine._arrow_ipc import from_ipc, to_ipc
 from retry_engine.delta._files import position_array, position_prefix
+from retry_engine.engine import _at_or_after
 from retry_engine.errors import LakeOwnedError, LakeResumeError, LeaseLostError
 from retry_engine.lease import BatchRecord, EngineState, Heartbeat, LakeLease, Owner, read_state
 
