@@ -150,3 +150,40 @@ def test_once_processes_new_input_after_a_stop_mid_batch(spark: Any, tmp_path: P
     outcomes = {r["result_id"]: r["outcome"] for r in lake.rows("outcomes")}
     assert outcomes.get(late.values["result_id"]) == "acknowledged"
     assert len(lake.rows("outcomes")) == 5  # 4 early results + the late one, each once
+
+
+def test_cli_run_refuses_an_owned_lake_until_take_over(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """B8 / #12 item 8 through the command line: `run` names the owner; `run --take-over` proceeds.
+
+    The owner is an engine on another host, so only its lease's expiry or a
+    take-over can free the lake.
+    """
+    import datetime as dt
+
+    from retry_engine.cli import EXIT_ERROR, EXIT_OK, main
+    from tests.lakehouse import FAST_LEVELS
+
+    lake = lake_with(tmp_path, "cli")
+    conf = tmp_path / "engine.toml"
+    conf.write_text(
+        f'[engine]\nlake = "{tmp_path / "lake"}"\ncheckpoint = "{tmp_path / "cli"}"\ntrigger_interval = "200ms"\n'
+        f'message_delay_level = "{FAST_LEVELS}"\nstate_bucket = "1s"\n'
+    )
+    since = dt.datetime(2026, 11, 23, 9, 30, tzinfo=dt.UTC)
+    other = LakeLease(str(tmp_path / "lake"), Owner("other-host.example", 4242, "engine-X", "/elsewhere", since))
+    other.acquire()
+    results = phase("cli")
+    lake.write_results(results)
+
+    assert main(["run", "--once", "--config", str(conf)]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    for part in ("LAKE_OWNED", "host other-host.example", "pid 4242", "query id engine-X", "2026-11-23T09:30:00", "--take-over"):
+        assert part in err
+    assert lake.rows("outcomes") == []
+
+    assert main(["run", "--once", "--take-over", "--config", str(conf)]) == EXIT_OK
+    assert sorted(r["result_id"] for r in lake.rows("outcomes")) == sorted(r.values["result_id"] for r in results)
+    state = read_state(str(tmp_path / "lake"))
+    assert state is not None and state.epoch == 2 and state.released
