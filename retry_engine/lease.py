@@ -46,6 +46,11 @@ DEFAULT_LEASE_TIMEOUT_MS = 60_000
 # A CAS that lost to a commit which did not change the owner (e.g. our own earlier
 # write seen through a stale handle) is retried this many times.
 _CAS_ATTEMPTS = 5
+# Every row change is a commit with one tiny file (heartbeats, batches): every this many
+# versions the table gets a log checkpoint (fast loads) and replaced files are vacuumed.
+MAINTAIN_EVERY = 100
+# Readers only ever need the latest row; an hour covers any reader still on an old snapshot.
+VACUUM_RETENTION_HOURS = 1
 
 
 def state_path(lake: str) -> str:
@@ -314,7 +319,18 @@ class LakeLease:
         except CommitFailedError as exc:
             log.info("lake %s: engine-state commit conflicted (%s); re-reading", self.lake, exc)
             return False
+        self._maintain()
         return True
+
+    def _maintain(self) -> None:
+        table = DeltaTable(self.path)
+        if table.version() % MAINTAIN_EVERY:
+            return
+        try:
+            table.create_checkpoint()
+            table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)
+        except Exception:  # housekeeping only: the row is committed; the next round retries
+            log.exception("lake %s: engine-state maintenance failed", self.lake)
 
 
 def _iso(value: dt.datetime | None) -> str:

@@ -209,3 +209,22 @@ def test_resume_filter_drops_exactly_the_rows_already_read() -> None:
     out = list(_at_or_after(position_prefix(9, 3, False))(iter([packed])))
     kept = [rid for b in out for p in b.column(0).to_pylist() for rid in from_ipc(p).column("result_id").to_pylist()]
     assert kept == ["9-3-0", "9-3-1", "10-0-0"]
+
+
+def test_once_waits_for_the_table_version_it_saw() -> None:
+    """#12 item 20: ``run_once`` stops only at a batch whose source end lies past the version it saw at start."""
+    import json
+
+    from retry_engine.engine import _covers
+
+    def end(version: int, index: int, starting: bool = False) -> dict[str, object]:
+        return {"reservoirVersion": version, "index": index, "isStartingVersion": starting}
+
+    # A replayed batch planned before the new commit 7 does not count, however empty it is.
+    assert not _covers(end(7, -1), 7)
+    assert not _covers(end(7, 3), 7)
+    # Inside the initial snapshot of a later version: not everything of it is read yet.
+    assert not _covers(end(9, 2, starting=True), 7)
+    assert _covers(end(8, -1), 7)
+    assert _covers(json.dumps(end(12, 0)), 7)  # Spark may hand the offset over as JSON text
+    assert not _covers(None, 7) and not _covers({"unrelated": 1}, 7)
