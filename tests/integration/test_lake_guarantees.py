@@ -187,3 +187,58 @@ def test_cli_run_refuses_an_owned_lake_until_take_over(
     assert sorted(r["result_id"] for r in lake.rows("outcomes")) == sorted(r.values["result_id"] for r in results)
     state = read_state(str(tmp_path / "lake"))
     assert state is not None and state.epoch == 2 and state.released
+
+
+def test_new_checkpoint_resumes_inside_a_commit_the_last_batch_read_in_part(spark: Any, tmp_path: Path) -> None:
+    """B8 / #12 item 8: the lake's last batch read file 0 of a 2-file commit; a new checkpoint reads file 1 only.
+
+    ``max_files_per_trigger = 1`` ends a batch inside a commit. The first
+    engine stops after that batch (its next batch fails before recording);
+    the new checkpoint starts at that commit and drops the rows of the files
+    already read (position floor), so every result has exactly one outcome.
+    """
+    from deltalake import WriterProperties, write_deltalake
+
+    from tests.builders import results_table
+
+    lake = lake_with(tmp_path, "c1", max_files_per_trigger=1)
+    first = Result.of("v0-ok").ok()
+    lake.write_results([first])
+    split = [Result.of(f"v1-{i}").ok() for i in range(4)]
+    split_ids = {r.values["result_id"] for r in split}
+    inner: list[BatchWriter] = []
+
+    def until_split_started(batch: DataFrame, batch_id: int) -> None:
+        if split_ids & set(per_result(lake, "outcomes", "result_id")):
+            raise RuntimeError("stopped after the first file of the split commit")
+        if not inner:  # the engine's own writer, with the lease start() took
+            lease, _ = engine._HELD[lake_query_id]
+            inner.append(BatchWriter(lake.config, lake_query_id, lease=lease, checkpoint=lake.config.checkpoint_path))
+        inner[0](batch, batch_id)
+
+    lake_query_id = ensure_query_id(lake.config.checkpoint_path)
+    query = engine.start(spark, lake.config, writer=until_split_started)
+    try:
+        wait_for(lambda: per_result(lake, "outcomes", "result_id")[first.values["result_id"]], timeout=180, what="commit 0 decided")
+        # One commit, two files (two Arrow batches, each its own file).
+        write_deltalake(
+            lake.path("consume_results"),
+            results_table(split).to_batches(max_chunksize=2),
+            mode="append",
+            target_file_size=1,
+            writer_properties=WriterProperties(write_batch_size=2, max_row_group_size=2),
+        )
+        wait_for(lambda: query.exception() is not None, timeout=120, what="the first engine to stop")
+    finally:
+        engine.stop(query)
+    state = read_state(str(tmp_path / "lake"))
+    assert state is not None and state.last_batch is not None and state.last_batch.source_end is not None
+    end = state.last_batch.source_end
+    assert (end["reservoirVersion"], end["index"], end["isStartingVersion"]) == (1, 0, False)  # inside commit 1
+    decided_by_first = split_ids & set(per_result(lake, "outcomes", "result_id"))
+    assert 0 < len(decided_by_first) < len(split_ids)
+
+    engine.run_once(spark, lake_with(tmp_path, "c2", max_files_per_trigger=1).config)
+    outcomes = per_result(lake, "outcomes", "result_id")
+    expected = {rid: 1 for rid in split_ids | {first.values["result_id"]}}
+    assert dict(outcomes) == expected
