@@ -40,7 +40,8 @@ from retry_engine.lease import EngineState, Heartbeat, LakeLease, Owner
 from retry_engine.outputs import BatchWriter, OnCounts, roll_forward
 from retry_engine.packed import PACKED_SCHEMA, pack
 from retry_engine.schedule import STATE_SCHEMA, ScheduleStage
-from retry_engine.schemas import CONSUME_RESULTS
+from retry_engine.schemas import CONSUME_RESULTS, OUTCOMES, RETRY
+from retry_engine.status import pending_retries, read_table_columns
 
 log = logging.getLogger(__name__)
 
@@ -174,10 +175,26 @@ def _resume_point(
     last = before.last_batch if before is not None else None
     if last is not None:
         roll_forward(config, last)
+    elif fresh and _has_rows(config.table_path(OUTCOMES.name)):
+        raise LakeResumeError(
+            f"the lake {config.engine.lake} has outcomes but records no batch (they were written before batches "
+            "were recorded in the lake, or by a custom writer); the new checkpoint "
+            f"{checkpoint} would decide every consume result again. Run the previous checkpoint until it has "
+            "committed one batch, then start the new one",
+            code="LAKE_NOT_RECORDED",
+        )
+    pending_in_lake = None
+    if fresh and last is not None and last.query_id != query_id:
+        # The lake's own tables, not only the record: retries decided but never released.
+        outcomes = read_table_columns(config.table_path(OUTCOMES.name), OUTCOMES, ("outcome", "output_msg_id"))
+        released = read_table_columns(config.table_path(RETRY.name), RETRY, ("msg_id",))
+        if outcomes is not None:
+            pending_in_lake = pending_retries(outcomes, released if released is not None else RETRY_MSG_IDS.empty_table()).num_rows
     source = open_table(config.table_path("consume_results"))
     point = resume.plan(
         before, query_id=query_id, checkpoint=checkpoint, fresh=fresh,
         source_table_id=None if source is None else str(source.metadata().id), discard_pending=discard_pending,
+        pending_in_lake=pending_in_lake,
     )
     if point is not None:
         resume.store(checkpoint, point)
@@ -185,6 +202,18 @@ def _resume_point(
         point = resume.stored(checkpoint)
     pending = last.pending_retries if last is not None and last.query_id == query_id else 0
     return point, pending
+
+
+RETRY_MSG_IDS = pa.schema([RETRY.arrow_schema.field("msg_id")])
+
+
+def _has_rows(path: str) -> bool:
+    table = open_table(path)
+    if table is None:
+        return False
+    counts = pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist()
+    # A file without stats may hold rows.
+    return any(n is None or n > 0 for n in counts)
 
 
 def start(

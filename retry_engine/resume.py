@@ -102,6 +102,7 @@ def plan(
     fresh: bool,
     source_table_id: str | None,
     discard_pending: bool = False,
+    pending_in_lake: int | None = None,
 ) -> ResumePoint | None:
     """Where a checkpoint's stream must start so no consume result is decided twice or skipped.
 
@@ -110,7 +111,9 @@ def plan(
     Raises :class:`LakeResumeError` when starting would duplicate or lose:
     an old checkpoint behind the lake, pending retries only the previous
     checkpoint holds (unless ``discard_pending``), or a previous batch that
-    ended inside the initial snapshot.
+    ended inside the initial snapshot. ``pending_in_lake``: the retries the
+    lake's tables show as decided but not released (default: the last
+    batch's own count).
     """
     batch = state.last_batch if state is not None else None
     if batch is None or batch.query_id == query_id:
@@ -124,9 +127,10 @@ def plan(
             f"again. Run with the checkpoint {holder}, or with a new (empty) checkpoint, which resumes after the lake",
             code="LAKE_AHEAD_OF_CHECKPOINT",
         )
-    if batch.pending_retries > 0 and not discard_pending:
+    pending = batch.pending_retries if pending_in_lake is None else pending_in_lake
+    if pending > 0 and not discard_pending:
         raise LakeResumeError(
-            f"{batch.pending_retries} retries are pending in the schedule stage of checkpoint {holder} (query id "
+            f"{pending} retries are pending in the schedule stage of checkpoint {holder} (query id "
             f"{batch.query_id}); a new checkpoint {checkpoint} cannot release them. Run with the checkpoint {holder}, "
             "or pass `retry-engine run --discard-pending` to start anyway (those retries are then never delivered)",
             code="LAKE_PENDING_RETRIES",

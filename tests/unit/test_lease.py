@@ -228,3 +228,51 @@ def test_once_waits_for_the_table_version_it_saw() -> None:
     assert _covers(end(8, -1), 7)
     assert _covers(json.dumps(end(12, 0)), 7)  # Spark may hand the offset over as JSON text
     assert not _covers(None, 7) and not _covers({"unrelated": 1}, 7)
+
+
+def _lake_config(tmp_path: Path) -> Any:
+    from retry_engine.config import parse_config
+
+    return parse_config({"engine": {"lake": str(tmp_path), "checkpoint": str(tmp_path / "new-checkpoint")}})
+
+
+def _append(config: Any, name: str, rows: list[dict[str, Any]]) -> None:
+    from deltalake import write_deltalake
+
+    from retry_engine.schemas import OUTCOMES, RETRY
+
+    table = {"outcomes": OUTCOMES, "retry": RETRY}[name]
+    write_deltalake(
+        config.table_path(name),
+        pa.Table.from_pylist(rows, schema=table.arrow_schema),
+        mode="append",
+        partition_by=list(table.partition_by) or None,
+    )
+
+
+def test_new_checkpoint_refuses_a_lake_whose_outcomes_no_batch_record_covers(tmp_path: Path) -> None:
+    """#12 item 8: outcomes written before lake records (an upgrade) must not be decided again by a new checkpoint."""
+    from retry_engine.engine import _resume_point
+
+    config = _lake_config(tmp_path)
+    assert _resume_point(config, None, "q", fresh=True, discard_pending=False) == (None, 0)  # an empty lake
+    _append(config, "outcomes", [{"outcome": "acknowledged", "batch_id": 0, "decided_at": T0}])
+    with pytest.raises(LakeResumeError, match="LAKE_NOT_RECORDED"):
+        _resume_point(config, None, "q", fresh=True, discard_pending=False)
+    # The checkpoint that wrote them continues as before.
+    assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (None, 0)
+
+
+def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None:
+    """A retry outcome whose retry row is missing is pending, whatever the batch record says (B8)."""
+    from retry_engine.engine import _resume_point
+
+    config = _lake_config(tmp_path)
+    before = EngineState(1, owner("A"), T0, True, batch("A", 3, pending=0))
+    _append(config, "outcomes", [{"outcome": "retry", "output_msg_id": "NEW-1", "batch_id": 3, "decided_at": T0}])
+    with pytest.raises(LakeResumeError, match="LAKE_PENDING_RETRIES.*1 retries"):
+        _resume_point(config, before, "B", fresh=True, discard_pending=False)
+    _append(config, "retry", [{"msg_id": "NEW-1", "topic": "%RETRY%G", "consumer_group": "G", "delivery_key": "O:1"}])
+    point, pending = _resume_point(config, before, "B", fresh=True, discard_pending=False)
+    assert point == resume.ResumePoint(4, None, "A/3") and pending == 0
+    assert resume.stored(str(tmp_path / "new-checkpoint")) == point
