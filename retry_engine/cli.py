@@ -86,13 +86,17 @@ def _run(args: argparse.Namespace) -> int:
     # the py4j call that awaitTermination is blocked in ("reentrant call" RuntimeError).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     log.info("retry engine running; tables under %s; Ctrl-C to stop", config.engine.lake)
+    lost = None
     try:
         query.awaitTermination()
     except KeyboardInterrupt:
         log.info("stopping")
     finally:
         # Releases the lake's lease, so the next engine starts without --take-over.
-        engine.stop(query)
+        lost = engine.stop(query)
+    if lost is not None:
+        print(f"retry-engine: {lost}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 

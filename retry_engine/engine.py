@@ -324,8 +324,11 @@ def _start_query(
         raise
 
 
-def stop(query: StreamingQuery) -> None:
-    """Stop the engine query and release its lake lease (the next engine starts without ``--take-over``)."""
+def stop(query: StreamingQuery) -> LeaseLostError | None:
+    """Stop the engine query and release its lake lease (the next engine starts without ``--take-over``).
+
+    Returns the error if the engine had stopped because another engine took the lake over.
+    """
     try:
         query.stop()
     finally:
@@ -335,6 +338,7 @@ def stop(query: StreamingQuery) -> None:
             lease, heartbeat = held
             heartbeat.stop()
             lease.release()
+    return held[1].lost if held is not None else None
 
 
 def run_once(spark: SparkSession, config: EngineConfig, *, take_over: bool = False, discard_pending: bool = False) -> None:

@@ -348,6 +348,8 @@ class Heartbeat:
         self, lease: LakeLease, *, interval_s: float, alive: Callable[[], bool], on_lost: Callable[[LeaseLostError], None]
     ) -> None:
         self._lease, self._interval, self._alive, self._on_lost = lease, interval_s, alive, on_lost
+        # Set when a heartbeat found the lease taken over.
+        self.lost: LeaseLostError | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="retry-engine-lease", daemon=True)
 
@@ -373,6 +375,7 @@ class Heartbeat:
                 self._lease.heartbeat()
             except LeaseLostError as exc:
                 log.error("%s", exc)
+                self.lost = exc
                 self._on_lost(exc)
                 return
             except Exception:  # a transient storage error: the next beat retries; expiry is the backstop

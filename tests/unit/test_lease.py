@@ -276,3 +276,40 @@ def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None
     point, pending = _resume_point(config, before, "B", fresh=True, discard_pending=False)
     assert point == resume.ResumePoint(4, None, "A/3") and pending == 0
     assert resume.stored(str(tmp_path / "new-checkpoint")) == point
+
+
+def test_heartbeat_stops_the_engine_when_taken_over_and_releases_when_the_query_ends(tmp_path: Path) -> None:
+    """B8: a fenced owner learns it from its heartbeat (on_lost, ``lost``); a stopped query's lease is released."""
+    import threading
+
+    first = LakeLease(str(tmp_path / "a"), owner("query-A"), timeout_ms=TIMEOUT_MS)
+    first.acquire()
+    lost = threading.Event()
+    beat = Heartbeat(first, interval_s=0.05, alive=lambda: True, on_lost=lambda exc: lost.set())
+    beat.start()
+    try:
+        LakeLease(str(tmp_path / "a"), owner("query-B"), timeout_ms=TIMEOUT_MS).acquire(take_over=True)
+        assert lost.wait(60)
+        assert isinstance(beat.lost, LeaseLostError) and "query id query-B" in str(beat.lost)
+    finally:
+        beat.stop()
+
+    running = threading.Event()
+    running.set()
+    second = LakeLease(str(tmp_path / "b"), owner("query-C"), timeout_ms=TIMEOUT_MS)
+    second.acquire()
+    beat = Heartbeat(second, interval_s=0.05, alive=running.is_set, on_lost=lambda exc: None)
+    beat.start()
+    try:
+        running.clear()  # the query stopped without engine.stop()
+
+        def released() -> bool:
+            state = read_state(str(tmp_path / "b"))
+            return state is not None and state.released
+
+        deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60)
+        while not released() and dt.datetime.now(dt.UTC) < deadline:
+            threading.Event().wait(0.05)
+        assert released()
+    finally:
+        beat.stop()
