@@ -213,7 +213,8 @@ class LakeLease:
         A live lease held by another engine is refused with
         :class:`LakeOwnedError` naming the owner, unless ``take_over``. A
         released or expired lease, or one whose owner process on this host is
-        gone, is taken over without asking.
+        gone (or, in this process, whose query has stopped), is taken over
+        without asking: a restart after a crash needs no flag.
         """
         with self._lock:
             for _ in range(_CAS_ATTEMPTS):
