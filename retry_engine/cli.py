@@ -34,6 +34,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="process the consume results already in the table, then stop (pending retries wait for the next run)",
     )
+    run.add_argument(
+        "--take-over",
+        action="store_true",
+        help="start even if another live engine owns the lake; it is fenced (its next commit is refused) and stops",
+    )
+    run.add_argument(
+        "--discard-pending",
+        action="store_true",
+        help="let a new checkpoint start on a lake whose previous checkpoint holds pending retries "
+        "(those retries are never delivered)",
+    )
     demo = sub.add_parser("demo", help="run engine, producer and a flaky consumer on a local folder for about a minute")
     demo.add_argument("--lake", default="./data/demo", help="folder for the demo's tables (default: ./data/demo)")
     demo.add_argument("--messages", type=int, default=20, help="messages to produce (default: 20)")
@@ -68,18 +79,24 @@ def _run(args: argparse.Namespace) -> int:
         extra_conf=config.engine.spark_conf,
     )
     if args.once:
-        engine.run_once(spark, config)
+        engine.run_once(spark, config, take_over=args.take_over, discard_pending=args.discard_pending)
         return EXIT_OK
-    query = engine.start(spark, config)
+    query = engine.start(spark, config, take_over=args.take_over, discard_pending=args.discard_pending)
     # SIGTERM takes the Ctrl-C path. Calling query.stop() inside the handler re-enters
     # the py4j call that awaitTermination is blocked in ("reentrant call" RuntimeError).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     log.info("retry engine running; tables under %s; Ctrl-C to stop", config.engine.lake)
+    lost = None
     try:
         query.awaitTermination()
     except KeyboardInterrupt:
         log.info("stopping")
-        query.stop()
+    finally:
+        # Releases the lake's lease, so the next engine starts without --take-over.
+        lost = engine.stop(query)
+    if lost is not None:
+        print(f"retry-engine: {lost}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 

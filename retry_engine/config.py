@@ -50,6 +50,8 @@ DEFAULT_DEDUP_WINDOW = "10m"
 DEFAULT_STATE_BUCKET = "10s"
 # The progress listener appends its buffered events at most this often (one small commit each).
 DEFAULT_PROGRESS_FLUSH_INTERVAL = "5s"
+# The lake lease (B8) expires this long after its owner's last heartbeat (every quarter of it).
+DEFAULT_LEASE_TIMEOUT = "60s"
 DEFAULT_RETRY_QUEUE_NUMS = 1
 DEFAULT_RETRY_MAX_TIMES = 16
 # "deltars": the delta-rs bridge (no jars); "delta": Spark's own Delta format (needs the jars).
@@ -152,10 +154,13 @@ class EngineSection(_Strict):
     state_bucket: Duration = DEFAULT_STATE_BUCKET
     auto_create_groups: bool = True
     progress_flush_interval: Duration = DEFAULT_PROGRESS_FLUSH_INTERVAL
+    lease_timeout: Duration = DEFAULT_LEASE_TIMEOUT
     table_format: TableFormat = DEFAULT_TABLE_FORMAT
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
-    _dur = field_validator("trigger_interval", "dedup_window", "state_bucket", "progress_flush_interval")(
+    _dur = field_validator(
+        "trigger_interval", "dedup_window", "state_bucket", "progress_flush_interval", "lease_timeout"
+    )(
         classmethod(lambda cls, v: _check_duration(v))
     )
 
@@ -270,6 +275,10 @@ class EngineConfig(_Strict):
     @property
     def trigger_interval_ms(self) -> int:
         return parse_duration_ms(self.engine.trigger_interval)
+
+    @property
+    def lease_timeout_ms(self) -> int:
+        return parse_duration_ms(self.engine.lease_timeout)
 
     def group(self, name: str) -> GroupConfig | None:
         """The group's config; defaults for an unknown group when groups are auto-created."""

@@ -4,31 +4,50 @@ consume results (Delta) -> decide (mapInArrow) -> schedule stage
 (applyInPandasWithState, keyed by group and store-time bucket) -> foreachBatch
 writes to the retry, DLQ, quarantine and outcomes tables. Between the steps
 rows travel packed (:mod:`retry_engine.packed`), a few Spark rows per key.
+
+One engine owns a lake at a time (B8): :func:`start` takes the lake's lease
+(:mod:`retry_engine.lease`), commits any batch the lake recorded but did not
+finish committing, and starts the stream after the lake's last batch when the
+checkpoint is new (:mod:`retry_engine.resume`). :func:`stop` releases the lease.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from retry_engine import monitor, native_delta
-from retry_engine._arrow_ipc import from_ipc
+from retry_engine import monitor, native_delta, resume
+from retry_engine._arrow_ipc import from_ipc, to_ipc
 from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.delays import parse_duration_ms
-from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_readable_table, report_drift
-from retry_engine.outputs import BatchWriter, OnCounts
+from retry_engine.delta import (
+    FORMAT_NAME,
+    ensure_query_id,
+    ensure_readable_table,
+    report_drift,
+    table_version,
+)
+from retry_engine.delta.tables import open_table
+from retry_engine.errors import EngineStoppedError, LakeResumeError, LeaseLostError
+from retry_engine.lease import EngineState, Heartbeat, LakeLease, Owner
+from retry_engine.outputs import BatchWriter, OnCounts, roll_forward
 from retry_engine.packed import PACKED_SCHEMA, pack
 from retry_engine.schedule import STATE_SCHEMA, ScheduleStage
-from retry_engine.schemas import CONSUME_RESULTS
+from retry_engine.schemas import CONSUME_RESULTS, OUTCOMES, RETRY
+from retry_engine.status import pending_retries, read_table_columns
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +89,15 @@ def _unpacked(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
             yield results.append_column(stamp, pa.array([ts] * results.num_rows, stamp.type))
 
 
-def _read_results(spark: SparkSession, config: EngineConfig) -> DataFrame:
+def _read_results(spark: SparkSession, config: EngineConfig, *, starting_version: int | None = None) -> DataFrame:
     """The consume-result stream through the configured table format (``engine.table_format``).
 
     Fails at start only when the table lacks a required column; other drift
     is logged and tolerated (:func:`~retry_engine.delta.ensure_readable_table`). The deltars source
     packs its rows (``packedColumn``): decide reads them as Arrow anyway. The
-    ``[source]`` settings become the reader's Delta options.
+    ``[source]`` settings become the reader's Delta options; ``starting_version``
+    (a new checkpoint resuming after the lake's last batch) is the source's
+    ``startingVersion`` and cannot be combined with ``[source]`` starting options.
     """
     source_path = config.table_path("consume_results")
     if config.engine.table_format == "delta":
@@ -102,14 +123,68 @@ def _read_results(spark: SparkSession, config: EngineConfig) -> DataFrame:
         .option("maxFilesPerTrigger", str(config.engine.max_files_per_trigger))
         .option("sourcePositionColumn", POSITION)
         .option("packedColumn", PACKED_INPUT)
-        .options(**config.source.stream_options())
+        .options(**_source_options(config, starting_version))
         .load()
     )
 
 
-def engine_frame(spark: SparkSession, config: EngineConfig) -> DataFrame:
-    """The engine's streaming DataFrame of packed WORK rows, before the writers."""
-    results = _read_results(spark, config)
+def _source_options(config: EngineConfig, starting_version: int | None) -> dict[str, str]:
+    """The deltars reader's options: ``[source]``, or the lake's resume point on a new checkpoint.
+
+    The lake's record decides where a new checkpoint starts (B8); a ``[source]``
+    starting option beside it would reprocess or skip consume results, so the
+    two together are refused.
+    """
+    options = config.source.stream_options()
+    if starting_version is None:
+        return options
+    chosen = [key for key in ("startingVersion", "startingTimestamp") if key in options]
+    if chosen:
+        raise LakeResumeError(
+            f"the lake {config.engine.lake} records its last batch, so this new checkpoint resumes at "
+            f"consume_results version {starting_version}; [source] {_SOURCE_KEYS[chosen[0]]} would start it "
+            "elsewhere (reprocessing or skipping consume results). Remove the setting: it applies only to a lake "
+            "that records no batch",
+            code="LAKE_RESUME_CONFLICT",
+        )
+    return {**options, "startingVersion": str(starting_version)}
+
+
+_SOURCE_KEYS = {"startingVersion": "starting_version", "startingTimestamp": "starting_timestamp"}
+
+
+def _at_or_after(floor: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """``mapInArrow`` over packed consume results: drop rows whose source position sorts before ``floor``.
+
+    Positions sort in stream order, so this drops exactly the rows of the
+    resume commit that the lake's last batch already read. Deterministic, so
+    a replayed batch drops the same rows.
+    """
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            kept = []
+            for payload in batch.column(PACKED_INPUT).to_pylist():
+                rows = from_ipc(payload)
+                keep = pc.greater_equal(rows.column(POSITION), pa.scalar(floor, pa.string()))
+                if pc.all(keep).as_py():
+                    kept.append(payload)
+                elif pc.any(keep).as_py():
+                    kept.append(to_ipc(rows.filter(keep)))
+            if kept:
+                yield pa.RecordBatch.from_arrays([pa.array(kept, pa.binary())], schema=batch.schema)
+
+    return run
+
+
+def engine_frame(spark: SparkSession, config: EngineConfig, *, resume_at: resume.ResumePoint | None = None) -> DataFrame:
+    """The engine's streaming DataFrame of packed WORK rows, before the writers.
+
+    ``resume_at``: a new checkpoint resuming after the lake's last batch.
+    """
+    results = _read_results(spark, config, starting_version=None if resume_at is None else resume_at.starting_version)
+    if resume_at is not None and resume_at.position_floor is not None:
+        results = results.mapInArrow(_at_or_after(resume_at.position_floor), results.schema)
     decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
         _decide_batches(Decider(config)), PACKED_SCHEMA
     )
@@ -132,26 +207,137 @@ def _counting_inputs(recorder: monitor.ProgressRecorder) -> OnCounts:
     return on_counts
 
 
+# Leases of the engines started in this process, by query id (released by stop()).
+_HELD: dict[str, tuple[LakeLease, Heartbeat]] = {}
+_HELD_LOCK = threading.Lock()
+
+
+def _resume_point(
+    config: EngineConfig, before: EngineState | None, query_id: str, *, fresh: bool, discard_pending: bool
+) -> tuple[resume.ResumePoint | None, int]:
+    """Start-up under the lease: where the stream starts, and the pending retries the lake counts for it.
+
+    First commits the lake's last recorded batch to any output table that lacks it.
+    """
+    checkpoint = config.checkpoint_path
+    last = before.last_batch if before is not None else None
+    if last is not None:
+        roll_forward(config, last)
+    elif fresh and _has_rows(config.table_path(OUTCOMES.name)):
+        raise LakeResumeError(
+            f"the lake {config.engine.lake} has outcomes but records no batch (they were written before batches "
+            "were recorded in the lake, or by a custom writer); the new checkpoint "
+            f"{checkpoint} would decide every consume result again. Run the previous checkpoint until it has "
+            "committed one batch, then start the new one",
+            code="LAKE_NOT_RECORDED",
+        )
+    pending_in_lake = None
+    if fresh and last is not None and last.query_id != query_id:
+        # The lake's own tables, not only the record: retries decided but never released.
+        outcomes = read_table_columns(config.table_path(OUTCOMES.name), OUTCOMES, ("outcome", "output_msg_id"))
+        released = read_table_columns(config.table_path(RETRY.name), RETRY, ("msg_id",))
+        if outcomes is not None:
+            pending_in_lake = pending_retries(outcomes, released if released is not None else RETRY_MSG_IDS.empty_table()).num_rows
+    source = open_table(config.table_path("consume_results"))
+    point = resume.plan(
+        before, query_id=query_id, checkpoint=checkpoint, fresh=fresh,
+        source_table_id=None if source is None else str(source.metadata().id), discard_pending=discard_pending,
+        pending_in_lake=pending_in_lake,
+    )
+    if point is not None:
+        resume.store(checkpoint, point)
+    elif not fresh:
+        point = resume.stored(checkpoint)
+    pending = last.pending_retries if last is not None and last.query_id == query_id else 0
+    return point, pending
+
+
+RETRY_MSG_IDS = pa.schema([RETRY.arrow_schema.field("msg_id")])
+
+
+def _has_rows(path: str) -> bool:
+    table = open_table(path)
+    if table is None:
+        return False
+    counts = pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist()
+    # A file without stats may hold rows.
+    return any(n is None or n > 0 for n in counts)
+
+
 def start(
     spark: SparkSession,
     config: EngineConfig,
     *,
     writer: Callable[[DataFrame, int], None] | None = None,
+    take_over: bool = False,
+    discard_pending: bool = False,
 ) -> StreamingQuery:
-    """Start the engine query; the caller owns it (``awaitTermination`` / ``stop``).
+    """Start the engine query; the caller owns it (``awaitTermination`` / :func:`stop`).
+
+    First takes the lake's lease (:class:`~retry_engine.errors.LakeOwnedError`
+    naming the owner if another live engine holds it, unless ``take_over``),
+    commits a batch the lake recorded but did not finish committing, and, for
+    a new checkpoint, starts after the lake's last batch
+    (:class:`~retry_engine.errors.LakeResumeError` if that would lose pending
+    retries, unless ``discard_pending``). The lease is heartbeated while the
+    query runs and released when it stops.
 
     With ``engine.table_format = "delta"`` this first checks that Spark has the
     Delta jars and settings (:func:`retry_engine.native_delta.require_delta`).
 
     A custom ``writer`` receives packed rows (:mod:`retry_engine.packed`); the
     progress table then records Spark's ``numInputRows``, a count of packed
-    source rows, as the batches' input.
+    source rows, as the batches' input, and the lake records no batches.
     """
     native = config.engine.table_format == "delta"
     if native:
         native_delta.require_delta(spark)
     checkpoint = config.checkpoint_path
+    fresh = resume.is_fresh(checkpoint)
     app_id = ensure_query_id(checkpoint)
+    lease = LakeLease(
+        config.engine.lake, Owner.this_process(query_id=app_id, checkpoint=checkpoint), timeout_ms=config.lease_timeout_ms
+    )
+    before = lease.acquire(take_over=take_over)
+    try:
+        point, pending = _resume_point(config, before, app_id, fresh=fresh, discard_pending=discard_pending)
+        if native and point is not None:
+            raise LakeResumeError(
+                f"a new checkpoint {checkpoint} would resume after the lake's last batch {point.after_batch}, which "
+                'engine.table_format = "delta" does not support yet; use the previous checkpoint or "deltars"',
+                code="LAKE_RESUME_UNSUPPORTED",
+            )
+        query = _start_query(spark, config, app_id, writer, lease=lease, pending=pending, resume_at=point)
+    except BaseException:
+        lease.release()
+        raise
+
+    def lost(exc: LeaseLostError) -> None:
+        log.error("engine %s stops: %s", app_id, exc)
+        query.stop()
+
+    heartbeat = Heartbeat(
+        lease, interval_s=config.lease_timeout_ms / 4000, alive=lambda: bool(query.isActive), on_lost=lost
+    )
+    with _HELD_LOCK:
+        _HELD[app_id] = (lease, heartbeat)
+    heartbeat.start()
+    log.info("engine started: query id %s, checkpoint %s, lake epoch %s", app_id, checkpoint, lease.epoch)
+    return query
+
+
+def _start_query(
+    spark: SparkSession,
+    config: EngineConfig,
+    app_id: str,
+    writer: Callable[[DataFrame, int], None] | None,
+    *,
+    lease: LakeLease,
+    pending: int,
+    resume_at: resume.ResumePoint | None,
+) -> StreamingQuery:
+    native = config.engine.table_format == "delta"
+    checkpoint = config.checkpoint_path
     # Registered first so the started event and batch 0 are recorded; it unregisters
     # itself when the query terminates.
     recorder = monitor.attach(spark, config, query_id=app_id)
@@ -164,10 +350,17 @@ def start(
             writer = (
                 native_delta.NativeBatchWriter(config, app_id)
                 if native
-                else BatchWriter(config, app_id, on_counts=_counting_inputs(recorder))
+                else BatchWriter(
+                    config,
+                    app_id,
+                    on_counts=_counting_inputs(recorder),
+                    lease=lease,
+                    checkpoint=checkpoint,
+                    pending_retries=pending,
+                )
             )
-        query = (
-            engine_frame(spark, config)
+        return (
+            engine_frame(spark, config, resume_at=resume_at)
             .writeStream.queryName(QUERY_NAME)
             .foreachBatch(writer)
             .option("checkpointLocation", checkpoint)
@@ -177,35 +370,72 @@ def start(
     except Exception:
         monitor.detach(recorder)
         raise
-    log.info("engine started: query id %s, checkpoint %s", app_id, checkpoint)
-    return query
 
 
-def run_once(spark: SparkSession, config: EngineConfig) -> None:
-    """Process every consume result already in the table, then stop.
+def stop(query: StreamingQuery) -> LeaseLostError | None:
+    """Stop the engine query and release its lake lease (the next engine starts without ``--take-over``).
 
-    Retries that are not yet due stay in the checkpointed schedule stage and
-    are released by a later run.
+    Returns the error if the engine had stopped because another engine took the lake over.
     """
-    query = start(spark, config)
     try:
-        wait_until_idle(query)
-    finally:
         query.stop()
+    finally:
+        with _HELD_LOCK:
+            held = _HELD.pop(str(query.id), None)
+        if held is not None:
+            lease, heartbeat = held
+            heartbeat.stop()
+            lease.release()
+    return held[1].lost if held is not None else None
 
 
-def wait_until_idle(query: StreamingQuery, *, poll_seconds: float = 0.2) -> None:
-    """Block until a micro-batch completes that found no new input.
+def run_once(spark: SparkSession, config: EngineConfig, *, take_over: bool = False, discard_pending: bool = False) -> None:
+    """Process every consume result in the table when this is called, then stop.
+
+    "In the table" means through the table version seen here, whatever the
+    checkpoint replays first (a planned batch left by a stop runs before any
+    new input). Retries that are not yet due stay in the checkpointed schedule
+    stage and are released by a later run.
+    """
+    through = table_version(config.table_path("consume_results"))
+    query = start(spark, config, take_over=take_over, discard_pending=discard_pending)
+    try:
+        wait_until_idle(query, through_version=0 if through is None else through)
+    finally:
+        stop(query)
+
+
+def _covers(end: Any, version: int) -> bool:
+    """Whether a Delta/deltars source end offset is past every file of commit ``version``."""
+    offset: Mapping[str, Any] | None = json.loads(end) if isinstance(end, str) else end
+    if not isinstance(offset, Mapping) or "reservoirVersion" not in offset:
+        return False
+    return not bool(offset.get("isStartingVersion")) and int(offset["reservoirVersion"]) > version
+
+
+def wait_until_idle(query: StreamingQuery, *, through_version: int | None = None, poll_seconds: float = 0.2) -> None:
+    """Block until the query has processed the consume results through table version ``through_version``.
+
+    That is, until a finished batch's source end offset lies past that
+    commit (the source moves its offset past a version once it has read all
+    of it). A replayed batch planned before that version does not count.
+    Without ``through_version``: until a micro-batch completes that found no
+    new input (which a replayed empty batch also satisfies).
 
     ``processAllAvailable`` never returns here: processing-time timeouts make
     Spark plan a batch on every trigger, so the query is never "idle" in its
-    sense. A finished batch that read nothing means everything available when
-    it was planned has been processed.
+    sense.
     """
     while True:
         if query.exception() is not None:
             raise query.exception()  # type: ignore[misc]
+        if not query.isActive:
+            raise EngineStoppedError(f"the engine query {query.id} stopped before it had processed table version {through_version}")
         progress = query.lastProgress
-        if progress is not None and progress["numInputRows"] == 0:
-            return
+        if progress is not None:
+            if through_version is None:
+                if progress["numInputRows"] == 0:
+                    return
+            elif progress["sources"] and _covers(progress["sources"][0].get("endOffset"), through_version):
+                return
         time.sleep(poll_seconds)

@@ -113,3 +113,27 @@ class ConcurrentWriteError(RetryEngineError, RuntimeError):
     """Raised when a commit that must build on a checked table version finds that another writer committed first."""
 
     code = "TABLE_MOVED"
+
+
+class LakeOwnedError(RetryEngineError, RuntimeError):
+    """Raised when an engine starts on a lake whose lease another live engine holds (B8)."""
+
+    code = "LAKE_OWNED"
+
+
+class LeaseLostError(RetryEngineError, RuntimeError):
+    """Raised when an engine that was taken over tries to commit: it is fenced and stops (B8)."""
+
+    code = "LEASE_LOST"
+
+
+class LakeResumeError(RetryEngineError, RuntimeError):
+    """Raised when an engine cannot resume the lake's progress from its checkpoint without loss or duplicates (B8)."""
+
+    code = "LAKE_RESUME"
+
+
+class EngineStoppedError(RetryEngineError, RuntimeError):
+    """Raised when the engine query stops before a wait on it is over (e.g. it lost the lake lease)."""
+
+    code = "ENGINE_STOPPED"

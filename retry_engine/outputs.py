@@ -15,6 +15,15 @@ Replay (B1): a table that already records the batch's transaction skips it
 tables that missed it get it. Files of an attempt that never commits are
 deleted or, if the process dies first, left unreferenced, which no Delta
 reader sees (vacuum removes them).
+
+Exactly once per lake (B8): with a :class:`~retry_engine.lease.LakeLease`, the
+batch is first recorded in the lake's engine-state row (the consume_results
+offset it read through, its files per table, the pending retries after it),
+fenced by the lease epoch; that record is the batch's commit point. The
+output tables are committed after it, and whoever starts next on the lake
+(this checkpoint or a new one) first commits the recorded files to any table
+that lacks them (:func:`roll_forward`), then resumes after the recorded
+offset. A recorded batch's files are never deleted.
 """
 
 from __future__ import annotations
@@ -35,11 +44,14 @@ from retry_engine import metrics
 from retry_engine._arrow_ipc import from_ipc, to_ipc
 from retry_engine.config import EngineConfig
 from retry_engine.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARANTINED
+from retry_engine.decide import RETRY as RETRY_OUTCOME
 from retry_engine.delta._files import PartitionedWriter, WrittenFile
 from retry_engine.delta._log import TableLocation
 from retry_engine.delta.sink import FilesWritten, abort_files, commit_files
 from retry_engine.delta.tables import append_arrow, ensure_table, not_null_columns
+from retry_engine.lease import BatchRecord, LakeLease
 from retry_engine.packed import unpack
+from retry_engine.resume import planned_end
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, QUARANTINE, RETRY, Table
 
 log = logging.getLogger(__name__)
@@ -168,17 +180,64 @@ class WriteTask:
             )
 
 
+def pending_change(counts: pa.Table) -> int:
+    """How a batch changes the number of pending retries: retry outcomes in, deliveries out."""
+    change = 0
+    for metric, value in zip(counts.column("metric").to_pylist(), counts.column("value").to_pylist(), strict=True):
+        if metric == RETRY_OUTCOME:
+            change += int(value)
+        elif metric == metrics.DELIVERED:
+            change -= int(value)
+    return change
+
+
+def roll_forward(config: EngineConfig, batch: BatchRecord) -> list[str]:
+    """Commit the recorded ``batch``'s files to every output table that lacks its transaction.
+
+    Idempotent: tables that already record ``(batch.query_id, batch.batch_id)``
+    are left alone. Returns the tables committed now.
+    """
+    tables = {t.name: t for t in ROUTED_TABLES}
+    done = []
+    for name, entries in batch.files.items():
+        table = tables.get(name)
+        if table is None or not entries:
+            continue
+        if commit_files(
+            TableLocation(config.table_path(name)),
+            [FilesWritten(tuple(WrittenFile(**e) for e in entries))],
+            mode="append",
+            partition_by=table.partition_by,
+            app_id=batch.query_id,
+            txn_version=batch.batch_id,
+        ):
+            done.append(name)
+    if done:
+        log.warning(
+            "batch %s/%d was recorded in the lake but not committed to %s: committed now",
+            batch.query_id, batch.batch_id, done,
+        )
+    return done
+
+
 @dataclass
 class BatchWriter:
     """``foreachBatch`` function: every output table of one micro-batch from one Spark job.
 
     Tables are created when the writer is made, so readers find them before
-    the first output.
+    the first output. With ``lease`` (and the query's ``checkpoint``, for the
+    batch's source offset) every batch is first recorded in the lake, fenced
+    by the lease: a writer that was taken over raises
+    :class:`~retry_engine.errors.LeaseLostError` and commits nothing.
+    ``pending_retries`` is the lake's count after the last recorded batch.
     """
 
     config: EngineConfig
     app_id: str
     on_counts: OnCounts | None = None
+    lease: LakeLease | None = None
+    checkpoint: str | None = None
+    pending_retries: int = 0
     _targets: tuple[_Target, ...] = field(init=False, repr=False)
     _last_batch: int | None = field(default=None, init=False, repr=False)
 
@@ -234,8 +293,21 @@ class BatchWriter:
                 counts.append(from_ipc(payload))
             else:
                 samples.append(from_ipc(payload))
-        self._commit(batch_id, files)
         merged = metrics.merge_counts(counts)
+        try:
+            recorded = self._record(batch_id, files, merged)
+        except BaseException:
+            # Fenced (LeaseLostError) or the record failed: no commit will reference these files.
+            for name, written in files.items():
+                abort_files(TableLocation(self.config.table_path(name)), [FilesWritten(tuple(written))])
+            raise
+        if not recorded:
+            # Replay of a batch the lake already records: its recorded files were
+            # committed at start (roll_forward); this attempt's files are dropped.
+            for name, written in files.items():
+                abort_files(TableLocation(self.config.table_path(name)), [FilesWritten(tuple(written))])
+        else:
+            self._commit(batch_id, files, recorded=self.lease is not None)
         if METRICS.name not in skip:
             rows = metrics.metric_rows(counts, samples, batch_id=batch_id, batch_time=dt.datetime.now(dt.UTC))
             if rows.num_rows:
@@ -246,8 +318,38 @@ class BatchWriter:
         if self.on_counts is not None:
             self.on_counts(batch_id, summary)
 
-    def _commit(self, batch_id: int, files: dict[str, list[WrittenFile]]) -> None:
-        """One idempotent transaction per routed table; on error, uncommitted files are deleted."""
+    def _record(self, batch_id: int, files: dict[str, list[WrittenFile]], counts: pa.Table) -> bool:
+        """Record the batch in the lake (fenced); False if the lake already records this very batch.
+
+        Replay: the lake's record of this query's batch ``batch_id`` is kept (its
+        files are the ones committed), so a replay never records twice.
+        """
+        if self.lease is None:
+            return True
+        current = self.lease.check().last_batch
+        if current is not None and current.query_id == self.app_id and current.batch_id >= batch_id:
+            log.info("batch %d: already recorded in the lake (last %d); replay commits nothing new", batch_id, current.batch_id)
+            return False
+        pending = self.pending_retries + pending_change(counts)
+        end = planned_end(self.checkpoint, batch_id) if self.checkpoint is not None else None
+        self.lease.record_batch(
+            BatchRecord(
+                query_id=self.app_id,
+                batch_id=batch_id,
+                source_end=end,
+                files={name: [asdict(f) for f in written] for name, written in files.items()},
+                pending_retries=pending,
+            )
+        )
+        self.pending_retries = pending
+        return True
+
+    def _commit(self, batch_id: int, files: dict[str, list[WrittenFile]], *, recorded: bool = False) -> None:
+        """One idempotent transaction per routed table.
+
+        On error, uncommitted files are deleted, unless the batch is ``recorded``
+        in the lake: then its files stay for :func:`roll_forward`.
+        """
         pending = [t for t in self._targets if t.name in files]
         for i, target in enumerate(pending):
             location = TableLocation(target.uri)
@@ -261,10 +363,12 @@ class BatchWriter:
                     txn_version=batch_id,
                 )
             except BaseException:
+                if recorded:
+                    raise
                 # This table's files and every later table's are not referenced by any commit.
                 for later in pending[i:]:
                     abort_files(TableLocation(later.uri), [FilesWritten(tuple(files[later.name]))])
                 raise
 
 
-__all__ = ["TASK_RESULT_SCHEMA", "BatchWriter", "WriteTask", "route"]
+__all__ = ["TASK_RESULT_SCHEMA", "BatchWriter", "WriteTask", "pending_change", "roll_forward", "route"]

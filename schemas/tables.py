@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from . import columns as c
 from ._model import Column, Table
 
@@ -210,5 +212,29 @@ WORK = Table(
         QUARANTINE,
         OUTCOMES,
         (c.CONSUMED_MSG_ID, c.CONSUMED_ORIGIN_MSG_ID, c.CONSUMED_RECONSUME_TIMES),
+    ),
+)
+
+
+# The lake's single-row engine state (lease + last batch), at ``<lake>/_engine_state``.
+# Not in ALL_TABLES: no user reads it; :mod:`retry_engine.lease` owns it.
+_TS = c.TS
+ENGINE_STATE = Table(
+    "engine_state",
+    "Internal, one row: who owns the lake (lease with an epoch) and the engine's last batch (B8).",
+    (
+        Column("epoch", pa.int64(), "Lease epoch; every take-over bumps it, fencing older owners.", False),
+        Column("owner_host", pa.string(), "Host of the engine holding the lease."),
+        Column("owner_pid", pa.int64(), "Process id of the engine holding the lease."),
+        Column("owner_query_id", pa.string(), "Query id (checkpoint) of the engine holding the lease."),
+        Column("owner_checkpoint", pa.string(), "Checkpoint location of the engine holding the lease."),
+        Column("since", _TS, "When the current owner acquired the lease."),
+        Column("heartbeat", _TS, "The owner's last heartbeat; the lease expires a timeout after it."),
+        Column("released", pa.bool_(), "True once the owner stopped gracefully.", False),
+        Column("batch_query_id", pa.string(), "Query id of the last batch the lake records."),
+        Column("batch_id", pa.int64(), "Batch id of that batch (txnVersion of its output commits)."),
+        Column("source_end", pa.string(), "consume_results offset (JSON) that batch read through."),
+        Column("batch_files", pa.string(), "JSON: the data files of that batch per output table."),
+        Column("pending_retries", pa.int64(), "Retries decided but not yet released, after that batch."),
     ),
 )

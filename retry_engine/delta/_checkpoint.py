@@ -19,7 +19,8 @@ from retry_engine.errors import DeltaSinkError
 METADATA_FILE = "metadata"
 
 
-def _filesystem(checkpoint: str) -> tuple[pafs.FileSystem, str]:
+def checkpoint_filesystem(checkpoint: str) -> tuple[pafs.FileSystem, str]:
+    """The file system and root path of a checkpoint location (local path, ``file:`` or a URI)."""
     scheme = urlparse(checkpoint).scheme
     if scheme in ("", "file"):
         path = checkpoint
@@ -34,7 +35,7 @@ def _filesystem(checkpoint: str) -> tuple[pafs.FileSystem, str]:
 
 def read_query_id(checkpoint: str) -> str | None:
     """The query id recorded in ``checkpoint``, or None if Spark has not written one yet."""
-    fs, root = _filesystem(checkpoint)
+    fs, root = checkpoint_filesystem(checkpoint)
     try:
         with fs.open_input_stream(f"{root}/{METADATA_FILE}") as stream:
             first = stream.read().decode("utf-8").splitlines()[0]
@@ -58,7 +59,7 @@ def ensure_query_id(checkpoint: str) -> str:
     existing = read_query_id(checkpoint)
     if existing is not None:
         return existing
-    fs, root = _filesystem(checkpoint)
+    fs, root = checkpoint_filesystem(checkpoint)
     fs.create_dir(root, recursive=True)
     query_id = str(uuid.uuid4())
     with fs.open_output_stream(f"{root}/{METADATA_FILE}") as stream:

@@ -518,9 +518,10 @@ class DeltaLog:
         if commit is None:
             raise DeltaSourceError(
                 f"commit {version} of {self.uri} is missing from {LOG_DIR} (removed by log cleanup?); "
-                "the stream cannot continue without losing data. Restart it from a new checkpoint "
-                "with startingVersion or startingTimestamp (retry-engine config: [source] starting_version "
-                "/ starting_timestamp) at a version whose commit is still in the log",
+                "the stream cannot continue without losing data. Restore the missing log file; a new "
+                "checkpoint does not help (the retry engine resumes after the lake's last batch, which needs "
+                "this commit). To skip the lost commits deliberately, on a lake with no recorded batch, start a new "
+                "checkpoint with [source] starting_version / starting_timestamp at a commit still in the log",
                 code="DELTA_COMMIT_MISSING",
             )
         return commit

@@ -157,14 +157,16 @@ def check_stream_schema(uri: str, version: int, schema_string: str, stream: pa.S
         if f.name not in new.names:
             raise DeltaSourceError(
                 f"commit {version} of {uri} drops column {f.name!r} that the stream reads; "
-                "restart the query from a new checkpoint (startingVersion) to read the new schema",
+                "restart the query from a new checkpoint to read the new schema (the retry engine then resumes "
+                "after the lake's last batch; do not pick a startingVersion by hand, it can skip or repeat rows)",
                 code="DELTA_SCHEMA_CHANGED",
             )
         now = new.field(f.name).type
         if normalize_type(now) != normalize_type(f.type):
             raise DeltaSourceError(
                 f"commit {version} of {uri} changes column {f.name!r} from {f.type} to {now}; "
-                "restart the query from a new checkpoint (startingVersion) to read the new schema",
+                "restart the query from a new checkpoint to read the new schema (the retry engine then resumes "
+                "after the lake's last batch; do not pick a startingVersion by hand, it can skip or repeat rows)",
                 code="DELTA_SCHEMA_CHANGED",
             )
 

@@ -181,3 +181,28 @@ def test_an_overwrite_fails_the_stream_naming_every_way_past_it(tmp_path: Path) 
         CONSUME_RESULTS.spark_schema,
     )
     assert skipping.latestOffset(start, ReadAllAvailable())["reservoirVersion"] == 3  # past the overwrite, no rows
+
+
+# -- the lake's resume point against [source] starting options (B8, #12 items 8 and 9) --------
+
+
+def test_a_new_checkpoint_resumes_at_the_lakes_version_and_keeps_the_other_source_keys() -> None:
+    from retry_engine.engine import _source_options
+
+    config = parse_config({"source": {"skip_change_commits": True}})
+    assert _source_options(config, 7) == {"skipChangeCommits": "true", "startingVersion": "7"}
+    assert _source_options(config, None) == {"skipChangeCommits": "true"}
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [({"starting_version": 3}, "starting_version"), ({"starting_timestamp": "2026-01-01T00:00:00Z"}, "starting_timestamp")],
+)
+def test_source_starting_options_beside_a_lake_record_are_refused(section: dict[str, object], key: str) -> None:
+    """A [source] start beside the lake's record would reprocess or skip consume results: refused, naming both."""
+    from retry_engine.engine import _source_options
+    from retry_engine.errors import LakeResumeError
+
+    config = parse_config({"source": section})
+    with pytest.raises(LakeResumeError, match=rf"LAKE_RESUME_CONFLICT.*version 12.*\[source\] {key}"):
+        _source_options(config, 12)

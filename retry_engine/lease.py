@@ -1,0 +1,396 @@
+"""The lake's owner lease and the engine's last batch, in one tiny Delta table (B8).
+
+``<lake>/_engine_state`` holds exactly one row (:data:`~retry_engine.schemas.ENGINE_STATE`):
+who owns the lake (host, pid, query id, since, last heartbeat, an epoch) and the
+last micro-batch the lake records (query id, batch id, the consume_results
+offset it read through, its data files per output table, and how many retries
+are pending after it).
+
+Every change is a compare-and-swap: the row is overwritten from the snapshot
+that was checked, with a Delta app transaction ``(LEASE_APP_ID, epoch)``.
+delta-rs refuses a commit whose snapshot is stale when another commit removed
+the row it read or carries the same app id (``CommitFailedError``), on local
+disks and on object stores with conditional writes alike. So a take-over
+(which bumps the epoch) fences the old owner: its next batch record or
+heartbeat finds the new epoch, or conflicts with it, and raises
+:class:`~retry_engine.errors.LeaseLostError` instead of committing.
+
+Spark-free: plain delta-rs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import CommitProperties, Transaction
+
+from retry_engine.errors import LakeOwnedError, LeaseLostError
+from retry_engine.schemas import ENGINE_STATE
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = "_engine_state"
+LEASE_APP_ID = "retry-engine-lease"
+DEFAULT_LEASE_TIMEOUT_MS = 60_000
+# A CAS that lost to a commit which did not change the owner (e.g. our own earlier
+# write seen through a stale handle) is retried this many times.
+_CAS_ATTEMPTS = 5
+# Every row change is a commit with one tiny file (heartbeats, batches): every this many
+# versions the table gets a log checkpoint (fast loads) and replaced files are vacuumed.
+MAINTAIN_EVERY = 100
+# Readers only ever need the latest row; an hour covers any reader still on an old snapshot.
+VACUUM_RETENTION_HOURS = 1
+
+
+def state_path(lake: str) -> str:
+    """Where the engine-state table of ``lake`` lives."""
+    return os.path.join(lake, STATE_DIR) if "://" not in lake else f"{lake.rstrip('/')}/{STATE_DIR}"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The engine that holds (or asks for) the lease."""
+
+    host: str
+    pid: int
+    query_id: str
+    checkpoint: str
+    since: dt.datetime
+
+    @classmethod
+    def this_process(cls, *, query_id: str, checkpoint: str) -> Owner:
+        return cls(socket.gethostname(), os.getpid(), query_id, checkpoint, dt.datetime.now(dt.UTC))
+
+    def describe(self) -> str:
+        return (
+            f"host {self.host}, pid {self.pid}, query id {self.query_id}, checkpoint {self.checkpoint}, "
+            f"since {self.since.isoformat(timespec='seconds')}"
+        )
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """The last batch the lake records: committed first, then its output tables (roll-forward)."""
+
+    query_id: str
+    batch_id: int
+    # The consume_results offset (deltars/Delta JSON) the batch read through; None if unknown.
+    source_end: Mapping[str, Any] | None
+    # Output table name -> the batch's files (``WrittenFile`` fields) in that table.
+    files: Mapping[str, list[dict[str, Any]]]
+    pending_retries: int
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """The row of the engine-state table."""
+
+    epoch: int
+    owner: Owner | None
+    heartbeat: dt.datetime | None
+    released: bool
+    last_batch: BatchRecord | None
+
+    def live(self, now: dt.datetime, timeout_ms: int) -> bool:
+        """Whether the lease still binds others: held, not released, heartbeat within the timeout."""
+        if self.owner is None or self.released or self.heartbeat is None:
+            return False
+        return (now - self.heartbeat) <= dt.timedelta(milliseconds=timeout_ms)
+
+    def to_arrow(self) -> pa.Table:
+        owner, batch = self.owner, self.last_batch
+        row = {
+            "epoch": self.epoch,
+            "owner_host": owner.host if owner else None,
+            "owner_pid": owner.pid if owner else None,
+            "owner_query_id": owner.query_id if owner else None,
+            "owner_checkpoint": owner.checkpoint if owner else None,
+            "since": owner.since if owner else None,
+            "heartbeat": self.heartbeat,
+            "released": self.released,
+            "batch_query_id": batch.query_id if batch else None,
+            "batch_id": batch.batch_id if batch else None,
+            "source_end": json.dumps(dict(batch.source_end)) if batch and batch.source_end is not None else None,
+            "batch_files": json.dumps(dict(batch.files)) if batch else None,
+            "pending_retries": batch.pending_retries if batch else None,
+        }
+        return pa.Table.from_pylist([row], schema=ENGINE_STATE.arrow_schema)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> EngineState:
+        owner = None
+        if row["owner_query_id"] is not None:
+            owner = Owner(
+                str(row["owner_host"]), int(row["owner_pid"]), str(row["owner_query_id"]),
+                str(row["owner_checkpoint"]), row["since"],
+            )
+        batch = None
+        if row["batch_query_id"] is not None:
+            batch = BatchRecord(
+                query_id=str(row["batch_query_id"]),
+                batch_id=int(row["batch_id"]),
+                source_end=json.loads(row["source_end"]) if row["source_end"] is not None else None,
+                files=json.loads(row["batch_files"] or "{}"),
+                pending_retries=int(row["pending_retries"] or 0),
+            )
+        return cls(int(row["epoch"]), owner, row["heartbeat"], bool(row["released"]), batch)
+
+
+def _load(path: str) -> tuple[DeltaTable | None, EngineState | None]:
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return None, None
+    rows = table.to_pyarrow_table().to_pylist()
+    return table, EngineState.from_row(rows[0]) if rows else None
+
+
+def read_state(lake: str) -> EngineState | None:
+    """The lake's engine state, or None if no engine has run on it yet."""
+    return _load(state_path(lake))[1]
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# Liveness of the engines this process started, by (state path, query id): an owner
+# in this very process is dead once its query stopped, whatever its heartbeat says.
+_LOCAL_OWNERS: dict[tuple[str, str], Callable[[], bool]] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def _abandoned(path: str, state: EngineState) -> bool:
+    """The owner ran on this host and is gone (its process died, or its query in this process stopped)."""
+    owner = state.owner
+    if owner is None or owner.host != socket.gethostname():
+        return False
+    if owner.pid == os.getpid():
+        with _LOCAL_LOCK:
+            alive = _LOCAL_OWNERS.get((path, owner.query_id))
+        return alive is None or not alive()
+    return not _pid_running(owner.pid)
+
+
+@dataclass
+class LakeLease:
+    """This engine's hold on a lake: acquire, heartbeat, record batches, release.
+
+    Thread-safe: the heartbeat thread and the batch writer share one lease.
+    """
+
+    lake: str
+    owner: Owner
+    timeout_ms: int = DEFAULT_LEASE_TIMEOUT_MS
+    clock: Callable[[], dt.datetime] = field(default=lambda: dt.datetime.now(dt.UTC))
+    epoch: int | None = field(default=None, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def path(self) -> str:
+        return state_path(self.lake)
+
+    def acquire(self, *, take_over: bool = False) -> EngineState | None:
+        """Take the lease (epoch + 1); return the state found before, for resuming.
+
+        A live lease held by another engine is refused with
+        :class:`LakeOwnedError` naming the owner, unless ``take_over``. A
+        released or expired lease, or one whose owner process on this host is
+        gone (or, in this process, whose query has stopped), is taken over
+        without asking: a restart after a crash needs no flag.
+        """
+        with self._lock:
+            for _ in range(_CAS_ATTEMPTS):
+                table, before = self._open()
+                now = self.clock()
+                holder = before.owner if before is not None else None
+                if (
+                    before is not None
+                    and holder is not None
+                    and before.live(now, self.timeout_ms)
+                    and not take_over
+                    and not _abandoned(self.path, before)
+                ):
+                    raise LakeOwnedError(
+                        f"the lake {self.lake} is owned by another engine ({holder.describe()}, "
+                        f"epoch {before.epoch}, last heartbeat {_iso(before.heartbeat)}); this engine "
+                        f"(query id {self.owner.query_id}) will not start. Stop the other engine, wait "
+                        f"{self.timeout_ms // 1000}s after its last heartbeat, or take over with "
+                        "`retry-engine run --take-over` (the other engine's next commit is then refused and it stops)",
+                        code="LAKE_OWNED",
+                    )
+                epoch = (before.epoch if before is not None else 0) + 1
+                after = EngineState(epoch, self.owner, now, False, before.last_batch if before else None)
+                if self._swap(table, after, epoch):
+                    self.epoch = epoch
+                    if before is not None and before.owner is not None and before.owner.query_id != self.owner.query_id:
+                        log.warning(
+                            "took over the lake %s from %s (epoch %d -> %d)",
+                            self.lake, before.owner.describe(), before.epoch, epoch,
+                        )
+                    log.info("lake %s: lease acquired, epoch %d, %s", self.lake, epoch, self.owner.describe())
+                    return before
+        raise LeaseLostError(
+            f"could not acquire the lease of {self.lake}: other engines kept committing", code="LEASE_CONTENDED"
+        )
+
+    def heartbeat(self) -> None:
+        """Refresh the lease; :class:`LeaseLostError` if another engine took it over."""
+        self._update(lambda s: replace(s, heartbeat=self.clock()), what="heartbeat")
+
+    def record_batch(self, batch: BatchRecord) -> None:
+        """Make ``batch`` the lake's last batch (and heartbeat); fenced like :meth:`heartbeat`.
+
+        Replay: recording the batch already recorded changes nothing but the heartbeat.
+        """
+        self._update(lambda s: replace(s, heartbeat=self.clock(), last_batch=batch), what=f"batch {batch.batch_id}")
+
+    def check(self) -> EngineState:
+        """The current state, or :class:`LeaseLostError` if this engine no longer owns the lake."""
+        with self._lock:
+            return self._owned(self._open()[1], what="commit")
+
+    def release(self) -> None:
+        """Give the lease up (graceful stop): the next engine starts without ``--take-over``."""
+        try:
+            self._update(lambda s: replace(s, released=True, heartbeat=self.clock()), what="release")
+            log.info("lake %s: lease released (epoch %s)", self.lake, self.epoch)
+        except LeaseLostError as exc:
+            log.info("lake %s: nothing to release: %s", self.lake, exc)
+
+    # ------------------------------------------------------------------ internals
+
+    def _open(self) -> tuple[DeltaTable | None, EngineState | None]:
+        table, state = _load(self.path)
+        if table is None:
+            table = DeltaTable.create(self.path, ENGINE_STATE.arrow_schema, mode="ignore")
+            table, state = _load(self.path)
+        return table, state
+
+    def _owned(self, state: EngineState | None, *, what: str) -> EngineState:
+        if self.epoch is None:
+            raise LeaseLostError(f"{what}: this engine never acquired the lease of {self.lake}", code="LEASE_LOST")
+        if state is None or state.epoch != self.epoch or state.owner is None or state.owner.query_id != self.owner.query_id:
+            holder = state.owner.describe() if state is not None and state.owner is not None else "nobody"
+            raise LeaseLostError(
+                f"{what} refused: this engine (query id {self.owner.query_id}, epoch {self.epoch}) no longer owns "
+                f"the lake {self.lake}; it was taken over by {holder} (epoch {state.epoch if state else '?'}). "
+                "This engine stops without committing; nothing it had not committed is written",
+                code="LEASE_LOST",
+            )
+        if state.released:
+            raise LeaseLostError(f"{what} refused: this engine released the lease of {self.lake}", code="LEASE_LOST")
+        return state
+
+    def _update(self, change: Callable[[EngineState], EngineState], *, what: str) -> None:
+        with self._lock:
+            for _ in range(_CAS_ATTEMPTS):
+                table, state = self._open()
+                current = self._owned(state, what=what)
+                if self._swap(table, change(current), current.epoch):
+                    return
+            raise LeaseLostError(f"{what}: the lease of {self.lake} kept changing under this engine", code="LEASE_LOST")
+
+    def _swap(self, table: DeltaTable | None, state: EngineState, epoch: int) -> bool:
+        """Overwrite the row from ``table``'s snapshot; False if another commit got there first."""
+        try:
+            write_deltalake(
+                table if table is not None else self.path,
+                state.to_arrow(),
+                mode="overwrite",
+                commit_properties=CommitProperties(app_transactions=[Transaction(LEASE_APP_ID, epoch)]),
+            )
+        except CommitFailedError as exc:
+            log.info("lake %s: engine-state commit conflicted (%s); re-reading", self.lake, exc)
+            return False
+        self._maintain()
+        return True
+
+    def _maintain(self) -> None:
+        table = DeltaTable(self.path)
+        if table.version() % MAINTAIN_EVERY:
+            return
+        try:
+            table.create_checkpoint()
+            table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)
+        except Exception:  # housekeeping only: the row is committed; the next round retries
+            log.exception("lake %s: engine-state maintenance failed", self.lake)
+
+
+def _iso(value: dt.datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "never"
+
+
+class Heartbeat:
+    """A daemon thread that heartbeats ``lease`` every ``interval_s`` while ``alive()`` is true.
+
+    When ``alive()`` turns false it releases the lease; when the lease is lost it
+    calls ``on_lost`` (the engine stops its query) and ends.
+    """
+
+    def __init__(
+        self, lease: LakeLease, *, interval_s: float, alive: Callable[[], bool], on_lost: Callable[[LeaseLostError], None]
+    ) -> None:
+        self._lease, self._interval, self._alive, self._on_lost = lease, interval_s, alive, on_lost
+        # Set when a heartbeat found the lease taken over.
+        self.lost: LeaseLostError | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="retry-engine-lease", daemon=True)
+
+    def start(self) -> None:
+        with _LOCAL_LOCK:
+            _LOCAL_OWNERS[(self._lease.path, self._lease.owner.query_id)] = self._alive
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with _LOCAL_LOCK:
+            _LOCAL_OWNERS.pop((self._lease.path, self._lease.owner.query_id), None)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=self._interval + 30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            if not self._alive():
+                # The query stopped without engine.stop() (failure, or query.stop()).
+                self._lease.release()
+                return
+            try:
+                self._lease.heartbeat()
+            except LeaseLostError as exc:
+                log.error("%s", exc)
+                self.lost = exc
+                self._on_lost(exc)
+                return
+            except Exception:  # a transient storage error: the next beat retries; expiry is the backstop
+                log.exception("lake %s: heartbeat failed", self._lease.lake)
+
+
+__all__ = [
+    "DEFAULT_LEASE_TIMEOUT_MS",
+    "LEASE_APP_ID",
+    "BatchRecord",
+    "EngineState",
+    "Heartbeat",
+    "LakeLease",
+    "Owner",
+    "read_state",
+    "state_path",
+]

@@ -1,0 +1,166 @@
+"""Where an engine's stream starts, given the lake's last batch and the checkpoint (B8).
+
+The lake, not the checkpoint, is the source of truth. Its engine-state row
+(:mod:`retry_engine.lease`) records the consume_results offset the last
+committed batch read through. A checkpoint that has planned no batch yet
+("fresh") starts right after that offset: ``startingVersion`` at its version
+and, when the batch ended inside a commit (``maxFilesPerTrigger``), a
+position floor that drops the rows of that commit's files already read
+(positions sort in stream order). The decision is stored in the checkpoint
+(:data:`RESUME_FILE`), so every later run of that checkpoint, including a
+replay of its batch 0, applies the same floor.
+
+Spark-free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from retry_engine.delta._checkpoint import checkpoint_filesystem
+from retry_engine.delta._files import position_prefix
+from retry_engine.errors import LakeResumeError
+from retry_engine.lease import EngineState
+
+log = logging.getLogger(__name__)
+
+RESUME_FILE = "retry_engine_resume.json"
+OFFSETS_DIR = "offsets"
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Start the source at commit ``starting_version``; keep rows whose position is >= ``position_floor``."""
+
+    starting_version: int
+    position_floor: str | None
+    # The batch this resumes after, for logs: "<query id>/<batch id>".
+    after_batch: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"startingVersion": self.starting_version, "positionFloor": self.position_floor, "afterBatch": self.after_batch}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ResumePoint:
+        floor = data.get("positionFloor")
+        return cls(int(data["startingVersion"]), None if floor is None else str(floor), str(data["afterBatch"]))
+
+
+def is_fresh(checkpoint: str) -> bool:
+    """True if Spark has planned no batch in ``checkpoint`` (no offset log yet)."""
+    fs, root = checkpoint_filesystem(checkpoint)
+    info = fs.get_file_info(pafs.FileSelector(f"{root}/{OFFSETS_DIR}", allow_not_found=True))
+    return not any(i.type == pafs.FileType.File and i.base_name.isdigit() for i in info)
+
+
+def planned_end(checkpoint: str, batch_id: int) -> dict[str, Any] | None:
+    """The source end offset Spark logged for ``batch_id`` (``offsets/<batch_id>``), if any.
+
+    The file is ``v1``, the batch metadata, then one offset per source; the
+    engine has one source.
+    """
+    fs, root = checkpoint_filesystem(checkpoint)
+    try:
+        with fs.open_input_stream(f"{root}/{OFFSETS_DIR}/{batch_id}") as stream:
+            lines = stream.read().decode("utf-8").splitlines()
+    except FileNotFoundError:
+        return None
+    if len(lines) < 3 or lines[2] in ("", "-"):
+        return None
+    offset = json.loads(lines[2])
+    return offset if isinstance(offset, dict) else None
+
+
+def stored(checkpoint: str) -> ResumePoint | None:
+    """The resume point this checkpoint started from, if it started after another's batch."""
+    fs, root = checkpoint_filesystem(checkpoint)
+    try:
+        with fs.open_input_stream(f"{root}/{RESUME_FILE}") as stream:
+            return ResumePoint.from_json(json.loads(stream.read().decode("utf-8")))
+    except FileNotFoundError:
+        return None
+
+
+def store(checkpoint: str, point: ResumePoint) -> None:
+    fs, root = checkpoint_filesystem(checkpoint)
+    fs.create_dir(root, recursive=True)
+    with fs.open_output_stream(f"{root}/{RESUME_FILE}") as stream:
+        stream.write(json.dumps(point.to_json()).encode("utf-8"))
+
+
+def plan(
+    state: EngineState | None,
+    *,
+    query_id: str,
+    checkpoint: str,
+    fresh: bool,
+    source_table_id: str | None,
+    discard_pending: bool = False,
+    pending_in_lake: int | None = None,
+) -> ResumePoint | None:
+    """Where a checkpoint's stream must start so no consume result is decided twice or skipped.
+
+    None: Spark's own rule (a checkpoint continues from its offset log; a
+    fresh one on a lake without recorded batches reads the whole table).
+    Raises :class:`LakeResumeError` when starting would duplicate or lose:
+    an old checkpoint behind the lake, pending retries only the previous
+    checkpoint holds (unless ``discard_pending``), or a previous batch that
+    ended inside the initial snapshot. ``pending_in_lake``: the retries the
+    lake's tables show as decided but not released (default: the last
+    batch's own count).
+    """
+    batch = state.last_batch if state is not None else None
+    if batch is None or batch.query_id == query_id:
+        return None
+    where = f"{batch.query_id}/{batch.batch_id}"
+    holder = state.owner.checkpoint if state is not None and state.owner is not None else "?"
+    if not fresh:
+        raise LakeResumeError(
+            f"the lake's last batch ({where}, from checkpoint {holder}) was written by another checkpoint than "
+            f"{checkpoint} (query id {query_id}); running this older checkpoint would decide those consume results "
+            f"again. Run with the checkpoint {holder}, or with a new (empty) checkpoint, which resumes after the lake",
+            code="LAKE_AHEAD_OF_CHECKPOINT",
+        )
+    pending = batch.pending_retries if pending_in_lake is None else pending_in_lake
+    if pending > 0 and not discard_pending:
+        raise LakeResumeError(
+            f"{pending} retries are pending in the schedule stage of checkpoint {holder} (query id "
+            f"{batch.query_id}); a new checkpoint {checkpoint} cannot release them. Run with the checkpoint {holder}, "
+            "or pass `retry-engine run --discard-pending` to start anyway (those retries are then never delivered)",
+            code="LAKE_PENDING_RETRIES",
+        )
+    end = batch.source_end
+    if end is None:
+        raise LakeResumeError(
+            f"the lake's last batch {where} does not record its consume_results offset; run with checkpoint {holder}",
+            code="LAKE_RESUME_UNKNOWN",
+        )
+    recorded_table = end.get("reservoirId")
+    if recorded_table is not None and source_table_id is not None and recorded_table != source_table_id:
+        log.warning(
+            "consume_results is now table %s, the lake's last batch %s read table %s: it was re-created; "
+            "reading the new table from its beginning",
+            source_table_id, where, recorded_table,
+        )
+        return None
+    version, index = int(end["reservoirVersion"]), int(end["index"])
+    if bool(end["isStartingVersion"]):
+        raise LakeResumeError(
+            f"the lake's last batch {where} ended inside the initial snapshot of consume_results version {version} "
+            f"(file {index}); a new checkpoint can only resume at a commit. Run with checkpoint {holder} until it has "
+            "read the snapshot",
+            code="LAKE_RESUME_MID_SNAPSHOT",
+        )
+    floor = position_prefix(version, index + 1, False) if index >= 0 else None
+    point = ResumePoint(version, floor, where)
+    log.info("new checkpoint %s resumes after the lake's last batch %s: %s", checkpoint, where, point.to_json())
+    return point
+
+
+__all__ = ["RESUME_FILE", "ResumePoint", "is_fresh", "plan", "planned_end", "store", "stored"]

@@ -1,0 +1,315 @@
+"""The lake lease and the resume plan (SPEC B8, #12 item 8), on real Delta tables, without Spark."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from retry_engine import resume
+from retry_engine._arrow_ipc import from_ipc, to_ipc
+from retry_engine.delta._files import position_array, position_prefix
+from retry_engine.engine import _at_or_after
+from retry_engine.errors import LakeOwnedError, LakeResumeError, LeaseLostError
+from retry_engine.lease import BatchRecord, EngineState, Heartbeat, LakeLease, Owner, read_state
+
+T0 = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+TIMEOUT_MS = 60_000
+
+
+def owner(query_id: str, *, pid: int | None = None, host: str | None = None) -> Owner:
+    return Owner(host or socket.gethostname(), os.getpid() if pid is None else pid, query_id, f"/ckpt/{query_id}", T0)
+
+
+class Clock:
+    """A settable clock; ``on_tick`` runs once at the next reading (to interleave another engine)."""
+
+    def __init__(self, now: dt.datetime = T0) -> None:
+        self.now = now
+        self.on_tick: Any = None
+
+    def __call__(self) -> dt.datetime:
+        hook, self.on_tick = self.on_tick, None
+        if hook is not None:
+            hook()
+        return self.now
+
+
+def lease(lake: Path, query_id: str, clock: Clock, **kw: Any) -> LakeLease:
+    return LakeLease(str(lake), owner(query_id, **kw), timeout_ms=TIMEOUT_MS, clock=clock)
+
+
+def live(lease_: LakeLease) -> Heartbeat:
+    """Register ``lease_``'s owner as a running engine of this process (as engine.start does)."""
+    beat = Heartbeat(lease_, interval_s=3600, alive=lambda: True, on_lost=lambda exc: None)
+    beat.start()
+    return beat
+
+
+def batch(query_id: str, batch_id: int, *, pending: int = 0, end: dict[str, Any] | None = None) -> BatchRecord:
+    offset = end if end is not None else {"reservoirVersion": 4, "index": -1, "isStartingVersion": False}
+    return BatchRecord(query_id, batch_id, offset, {"outcomes": []}, pending)
+
+
+def test_second_engine_refuses_naming_owner_and_take_over(tmp_path: Path) -> None:
+    """B8: a live lease makes a second engine refuse; the message names host, pid, query id, since, --take-over."""
+    clock = Clock()
+    first = lease(tmp_path, "query-A", clock)
+    assert first.acquire() is None
+    beat = live(first)
+    try:
+        second = lease(tmp_path, "query-B", clock)
+        with pytest.raises(LakeOwnedError, match="LAKE_OWNED") as err:
+            second.acquire()
+        text = str(err.value)
+        for part in (socket.gethostname(), f"pid {os.getpid()}", "query id query-A", "2026-11-23T12:00:00", "--take-over"):
+            assert part in text
+        state = read_state(str(tmp_path))
+        assert state is not None and state.epoch == 1 and state.owner is not None
+        assert state.owner.query_id == "query-A"
+    finally:
+        beat.stop()
+
+
+def test_take_over_bumps_epoch_and_fences_the_old_owner(tmp_path: Path) -> None:
+    """#12 item 8: after a take-over the old owner's batch record and heartbeat are refused; the lake keeps B's."""
+    clock = Clock()
+    first = lease(tmp_path, "query-A", clock)
+    first.acquire()
+    beat = live(first)
+    try:
+        first.record_batch(batch("query-A", 0))
+        second = lease(tmp_path, "query-B", clock)
+        before = second.acquire(take_over=True)
+        assert before is not None and before.epoch == 1 and before.last_batch == batch("query-A", 0)
+        assert second.epoch == 2
+        with pytest.raises(LeaseLostError, match=r"LEASE_LOST.*query id query-A, epoch 1.*query id query-B.*epoch 2"):
+            first.record_batch(batch("query-A", 1))
+        with pytest.raises(LeaseLostError, match="LEASE_LOST"):
+            first.heartbeat()
+        with pytest.raises(LeaseLostError, match="LEASE_LOST"):
+            first.check()
+        state = read_state(str(tmp_path))
+        assert state is not None and state.epoch == 2 and state.last_batch == batch("query-A", 0)
+    finally:
+        beat.stop()
+
+
+def test_take_over_between_check_and_commit_is_refused(tmp_path: Path) -> None:
+    """Fencing holds in the race: B takes over after A read the row, before A's commit lands (CAS conflict)."""
+    clock = Clock()
+    first = lease(tmp_path, "query-A", clock)
+    first.acquire()
+    beat = live(first)
+    try:
+        second = lease(tmp_path, "query-B", Clock())
+        # A's record_batch reads the clock after it checked the row and before it commits.
+        clock.on_tick = lambda: second.acquire(take_over=True)
+        with pytest.raises(LeaseLostError, match="LEASE_LOST"):
+            first.record_batch(batch("query-A", 7))
+        state = read_state(str(tmp_path))
+        assert state is not None and state.epoch == 2 and state.last_batch is None
+        assert state.owner is not None and state.owner.query_id == "query-B"
+    finally:
+        beat.stop()
+
+
+def test_expired_released_and_dead_leases_are_taken_without_flag(tmp_path: Path) -> None:
+    """Leases expire a timeout after the last heartbeat; a graceful stop or a dead process frees them at once."""
+    clock = Clock()
+    first = lease(tmp_path / "expired", "query-A", clock)
+    first.acquire()
+    beat = live(first)
+    try:
+        clock.now = T0 + dt.timedelta(milliseconds=TIMEOUT_MS)
+        with pytest.raises(LakeOwnedError):
+            lease(tmp_path / "expired", "query-B", clock).acquire()
+        clock.now = T0 + dt.timedelta(milliseconds=TIMEOUT_MS + 1)
+        assert lease(tmp_path / "expired", "query-B", clock).acquire() is not None
+    finally:
+        beat.stop()
+
+    released = lease(tmp_path / "released", "query-A", Clock())
+    released.acquire()
+    beat = live(released)
+    try:
+        released.release()
+        taker = lease(tmp_path / "released", "query-B", Clock())
+        taker.acquire()
+        assert taker.epoch == 2
+    finally:
+        beat.stop()
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    dead = lease(tmp_path / "dead", "query-A", Clock(), pid=int(gone.stdout))
+    dead.acquire()
+    assert lease(tmp_path / "dead", "query-B", Clock()).acquire() is not None
+
+    # An owner on another host is never presumed dead before its lease expires.
+    remote = lease(tmp_path / "remote", "query-A", Clock(), host="elsewhere.example", pid=1)
+    remote.acquire()
+    with pytest.raises(LakeOwnedError, match="host elsewhere.example"):
+        lease(tmp_path / "remote", "query-B", Clock()).acquire()
+
+
+def _state(last: BatchRecord | None) -> EngineState:
+    return EngineState(3, owner("query-A"), T0, False, last)
+
+
+def test_resume_plan_after_the_lakes_last_batch() -> None:
+    """A new checkpoint starts right after the recorded offset: next commit, or the rest of a commit."""
+    after_commit = resume.plan(_state(batch("query-A", 5)), query_id="B", checkpoint="/c", fresh=True, source_table_id=None)
+    assert after_commit == resume.ResumePoint(4, None, "query-A/5")
+    mid = batch("query-A", 5, end={"reservoirVersion": 9, "index": 2, "isStartingVersion": False, "reservoirId": "t1"})
+    inside = resume.plan(_state(mid), query_id="B", checkpoint="/c", fresh=True, source_table_id="t1")
+    # Files 0..2 of commit 9 were read: keep from file 3 of commit 9 on.
+    assert inside == resume.ResumePoint(9, "v00000000000000000009/000003/", "query-A/5")
+    # The same checkpoint, or a lake without batches: Spark's own rule.
+    assert resume.plan(_state(batch("B", 5)), query_id="B", checkpoint="/c", fresh=False, source_table_id=None) is None
+    assert resume.plan(None, query_id="B", checkpoint="/c", fresh=True, source_table_id=None) is None
+    # consume_results re-created: its new table is read from the start.
+    assert resume.plan(_state(mid), query_id="B", checkpoint="/c", fresh=True, source_table_id="t2") is None
+
+
+def test_resume_plan_refuses_what_would_lose_or_repeat() -> None:
+    """Pending retries of the old checkpoint, an older checkpoint behind the lake, a mid-snapshot end."""
+    pending = _state(batch("query-A", 5, pending=3))
+    with pytest.raises(LakeResumeError, match=r"LAKE_PENDING_RETRIES.*3 retries.*--discard-pending"):
+        resume.plan(pending, query_id="B", checkpoint="/c", fresh=True, source_table_id=None)
+    assert resume.plan(
+        pending, query_id="B", checkpoint="/c", fresh=True, source_table_id=None, discard_pending=True
+    ) == resume.ResumePoint(4, None, "query-A/5")
+    with pytest.raises(LakeResumeError, match="LAKE_AHEAD_OF_CHECKPOINT.*query-A/5"):
+        resume.plan(_state(batch("query-A", 5)), query_id="B", checkpoint="/c", fresh=False, source_table_id=None)
+    snap = batch("query-A", 0, end={"reservoirVersion": 3, "index": 10, "isStartingVersion": True})
+    with pytest.raises(LakeResumeError, match="LAKE_RESUME_MID_SNAPSHOT"):
+        resume.plan(_state(snap), query_id="B", checkpoint="/c", fresh=True, source_table_id=None)
+
+
+def test_resume_filter_drops_exactly_the_rows_already_read() -> None:
+    """The position floor keeps rows of later files of the resume commit, and of later commits, only."""
+    from retry_engine.decide import POSITION
+    from retry_engine.engine import PACKED_INPUT
+
+    def payload(version: int, index: int, rows: int) -> bytes:
+        positions = position_array(position_prefix(version, index, False), 0, rows)
+        return to_ipc(pa.table({"result_id": [f"{version}-{index}-{r}" for r in range(rows)], POSITION: positions}))
+
+    packed = pa.RecordBatch.from_arrays(
+        [pa.array([payload(9, 1, 2), payload(9, 2, 3), payload(9, 3, 2), payload(10, 0, 1)], pa.binary())],
+        names=[PACKED_INPUT],
+    )
+    out = list(_at_or_after(position_prefix(9, 3, False))(iter([packed])))
+    kept = [rid for b in out for p in b.column(0).to_pylist() for rid in from_ipc(p).column("result_id").to_pylist()]
+    assert kept == ["9-3-0", "9-3-1", "10-0-0"]
+
+
+def test_once_waits_for_the_table_version_it_saw() -> None:
+    """#12 item 20: ``run_once`` stops only at a batch whose source end lies past the version it saw at start."""
+    import json
+
+    from retry_engine.engine import _covers
+
+    def end(version: int, index: int, starting: bool = False) -> dict[str, object]:
+        return {"reservoirVersion": version, "index": index, "isStartingVersion": starting}
+
+    # A replayed batch planned before the new commit 7 does not count, however empty it is.
+    assert not _covers(end(7, -1), 7)
+    assert not _covers(end(7, 3), 7)
+    # Inside the initial snapshot of a later version: not everything of it is read yet.
+    assert not _covers(end(9, 2, starting=True), 7)
+    assert _covers(end(8, -1), 7)
+    assert _covers(json.dumps(end(12, 0)), 7)  # Spark may hand the offset over as JSON text
+    assert not _covers(None, 7) and not _covers({"unrelated": 1}, 7)
+
+
+def _lake_config(tmp_path: Path) -> Any:
+    from retry_engine.config import parse_config
+
+    return parse_config({"engine": {"lake": str(tmp_path), "checkpoint": str(tmp_path / "new-checkpoint")}})
+
+
+def _append(config: Any, name: str, rows: list[dict[str, Any]]) -> None:
+    from deltalake import write_deltalake
+
+    from retry_engine.schemas import OUTCOMES, RETRY
+
+    table = {"outcomes": OUTCOMES, "retry": RETRY}[name]
+    write_deltalake(
+        config.table_path(name),
+        pa.Table.from_pylist(rows, schema=table.arrow_schema),
+        mode="append",
+        partition_by=list(table.partition_by) or None,
+    )
+
+
+def test_new_checkpoint_refuses_a_lake_whose_outcomes_no_batch_record_covers(tmp_path: Path) -> None:
+    """#12 item 8: outcomes written before lake records (an upgrade) must not be decided again by a new checkpoint."""
+    from retry_engine.engine import _resume_point
+
+    config = _lake_config(tmp_path)
+    assert _resume_point(config, None, "q", fresh=True, discard_pending=False) == (None, 0)  # an empty lake
+    _append(config, "outcomes", [{"outcome": "acknowledged", "batch_id": 0, "decided_at": T0}])
+    with pytest.raises(LakeResumeError, match="LAKE_NOT_RECORDED"):
+        _resume_point(config, None, "q", fresh=True, discard_pending=False)
+    # The checkpoint that wrote them continues as before.
+    assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (None, 0)
+
+
+def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None:
+    """A retry outcome whose retry row is missing is pending, whatever the batch record says (B8)."""
+    from retry_engine.engine import _resume_point
+
+    config = _lake_config(tmp_path)
+    before = EngineState(1, owner("A"), T0, True, batch("A", 3, pending=0))
+    _append(config, "outcomes", [{"outcome": "retry", "output_msg_id": "NEW-1", "batch_id": 3, "decided_at": T0}])
+    with pytest.raises(LakeResumeError, match="LAKE_PENDING_RETRIES.*1 retries"):
+        _resume_point(config, before, "B", fresh=True, discard_pending=False)
+    _append(config, "retry", [{"msg_id": "NEW-1", "topic": "%RETRY%G", "consumer_group": "G", "delivery_key": "O:1"}])
+    point, pending = _resume_point(config, before, "B", fresh=True, discard_pending=False)
+    assert point == resume.ResumePoint(4, None, "A/3") and pending == 0
+    assert resume.stored(str(tmp_path / "new-checkpoint")) == point
+
+
+def test_heartbeat_stops_the_engine_when_taken_over_and_releases_when_the_query_ends(tmp_path: Path) -> None:
+    """B8: a fenced owner learns it from its heartbeat (on_lost, ``lost``); a stopped query's lease is released."""
+    import threading
+
+    first = LakeLease(str(tmp_path / "a"), owner("query-A"), timeout_ms=TIMEOUT_MS)
+    first.acquire()
+    lost = threading.Event()
+    beat = Heartbeat(first, interval_s=0.05, alive=lambda: True, on_lost=lambda exc: lost.set())
+    beat.start()
+    try:
+        LakeLease(str(tmp_path / "a"), owner("query-B"), timeout_ms=TIMEOUT_MS).acquire(take_over=True)
+        assert lost.wait(60)
+        assert isinstance(beat.lost, LeaseLostError) and "query id query-B" in str(beat.lost)
+    finally:
+        beat.stop()
+
+    running = threading.Event()
+    running.set()
+    second = LakeLease(str(tmp_path / "b"), owner("query-C"), timeout_ms=TIMEOUT_MS)
+    second.acquire()
+    beat = Heartbeat(second, interval_s=0.05, alive=running.is_set, on_lost=lambda exc: None)
+    beat.start()
+    try:
+        running.clear()  # the query stopped without engine.stop()
+
+        def released() -> bool:
+            state = read_state(str(tmp_path / "b"))
+            return state is not None and state.released
+
+        deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=60)
+        while not released() and dt.datetime.now(dt.UTC) < deadline:
+            threading.Event().wait(0.05)
+        assert released()
+    finally:
+        beat.stop()
