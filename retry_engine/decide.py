@@ -66,7 +66,7 @@ KIND_OUTCOME = "outcome"
 KIND_DELIVERY = "delivery"
 NO_STATE_BUCKET = -1
 
-_VALID_NAME_PATTERN = f"^[{VALID_CHARACTERS}]+$"
+_VALID_NAME_PATTERN = f"^[{VALID_CHARACTERS}]+\\z"  # RE2: \z = end of text, never before a newline
 
 
 @dataclass(frozen=True)
