@@ -16,14 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from deltalake import write_deltalake
 
 from retry_engine.consumer import CONSUME_SUCCESS, Consumer
 from retry_engine.delta import ensure_table
-from retry_engine.producer import Producer
+from retry_engine.producer import Message, Producer
 from retry_engine.rebalance import Membership
 from retry_engine.schemas import RETRY
 from tests.lakehouse import Lake, wait_for
+
+pytestmark = pytest.mark.slow
 
 T0 = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 FIRST = ({"orders": {0, 1}, "%RETRY%G": {0}})
@@ -45,10 +48,7 @@ class Sent:
         ensure_table(lake.path("retry"), RETRY.arrow_schema, partition_by=RETRY.partition_by)
 
     def messages(self, n: int, tag: str) -> set[str]:
-        ids = set()
-        for i in range(n):
-            msg_id = self.producer.send("orders", f"{tag}-{i}").msg_ids[0]
-            ids.add(msg_id)
+        ids = set(self.producer.send_batch([Message("orders", f"{tag}-{i}") for i in range(n)]).msg_ids)
         rows = {r["msg_id"]: r["queue_id"] for r in self.lake.rows("messages")}
         self.queue.update({m: ("orders", rows[m]) for m in ids})
         return ids
@@ -78,6 +78,13 @@ def consumed(lake: Lake, queries: list[Any]) -> set[str]:
         if query.exception() is not None:
             raise AssertionError(f"query {query.name} failed: {query.exception()}")
     return {r["msg_id"] for r in results(lake)}
+
+
+def started(query: Any) -> Any:
+    """Wait for the query's first progress: Python workers spawned by overlapping starts on a busy
+    machine fail ("Python worker failed to connect back"), as in test_clients."""
+    wait_for(lambda: query.exception() or query.lastProgress, timeout=300, what=f"{query.name} to start")
+    return query
 
 
 def consumer(spark: Any, lake: Lake, cid: str, instance: str, **options: Any) -> Consumer:
@@ -110,8 +117,10 @@ def test_clustering_instances_split_the_queues_and_the_survivor_takes_over(spark
         phase1 = sent.messages(12, "p1") | sent.retries(6, "p1")
         a.heartbeat()
         b.heartbeat()
-        qa, qb = a.start(), b.start()
-        queries += [qa, qb]
+        queries.append(qa := a.start())
+        started(qa)
+        queries.append(qb := b.start())
+        started(qb)
         wait_for(lambda: consumed(lake, queries) >= phase1, timeout=300, what="phase 1 consumed")
         by = Counter((r["msg_id"], r["consumer_id"]) for r in results(lake))
         assert all(n == 1 for n in by.values())
@@ -138,7 +147,8 @@ def test_clustering_instances_split_the_queues_and_the_survivor_takes_over(spark
         trigger = sent.messages(1, "p4-trigger")
         wait_for(lambda: a.last_assignment is not None and "C@three" in a.last_assignment.members, timeout=300,
                  what="A seeing C")
-        queries.append(c.start())
+        queries.append(qc := c.start())
+        started(qc)
         phase4 = sent.messages(8, "p4") | sent.retries(4, "p4")
         everything = phase1 | phase2 | phase3 | trigger | phase4
         wait_for(lambda: consumed(lake, queries) >= everything, timeout=300, what="phase 4 consumed")
