@@ -430,11 +430,27 @@ class _RebalancedBatch:
         return os.path.join(self.records, f"{batch_id}.json")
 
     def _load(self, batch_id: int) -> Assignment | None:
+        """The recorded assignment of ``batch_id``; None if there is none or it does not fit this consumer.
+
+        A record for other topics or queue counts (the subscription changed
+        between a failed batch and its replay) is planned anew: replaying it
+        would skip the new topic's rows of that batch for good.
+        """
+        path = self._record_path(batch_id)
         try:
-            with open(self._record_path(batch_id)) as f:
-                return Assignment.from_json(json.load(f))
+            with open(path) as f:
+                recorded = Assignment.from_json(json.load(f))
         except FileNotFoundError:
             return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("group %s: unreadable assignment record %s (%s); planning batch %d anew",
+                        self.group, path, exc, batch_id)
+            return None
+        if recorded.queue_counts != dict(sorted(self.queue_counts.items())):
+            log.warning("group %s: assignment record of batch %d is for queues %s, not %s; planning anew",
+                        self.group, batch_id, recorded.queue_counts, self.queue_counts)
+            return None
+        return recorded
 
     def _save(self, assignment: Assignment) -> None:
         os.makedirs(self.records, exist_ok=True)

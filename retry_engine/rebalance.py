@@ -231,6 +231,7 @@ class Assignment:
 
     batch_id: int
     members: tuple[str, ...]
+    queue_counts: dict[str, int]
     owned: dict[str, tuple[int, ...]]
     catch_up: dict[str, tuple[int, ...]]
     catch_up_versions: dict[str, int]
@@ -240,6 +241,7 @@ class Assignment:
         return {
             "batch_id": self.batch_id,
             "members": list(self.members),
+            "queue_counts": dict(self.queue_counts),
             "owned": {t: list(q) for t, q in self.owned.items()},
             "catch_up": {t: list(q) for t, q in self.catch_up.items()},
             "catch_up_versions": dict(self.catch_up_versions),
@@ -251,6 +253,7 @@ class Assignment:
         return cls(
             batch_id=int(data["batch_id"]),
             members=tuple(str(m) for m in data["members"]),
+            queue_counts={str(t): int(n) for t, n in data["queue_counts"].items()},
             owned={str(t): tuple(int(q) for q in qs) for t, qs in data["owned"].items()},
             catch_up={str(t): tuple(int(q) for q in qs) for t, qs in data["catch_up"].items()},
             catch_up_versions={str(t): int(v) for t, v in data["catch_up_versions"].items()},
@@ -294,6 +297,7 @@ def plan_assignment(
     return Assignment(
         batch_id=batch_id,
         members=tuple(sorted(set(members))),
+        queue_counts=dict(sorted(queue_counts.items())),
         owned=owned,
         catch_up=catch_up,
         catch_up_versions={topic: versions[topic] for topic in catch_up},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,28 @@ def test_queue_counts_come_from_the_subscription_and_the_group() -> None:
     assert n.queue_counts() == {"orders": 4, "%RETRY%N": 1}
     broadcast = Consumer(None, config, group="G", message_model="BROADCASTING").subscribe("orders")  # type: ignore[arg-type]
     assert broadcast.queue_counts() == {"orders": 4}
+
+
+def test_a_recorded_assignment_is_replayed_only_if_it_fits(tmp_path: Path) -> None:
+    """Replay consumes the recorded share; a record for other queues, or an unreadable one, is planned anew."""
+    from retry_engine.consumer import _RebalancedBatch
+
+    counts = {"orders": 4, "%RETRY%G": 1}
+    fn = _RebalancedBatch(
+        spark=None, group="G", spec=None, writer=None, membership=None, queue_counts=counts,  # type: ignore[arg-type]
+        sources={}, topic_filter=None, records=str(tmp_path / "rebalance"), results_path="",  # type: ignore[arg-type]
+    )
+    plan = plan_assignment(batch_id=3, members=["A@1", "B@1"], me="A@1", queue_counts=counts,
+                           versions={"orders": 1, "%RETRY%G": 1}, previous=None)
+    fn._save(plan)
+    assert fn._load(3) == plan and fn._load(2) is None
+    fn.queue_counts = {"orders": 4, "audit": 4, "%RETRY%G": 1}  # subscribed to one more topic since
+    assert fn._load(3) is None
+    fn.queue_counts = counts
+    (tmp_path / "rebalance" / "3.json").write_text('{"batch_id": 3')
+    assert fn._load(3) is None
+    # Old records are pruned as batches go on.
+    for batch_id in range(4, 40):
+        fn._save(replace(plan, batch_id=batch_id))
+    kept = sorted(int(p.stem) for p in (tmp_path / "rebalance").glob("*.json"))
+    assert kept[0] >= 39 - 20 and kept[-1] == 39
