@@ -408,6 +408,7 @@ class _RebalancedBatch:
     records: str
     results_path: str
     on_assignment: Callable[[Assignment], None] = lambda _: None
+    _planned: bool = field(default=False, init=False, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         from pyspark import StorageLevel
@@ -480,7 +481,9 @@ class _RebalancedBatch:
             versions=versions,
             previous=previous,
             carried_windows=previous.windows if previous is not None else (),
+            restarted=not self._planned,
         )
+        self._planned = True
         assignment = replace(planned, windows=self._open_windows(batch, planned.windows))
         self._save(assignment)
         if previous is None or previous.owned != assignment.owned:

@@ -270,6 +270,7 @@ def plan_assignment(
     versions: dict[str, int],
     previous: Assignment | None,
     carried_windows: Sequence[Window] = (),
+    restarted: bool = False,
 ) -> Assignment:
     """This instance's queues for ``batch_id`` (pure).
 
@@ -279,12 +280,14 @@ def plan_assignment(
     nothing is caught up, but every owned queue gets a window: the group may
     have consumed those rows already. With one, gained queues are caught up
     and get a window; ``carried_windows`` are the previous batch's windows
-    that are still open.
+    that are still open. ``restarted``: the first batch this process plans
+    on an existing checkpoint; while it was down others may have consumed its
+    queues, so every owned queue gets a window, as for a new checkpoint.
     """
     owned = {topic: tuple(allocate_averagely(count, members, me)) for topic, count in sorted(queue_counts.items())}
+    catch_up: dict[str, tuple[int, ...]] = {}
     if previous is None:
         gained = owned
-        catch_up: dict[str, tuple[int, ...]] = {}
     else:
         gained = {
             topic: tuple(q for q in queues if q not in previous.owned.get(topic, ()))
@@ -292,6 +295,8 @@ def plan_assignment(
         }
         gained = {topic: queues for topic, queues in gained.items() if queues}
         catch_up = gained
+        if restarted:
+            gained = owned
     windows = [w for w in carried_windows if w.topic in owned]
     windows += [Window(topic, queues, versions[topic]) for topic, queues in gained.items() if queues]
     return Assignment(

@@ -264,3 +264,14 @@ def test_a_recorded_assignment_is_replayed_only_if_it_fits(tmp_path: Path) -> No
         fn._save(replace(plan, batch_id=batch_id))
     kept = sorted(int(p.stem) for p in (tmp_path / "rebalance").glob("*.json"))
     assert kept[0] >= 39 - 20 and kept[-1] == 39
+
+
+def test_a_restarted_instance_windows_every_owned_queue() -> None:
+    """#12 item 19: while it was down another instance may have consumed its queues: skip what the group has."""
+    counts = {"orders": 4}
+    before = plan_assignment(batch_id=7, members=["A@1", "B@1"], me="A@1", queue_counts=counts,
+                             versions={"orders": 2}, previous=None)
+    again = plan_assignment(batch_id=8, members=["A@1"], me="A@1", queue_counts=counts, versions={"orders": 9},
+                            previous=before, restarted=True)
+    assert again.catch_up == {"orders": (2, 3)}
+    assert again.windows == (Window("orders", (0, 1, 2, 3), 9),)
