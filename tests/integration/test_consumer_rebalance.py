@@ -103,7 +103,8 @@ def test_clustering_instances_split_the_queues_and_the_survivor_takes_over(spark
     crash); while its heartbeat is fresh A leaves B's queues alone. Phase 3:
     B's heartbeat expires; A takes every queue and also delivers what B never
     consumed. Phase 4: C joins with a new checkpoint reading from the start:
-    it skips what the group consumed and shares the new rows with A.
+    it skips what the group consumed and shares the new rows with A; once its
+    query stops, C leaves the group.
     """
     lake = Lake.make(tmp_path, groups={"G": {"retry_queue_nums": 2}})
     sent = Sent(lake)
@@ -159,6 +160,11 @@ def test_clustering_instances_split_the_queues_and_the_survivor_takes_over(spark
         owner = {r["msg_id"]: r["consumer_id"] for r in rows}
         assert {m for m in phase4 if owner[m] == "A"} == sent.owned_by(phase4, FIRST)
         assert {m for m in phase4 if owner[m] == "C"} == sent.owned_by(phase4, SECOND)
+
+        # A query stopped without shutdown() still leaves the group (its heartbeat thread notices).
+        qc.stop()
+        wait_for(lambda: not c.membership.file.exists(), timeout=120, what="C to leave after its query stopped")
+        assert a.membership.live() == ["A@one"]
     finally:
         for query in queries:
             query.stop()
