@@ -650,9 +650,16 @@ class Consumer:
     """A push consumer of group ``group`` over the lake described by ``config``.
 
     ``subscribe`` topics, register one listener, then ``start`` the streaming
-    query (the caller stops it). ``checkpoint`` defaults to a folder under
-    ``<lake>/_checkpoints`` named by a hash of the group, model and
-    ``instance_name`` (names never become paths).
+    query (the caller stops it, best with ``shutdown(query)``). ``checkpoint``
+    defaults to a folder under ``<lake>/_checkpoints`` named by a hash of the
+    group, model and ``instance_name`` (names never become paths).
+
+    CLUSTERING instances of a group share the queues (see
+    :mod:`retry_engine.rebalance`): each is ``consumer_id@instance_name``
+    (give instances in one process distinct ``instance_name`` s), every topic
+    has ``queue_nums`` queues, ``%RETRY%G`` the group's ``retry_queue_nums``;
+    an instance is live while its last heartbeat (every
+    ``heartbeat_interval_seconds``) is younger than ``heartbeat_expiry_seconds``.
     """
 
     spark: SparkSession
