@@ -80,11 +80,24 @@ def consumed(lake: Lake, queries: list[Any]) -> set[str]:
     return {r["msg_id"] for r in results(lake)}
 
 
-def started(query: Any) -> Any:
-    """Wait for the query's first progress: Python workers spawned by overlapping starts on a busy
-    machine fail ("Python worker failed to connect back"), as in test_clients."""
-    wait_for(lambda: query.exception() or query.lastProgress, timeout=300, what=f"{query.name} to start")
-    return query
+def start(instance: Consumer, queries: list[Any]) -> Any:
+    """Start ``instance`` and wait for its first progress, one query at a time.
+
+    Python workers spawned by overlapping starts on a busy machine fail
+    ("Python worker failed to connect back", see test_clients). Only that
+    failure, before any batch, is retried: the instance leaves and rejoins.
+    """
+    for attempt in range(3):
+        query = instance.start()
+        queries.append(query)
+        wait_for(lambda q=query: q.exception() or q.lastProgress, timeout=300, what=f"{query.name} to start")
+        error = query.exception()
+        if error is None or "failed to connect back" not in str(error) or attempt == 2:
+            return query
+        queries.remove(query)
+        instance.shutdown(query)
+        instance.heartbeat()
+    raise AssertionError("unreachable")
 
 
 def consumer(spark: Any, lake: Lake, cid: str, instance: str, **options: Any) -> Consumer:
@@ -118,10 +131,8 @@ def test_clustering_instances_split_the_queues_and_the_survivor_takes_over(spark
         phase1 = sent.messages(12, "p1") | sent.retries(6, "p1")
         a.heartbeat()
         b.heartbeat()
-        queries.append(qa := a.start())
-        started(qa)
-        queries.append(qb := b.start())
-        started(qb)
+        start(a, queries)
+        qb = start(b, queries)
         wait_for(lambda: consumed(lake, queries) >= phase1, timeout=300, what="phase 1 consumed")
         by = Counter((r["msg_id"], r["consumer_id"]) for r in results(lake))
         assert all(n == 1 for n in by.values())
@@ -148,8 +159,7 @@ def test_clustering_instances_split_the_queues_and_the_survivor_takes_over(spark
         trigger = sent.messages(1, "p4-trigger")
         wait_for(lambda: a.last_assignment is not None and "C@three" in a.last_assignment.members, timeout=300,
                  what="A seeing C")
-        queries.append(qc := c.start())
-        started(qc)
+        qc = start(c, queries)
         phase4 = sent.messages(8, "p4") | sent.retries(4, "p4")
         everything = phase1 | phase2 | phase3 | trigger | phase4
         wait_for(lambda: consumed(lake, queries) >= everything, timeout=300, what="phase 4 consumed")
