@@ -20,6 +20,14 @@ engine turns into retries, dead letters or recorded drops.
   one consume result per delivered message.
 * R14: every delivered message carries ``delivery_key`` =
   ``origin_msg_id:reconsume_times``, plus ``:r<n>`` once re-driven n times.
+* Rebalance (RocketMQ ``AllocateMessageQueueAveragely``): CLUSTERING
+  instances of one group heartbeat into the lake and each consumes only its
+  share of every topic's queues and of ``%RETRY%G``'s queues
+  (:mod:`retry_engine.rebalance`); the share is decided at each micro-batch
+  and recorded in the checkpoint, so a replay consumes the same rows. When an
+  instance gains a queue it also delivers the queue's older rows that no
+  instance of the group has a result for, and skips those that have one.
+  BROADCASTING instances each consume everything.
 
 Pure parts (the listener calls, :func:`consume_batch`) need no Spark.
 """
@@ -28,12 +36,15 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import logging
 import os
+import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -46,7 +57,7 @@ from retry_engine.decide import (
     SUCCESS,
     truncate_error,
 )
-from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table
+from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, table_version
 from retry_engine.dlq import redrive_count_column
 from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
 from retry_engine.names import (
@@ -54,14 +65,28 @@ from retry_engine.names import (
     is_dlq_topic,
     is_retry_topic,
     redrive_count,
+    retry_topic,
     validate_group,
     validate_topic,
+)
+from retry_engine.producer import DEFAULT_QUEUE_NUMS
+from retry_engine.rebalance import (
+    DEFAULT_HEARTBEAT_EXPIRY_SECONDS,
+    DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
+    MEMBER_ID_CHARACTERS,
+    Assignment,
+    Membership,
+    Window,
+    plan_assignment,
+    validate_member_id,
+    window_bound,
 )
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +104,13 @@ DEFAULT_TRIGGER_INTERVAL = "1 second"
 DEFAULT_WRITE_ATTEMPTS = 5
 DEFAULT_WRITE_BACKOFF_SECONDS = 1.0
 MESSAGE_NAMES = tuple(c.name for c in MESSAGE_COLUMNS)
+# Internal column: each delivered row's position in its source table's stream (rebalance windows).
+POSITION = "_delivery_position"
+# Internal column: the queue set a row belongs to (its topic, or %RETRY%G for any row of the retry table).
+QUEUE_SET = "_delivery_queue_set"
+MAX_QUEUE_NUMS = 1024
+# Assignments of the last batches kept in the checkpoint (a replay needs only the last two).
+KEEP_ASSIGNMENTS = 20
 
 
 def delivery_key_column() -> Column:
@@ -342,6 +374,256 @@ class ResultWriter:
         )
 
 
+# -- rebalance: this instance's share of the queues, per micro-batch (driver) ------------
+
+
+def _queue_of(count: int) -> Column:
+    """The queue a row belongs to among ``count``: a null or out-of-range ``queue_id`` still lands in one."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.coalesce(F.col("queue_id"), F.lit(0)), F.lit(count))
+
+
+@dataclass
+class _RebalancedBatch:
+    """``foreachBatch`` function of a consumer: picks this instance's rows, runs the listener, writes.
+
+    CLUSTERING: the batch's :class:`~retry_engine.rebalance.Assignment` is
+    planned from the live heartbeats and written to the checkpoint before any
+    row reaches the listener. Replay: the recorded assignment is read back,
+    so the same rows (and the same caught-up rows, read at the recorded table
+    versions) are consumed again; the writer skips a batch already committed.
+    BROADCASTING: every row, no heartbeat.
+    """
+
+    spark: SparkSession
+    group: str
+    spec: ListenerSpec
+    writer: ResultWriter
+    membership: Membership | None
+    queue_counts: dict[str, int]
+    sources: dict[str, str]
+    """topic -> path of the table its rows come from."""
+    topic_filter: Callable[[str], Column]
+    records: str
+    results_path: str
+    on_assignment: Callable[[Assignment], None] = lambda _: None
+    _planned: bool = field(default=False, init=False, repr=False)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark import StorageLevel
+
+        if self.membership is None:
+            self.writer(self._consume(batch), batch_id)
+            return
+        # Read several times (positions, owned rows, catch-up exclusions): read the files once.
+        batch.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            assignment = self._assignment(batch, batch_id)
+            self.on_assignment(assignment)
+            self.writer(self._consume(self._rows(batch, assignment)), batch_id)
+        finally:
+            batch.unpersist()
+
+    # -- planning -----------------------------------------------------------------
+
+    def _record_path(self, batch_id: int) -> str:
+        return os.path.join(self.records, f"{batch_id}.json")
+
+    def _load(self, batch_id: int) -> Assignment | None:
+        """The recorded assignment of ``batch_id``; None if there is none or it does not fit this consumer.
+
+        A record for other topics or queue counts (the subscription changed
+        between a failed batch and its replay) is planned anew: replaying it
+        would skip the new topic's rows of that batch for good.
+        """
+        path = self._record_path(batch_id)
+        try:
+            with open(path) as f:
+                recorded = Assignment.from_json(json.load(f))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("group %s: unreadable assignment record %s (%s); planning batch %d anew",
+                        self.group, path, exc, batch_id)
+            return None
+        if recorded.queue_counts != dict(sorted(self.queue_counts.items())):
+            log.warning("group %s: assignment record of batch %d is for queues %s, not %s; planning anew",
+                        self.group, batch_id, recorded.queue_counts, self.queue_counts)
+            return None
+        return recorded
+
+    def _save(self, assignment: Assignment) -> None:
+        os.makedirs(self.records, exist_ok=True)
+        tmp = self._record_path(assignment.batch_id) + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(assignment.to_json(), f)
+        os.replace(tmp, self._record_path(assignment.batch_id))
+        for name in os.listdir(self.records):
+            stem = name.removesuffix(".json")
+            if stem.isdigit() and int(stem) < assignment.batch_id - KEEP_ASSIGNMENTS:
+                os.remove(os.path.join(self.records, name))
+
+    def _assignment(self, batch: DataFrame, batch_id: int) -> Assignment:
+        recorded = self._load(batch_id)
+        if recorded is not None:
+            log.info("group %s batch %d: replaying recorded assignment %s", self.group, batch_id, recorded.owned)
+            return recorded
+        assert self.membership is not None  # only called for CLUSTERING; not an input check
+        members = self.membership.live()
+        versions = {topic: table_version(path) or 0 for topic, path in self.sources.items()}
+        previous = self._load(batch_id - 1)
+        planned = plan_assignment(
+            batch_id=batch_id,
+            members=members,
+            me=self.membership.member,
+            queue_counts=self.queue_counts,
+            versions=versions,
+            previous=previous,
+            carried_windows=previous.windows if previous is not None else (),
+            restarted=not self._planned,
+        )
+        self._planned = True
+        assignment = replace(planned, windows=self._open_windows(batch, planned.windows))
+        self._save(assignment)
+        if previous is None or previous.owned != assignment.owned:
+            log.info(
+                "group %s batch %d: %s of live %s owns %s (catch-up %s)",
+                self.group, batch_id, self.membership.member, list(assignment.members), assignment.owned,
+                assignment.catch_up,
+            )
+        return assignment
+
+    def _open_windows(self, batch: DataFrame, windows: tuple[Window, ...]) -> tuple[Window, ...]:
+        """Drop the windows this batch's stream is already past (positions only grow)."""
+        from pyspark.sql import functions as F
+
+        if not windows:
+            return windows
+        retry = retry_topic(self.group)
+        lowest = {
+            bool(r["is_retry"]): r["lowest"]
+            for r in batch.groupBy((F.col(QUEUE_SET) == F.lit(retry)).alias("is_retry"))
+            .agg(F.min(POSITION).alias("lowest"))
+            .collect()
+        }
+        return tuple(
+            w for w in windows
+            if lowest.get(w.topic == retry) is None or lowest[w.topic == retry] < window_bound(w.through_version)
+        )
+
+    # -- rows -----------------------------------------------------------------------
+
+    def _in(self, topic: str, queues: tuple[int, ...], *, column: str = QUEUE_SET) -> Column:
+        from pyspark.sql import functions as F
+
+        return (F.col(column) == F.lit(topic)) & _queue_of(self.queue_counts[topic]).isin(list(queues))
+
+    def _snapshot(self, path: str, spark_schema: StructType, version: int | None = None) -> DataFrame:
+        """The table at ``version`` (default: latest) as a batch DataFrame."""
+        from deltalake import DeltaTable
+
+        # The deltars batch reader fails on a snapshot without data files (Spark hands it a
+        # placeholder partition), and a group's first batch meets an empty consume_results.
+        if not DeltaTable(path, version=version).file_uris():
+            return self.spark.createDataFrame([], spark_schema)
+        reader = self.spark.read.format(FORMAT_NAME).option("path", path)
+        if version is not None:
+            reader = reader.option("versionAsOf", str(version))
+        return reader.load()
+
+    def _consumed(self) -> DataFrame:
+        """msg ids the group already has a CLUSTERING result for (read when the plan runs)."""
+        from pyspark.sql import functions as F
+
+        results = self._snapshot(self.results_path, CONSUME_RESULTS.spark_schema)
+        model = F.coalesce(F.col("message_model"), F.lit(CLUSTERING))
+        return (
+            results.filter((F.col("consumer_group") == F.lit(self.group)) & (model == F.lit(CLUSTERING)))
+            .select("msg_id")
+            .distinct()
+        )
+
+    def _rows(self, batch: DataFrame, assignment: Assignment) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        owned = F.lit(False)
+        for topic, queues in assignment.owned.items():
+            if queues:
+                owned = owned | self._in(topic, queues)
+        rows = batch.filter(owned)
+        consumed = self._consumed() if assignment.windows or assignment.catch_up else None
+        if assignment.windows and consumed is not None:
+            inside = F.lit(False)
+            for w in assignment.windows:
+                inside = inside | (self._in(w.topic, w.queues) & (F.col(POSITION) < F.lit(window_bound(w.through_version))))
+            inside = F.coalesce(inside, F.lit(False))
+            rows = rows.filter(~inside).unionByName(rows.filter(inside).join(consumed, "msg_id", "left_anti"))
+        rows = rows.drop(POSITION, QUEUE_SET)
+        if assignment.catch_up and consumed is not None:
+            rows = rows.unionByName(self._catch_up(batch, assignment, consumed))
+        return rows
+
+    def _catch_up(self, batch: DataFrame, assignment: Assignment, consumed: DataFrame) -> DataFrame:
+        """Rows of the gained queues, as of the recorded versions, that no instance of the group consumed."""
+        from pyspark.sql import functions as F
+
+        parts = []
+        for topic, queues in sorted(assignment.catch_up.items()):
+            schema = RETRY.spark_schema if topic == retry_topic(self.group) else MESSAGES.spark_schema
+            table = self._snapshot(self.sources[topic], schema, assignment.catch_up_versions[topic])
+            tagged = table.filter(self.topic_filter(topic)).withColumn(QUEUE_SET, F.lit(topic))
+            parts.append(tagged.filter(self._in(topic, queues)).select(*MESSAGE_NAMES))
+        rows = parts[0]
+        for part in parts[1:]:
+            rows = rows.unionByName(part)
+        return (
+            rows.join(consumed, "msg_id", "left_anti")
+            .join(batch.select("msg_id"), "msg_id", "left_anti")
+            .dropDuplicates(["msg_id"])
+            .withColumn(DELIVERY_KEY, delivery_key_column())
+            .select(*MESSAGE_NAMES, DELIVERY_KEY)
+        )
+
+    def _consume(self, rows: DataFrame) -> DataFrame:
+        return rows.select(*MESSAGE_NAMES, DELIVERY_KEY).mapInArrow(_consume_partition(self.spec), CONSUME_RESULTS.spark_schema)
+
+
+class _Heartbeater:
+    """Beats every ``interval`` seconds on a daemon thread while the query runs.
+
+    Once the query has stopped (the caller stopped it, or it failed) the
+    instance leaves the group, so its queues move to the others.
+    """
+
+    def __init__(self, membership: Membership, interval: float) -> None:
+        self.membership = membership
+        self.interval = interval
+        self.query: StreamingQuery | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{membership.member}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(self.interval, 1.0) * 2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                query = self.query
+                if query is not None and not query.isActive:
+                    log.info("consumer %s: query stopped; leaving group %s", self.membership.member, self.membership.group)
+                    self.membership.leave()
+                    return
+                self.membership.beat()
+            except Exception as exc:  # a missed beat is retried next interval; the expiry allows several
+                log.warning("consumer %s: heartbeat failed: %s", self.membership.member, exc)
+
+
 # -- the consumer -----------------------------------------------------------------------
 
 
@@ -358,8 +640,9 @@ def parse_tags(expression: str) -> tuple[str, ...] | None:
 
 
 def default_consumer_id() -> str:
-    """``host@pid``, like RocketMQ's client id ``ip@instanceName``."""
-    return f"{socket.gethostname()}@{os.getpid()}"
+    """``host@pid``, like RocketMQ's client id ``ip@instanceName`` (odd host name characters become ``_``)."""
+    host = re.sub(f"[^{MEMBER_ID_CHARACTERS}]", "_", socket.gethostname())[:200] or "host"
+    return f"{host}@{os.getpid()}"
 
 
 @dataclass
@@ -367,9 +650,16 @@ class Consumer:
     """A push consumer of group ``group`` over the lake described by ``config``.
 
     ``subscribe`` topics, register one listener, then ``start`` the streaming
-    query (the caller stops it). ``checkpoint`` defaults to a folder under
-    ``<lake>/_checkpoints`` named by a hash of the group, model and
-    ``instance_name`` (names never become paths).
+    query (the caller stops it, best with ``shutdown(query)``). ``checkpoint``
+    defaults to a folder under ``<lake>/_checkpoints`` named by a hash of the
+    group, model and ``instance_name`` (names never become paths).
+
+    CLUSTERING instances of a group share the queues (see
+    :mod:`retry_engine.rebalance`): each is ``consumer_id@instance_name``
+    (give instances in one process distinct ``instance_name`` s), every topic
+    has ``queue_nums`` queues, ``%RETRY%G`` the group's ``retry_queue_nums``;
+    an instance is live while its last heartbeat (every
+    ``heartbeat_interval_seconds``) is younger than ``heartbeat_expiry_seconds``.
     """
 
     spark: SparkSession
@@ -386,6 +676,11 @@ class Consumer:
     consumer_id: str = field(default_factory=default_consumer_id)
     write_attempts: int = DEFAULT_WRITE_ATTEMPTS
     write_backoff_seconds: float = DEFAULT_WRITE_BACKOFF_SECONDS
+    queue_nums: int = DEFAULT_QUEUE_NUMS
+    heartbeat_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS
+    heartbeat_expiry_seconds: float = DEFAULT_HEARTBEAT_EXPIRY_SECONDS
+    last_assignment: Assignment | None = field(default=None, init=False, repr=False)
+    _heartbeater: _Heartbeater | None = field(default=None, init=False, repr=False)
     _subscriptions: dict[str, tuple[str, ...] | None] = field(default_factory=dict, init=False, repr=False)
     _on_message: MessageListener | None = field(default=None, init=False, repr=False)
     _on_batch: BatchListener | None = field(default=None, init=False, repr=False)
@@ -408,6 +703,25 @@ class Consumer:
             )
         if not isinstance(self.write_attempts, int) or self.write_attempts < 1:
             raise SubscriptionError(f"write_attempts {self.write_attempts!r} must be >= 1", code="INVALID_OPTION")
+        validate_member_id(self.consumer_id, what="consumer_id")
+        validate_member_id(self.instance_name, what="instance_name")
+        validate_member_id(self.member_id, what="consumer_id@instance_name")
+        queues = self.queue_nums
+        if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUE_NUMS:
+            raise SubscriptionError(
+                f"queue_nums {queues!r} must be an int in 1..{MAX_QUEUE_NUMS} (the topics' queue count)",
+                code="INVALID_OPTION",
+            )
+        interval, expiry = self.heartbeat_interval_seconds, self.heartbeat_expiry_seconds
+        for name, value in (("heartbeat_interval_seconds", interval), ("heartbeat_expiry_seconds", expiry)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise SubscriptionError(f"{name} {value!r} must be a positive number", code="INVALID_OPTION")
+        if expiry <= interval:
+            raise SubscriptionError(
+                f"heartbeat_expiry_seconds {expiry!r} must be more than heartbeat_interval_seconds {interval!r}, "
+                "or a live instance would look dead between two beats",
+                code="INVALID_OPTION",
+            )
 
     # -- subscription ---------------------------------------------------------------
 
@@ -438,6 +752,42 @@ class Consumer:
         """RocketMQ ``copySubscription``: only CLUSTERING consumers read ``%RETRY%G`` (R2)."""
         return self.message_model == CLUSTERING
 
+    @property
+    def member_id(self) -> str:
+        """This instance among the group's (RocketMQ client id ``ip@instanceName``): ``consumer_id@instance_name``."""
+        return f"{self.consumer_id}@{self.instance_name}"
+
+    @property
+    def membership(self) -> Membership:
+        """The group's heartbeat registry, as this instance."""
+        return Membership(self.config.engine.lake, self.group, self.member_id, self.heartbeat_expiry_seconds)
+
+    def queue_counts(self) -> dict[str, int]:
+        """Topic -> queue count: ``queue_nums`` per subscribed topic; the group's ``retry_queue_nums`` for ``%RETRY%G``."""
+        counts = dict.fromkeys(self._subscriptions, self.queue_nums)
+        if self.reads_retry:
+            group = self.config.group(self.group)
+            # A group that does not retry (retry_queue_nums <= 0, R10) may still have re-driven rows: one queue.
+            counts[retry_topic(self.group)] = max(group.retry_queue_nums if group is not None else 1, 1)
+        return counts
+
+    def heartbeat(self) -> None:
+        """Announce this CLUSTERING instance to its group now (``start`` does it too); BROADCASTING: nothing."""
+        if self.message_model == CLUSTERING:
+            self.membership.beat()
+
+    def shutdown(self, query: StreamingQuery | None = None) -> None:
+        """Stop ``query`` (if given) and leave the group: the other instances take its queues at their next batch."""
+        try:
+            if query is not None:
+                query.stop()
+        finally:
+            if self._heartbeater is not None:
+                self._heartbeater.stop()
+                self._heartbeater = None
+            if self.message_model == CLUSTERING:
+                self.membership.leave()
+
     def register_message_listener(self, listener: MessageListener) -> Consumer:
         """One call per message: ``listener(message, context) -> status``."""
         self._check_listener(listener)
@@ -467,34 +817,64 @@ class Consumer:
         digest = hashlib.sha1(f"{self.group}\0{self.message_model}\0{self.instance_name}".encode()).hexdigest()[:16]
         return os.path.join(self.config.engine.lake, "_checkpoints", f"consumer-{digest}")
 
-    def _read(self, path: str) -> DataFrame:
+    def _read(self, path: str, *, position: bool) -> DataFrame:
         reader = self.spark.readStream.format(FORMAT_NAME).option("path", path)
         if self.max_files_per_trigger is not None:
             reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_trigger))
         if self.consume_from == "latest":
             reader = reader.option("startingVersion", "latest")
+        if position:
+            reader = reader.option("sourcePositionColumn", POSITION)
         return reader.load()
 
-    def deliveries(self) -> DataFrame:
-        """The streaming DataFrame of delivered messages: message columns plus ``delivery_key``."""
+    def _topic_filter(self, topic: str) -> Column:
+        """The rows of ``topic`` this subscription delivers (tags), or the group's rows of ``%RETRY%G``."""
         from pyspark.sql import functions as F
 
+        if topic == retry_topic(self.group):
+            return F.col("consumer_group") == F.lit(self.group)
+        cond = F.col("topic") == F.lit(topic)
+        tags = self._subscriptions[topic]
+        return cond & F.col("tags").isin(*tags) if tags is not None else cond
+
+    def _sources(self) -> dict[str, str]:
+        """Topic -> the table its rows are read from (created if missing)."""
         if not self._subscriptions:
             raise SubscriptionError(f"group {self.group!r} has no subscription; call subscribe(topic) first", code="NO_SUBSCRIPTION")
         messages_path = self.config.table_path("messages")
         ensure_table(messages_path, MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
-        wanted = F.lit(False)
-        for topic, tags in self._subscriptions.items():
-            cond = F.col("topic") == F.lit(topic)
-            if tags is not None:
-                cond = cond & F.col("tags").isin(*tags)
-            wanted = wanted | cond
-        delivered = self._read(messages_path).filter(wanted).select(*MESSAGE_NAMES)
+        sources = dict.fromkeys(self._subscriptions, messages_path)
         if self.reads_retry:
             retry_path = self.config.table_path("retry")
             ensure_table(retry_path, RETRY.arrow_schema, partition_by=RETRY.partition_by)
-            retries = self._read(retry_path).filter(F.col("consumer_group") == F.lit(self.group)).select(*MESSAGE_NAMES)
-            delivered = delivered.unionByName(retries)
+            sources[retry_topic(self.group)] = retry_path
+        return sources
+
+    def deliveries(self) -> DataFrame:
+        """The streaming DataFrame of delivered messages: message columns plus ``delivery_key``.
+
+        Every row of the subscription, whatever the rebalance: ``start``
+        picks this instance's share of each micro-batch.
+        """
+        return self._deliveries(position=False)
+
+    def _deliveries(self, *, position: bool) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        sources = self._sources()
+        messages_path = self.config.table_path("messages")
+        wanted = F.lit(False)
+        for topic in self._subscriptions:
+            wanted = wanted | self._topic_filter(topic)
+        delivered = self._read(messages_path, position=position).filter(wanted)
+        extra = [F.col(POSITION), F.col("topic").alias(QUEUE_SET)] if position else []
+        delivered = delivered.select(*MESSAGE_NAMES, *extra)
+        if self.reads_retry:
+            retry = retry_topic(self.group)
+            retries = self._read(sources[retry], position=position).filter(self._topic_filter(retry))
+            # Every row of the retry table is in %RETRY%G's queues, whatever its topic column says.
+            extra = [F.col(POSITION), F.lit(retry).alias(QUEUE_SET)] if position else []
+            delivered = delivered.unionByName(retries.select(*MESSAGE_NAMES, *extra))
         return delivered.withColumn(DELIVERY_KEY, delivery_key_column())
 
     def result_writer(self) -> ResultWriter:
@@ -530,18 +910,45 @@ class Consumer:
             on_batch=self._on_batch,
             batch_size=self._batch_size,
         )
-        results = self.deliveries().select(*MESSAGE_NAMES, DELIVERY_KEY).mapInArrow(
-            _consume_partition(spec), CONSUME_RESULTS.spark_schema
+        clustering = self.message_model == CLUSTERING
+        batch_function = _RebalancedBatch(
+            spark=self.spark,
+            group=self.group,
+            spec=spec,
+            writer=writer,
+            membership=self.membership if clustering else None,
+            queue_counts=self.queue_counts(),
+            sources=self._sources(),
+            topic_filter=self._topic_filter,
+            records=os.path.join(self.checkpoint_path, "rebalance"),
+            results_path=results_path,
+            on_assignment=self._on_assignment,
         )
-        query = (
-            results.writeStream.queryName(f"consumer-{hashlib.sha1(self.checkpoint_path.encode()).hexdigest()[:12]}")
-            .foreachBatch(writer)
-            .option("checkpointLocation", self.checkpoint_path)
-            .trigger(processingTime=self.trigger_interval)
-            .start()
-        )
+        deliveries = self._deliveries(position=clustering)
+        if clustering:
+            # Join before the first batch plans, so instances started together split from the start.
+            self.heartbeat()
+            self._heartbeater = _Heartbeater(self.membership, self.heartbeat_interval_seconds)
+        try:
+            query = (
+                deliveries.writeStream.queryName(f"consumer-{hashlib.sha1(self.checkpoint_path.encode()).hexdigest()[:12]}")
+                .foreachBatch(batch_function)
+                .option("checkpointLocation", self.checkpoint_path)
+                .trigger(processingTime=self.trigger_interval)
+                .start()
+            )
+        except BaseException:
+            self.shutdown()
+            raise
+        if self._heartbeater is not None:
+            self._heartbeater.query = query
+            self._heartbeater.start()
         log.info(
-            "consumer started: group %s (%s), topics %s, retry %s, checkpoint %s",
-            self.group, self.message_model, sorted(self._subscriptions), self.reads_retry, self.checkpoint_path,
+            "consumer started: group %s (%s) as %s, topics %s, retry %s, checkpoint %s",
+            self.group, self.message_model, self.member_id, sorted(self._subscriptions), self.reads_retry,
+            self.checkpoint_path,
         )
         return query
+
+    def _on_assignment(self, assignment: Assignment) -> None:
+        self.last_assignment = assignment

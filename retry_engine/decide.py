@@ -93,7 +93,7 @@ JAVA_WHITESPACE = "\t\n\x0b\x0c\r\x1c-\x1f \u1680\u2000-\u2006\u2008-\u200a\u202
 _BLANK = re.compile(f"[{JAVA_WHITESPACE}]*")
 _BLANK_PATTERN = f"^[{JAVA_WHITESPACE}]*$"
 
-_VALID_NAME_PATTERN = f"^[{VALID_CHARACTERS}]+$"
+_VALID_NAME_PATTERN = f"^[{VALID_CHARACTERS}]+\\z"  # RE2: \z = end of text, never before a newline
 
 
 @dataclass(frozen=True)

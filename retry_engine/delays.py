@@ -19,12 +19,12 @@ DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 
 ROCKETMQ_FIRST_RETRY_LEVEL = 3
 
 UNIT_MILLIS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_TOKEN = re.compile(r"^([1-9][0-9]*)(ms|s|m|h|d)$")
+_TOKEN = re.compile(r"([1-9][0-9]*)(ms|s|m|h|d)")
 
 
 def parse_duration_ms(token: str) -> int:
     """``"30s"`` -> 30000. Units: ms, s, m, h, d; the number is a positive integer."""
-    match = _TOKEN.match(token)
+    match = _TOKEN.fullmatch(token) if isinstance(token, str) else None
     if match is None:
         raise DelayLevelError(
             f"bad delay token {token!r}: expected a positive integer followed by one of "

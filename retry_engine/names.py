@@ -17,22 +17,26 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 
 TOPIC_MAX_LENGTH = 127
 GROUP_MAX_LENGTH = 255
-VALID_NAME = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 VALID_CHARACTERS = "%|a-zA-Z0-9_-"
+# Always used with fullmatch: ``$`` would also match before a final newline ("g\n").
+VALID_NAME = re.compile(f"[{VALID_CHARACTERS}]+")
 
 # Set by a re-drive on the message it writes (B5); later retries copy it (R7).
 PROP_REDRIVE_COUNT = "REDRIVE_COUNT"
 
 
 # What counts as a re-drive count: 1-9 ASCII digits. Anything else (a user's own value,
-# "+2", " 2", non-ASCII digits) reads as 0, in Python and in Spark alike.
-REDRIVE_COUNT_PATTERN = "^[0-9]{1,9}$"
-_REDRIVE_COUNT = re.compile(REDRIVE_COUNT_PATTERN)
+# "+2", " 2", "2\n", non-ASCII digits) reads as 0, in Python and in Spark alike.
+REDRIVE_COUNT_DIGITS = "[0-9]{1,9}"
+# The Spark (Java regex) form. ``\z`` and not ``$``: Java's ``$`` also matches before a
+# final line terminator, so "2\n" would count as 2 in Spark and (with fullmatch) 0 in Python.
+REDRIVE_COUNT_PATTERN = f"^{REDRIVE_COUNT_DIGITS}\\z"
+_REDRIVE_COUNT = re.compile(REDRIVE_COUNT_DIGITS)
 
 
 def parse_redrive_count(value: str | None) -> int:
-    """A ``REDRIVE_COUNT`` property value as a count (0 unless it matches :data:`REDRIVE_COUNT_PATTERN`)."""
-    return int(value) if value is not None and _REDRIVE_COUNT.match(value) else 0
+    """A ``REDRIVE_COUNT`` property value as a count (0 unless it is :data:`REDRIVE_COUNT_DIGITS`, whole)."""
+    return int(value) if value is not None and _REDRIVE_COUNT.fullmatch(value) else 0
 
 
 def redrive_count(properties: Mapping[str, str] | None) -> int:
@@ -60,7 +64,7 @@ def name_problem(name: object, *, kind: str, max_length: int) -> str | None:
         return f"{kind} name must be a string, got {type(name).__name__}"
     if len(name) > max_length:
         return f"{kind} name {name[:40]!r}... is {len(name)} characters; at most {max_length} allowed"
-    if not VALID_NAME.match(name):
+    if not VALID_NAME.fullmatch(name):
         return f"{kind} name {name!r} has characters outside [{VALID_CHARACTERS}]"
     return None
 

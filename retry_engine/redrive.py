@@ -77,7 +77,7 @@ Target = Literal["topic", "retry"]
 TARGETS: tuple[Target, ...] = ("topic", "retry")
 TARGET_TABLES: dict[str, str] = {"topic": "messages", "retry": "retry"}
 DEFAULT_CHUNK_SIZE = 100
-REDRIVE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+REDRIVE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Claims a re-drive may lose in a row before it gives up. Each lost claim is another
 # re-drive's claim, and there are only as many claims as chunks of work, so a re-drive
 # cannot loop forever; this bound only stops one that is starved by a storm of others
@@ -253,8 +253,8 @@ def _redrive(
         redrive_id = default_redrive_id(selection, target=target, reset_reconsume_times=reset_reconsume_times)
         if force:
             redrive_id = f"{redrive_id}-{uuid.uuid4().hex[:8]}"
-    elif not REDRIVE_ID.match(redrive_id):
-        raise ConfigError(f"redrive id {redrive_id!r} must match {REDRIVE_ID.pattern}", code="INVALID_OPTION")
+    elif not isinstance(redrive_id, str) or not REDRIVE_ID.fullmatch(redrive_id):
+        raise ConfigError(f"redrive id {redrive_id!r} must be {REDRIVE_ID.pattern} (whole)", code="INVALID_OPTION")
     operator = operator or _whoami()
     audit_path = config.table_path(AUDIT_TABLE)
 

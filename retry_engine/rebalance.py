@@ -1,0 +1,310 @@
+"""Sharing a CLUSTERING group's queues among its live instances (RocketMQ rebalance; #12 item 19).
+
+RocketMQ gives each queue of a topic to exactly one live instance of a
+clustering group: every client sends heartbeats, every client sorts the
+queues and the live client ids the same way, and each takes its own share
+(``AllocateMessageQueueAveragely``). Here:
+
+* :func:`allocate_averagely` is that strategy, a pure function;
+* :class:`Membership` is the heartbeat registry: one small JSON file per
+  instance under ``<lake>/_consumers/group-<hash>/`` (names never become
+  paths: both folder and file names are hashes). An instance whose last
+  heartbeat is older than the expiry is not live; a graceful close deletes
+  its file, so its queues move at the next batch of the others.
+
+Spark-free: the consumer (``consumer.py``) applies an allocation to its rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retry_engine.errors import SubscriptionError
+
+log = logging.getLogger(__name__)
+
+# RocketMQ: heartbeats every 30 s, a client is dropped after 120 s without one. The consumer
+# here beats more often because a micro-batch, not a 20 s rebalance timer, applies the result.
+DEFAULT_HEARTBEAT_INTERVAL_SECONDS = 10.0
+DEFAULT_HEARTBEAT_EXPIRY_SECONDS = 30.0
+MEMBER_ID_MAX_LENGTH = 255
+# Host names, pids, IPv6 addresses and RocketMQ instance names fit; whitespace, line breaks,
+# path separators and anything non-ASCII do not (an id is logged and compared, never a path).
+MEMBER_ID_CHARACTERS = "A-Za-z0-9_.:@%|+-"
+_MEMBER_ID = re.compile(f"[{MEMBER_ID_CHARACTERS}]{{1,{MEMBER_ID_MAX_LENGTH}}}")
+CONSUMERS_FOLDER = "_consumers"
+
+
+def validate_member_id(value: object, *, what: str = "consumer id") -> str:
+    """``value`` if it may identify a consumer instance, else :class:`SubscriptionError`."""
+    if not isinstance(value, str) or not _MEMBER_ID.fullmatch(value):
+        shown = value[:60] if isinstance(value, str) else value
+        raise SubscriptionError(
+            f"{what} {shown!r} must be 1-{MEMBER_ID_MAX_LENGTH} characters from [{MEMBER_ID_CHARACTERS}]",
+            code="INVALID_CONSUMER_ID",
+        )
+    return value
+
+
+def allocate_averagely(queue_count: int, members: Sequence[str], current: str) -> list[int]:
+    """Queue ids ``0 .. queue_count - 1`` that ``current`` owns: RocketMQ's ``AllocateMessageQueueAveragely``.
+
+    Queues and members are sorted; member ``i`` of ``n`` takes a contiguous
+    run of ``queue_count // n`` queues, the first ``queue_count % n`` members
+    one more. With more members than queues the last members get none. A
+    ``current`` that is not among ``members`` owns nothing (RocketMQ logs
+    and returns an empty list). Every queue goes to exactly one member.
+    """
+    if isinstance(queue_count, bool) or not isinstance(queue_count, int) or queue_count < 1:
+        raise SubscriptionError(f"queue count {queue_count!r} must be an int >= 1", code="INVALID_QUEUE_COUNT")
+    ordered = sorted(set(members))
+    if not ordered:
+        raise SubscriptionError("no live consumer to allocate queues to", code="NO_LIVE_CONSUMER")
+    if current not in ordered:
+        log.info("consumer %r is not among the live consumers %s; it owns no queue", current, ordered)
+        return []
+    index, count = ordered.index(current), len(ordered)
+    share, extra = divmod(queue_count, count)
+    size = share + 1 if index < extra else share
+    start = index * size if index < extra else index * size + extra
+    return list(range(start, min(start + size, queue_count)))
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """One instance's last heartbeat, as read from its file."""
+
+    member: str
+    at: dt.datetime
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Membership:
+    """The heartbeat files of one group's CLUSTERING instances in the lake (local file system).
+
+    ``beat`` (over)writes this instance's file atomically; ``live`` lists the
+    instances that beat within ``expiry_seconds`` of ``now``; ``leave``
+    deletes this instance's file. A file that cannot be read (half-written by
+    a crashed writer, or not ours) is skipped with a warning, never fatal.
+    """
+
+    lake: str
+    group: str
+    member: str
+    expiry_seconds: float = DEFAULT_HEARTBEAT_EXPIRY_SECONDS
+
+    def __post_init__(self) -> None:
+        validate_member_id(self.member)
+        expiry = self.expiry_seconds
+        if isinstance(expiry, bool) or not isinstance(expiry, int | float) or not 0 < expiry < float("inf"):
+            raise SubscriptionError(
+                f"heartbeat expiry {expiry!r} must be a positive number of seconds", code="INVALID_OPTION"
+            )
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.lake) / CONSUMERS_FOLDER / f"group-{_digest(self.group)}"
+
+    @property
+    def file(self) -> Path:
+        return self.folder / f"{_digest(self.member)}.json"
+
+    def beat(self, now: dt.datetime | None = None) -> None:
+        """Record that this instance is alive at ``now`` (default: the wall clock)."""
+        at = now or dt.datetime.now(dt.UTC)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        body = json.dumps({"group": self.group, "member": self.member, "heartbeat_at": at.isoformat()})
+        # Write then rename: a reader never sees half a file.
+        fd, tmp = tempfile.mkstemp(prefix=".beat-", dir=self.folder)
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(body)
+            os.replace(tmp, self.file)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def leave(self) -> None:
+        """Graceful close: the others take this instance's queues at their next batch."""
+        self.file.unlink(missing_ok=True)
+
+    def heartbeats(self) -> list[Heartbeat]:
+        """Every readable heartbeat of the group, live or not."""
+        out = []
+        for path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+            beat = _read_heartbeat(path, self.group)
+            if beat is not None:
+                out.append(beat)
+        return out
+
+    def live(self, now: dt.datetime | None = None) -> list[str]:
+        """Sorted ids of the instances whose last heartbeat is at most ``expiry_seconds`` old.
+
+        A heartbeat from the future (another host's clock ahead of ours)
+        counts as live. This instance always counts: it is running.
+        """
+        at = now or dt.datetime.now(dt.UTC)
+        oldest = at - dt.timedelta(seconds=self.expiry_seconds)
+        members = {b.member for b in self.heartbeats() if b.at >= oldest}
+        return sorted(members | {self.member})
+
+
+def _read_heartbeat(path: Path, group: str) -> Heartbeat | None:
+    try:
+        data: Any = json.loads(path.read_text())
+        member, group_of_file = data["member"], data["group"]
+        at = dt.datetime.fromisoformat(data["heartbeat_at"])
+        if at.tzinfo is None:
+            raise ValueError("heartbeat_at has no time zone")
+        validate_member_id(member)
+    except FileNotFoundError:  # left (graceful close) between glob and read
+        return None
+    except (OSError, ValueError, KeyError, TypeError, SubscriptionError) as exc:
+        log.warning("group %s: skipping unreadable heartbeat file %s: %s", group, path, exc)
+        return None
+    if group_of_file != group:
+        log.warning("group %s: heartbeat file %s belongs to group %r; skipped", group, path, group_of_file)
+        return None
+    return Heartbeat(member, at)
+
+
+# -- one micro-batch's assignment (recorded in the checkpoint, so a replay consumes the same) --
+
+
+def window_bound(through_version: int) -> str:
+    """Stream positions below this are rows of table versions <= ``through_version``, or snapshot rows.
+
+    Positions are the Delta source's ``sourcePositionColumn`` strings:
+    ``s<version>/...`` for snapshot files (version unknown, so always inside),
+    ``v<version>/...`` for commit files, fixed width, sorting in stream order.
+    """
+    return f"v{through_version + 1:020d}"
+
+
+@dataclass(frozen=True)
+class Window:
+    """Queues of ``topic`` whose rows up to ``through_version`` may already have a result of the group.
+
+    Opened when this instance gains queues another instance may have
+    consumed ahead of it (or when it joins a group that consumed before):
+    such rows are checked against the group's consume results until the
+    stream is past ``through_version``.
+    """
+
+    topic: str
+    queues: tuple[int, ...]
+    through_version: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "queues": list(self.queues), "through_version": self.through_version}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Window:
+        return cls(str(data["topic"]), tuple(int(q) for q in data["queues"]), int(data["through_version"]))
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What one instance consumes in one micro-batch.
+
+    ``owned``: topic (a subscribed topic or ``%RETRY%G``) -> queue ids.
+    ``catch_up``: queues gained since the previous batch; their rows up to
+    ``catch_up_versions[topic]`` that no instance of the group consumed are
+    read again from the table (the previous owner may have stopped before
+    reaching them, while this instance's stream had already passed them).
+    ``windows``: see :class:`Window`.
+    """
+
+    batch_id: int
+    members: tuple[str, ...]
+    queue_counts: dict[str, int]
+    owned: dict[str, tuple[int, ...]]
+    catch_up: dict[str, tuple[int, ...]]
+    catch_up_versions: dict[str, int]
+    windows: tuple[Window, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "members": list(self.members),
+            "queue_counts": dict(self.queue_counts),
+            "owned": {t: list(q) for t, q in self.owned.items()},
+            "catch_up": {t: list(q) for t, q in self.catch_up.items()},
+            "catch_up_versions": dict(self.catch_up_versions),
+            "windows": [w.to_json() for w in self.windows],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Assignment:
+        return cls(
+            batch_id=int(data["batch_id"]),
+            members=tuple(str(m) for m in data["members"]),
+            queue_counts={str(t): int(n) for t, n in data["queue_counts"].items()},
+            owned={str(t): tuple(int(q) for q in qs) for t, qs in data["owned"].items()},
+            catch_up={str(t): tuple(int(q) for q in qs) for t, qs in data["catch_up"].items()},
+            catch_up_versions={str(t): int(v) for t, v in data["catch_up_versions"].items()},
+            windows=tuple(Window.from_json(w) for w in data["windows"]),
+        )
+
+
+def plan_assignment(
+    *,
+    batch_id: int,
+    members: Sequence[str],
+    me: str,
+    queue_counts: dict[str, int],
+    versions: dict[str, int],
+    previous: Assignment | None,
+    carried_windows: Sequence[Window] = (),
+    restarted: bool = False,
+) -> Assignment:
+    """This instance's queues for ``batch_id`` (pure).
+
+    ``queue_counts``: topic -> number of queues; ``versions``: topic -> the
+    latest version of the table its rows come from. Without a ``previous``
+    assignment (a new checkpoint) the stream itself reads from its start, so
+    nothing is caught up, but every owned queue gets a window: the group may
+    have consumed those rows already. With one, gained queues are caught up
+    and get a window; ``carried_windows`` are the previous batch's windows
+    that are still open. ``restarted``: the first batch this process plans
+    on an existing checkpoint; while it was down others may have consumed its
+    queues, so every owned queue gets a window, as for a new checkpoint.
+    """
+    owned = {topic: tuple(allocate_averagely(count, members, me)) for topic, count in sorted(queue_counts.items())}
+    catch_up: dict[str, tuple[int, ...]] = {}
+    if previous is None:
+        gained = owned
+    else:
+        gained = {
+            topic: tuple(q for q in queues if q not in previous.owned.get(topic, ()))
+            for topic, queues in owned.items()
+        }
+        gained = {topic: queues for topic, queues in gained.items() if queues}
+        catch_up = gained
+        if restarted:
+            gained = owned
+    windows = [w for w in carried_windows if w.topic in owned]
+    windows += [Window(topic, queues, versions[topic]) for topic, queues in gained.items() if queues]
+    return Assignment(
+        batch_id=batch_id,
+        members=tuple(sorted(set(members))),
+        queue_counts=dict(sorted(queue_counts.items())),
+        owned=owned,
+        catch_up=catch_up,
+        catch_up_versions={topic: versions[topic] for topic in catch_up},
+        windows=tuple(windows),
+    )

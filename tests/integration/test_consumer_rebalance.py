@@ -1,0 +1,182 @@
+"""CLUSTERING instances of one group share the queues; BROADCASTING gets everything (#12 item 19).
+
+RocketMQ's rebalance (``AllocateMessageQueueAveragely``) over real Delta
+tables and real streaming queries. Members sort as ``A@one`` < ``B@two`` <
+``C@three``; with two live members and 4 topic queues (the producer's
+default) plus 2 retry queues (``retry_queue_nums = 2``), the first member
+owns topic queues 0-1 and retry queue 0, the second topic queues 2-3 and
+retry queue 1 (derived by hand: 4 / 2 = 2 each; 2 / 2 = 1 each).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from retry_engine.consumer import CONSUME_SUCCESS, Consumer
+from retry_engine.delta import ensure_table
+from retry_engine.producer import Message, Producer
+from retry_engine.rebalance import Membership
+from retry_engine.schemas import RETRY
+from tests.lakehouse import Lake, wait_for
+
+pytestmark = pytest.mark.slow
+
+T0 = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
+FIRST = ({"orders": {0, 1}, "%RETRY%G": {0}})
+SECOND = ({"orders": {2, 3}, "%RETRY%G": {1}})
+EVERYTHING = {"orders": {0, 1, 2, 3}, "%RETRY%G": {0, 1}}
+
+
+def ok(message: Any, context: Any) -> str:
+    return CONSUME_SUCCESS
+
+
+class Sent:
+    """Messages and retry rows written so far, with the queue each one is in."""
+
+    def __init__(self, lake: Lake) -> None:
+        self.lake = lake
+        self.producer = Producer(lake.path("messages"))
+        self.queue: dict[str, tuple[str, int]] = {}
+        ensure_table(lake.path("retry"), RETRY.arrow_schema, partition_by=RETRY.partition_by)
+
+    def messages(self, n: int, tag: str) -> set[str]:
+        ids = set(self.producer.send_batch([Message("orders", f"{tag}-{i}") for i in range(n)]).msg_ids)
+        rows = {r["msg_id"]: r["queue_id"] for r in self.lake.rows("messages")}
+        self.queue.update({m: ("orders", rows[m]) for m in ids})
+        return ids
+
+    def retries(self, n: int, tag: str) -> set[str]:
+        rows = [
+            {"msg_id": f"R-{tag}-{i}", "topic": "%RETRY%G", "consumer_group": "G", "queue_id": i % 2,
+             "reconsume_times": 1, "origin_msg_id": f"O-{tag}-{i}", "retry_topic": "orders", "body": b"r",
+             "store_timestamp": T0, "delivery_key": f"O-{tag}-{i}:1"}
+            for i in range(n)
+        ]
+        write_deltalake(self.lake.path("retry"), pa.Table.from_pylist(rows, schema=RETRY.arrow_schema), mode="append")
+        self.queue.update({r["msg_id"]: ("%RETRY%G", r["queue_id"]) for r in rows})
+        return {r["msg_id"] for r in rows}
+
+    def owned_by(self, ids: set[str], owned: dict[str, set[int]]) -> set[str]:
+        return {m for m in ids if self.queue[m][1] in owned[self.queue[m][0]]}
+
+
+def results(lake: Lake) -> list[dict[str, Any]]:
+    return lake.rows("consume_results")
+
+
+def consumed(lake: Lake, queries: list[Any]) -> set[str]:
+    """msg ids with a consume result; fails at once if a query died (rather than at the timeout)."""
+    for query in queries:
+        if query.exception() is not None:
+            raise AssertionError(f"query {query.name} failed: {query.exception()}")
+    return {r["msg_id"] for r in results(lake)}
+
+
+def start(instance: Consumer, queries: list[Any]) -> Any:
+    """Start ``instance`` and wait for its first progress, one query at a time.
+
+    Python workers spawned by overlapping starts on a busy machine fail
+    ("Python worker failed to connect back", see test_clients). Only that
+    failure, before any batch, is retried: the instance leaves and rejoins.
+    """
+    for attempt in range(3):
+        query = instance.start()
+        queries.append(query)
+        wait_for(lambda q=query: q.exception() or q.lastProgress, timeout=300, what=f"{query.name} to start")
+        error = query.exception()
+        if error is None or "failed to connect back" not in str(error) or attempt == 2:
+            return query
+        queries.remove(query)
+        instance.shutdown(query)
+        instance.heartbeat()
+    raise AssertionError("unreachable")
+
+
+def consumer(spark: Any, lake: Lake, cid: str, instance: str, **options: Any) -> Consumer:
+    base: dict[str, Any] = dict(
+        group="G", consumer_id=cid, instance_name=instance, trigger_interval="300 milliseconds",
+        heartbeat_interval_seconds=0.5, heartbeat_expiry_seconds=6000,
+    )
+    c = Consumer(spark, lake.config, **{**base, **options}).subscribe("orders")
+    return c.register_message_listener(ok)
+
+
+def test_clustering_instances_split_the_queues_and_the_survivor_takes_over(spark: Any, tmp_path: Path) -> None:
+    """#12 item 19, R2/R3, B1: together they consume every message and retry once, no overlap.
+
+    Phase 1: A and B split the queues. Phase 2: B stops without leaving (a
+    crash); while its heartbeat is fresh A leaves B's queues alone. Phase 3:
+    B's heartbeat expires; A takes every queue and also delivers what B never
+    consumed. Phase 4: C joins with a new checkpoint reading from the start:
+    it skips what the group consumed and shares the new rows with A; once its
+    query stops, C leaves the group.
+    """
+    lake = Lake.make(tmp_path, groups={"G": {"retry_queue_nums": 2}})
+    sent = Sent(lake)
+    # Expiries are long (6000 s) so a slow machine never expires anyone by accident. B beats at
+    # start and never again during the test: stopping its query then is a crash.
+    a = consumer(spark, lake, "A", "one")
+    b = consumer(spark, lake, "B", "two", heartbeat_interval_seconds=3000)
+    c = consumer(spark, lake, "C", "three")
+    queries = []
+    try:
+        phase1 = sent.messages(12, "p1") | sent.retries(6, "p1")
+        a.heartbeat()
+        b.heartbeat()
+        start(a, queries)
+        qb = start(b, queries)
+        wait_for(lambda: consumed(lake, queries) >= phase1, timeout=300, what="phase 1 consumed")
+        by = Counter((r["msg_id"], r["consumer_id"]) for r in results(lake))
+        assert all(n == 1 for n in by.values())
+        assert {m for m, cid in by if cid == "A"} == sent.owned_by(phase1, FIRST)
+        assert {m for m, cid in by if cid == "B"} == sent.owned_by(phase1, SECOND)
+
+        qb.stop()  # a crash: B's heartbeat file stays and counts as live
+        phase2 = sent.messages(8, "p2") | sent.retries(4, "p2")
+        a_share = sent.owned_by(phase2, FIRST)
+        wait_for(lambda: consumed(lake, queries) >= a_share, timeout=300, what="A's share of phase 2")
+        assert not {r["msg_id"] for r in results(lake)} & (phase2 - a_share)  # B's queues wait for B
+
+        # B's last heartbeat is now three hours old: past A's 6000 s expiry.
+        Membership(str(tmp_path), "G", "B@two").beat(dt.datetime.now(dt.UTC) - dt.timedelta(hours=3))
+        phase3 = sent.messages(4, "p3") | sent.retries(2, "p3")
+        wait_for(lambda: consumed(lake, queries) >= phase1 | phase2 | phase3, timeout=300,
+                 what="phase 2 and 3 consumed after the take-over")
+        assert a.last_assignment is not None and a.last_assignment.members == ("A@one",)
+        assert {t: set(q) for t, q in a.last_assignment.owned.items()} == EVERYTHING
+        by = Counter(r["msg_id"] for r in results(lake))
+        assert all(n == 1 for n in by.values()), [m for m, n in by.items() if n > 1]
+
+        c.heartbeat()
+        trigger = sent.messages(1, "p4-trigger")
+        wait_for(lambda: a.last_assignment is not None and "C@three" in a.last_assignment.members, timeout=300,
+                 what="A seeing C")
+        qc = start(c, queries)
+        phase4 = sent.messages(8, "p4") | sent.retries(4, "p4")
+        everything = phase1 | phase2 | phase3 | trigger | phase4
+        wait_for(lambda: consumed(lake, queries) >= everything, timeout=300, what="phase 4 consumed")
+        rows = results(lake)
+        by = Counter(r["msg_id"] for r in rows)
+        assert all(n == 1 for n in by.values()), [m for m, n in by.items() if n > 1]
+        assert set(by) == everything
+        owner = {r["msg_id"]: r["consumer_id"] for r in rows}
+        assert {m for m in phase4 if owner[m] == "A"} == sent.owned_by(phase4, FIRST)
+        assert {m for m in phase4 if owner[m] == "C"} == sent.owned_by(phase4, SECOND)
+
+        # A query stopped without shutdown() still leaves the group (its heartbeat thread notices).
+        qc.stop()
+        wait_for(lambda: not c.membership.file.exists(), timeout=120, what="C to leave after its query stopped")
+        assert a.membership.live() == ["A@one"]
+    finally:
+        for query in queries:
+            query.stop()
+        for instance in (a, b, c):
+            instance.shutdown()
