@@ -107,3 +107,15 @@ class ConsumeResultWriteError(RetryEngineError, RuntimeError):
     """Raised when a consumer cannot write its consume results after every retry (R12); the batch replays."""
 
     code = "CONSUME_RESULT_WRITE_FAILED"
+
+
+class StateUnreadableError(RetryEngineError, ValueError):
+    """Raised when a schedule-stage state value cannot be read (corrupt, truncated, wrong schema)."""
+
+    code = "STATE_UNREADABLE"
+
+
+class StateVersionError(StateUnreadableError):
+    """Raised when a schedule-stage state value has a layout version this release does not read."""
+
+    code = "STATE_VERSION_UNKNOWN"

@@ -7,9 +7,16 @@ coarsely: by (consumer group, store-time bucket of the consumed message).
 Each key holds its pending retries as one Arrow IPC blob, and the msg ids it
 has already decided, so a duplicated consume result (same group and msg id,
 which always lands in the same key) is recognised and recorded as a
-duplicate instead of producing a second retry (B1). The key's processing-time
-timeout is set to its earliest due time; a retry is released in the first
-micro-batch whose timestamp is past its ``due_at``, never earlier.
+duplicate instead of producing a second retry (B1). A key remembers a msg id
+for the dedup window after it was decided, for as long as its retry is
+pending, and for the window after that retry's release. The key's
+processing-time timeout is set to its earliest due time; a retry is released
+in the first micro-batch whose timestamp is past its ``due_at``, never earlier.
+
+The state value's layout is versioned (:mod:`retry_engine._schedule_state`);
+a value that cannot be read is moved aside to the quarantine table (kind
+``state_quarantine``, reason code ``STATE_UNREADABLE``, its bytes in ``raw``)
+and the key starts afresh instead of failing the batch on every retry.
 
 Rows with ``bucket == -1`` (acknowledged, dropped, quarantined) pass through
 without touching state, still packed.
@@ -17,7 +24,8 @@ without touching state, still packed.
 Replay: Spark re-runs a micro-batch from the state of the previous version
 with the same batch timestamp, and this function is deterministic in its
 input (rows are sorted by source position first), so a replay emits the same
-rows.
+rows; an unreadable state is moved aside again with the same bytes, and the
+writers commit one batch's rows once.
 """
 
 from __future__ import annotations
@@ -31,21 +39,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.streaming.state import GroupState
 
-from retry_engine._arrow_ipc import from_ipc, to_ipc
+from retry_engine._schedule_state import STATE_SCHEMA, KeyState, decode, encode, quarantine_rows
 from retry_engine.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
+from retry_engine.errors import StateUnreadableError
 from retry_engine.packed import packed_batch, payload_chunks, unpack
 from retry_engine.schemas import WORK
 
 log = logging.getLogger(__name__)
 
-STATE_SCHEMA = "pending binary, seen binary, expires_ms long"
-_SEEN_SCHEMA = pa.schema([pa.field("msg_id", pa.string())])
 _US_PER_MS = 1_000
 
 
 @dataclass(frozen=True)
 class ScheduleStage:
-    """The stateful function; ``dedup_window_ms`` is how long a key remembers its msg ids.
+    """The stateful function; ``dedup_window_ms`` is how long a key remembers a msg id after its
+    decision (and after its retry's release; pending retries' ids are remembered until then).
 
     Input and output are packed rows (:mod:`retry_engine.packed`): each carries
     WORK rows of this key as an Arrow IPC payload.
@@ -63,19 +71,26 @@ class ScheduleStage:
                 yield _packed(key, payloads)
             return
         now_ms = state.getCurrentProcessingTimeMs()
-        if state.exists:
-            pending_blob, seen_blob, expires_ms = state.get
-            pending = from_ipc(pending_blob)
-            seen = set(from_ipc(seen_blob).column("msg_id").to_pylist())
-        else:
-            pending, seen, expires_ms = WORK.arrow_schema.empty_table(), set(), 0
-
         out: list[pa.Table] = []
+        held = KeyState()
+        if state.exists:
+            value = state.get
+            try:
+                held = decode(value)
+            except StateUnreadableError as exc:
+                # Crash-looping on one bad value would stop every key; keep its bytes, start afresh.
+                log.error("group %s bucket %s: schedule state moved aside to quarantine: %s", route, bucket, exc)
+                out.append(quarantine_rows(key, route, value, exc, now_ms))
+        pending, seen, expires_ms = held.pending, held.seen, held.expires_ms
+
         if payloads:
             new = unpack(payloads)
             new = new.take(pc.sort_indices(new.column("source_position")))
             ids = new.column("consumed_msg_id")
-            known = pc.is_in(ids, value_set=pa.array(list(seen), pa.string())).to_numpy(zero_copy_only=False)
+            # A msg id whose retry is still pending is known whatever the window says (B1, #12 item 6);
+            # state written before that rule (layout 1) may have forgotten it from ``seen``.
+            known_ids = seen | set(pending.column("consumed_msg_id").to_pylist())
+            known = pc.is_in(ids, value_set=pa.array(list(known_ids), pa.string())).to_numpy(zero_copy_only=False)
             repeated = pa.array(pd.Index(ids.to_numpy(zero_copy_only=False)).duplicated() | known)
             if pc.any(repeated).as_py():
                 out.append(_as_duplicates(new.filter(repeated)))
@@ -86,25 +101,29 @@ class ScheduleStage:
                 scheduled = fresh.filter(pc.equal(fresh.column("outcome"), RETRY))
                 if scheduled.num_rows:
                     pending = pa.concat_tables([pending, scheduled])
-                expires_ms = max(int(expires_ms), now_ms + self.dedup_window_ms)
+                expires_ms = max(expires_ms, now_ms + self.dedup_window_ms)
 
-        # Wake-ups still ahead: the end of the dedup window, and the earliest pending due time.
-        # A passed window is no wake-up (it would fire the key on every micro-batch, shipping
-        # its whole blob each time); its msg ids are forgotten, as the window promises.
         wake_ms: list[int] = []
-        if now_ms < int(expires_ms):
-            wake_ms.append(int(expires_ms))
-        else:
-            seen = set()
         if pending.num_rows:
             due_ms = pending.column("due_at").cast(pa.int64()).to_numpy() // _US_PER_MS
             is_due = due_ms <= now_ms
             if is_due.any():
-                out.append(_as_deliveries(pending.filter(pa.array(is_due)), now_ms))
+                released = pending.filter(pa.array(is_due))
+                out.append(_as_deliveries(released, now_ms))
                 pending = pending.filter(pa.array(~is_due))
+                # A released id stays known for a window after its release, like a fresh one.
+                seen.update(released.column("consumed_msg_id").to_pylist())
+                expires_ms = max(expires_ms, now_ms + self.dedup_window_ms)
                 log.debug("group %s bucket %s: released %d retries", route, bucket, int(is_due.sum()))
             if not is_due.all():
                 wake_ms.append(int(due_ms[~is_due].min()))
+        # The end of the dedup window is a wake-up while it is ahead. A passed window is none (it
+        # would fire the key on every micro-batch, shipping its whole blob each time): its msg ids
+        # are forgotten, except those of retries still pending, which stay known until released.
+        if now_ms < expires_ms:
+            wake_ms.append(expires_ms)
+        else:
+            seen = set(pending.column("consumed_msg_id").to_pylist())
         if out:
             yield _packed(key, [payload for table in out for payload in payload_chunks(table)])
 
@@ -112,7 +131,7 @@ class ScheduleStage:
             state.remove()
             return
         next_ms = min(wake_ms)
-        state.update((to_ipc(pending), to_ipc(pa.table({"msg_id": sorted(seen)}, schema=_SEEN_SCHEMA)), int(expires_ms)))
+        state.update(encode(KeyState(pending, seen, expires_ms)))
         # Spark fires the timeout in the first batch whose timestamp is past now + duration.
         state.setTimeoutDuration(max(1, next_ms - now_ms))
 

@@ -113,7 +113,7 @@ EXCEPTION = Column("exception", pa.string(), "Why the query terminated, if it fa
 ERROR_CLASS_ON_EXCEPTION = Column("error_class_on_exception", pa.string(), "Spark's error class of that exception, if any.")
 
 # -- internal: rows between the decision step and the writers ------------------
-KIND = Column("kind", pa.string(), "outcome (one per input row) or delivery (a retry released).", False)
+KIND = Column("kind", pa.string(), "outcome (one per input row), delivery (a retry released) or state_quarantine (an unreadable schedule state moved aside).", False)
 ROUTE = Column("route", pa.string(), "State key part 1: the consumer group ('' when unknown).", False)
 BUCKET = Column("bucket", pa.int64(), "State key part 2: store-time bucket of the message; -1 = no state.", False)
 CONSUMED_MSG_ID = Column("consumed_msg_id", pa.string(), "msg_id of the consumed message.")
