@@ -1,0 +1,99 @@
+"""The schedule stage's state across releases, in a real checkpoint on real Spark and Delta (#12 items 3, 13)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from retry_engine import engine
+from retry_engine._arrow_ipc import from_ipc, to_ipc
+from retry_engine.schedule import ScheduleStage
+from tests.builders import Result
+from tests.lakehouse import Lake, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+class _FutureLayout:
+    """Spark's GroupState, passed through, except that what is stored says layout version 99."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+    def update(self, value: tuple[Any, ...]) -> None:
+        pending, seen, expires_ms = value
+        relabel = {b"retry_engine.state_version": b"99"}
+        self._state.update(
+            (
+                to_ipc(from_ipc(pending).replace_schema_metadata(relabel)),
+                to_ipc(from_ipc(seen).replace_schema_metadata(relabel)),
+                expires_ms,
+            )
+        )
+
+
+class _FutureReleaseStage(ScheduleStage):
+    """The schedule stage of a (pretend) later release whose state layout this release does not know."""
+
+    def __call__(
+        self, key: tuple[str, int], frames: Iterator[pd.DataFrame], state: Any
+    ) -> Iterator[pd.DataFrame]:
+        return super().__call__(key, frames, _FutureLayout(state))
+
+
+def test_a_state_this_release_cannot_read_is_quarantined_and_the_stream_goes_on(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bad-input rule, R8, #12 items 3 and 13: a later release writes state layout 99 into the checkpoint
+    and is rolled back. Today's engine, restarted on that checkpoint, does not fail the batch: when the
+    key wakes it moves the state aside to the quarantine table (STATE_UNREADABLE, the version in the
+    reason, the pending retry's bytes in raw) and goes on deciding and releasing new failures."""
+    lake = Lake.make(tmp_path, engine={"message_delay_level": "15s"})
+    old = Result.of("OLD-1").failed()
+    monkeypatch.setattr(engine, "ScheduleStage", _FutureReleaseStage)
+    query = engine.start(spark, lake.config)
+    try:
+        lake.write_results([old])
+        first = wait_for(lambda: lake.rows("outcomes"), what="the first outcome")
+    finally:
+        query.stop()
+    assert [(o["msg_id"], o["outcome"]) for o in first] == [("OLD-1", "retry")]
+    monkeypatch.undo()
+
+    query = engine.start(spark, lake.config)
+    try:
+        # Same group and store time: the same state key as OLD-1.
+        lake.write_results([Result.of("NEW-1").failed()])
+        quarantined = wait_for(lambda: lake.rows("quarantine"), what="the state moved aside")
+        retries = wait_for(lambda: lake.rows("retry"), timeout=120, what="NEW-1's retry")
+        assert query.exception() is None and query.isActive
+    finally:
+        query.stop()
+
+    assert {q["reason_code"] for q in quarantined} == {"STATE_UNREADABLE"}
+    assert all(
+        "STATE_VERSION_UNKNOWN" in q["reason"] and "'99'" in q["reason"] for q in quarantined
+    )
+    assert {q["consumer_group"] for q in quarantined} == {"G"} and {
+        q["result_id"] for q in quarantined
+    } == {None}
+    parts = sorted(
+        (json.loads(q["raw"]) for q in quarantined), key=lambda p: (p["blob"], p["part"])
+    )
+    pending = b"".join(base64.b64decode(p["base64"]) for p in parts if p["blob"] == "pending")
+    kept = pa.ipc.open_stream(pending).read_all()
+    assert kept.column("consumed_msg_id").to_pylist() == ["OLD-1"]
+    assert kept.column("output_msg_id").to_pylist() == [first[0]["output_msg_id"]]
+    # Every outcome is a consume result's: the moved-aside state is no outcome.
+    assert sorted(o["msg_id"] for o in lake.rows("outcomes")) == ["NEW-1", "OLD-1"]
+    assert [r["origin_msg_id"] for r in retries] == ["NEW-1"]
