@@ -27,7 +27,7 @@ from retry_engine.delays import parse_duration_ms
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table
 from retry_engine.outputs import BatchWriter, OnCounts
 from retry_engine.packed import PACKED_SCHEMA, pack
-from retry_engine.schedule import STATE_SCHEMA, ScheduleStage
+from retry_engine.schedule import STATE_SCHEMA, ScheduleStage, StateKeySplit, state_key_split
 from retry_engine.schemas import CONSUME_RESULTS
 
 log = logging.getLogger(__name__)
@@ -42,12 +42,14 @@ PACKED_INPUT = "_packed_results"
 DECIDE_BATCH_ROWS = 10_000
 
 
-def _decide_batches(decider: Decider) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _decide_batches(
+    decider: Decider, split: StateKeySplit
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             for results in _unpacked(batch):
                 if results.num_rows:
-                    yield pack(decider(results))
+                    yield pack(split(decider(results)))
 
     return run
 
@@ -92,8 +94,10 @@ def _read_results(spark: SparkSession, config: EngineConfig) -> DataFrame:
 def engine_frame(spark: SparkSession, config: EngineConfig) -> DataFrame:
     """The engine's streaming DataFrame of packed WORK rows, before the writers."""
     results = _read_results(spark, config)
+    # Sub-keys of the schedule stage's state keys (#12 item 17), fixed per checkpoint.
+    split = state_key_split(config.checkpoint_path, bucket_ms=config.state_bucket_ms, now_ms=int(time.time() * 1000))
     decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
-        _decide_batches(Decider(config)), PACKED_SCHEMA
+        _decide_batches(Decider(config), split), PACKED_SCHEMA
     )
     stage = ScheduleStage(dedup_window_ms=parse_duration_ms(config.engine.dedup_window))
     return decided.groupBy("route", "bucket").applyInPandasWithState(

@@ -114,7 +114,7 @@ ERROR_CLASS_ON_EXCEPTION = Column("error_class_on_exception", pa.string(), "Spar
 
 # -- internal: rows between the decision step and the writers ------------------
 KIND = Column("kind", pa.string(), "outcome (one per input row), delivery (a retry released) or state_quarantine (an unreadable schedule state moved aside).", False)
-ROUTE = Column("route", pa.string(), "State key part 1: the consumer group ('' when unknown).", False)
+ROUTE = Column("route", pa.string(), "State key part 1: the consumer group ('' when unknown), '#nn' appended for its state sub-key.", False)
 BUCKET = Column("bucket", pa.int64(), "State key part 2: store-time bucket of the message; -1 = no state.", False)
 CONSUMED_MSG_ID = Column("consumed_msg_id", pa.string(), "msg_id of the consumed message.")
 CONSUMED_ORIGIN_MSG_ID = Column("consumed_origin_msg_id", pa.string(), "origin_msg_id of the consumed message.")

@@ -64,7 +64,7 @@ def test_a_state_this_release_cannot_read_is_quarantined_and_the_stream_goes_on(
     query = engine.start(spark, lake.config)
     try:
         lake.write_results([old])
-        first = wait_for(lambda: lake.rows("outcomes"), what="the first outcome")
+        first = wait_for(lambda: lake.rows("outcomes"), timeout=180, what="the first outcome")
     finally:
         query.stop()
     assert [(o["msg_id"], o["outcome"]) for o in first] == [("OLD-1", "retry")]
@@ -72,10 +72,12 @@ def test_a_state_this_release_cannot_read_is_quarantined_and_the_stream_goes_on(
 
     query = engine.start(spark, lake.config)
     try:
-        # Same group and store time: the same state key as OLD-1.
-        lake.write_results([Result.of("NEW-1").failed()])
-        quarantined = wait_for(lambda: lake.rows("quarantine"), what="the state moved aside")
-        retries = wait_for(lambda: lake.rows("retry"), timeout=120, what="NEW-1's retry")
+        # Same group, store time and state sub-key (CRC-32 of the msg id mod 32 is 9 for both) as OLD-1.
+        lake.write_results([Result.of("NEW-14").failed()])
+        quarantined = wait_for(
+            lambda: lake.rows("quarantine"), timeout=180, what="the state moved aside"
+        )
+        retries = wait_for(lambda: lake.rows("retry"), timeout=180, what="NEW-14's retry")
         assert query.exception() is None and query.isActive
     finally:
         query.stop()
@@ -95,5 +97,5 @@ def test_a_state_this_release_cannot_read_is_quarantined_and_the_stream_goes_on(
     assert kept.column("consumed_msg_id").to_pylist() == ["OLD-1"]
     assert kept.column("output_msg_id").to_pylist() == [first[0]["output_msg_id"]]
     # Every outcome is a consume result's: the moved-aside state is no outcome.
-    assert sorted(o["msg_id"] for o in lake.rows("outcomes")) == ["NEW-1", "OLD-1"]
-    assert [r["origin_msg_id"] for r in retries] == ["NEW-1"]
+    assert sorted(o["msg_id"] for o in lake.rows("outcomes")) == ["NEW-14", "OLD-1"]
+    assert [r["origin_msg_id"] for r in retries] == ["NEW-14"]
