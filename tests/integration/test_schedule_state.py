@@ -65,6 +65,13 @@ def test_a_state_this_release_cannot_read_is_quarantined_and_the_stream_goes_on(
     try:
         lake.write_results([old])
         first = wait_for(lambda: lake.rows("outcomes"), timeout=180, what="the first outcome")
+        # Its state is only the checkpoint's once Spark has logged the batch as committed (reported
+        # in its progress); stopped earlier, the restart would replay the batch with today's stage.
+        wait_for(
+            lambda: any(p["numInputRows"] > 0 for p in query.recentProgress),
+            timeout=180,
+            what="the first batch committed to the checkpoint",
+        )
     finally:
         query.stop()
     assert [(o["msg_id"], o["outcome"]) for o in first] == [("OLD-1", "retry")]
