@@ -425,6 +425,7 @@ class OneKeyStep:
     state_keys: int
     max_value_mb: float
     projected_10m_mb: float
+    failed: str = ""
 
 
 def one_key(spark: Any, work: Path, rows: int, chunk_rows: int, *, subkeys: bool) -> OneKeyStep:
@@ -440,6 +441,8 @@ def one_key(spark: Any, work: Path, rows: int, chunk_rows: int, *, subkeys: bool
         engine.state_key_split = lambda *_, **__: StateKeySplit(subkeys=1)  # type: ignore[assignment]
     src = config.table_path("consume_results")
     stored = dt.datetime.now(dt.UTC)
+    ops: list[dict[str, Any]] = [{}]
+    failed = ""
     try:
         query = engine.start(spark, config)
         try:
@@ -455,11 +458,16 @@ def one_key(spark: Any, work: Path, rows: int, chunk_rows: int, *, subkeys: bool
             ops = last.get("stateOperators") or [{}]
         finally:
             query.stop()
+    except Exception as exc:  # the run is the measurement: a JVM that runs out of memory is a result
+        failed = f"{type(exc).__name__}: {str(exc)[:200]}"
+        log(f"one key ({name}) failed: {failed}")
     finally:
         engine.ScheduleStage, engine.state_key_split = saved  # type: ignore[misc]
     sizes = [int(line) for f in record_dir.glob("*.txt") for line in f.read_text().split()]
-    largest = max(sizes) / 2**20
-    step = OneKeyStep(subkeys, rows, int(ops[0].get("numRowsTotal", 0)), largest, largest * 10_000_000 / rows)
+    largest = max(sizes, default=0) / 2**20
+    pending = rows if not failed else 0
+    step = OneKeyStep(subkeys, pending, int(ops[0].get("numRowsTotal", 0)), largest,
+                      largest * 10_000_000 / rows if not failed else float("nan"), failed)
     log(f"one key: {step}")
     return step
 
@@ -561,12 +569,20 @@ def main() -> None:
                 if "onekey" in parts else [])
     finally:
         memory = sampler.stop()
-        spark.stop()
+        try:
+            spark.stop()
+        except Exception as exc:  # a JVM that died (e.g. the one-key run's OutOfMemoryError) cannot stop
+            log(f"spark.stop(): {type(exc).__name__}")
     report(args, rates, late, growth, memory, time.monotonic() - began)
     for step in huge:
-        print(f"one key, {'state sub-keys' if step.subkeys else 'sub-keys off'}: {step.pending:,} pending in "
-              f"{step.state_keys} state keys; largest state value {step.max_value_mb:,.1f} MiB "
-              f"(projected to 10M pending: {step.projected_10m_mb:,.0f} MiB; Arrow's limit is 2,048 MiB)")
+        how = "state sub-keys" if step.subkeys else "sub-keys off"
+        if step.failed:
+            print(f"one key, {how}: the engine failed ({step.failed}); largest state value stored before: "
+                  f"{step.max_value_mb:,.1f} MiB")
+            continue
+        print(f"one key, {how}: {step.pending:,} pending in {step.state_keys} state keys; largest state value "
+              f"{step.max_value_mb:,.1f} MiB (projected to 10M pending: {step.projected_10m_mb:,.0f} MiB; "
+              "Arrow's limit is 2,048 MiB)")
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ OUTPUT_MSG_ID = Column("output_msg_id", pa.string(), "msg_id of the retry or dea
 BATCH_ID = Column("batch_id", pa.int64(), "Micro-batch that decided this row.", False)
 DECIDED_AT = Column("decided_at", TS, "Micro-batch time of the decision.", False)
 SOURCE_POSITION = Column("source_position", pa.string(), "Position of the input row in the consume-result table.")
-RAW = Column("raw", pa.string(), "The input row as JSON (binary as base64), exactly as read.")
+RAW = Column("raw", pa.string(), "The input row as JSON (binary as base64), exactly as read; for STATE_UNREADABLE, a part of the unreadable schedule state (JSON, bytes in base64).")
 QUARANTINED_AT = Column("quarantined_at", TS, "Micro-batch time of quarantine.", False)
 
 # -- engine metrics (B7) --------------------------------------------------------
