@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -222,8 +223,12 @@ def state_key_split(checkpoint: str, *, bucket_ms: int, now_ms: int) -> StateKey
         offsets = fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True))
         recorded = {"subkeys": STATE_SUBKEYS, "split_since_ms": now_ms if offsets else None}
         fs.create_dir(root, recursive=True)
-        with fs.open_output_stream(path) as stream:
+        # Written aside and renamed: a start killed mid-write must not leave a half file that
+        # stops every later start.
+        partial = f"{path}.{uuid.uuid4().hex}.tmp"
+        with fs.open_output_stream(partial) as stream:
             stream.write((json.dumps(recorded) + "\n").encode("utf-8"))
+        fs.move(partial, path)
         log.info("state keys of %s: %s", checkpoint, recorded)
     since = recorded.get("split_since_ms") if isinstance(recorded, dict) else None
     subkeys = recorded.get("subkeys") if isinstance(recorded, dict) else None
