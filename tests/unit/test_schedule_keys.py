@@ -148,6 +148,7 @@ def test_the_sub_key_rule_is_fixed_per_checkpoint(tmp_path: Path) -> None:
     assert state_key_split(str(fresh), bucket_ms=bucket_ms, now_ms=9_000_000) == StateKeySplit(
         32, None
     )
+    assert [p.name for p in fresh.iterdir()] == [KEYS_FILE]  # written aside and renamed: no partial left
 
     old = tmp_path / "old"
     (old / "offsets").mkdir(parents=True)
