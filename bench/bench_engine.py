@@ -17,12 +17,18 @@
    far as ``--backlog-max`` / ``--backlog-seconds`` allow.
 4. Peak RSS of the JVM (driver and executors: local mode) and of the Python
    workers, sampled every 0.5 s during the whole run.
+5. ``--parts onekey`` (not in the default run): a mass failure, ``--one-key-rows``
+   failures of one group with one store time (one state key before sub-keys),
+   pending for 1h; prints the largest state value the schedule stage hands
+   Spark, with the state sub-keys and with them turned off (one key), and that
+   size projected to 10 million pending linearly (#12 item 17).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import os
 import sys
 import tempfile
@@ -45,6 +51,7 @@ from retry_engine import engine  # noqa: E402
 from retry_engine.config import EngineConfig, parse_config  # noqa: E402
 from retry_engine.delta import write_stream  # noqa: E402
 from retry_engine.metrics import OUTCOME_METRICS  # noqa: E402
+from retry_engine.schedule import ScheduleStage, StateKeySplit  # noqa: E402
 from retry_engine.session import build_session  # noqa: E402
 
 ARRIVAL_RATE = 10_000.0  # simulated messages/s of the topic: spreads store times over state buckets
@@ -385,6 +392,86 @@ def backlog(spark: Any, work: Path, targets: list[int], budget_s: float, chunk_r
     return steps
 
 
+# --------------------------------------------------------------------------- 5. one huge key
+
+
+class _RecordingState:
+    """Spark's GroupState, passed through; every state value stored is measured into ``record_dir``."""
+
+    def __init__(self, state: Any, record_dir: str) -> None:
+        self._state, self._record_dir = state, record_dir
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+    def update(self, value: tuple[Any, ...]) -> None:
+        with open(os.path.join(self._record_dir, f"{os.getpid()}.txt"), "a") as sizes:
+            sizes.write(f"{len(value[0]) + len(value[1])}\n")
+        self._state.update(value)
+
+
+@dataclass(frozen=True)
+class _MeasuredStage(ScheduleStage):
+    record_dir: str = ""
+
+    def __call__(self, key: tuple[str, int], frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:
+        return super().__call__(key, frames, _RecordingState(state, self.record_dir))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class OneKeyStep:
+    subkeys: bool
+    pending: int
+    state_keys: int
+    max_value_mb: float
+    projected_10m_mb: float
+    failed: str = ""
+
+
+def one_key(spark: Any, work: Path, rows: int, chunk_rows: int, *, subkeys: bool) -> OneKeyStep:
+    """``rows`` failures of one group and one store time through the engine; the largest state value stored."""
+    name = "subkeys" if subkeys else "one_key"
+    config = engine_config(work / f"lake_{name}", trigger_interval="500ms", message_delay_level="1h",
+                           state_bucket="10s", max_files_per_trigger=2)
+    record_dir = work / f"state_sizes_{name}"
+    record_dir.mkdir(parents=True)
+    saved = engine.ScheduleStage, engine.state_key_split
+    engine.ScheduleStage = functools.partial(_MeasuredStage, record_dir=str(record_dir))  # type: ignore[misc]
+    if not subkeys:
+        engine.state_key_split = lambda *_, **__: StateKeySplit(subkeys=1)  # type: ignore[assignment]
+    src = config.table_path("consume_results")
+    stored = dt.datetime.now(dt.UTC)
+    ops: list[dict[str, Any]] = [{}]
+    failed = ""
+    try:
+        query = engine.start(spark, config)
+        try:
+            written = 0
+            while written < rows:
+                n = min(chunk_rows, rows - written)
+                # No arrival rate: every row has the store time ``stored``, so all land in one bucket.
+                write_deltalake(src, consume_results(n, failure_rate=1.0, seed=written, offset=written, groups=1,
+                                                     start=stored), mode="append")
+                written += n
+            wait_for_input(query, rows, timeout=3600, config=config)
+            last = max(query.recentProgress, key=lambda p: p["batchId"])
+            ops = last.get("stateOperators") or [{}]
+        finally:
+            query.stop()
+    except Exception as exc:  # the run is the measurement: a JVM that runs out of memory is a result
+        failed = f"{type(exc).__name__}: {str(exc)[:200]}"
+        log(f"one key ({name}) failed: {failed}")
+    finally:
+        engine.ScheduleStage, engine.state_key_split = saved  # type: ignore[misc]
+    sizes = [int(line) for f in record_dir.glob("*.txt") for line in f.read_text().split()]
+    largest = max(sizes, default=0) / 2**20
+    pending = rows if not failed else 0
+    step = OneKeyStep(subkeys, pending, int(ops[0].get("numRowsTotal", 0)), largest,
+                      largest * 10_000_000 / rows if not failed else float("nan"), failed)
+    log(f"one key: {step}")
+    return step
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -455,7 +542,9 @@ def main() -> None:
     parser.add_argument("--backlog-seconds", type=float, default=600, help="stop growing the backlog after this")
     parser.add_argument("--backlog-chunk", type=int, default=250_000, help="rows per Delta commit when growing it")
     parser.add_argument("--repeat", type=int, default=2, help="throughput rounds (best of)")
-    parser.add_argument("--parts", default="throughput,lateness,backlog", help="comma-separated parts to run")
+    parser.add_argument("--parts", default="throughput,lateness,backlog",
+                        help="comma-separated parts to run (also: onekey)")
+    parser.add_argument("--one-key-rows", type=int, default=1_000_000, help="failures in the one-key run")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     if args.quick:
@@ -476,10 +565,24 @@ def main() -> None:
         late = lateness(spark, work, args.late_seconds, args.late_rate, args.trigger_ms) if "lateness" in parts else {}
         log(f"lateness: {late}")
         growth = backlog(spark, work, targets, args.backlog_seconds, args.backlog_chunk) if "backlog" in parts else []
+        huge = ([one_key(spark, work, args.one_key_rows, args.backlog_chunk, subkeys=s) for s in (True, False)]
+                if "onekey" in parts else [])
     finally:
         memory = sampler.stop()
-        spark.stop()
+        try:
+            spark.stop()
+        except Exception as exc:  # a JVM that died (e.g. the one-key run's OutOfMemoryError) cannot stop
+            log(f"spark.stop(): {type(exc).__name__}")
     report(args, rates, late, growth, memory, time.monotonic() - began)
+    for step in huge:
+        how = "state sub-keys" if step.subkeys else "sub-keys off"
+        if step.failed:
+            print(f"one key, {how}: the engine failed ({step.failed}); largest state value stored before: "
+                  f"{step.max_value_mb:,.1f} MiB")
+            continue
+        print(f"one key, {how}: {step.pending:,} pending in {step.state_keys} state keys; largest state value "
+              f"{step.max_value_mb:,.1f} MiB (projected to 10M pending: {step.projected_10m_mb:,.0f} MiB; "
+              "Arrow's limit is 2,048 MiB)")
 
 
 if __name__ == "__main__":

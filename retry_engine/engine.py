@@ -45,7 +45,7 @@ from retry_engine.errors import EngineStoppedError, LakeResumeError, LeaseLostEr
 from retry_engine.lease import EngineState, Heartbeat, LakeLease, Owner
 from retry_engine.outputs import BatchWriter, OnCounts, roll_forward
 from retry_engine.packed import PACKED_SCHEMA, pack
-from retry_engine.schedule import STATE_SCHEMA, ScheduleStage
+from retry_engine.schedule import STATE_SCHEMA, ScheduleStage, StateKeySplit, state_key_split
 from retry_engine.schemas import CONSUME_RESULTS, OUTCOMES, RETRY
 from retry_engine.status import pending_retries, read_table_columns
 
@@ -61,11 +61,14 @@ PACKED_INPUT = "_packed_results"
 DECIDE_BATCH_ROWS = 10_000
 
 
-def _decide_batches(decider: Decider) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _decide_batches(
+    decider: Decider, split: StateKeySplit
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of the decide step: consume results in, packed WORK rows out.
 
     ``decider`` quarantines a row whose decision raises (DECIDE_FAILED) instead of
-    failing the task, so no input row can stop the stream (SPEC, bad input).
+    failing the task, so no input row can stop the stream (SPEC, bad input);
+    ``split`` gives stateful rows their state sub-key (#12 item 17).
     Replay: deterministic in its input, so a replayed batch decides the same way.
     """
 
@@ -73,7 +76,7 @@ def _decide_batches(decider: Decider) -> Callable[[Iterator[pa.RecordBatch]], It
         for batch in batches:
             for results in _unpacked(batch):
                 if results.num_rows:
-                    yield pack(decider(results))
+                    yield pack(split(decider(results)))
 
     return run
 
@@ -185,8 +188,10 @@ def engine_frame(spark: SparkSession, config: EngineConfig, *, resume_at: resume
     results = _read_results(spark, config, starting_version=None if resume_at is None else resume_at.starting_version)
     if resume_at is not None and resume_at.position_floor is not None:
         results = results.mapInArrow(_at_or_after(resume_at.position_floor), results.schema)
+    # Sub-keys of the schedule stage's state keys (#12 item 17), fixed per checkpoint.
+    split = state_key_split(config.checkpoint_path, bucket_ms=config.state_bucket_ms, now_ms=int(time.time() * 1000))
     decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
-        _decide_batches(Decider(config)), PACKED_SCHEMA
+        _decide_batches(Decider(config), split), PACKED_SCHEMA
     )
     stage = ScheduleStage(dedup_window_ms=parse_duration_ms(config.engine.dedup_window))
     return decided.groupBy("route", "bucket").applyInPandasWithState(

@@ -137,3 +137,15 @@ class EngineStoppedError(RetryEngineError, RuntimeError):
     """Raised when the engine query stops before a wait on it is over (e.g. it lost the lake lease)."""
 
     code = "ENGINE_STOPPED"
+
+
+class StateUnreadableError(RetryEngineError, ValueError):
+    """Raised when a schedule-stage state value cannot be read (corrupt, truncated, wrong schema)."""
+
+    code = "STATE_UNREADABLE"
+
+
+class StateVersionError(StateUnreadableError):
+    """Raised when a schedule-stage state value has a layout version this release does not read."""
+
+    code = "STATE_VERSION_UNKNOWN"

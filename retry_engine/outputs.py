@@ -42,6 +42,7 @@ from pyspark.sql import DataFrame
 
 from retry_engine import metrics
 from retry_engine._arrow_ipc import from_ipc, to_ipc
+from retry_engine._schedule_state import KIND_STATE_QUARANTINE
 from retry_engine.config import EngineConfig
 from retry_engine.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARANTINED
 from retry_engine.decide import RETRY as RETRY_OUTCOME
@@ -78,7 +79,7 @@ def route(work: pa.Table, batch_id: int) -> dict[str, pa.Table]:
     """WORK rows projected onto each output table (tables with no rows left out).
 
     retry: deliveries; dlq: dead-letter outcomes; quarantine: quarantined
-    outcomes; outcomes: every outcome row. ``batch_id`` fills the tables'
+    outcomes and schedule states moved aside; outcomes: every outcome row. ``batch_id`` fills the tables'
     ``batch_id`` column.
     """
     out: dict[str, pa.Table] = {}
@@ -96,7 +97,10 @@ def route_to(work: pa.Table, table: Table, batch_id: int) -> pa.Table:
     masks = {
         RETRY.name: lambda: pc.equal(kind, KIND_DELIVERY),
         DLQ.name: lambda: pc.and_(is_outcome, pc.equal(outcome, DEAD_LETTER)),
-        QUARANTINE.name: lambda: pc.and_(is_outcome, pc.equal(outcome, QUARANTINED)),
+        # A schedule state moved aside (kind state_quarantine) is quarantined but is no outcome.
+        QUARANTINE.name: lambda: pc.or_(
+            pc.and_(is_outcome, pc.equal(outcome, QUARANTINED)), pc.equal(kind, KIND_STATE_QUARANTINE)
+        ),
         OUTCOMES.name: lambda: is_outcome,
     }
     return _project(work.filter(masks[table.name]()), table, batch_id)

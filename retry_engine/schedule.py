@@ -7,45 +7,72 @@ coarsely: by (consumer group, store-time bucket of the consumed message).
 Each key holds its pending retries as one Arrow IPC blob, and the msg ids it
 has already decided, so a duplicated consume result (same group and msg id,
 which always lands in the same key) is recognised and recorded as a
-duplicate instead of producing a second retry (B1). The key's processing-time
-timeout is set to its earliest due time; a retry is released in the first
-micro-batch whose timestamp is past its ``due_at``, never earlier.
+duplicate instead of producing a second retry (B1). A key remembers a msg id
+for the dedup window after it was decided, for as long as its retry is
+pending, and for the window after that retry's release. The key's
+processing-time timeout is set to its earliest due time; a retry is released
+in the first micro-batch whose timestamp is past its ``due_at``, never earlier.
 
-Rows with ``bucket == -1`` (acknowledged, dropped, quarantined) pass through
-without touching state, still packed.
+The state value's layout is versioned (:mod:`retry_engine._schedule_state`);
+a value that cannot be read is moved aside to the quarantine table (kind
+``state_quarantine``, reason code ``STATE_UNREADABLE``, its bytes in ``raw``)
+and the key starts afresh instead of failing the batch on every retry.
+
+A key is a (group, bucket) split into :data:`STATE_SUBKEYS` sub-keys by a
+hash of the msg id (:class:`StateKeySplit`), so one mass failure does not make
+one state value of gigabytes; a duplicate still meets its original's record.
+
+Rows with ``bucket == NO_STATE_BUCKET`` (acknowledged, dropped, quarantined)
+pass through without touching state, still packed.
 
 Replay: Spark re-runs a micro-batch from the state of the previous version
 with the same batch timestamp, and this function is deterministic in its
 input (rows are sorted by source position first), so a replay emits the same
-rows.
+rows; an unreadable state is moved aside again with the same bytes, and the
+writers commit one batch's rows once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final, TypeVar
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 from pyspark.sql.streaming.state import GroupState
 
-from retry_engine._arrow_ipc import from_ipc, to_ipc
+from retry_engine._schedule_state import STATE_SCHEMA, KeyState, decode, encode, quarantine_rows
 from retry_engine.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
+from retry_engine.delta._checkpoint import checkpoint_filesystem
+from retry_engine.errors import StateUnreadableError
 from retry_engine.packed import packed_batch, payload_chunks, unpack
 from retry_engine.schemas import WORK
 
 log = logging.getLogger(__name__)
 
-STATE_SCHEMA = "pending binary, seen binary, expires_ms long"
-_SEEN_SCHEMA = pa.schema([pa.field("msg_id", pa.string())])
+# Sub-keys per (group, bucket): a key's state value is about 1/STATE_SUBKEYS of its bucket's pending
+# retries. A checkpoint keeps the count it started with (KEYS_FILE), so changing this constant
+# never re-routes msg ids that are already in state.
+STATE_SUBKEYS: Final = 32
+# Joins a group and its sub-key in the state key's route; never in a valid group name (`%|a-zA-Z0-9_-`).
+SUBKEY_SEPARATOR: Final = "#"
+KEYS_FILE: Final = "retry_engine_state_keys.json"
+_Rows = TypeVar("_Rows", pa.Table, pa.RecordBatch)
+
 _US_PER_MS = 1_000
 
 
 @dataclass(frozen=True)
 class ScheduleStage:
-    """The stateful function; ``dedup_window_ms`` is how long a key remembers its msg ids.
+    """The stateful function; ``dedup_window_ms`` is how long a key remembers a msg id after its
+    decision (and after its retry's release; pending retries' ids are remembered until then).
 
     Input and output are packed rows (:mod:`retry_engine.packed`): each carries
     WORK rows of this key as an Arrow IPC payload.
@@ -63,19 +90,26 @@ class ScheduleStage:
                 yield _packed(key, payloads)
             return
         now_ms = state.getCurrentProcessingTimeMs()
-        if state.exists:
-            pending_blob, seen_blob, expires_ms = state.get
-            pending = from_ipc(pending_blob)
-            seen = set(from_ipc(seen_blob).column("msg_id").to_pylist())
-        else:
-            pending, seen, expires_ms = WORK.arrow_schema.empty_table(), set(), 0
-
         out: list[pa.Table] = []
+        held = KeyState()
+        if state.exists:
+            value = state.get
+            try:
+                held = decode(value)
+            except StateUnreadableError as exc:
+                # Crash-looping on one bad value would stop every key; keep its bytes, start afresh.
+                log.error("group %s bucket %s: schedule state moved aside to quarantine: %s", route, bucket, exc)
+                out.append(quarantine_rows(key, group_of(route), value, exc, now_ms))
+        pending, seen, expires_ms = held.pending, held.seen, held.expires_ms
+
         if payloads:
             new = unpack(payloads)
             new = new.take(pc.sort_indices(new.column("source_position")))
             ids = new.column("consumed_msg_id")
-            known = pc.is_in(ids, value_set=pa.array(list(seen), pa.string())).to_numpy(zero_copy_only=False)
+            # A msg id whose retry is still pending is known whatever the window says (B1, #12 item 6);
+            # state written before that rule (layout 1) may have forgotten it from ``seen``.
+            known_ids = seen | set(pending.column("consumed_msg_id").to_pylist())
+            known = pc.is_in(ids, value_set=pa.array(list(known_ids), pa.string())).to_numpy(zero_copy_only=False)
             repeated = pa.array(pd.Index(ids.to_numpy(zero_copy_only=False)).duplicated() | known)
             if pc.any(repeated).as_py():
                 out.append(_as_duplicates(new.filter(repeated)))
@@ -86,25 +120,29 @@ class ScheduleStage:
                 scheduled = fresh.filter(pc.equal(fresh.column("outcome"), RETRY))
                 if scheduled.num_rows:
                     pending = pa.concat_tables([pending, scheduled])
-                expires_ms = max(int(expires_ms), now_ms + self.dedup_window_ms)
+                expires_ms = max(expires_ms, now_ms + self.dedup_window_ms)
 
-        # Wake-ups still ahead: the end of the dedup window, and the earliest pending due time.
-        # A passed window is no wake-up (it would fire the key on every micro-batch, shipping
-        # its whole blob each time); its msg ids are forgotten, as the window promises.
         wake_ms: list[int] = []
-        if now_ms < int(expires_ms):
-            wake_ms.append(int(expires_ms))
-        else:
-            seen = set()
         if pending.num_rows:
             due_ms = pending.column("due_at").cast(pa.int64()).to_numpy() // _US_PER_MS
             is_due = due_ms <= now_ms
             if is_due.any():
-                out.append(_as_deliveries(pending.filter(pa.array(is_due)), now_ms))
+                released = pending.filter(pa.array(is_due))
+                out.append(_as_deliveries(released, now_ms))
                 pending = pending.filter(pa.array(~is_due))
+                # A released id stays known for a window after its release, like a fresh one.
+                seen.update(released.column("consumed_msg_id").to_pylist())
+                expires_ms = max(expires_ms, now_ms + self.dedup_window_ms)
                 log.debug("group %s bucket %s: released %d retries", route, bucket, int(is_due.sum()))
             if not is_due.all():
                 wake_ms.append(int(due_ms[~is_due].min()))
+        # The end of the dedup window is a wake-up while it is ahead. A passed window is none (it
+        # would fire the key on every micro-batch, shipping its whole blob each time): its msg ids
+        # are forgotten, except those of retries still pending, which stay known until released.
+        if now_ms < expires_ms:
+            wake_ms.append(expires_ms)
+        else:
+            seen = set(pending.column("consumed_msg_id").to_pylist())
         if out:
             yield _packed(key, [payload for table in out for payload in payload_chunks(table)])
 
@@ -112,9 +150,97 @@ class ScheduleStage:
             state.remove()
             return
         next_ms = min(wake_ms)
-        state.update((to_ipc(pending), to_ipc(pa.table({"msg_id": sorted(seen)}, schema=_SEEN_SCHEMA)), int(expires_ms)))
+        state.update(encode(KeyState(pending, seen, expires_ms)))
         # Spark fires the timeout in the first batch whose timestamp is past now + duration.
         state.setTimeoutDuration(max(1, next_ms - now_ms))
+
+
+def group_of(route: str) -> str:
+    """The consumer group of a state key's ``route`` (which may carry a sub-key)."""
+    return route.split(SUBKEY_SEPARATOR, 1)[0]
+
+
+@dataclass(frozen=True)
+class StateKeySplit:
+    """Spreads the rows of one (group, store-time bucket) state key over ``subkeys`` sub-keys.
+
+    Why: all pending retries of a key are one binary value in Spark's state, which Spark builds
+    in JVM direct memory and Arrow caps at 2 GiB; a mass failure (millions of results with one
+    store-time bucket and group) would build one such value (#12 item 17). The sub-key is a
+    stable hash (CRC-32) of the consumed msg id, written into the WORK row's ``route`` as
+    ``group#nn``, so a duplicate of msg id X always meets X's record (B1). Buckets before
+    ``first_split_bucket`` keep the plain key: a checkpoint written by a release without
+    sub-keys holds their state there (None: split every bucket). Rows without state
+    (``bucket == NO_STATE_BUCKET``) are left as they are.
+
+    Replay: a pure function of the rows and the checkpoint's :data:`KEYS_FILE`, so a replayed
+    batch routes every row to the same key.
+    """
+
+    subkeys: int
+    first_split_bucket: int | None = None
+
+    def __call__(self, work: _Rows) -> _Rows:
+        if self.subkeys <= 1 or work.num_rows == 0:
+            return work
+        routes = work.column("route").to_pylist()
+        buckets = work.column("bucket").to_pylist()
+        ids = work.column("consumed_msg_id").to_pylist()
+        first = self.first_split_bucket
+        split = [
+            b is not None and b != NO_STATE_BUCKET and (first is None or b >= first) for b in buckets
+        ]
+        if not any(split):
+            return work
+        new_routes = [
+            f"{r}{SUBKEY_SEPARATOR}{zlib.crc32((i or '').encode()) % self.subkeys:02d}" if s else r
+            for r, i, s in zip(routes, ids, split, strict=True)
+        ]
+        index = work.schema.get_field_index("route")
+        return work.set_column(index, work.schema.field(index), pa.array(new_routes, pa.string()))
+
+
+def state_key_split(checkpoint: str, *, bucket_ms: int, now_ms: int) -> StateKeySplit:
+    """The sub-key rule of ``checkpoint``, recorded in its :data:`KEYS_FILE` on first use.
+
+    A new checkpoint (no ``offsets`` yet) splits every bucket into :data:`STATE_SUBKEYS`. An
+    existing one, started by a release without sub-keys, splits only buckets that start after
+    ``now_ms``: every message that release decided was stored before it stopped, so its
+    duplicates keep meeting its record under the plain key.
+    """
+    fs, root = checkpoint_filesystem(checkpoint)
+    path = f"{root}/{KEYS_FILE}"
+    try:
+        with fs.open_input_stream(path) as stream:
+            recorded = json.loads(stream.read().decode("utf-8"))
+    except json.JSONDecodeError as exc:
+        raise StateUnreadableError(
+            f"{path} is not JSON; restore it from a backup of the checkpoint (without it, msg ids "
+            "already in state may no longer meet their duplicates)",
+            code="STATE_KEYS_FILE_INVALID",
+        ) from exc
+    except FileNotFoundError:
+        offsets = fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True))
+        recorded = {"subkeys": STATE_SUBKEYS, "split_since_ms": now_ms if offsets else None}
+        fs.create_dir(root, recursive=True)
+        # Written aside and renamed: a start killed mid-write must not leave a half file that
+        # stops every later start.
+        partial = f"{path}.{uuid.uuid4().hex}.tmp"
+        with fs.open_output_stream(partial) as stream:
+            stream.write((json.dumps(recorded) + "\n").encode("utf-8"))
+        fs.move(partial, path)
+        log.info("state keys of %s: %s", checkpoint, recorded)
+    since = recorded.get("split_since_ms") if isinstance(recorded, dict) else None
+    subkeys = recorded.get("subkeys") if isinstance(recorded, dict) else None
+    if not isinstance(subkeys, int) or subkeys < 1 or not (since is None or isinstance(since, int)):
+        raise StateUnreadableError(
+            f"{path} holds {recorded!r}; expected {{'subkeys': <int >= 1>, 'split_since_ms': <int or null>}}",
+            code="STATE_KEYS_FILE_INVALID",
+        )
+    return StateKeySplit(
+        subkeys=subkeys,
+        first_split_bucket=None if since is None else int(since) // bucket_ms + 1,
+    )
 
 
 def _packed(key: tuple[str, int], payloads: list[bytes]) -> pd.DataFrame:
@@ -155,4 +281,13 @@ def _as_deliveries(rows: pa.Table, now_ms: int) -> pa.Table:
     )
 
 
-__all__ = ["STATE_SCHEMA", "ScheduleStage"]
+__all__ = [
+    "KEYS_FILE",
+    "STATE_SCHEMA",
+    "STATE_SUBKEYS",
+    "SUBKEY_SEPARATOR",
+    "ScheduleStage",
+    "StateKeySplit",
+    "group_of",
+    "state_key_split",
+]

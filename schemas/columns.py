@@ -74,7 +74,8 @@ DECIDED_AT = Column("decided_at", TS, "Micro-batch time of the decision.", False
 SOURCE_POSITION = Column("source_position", pa.string(), "Position of the input row in the consume-result table.")
 RAW = Column(
     "raw", pa.string(),
-    "The input row as JSON, exactly as read (binary as base64; a body over the limit as its first 1 KiB and size).",
+    "The input row as JSON, exactly as read (binary as base64; a body over the limit as its first 1 KiB and size); "
+    "for STATE_UNREADABLE, a part of the unreadable schedule state (JSON, bytes in base64).",
 )
 QUARANTINED_AT = Column("quarantined_at", TS, "Micro-batch time of quarantine.", False)
 
@@ -116,8 +117,16 @@ EXCEPTION = Column("exception", pa.string(), "Why the query terminated, if it fa
 ERROR_CLASS_ON_EXCEPTION = Column("error_class_on_exception", pa.string(), "Spark's error class of that exception, if any.")
 
 # -- internal: rows between the decision step and the writers ------------------
-KIND = Column("kind", pa.string(), "outcome (one per input row) or delivery (a retry released).", False)
-ROUTE = Column("route", pa.string(), "State key part 1: the consumer group ('' when unknown).", False)
+KIND = Column(
+    "kind", pa.string(),
+    "outcome (one per input row), delivery (a retry released) or state_quarantine (an unreadable schedule state "
+    "moved aside).",
+    False,
+)
+ROUTE = Column(
+    "route", pa.string(),
+    "State key part 1: the consumer group ('' when unknown), '#nn' appended for its state sub-key.", False,
+)
 BUCKET = Column(
     "bucket", pa.int64(), "State key part 2: floor(store time / state bucket); int64 min (NO_STATE_BUCKET) = no state.", False
 )

@@ -54,6 +54,8 @@ def run(stage: ScheduleStage, key: tuple[str, int], inputs: list[pa.Table], stat
 
 
 def test_r8_a_retry_due_in_an_hour_outlives_the_dedup_window_without_waking_every_batch() -> None:
+    """R8, B1, #12 item 6: a pending retry keeps its msg id deduplicated past the dedup window,
+    until it is released and for a window after; the key wakes only at the window's end and when due."""
     config = parse_config({"engine": {"message_delay_level": "1h"}})
     work = work_rows([Result.of("F").failed()], batch_ts=T0, config=config)
     (key,) = {(r, int(b)) for r, b in zip(work["route"].to_pylist(), work["bucket"].to_pylist(), strict=True)}
@@ -67,16 +69,25 @@ def test_r8_a_retry_due_in_an_hour_outlives_the_dedup_window_without_waking_ever
     state.now_ms += 11 * MINUTE_MS
     assert run(stage, key, [], state).empty
     assert state.timeout_ms == 49 * MINUTE_MS
-    # A duplicate after the window is no longer recognised (as documented), but nothing is lost.
+    # The same consume result re-sent after the window but before the retry is released: its retry is
+    # still pending, so it is a duplicate, not a second retry (#12 item 6; main scheduled it again).
     again = run(stage, key, [work], state)
-    assert list(again["outcome"]) == ["retry"]
+    assert list(again["outcome"]) == ["duplicate"]
+    assert state.timeout_ms == 49 * MINUTE_MS  # a duplicate opens no new window
 
-    # Due: released once, never before, and the key's state goes once nothing is left to wait for.
-    state.now_ms = int((T0 + dt.timedelta(hours=1)).timestamp() * 1000) - 1
+    # Due: released once, never before.
+    due_ms = int((T0 + dt.timedelta(hours=1)).timestamp() * 1000)
+    state.now_ms = due_ms - 1
     assert run(stage, key, [], state).empty
-    state.now_ms += 11 * MINUTE_MS
+    state.now_ms = due_ms + 1
     released = run(stage, key, [], state)
-    assert list(released["kind"]) == ["delivery", "delivery"] and not state.exists
+    assert list(released["kind"]) == ["delivery"] and list(released["output_msg_id"]) == list(first["output_msg_id"])
+    # Released ids are remembered for a window after the release, then the key's state goes.
+    assert state.timeout_ms == 10 * MINUTE_MS
+    state.now_ms += 5 * MINUTE_MS
+    assert list(run(stage, key, [work], state)["outcome"]) == ["duplicate"]
+    state.now_ms = due_ms + 1 + 10 * MINUTE_MS
+    assert run(stage, key, [], state).empty and not state.exists
 
 
 def test_b1_a_repeated_consume_result_is_recorded_as_a_duplicate_and_schedules_nothing() -> None:
