@@ -521,12 +521,6 @@ class _RebalancedBatch:
 
     def _snapshot(self, path: str, spark_schema: StructType, version: int | None = None) -> DataFrame:
         """The table at ``version`` (default: latest) as a batch DataFrame."""
-        from deltalake import DeltaTable
-
-        # The deltars batch reader fails on a snapshot without data files (Spark hands it a
-        # placeholder partition), and a group's first batch meets an empty consume_results.
-        if not DeltaTable(path, version=version).file_uris():
-            return self.spark.createDataFrame([], spark_schema)
         reader = self.spark.read.format(FORMAT_NAME).option("path", path)
         if version is not None:
             reader = reader.option("versionAsOf", str(version))

@@ -225,6 +225,9 @@ class _FileReading:
         self.rows = row_schema(options) if options.packed_column else schema
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if type(partition) is InputPartition and partition.value is None:
+            # A snapshot without data files: Spark plans one placeholder partition for it.
+            return
         if not isinstance(partition, FilePartition):
             raise DeltaSourceError(f"unexpected input partition {partition!r}", code="DELTA_PARTITION_INVALID")
         fs, root = TableLocation(self.options.path).filesystem()

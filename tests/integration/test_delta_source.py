@@ -75,6 +75,19 @@ def test_schema_types_and_batch_read_at_version(spark: SparkSession, lake: Path)
     assert user.filter("day = date'2024-01-02'").count() == 15
 
 
+def test_a_snapshot_without_data_files_reads_as_no_rows(spark: SparkSession, lake: Path) -> None:
+    """A created but empty table (and a version before its first append): Spark plans a placeholder
+    partition for a reader with no partitions; the batch reader yields nothing instead of failing."""
+    src = lake / "empty"
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    DeltaTable.create(str(src), schema=schema)
+    df = spark.read.format(FORMAT_NAME).option("path", str(src)).load()
+    assert df.count() == 0 and df.columns == ["id", "name"]
+    write_deltalake(str(src), pa.table({"id": [1], "name": ["a"]}, schema=schema), mode="append")
+    assert spark.read.format(FORMAT_NAME).option("path", str(src)).option("versionAsOf", "0").load().count() == 0
+    assert spark.read.format(FORMAT_NAME).option("path", str(src)).load().count() == 1
+
+
 def test_missing_path_and_not_a_table_fail_clearly(spark: SparkSession, lake: Path) -> None:
     with pytest.raises(Exception, match="PATH_MISSING"):
         spark.read.format(FORMAT_NAME).load()
