@@ -125,7 +125,8 @@ class NonRetryable(_Strict):
 class GroupConfig(_Strict):
     """RocketMQ's ``SubscriptionGroupConfig`` (the parts retry depends on) plus B2/B3."""
 
-    retry_queue_nums: int = DEFAULT_RETRY_QUEUE_NUMS
+    # RocketMQ's retryQueueNums is a Java int; the retry's queue_id column is int32.
+    retry_queue_nums: int = Field(default=DEFAULT_RETRY_QUEUE_NUMS, ge=-(2**31), le=2**31 - 1)
     retry_max_times: int = Field(default=DEFAULT_RETRY_MAX_TIMES, ge=0)
     backoff: LevelsBackoff | ExponentialBackoff = Field(
         default_factory=LevelsBackoff, discriminator="policy"

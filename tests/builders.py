@@ -93,3 +93,13 @@ def delivered(work: pa.Table, *, late_ms: list[int]) -> pa.Table:
     retries = retries.set_column(retries.schema.get_field_index("kind"), "kind", pa.array(["delivery"] * len(due)))
     i = retries.schema.get_field_index("delivered_at")
     return retries.set_column(i, retries.schema.field(i), at).cast(work.schema)
+
+
+def with_unvalidated_group(config: Any, name: str, **fields: Any) -> Any:
+    """``config`` with group ``name``'s fields replaced WITHOUT validation.
+
+    Config loading refuses such values; tests use this to make decide meet a
+    value nobody anticipated (the general bad-input rule, #12 item 3).
+    """
+    group = config.groups[name].model_copy(update=fields)
+    return config.model_copy(update={"groups": {**config.groups, name: group}})

@@ -15,10 +15,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from retry_engine.config import parse_config
+from retry_engine.config import EngineConfig, parse_config
 from retry_engine.decide import BATCH_TS, NO_STATE_BUCKET, POSITION, Decider, blank_mask, is_blank
+from retry_engine.errors import ConfigError
 from retry_engine.schemas import CONSUME_RESULTS
-from tests.builders import T0, Result, results_table
+from tests.builders import T0, Result, results_table, with_unvalidated_group
 
 NOW = T0 + dt.timedelta(seconds=2)
 INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
@@ -26,16 +27,17 @@ TS = pa.timestamp("us", tz="UTC")
 
 
 def decide_table(
-    table: pa.Table, config: dict[str, Any] | None = None, *, batch_ts: dt.datetime = NOW
+    table: pa.Table, config: dict[str, Any] | EngineConfig | None = None, *, batch_ts: dt.datetime = NOW
 ) -> pa.RecordBatch:
     n = table.num_rows
     table = table.append_column(POSITION, pa.array([f"p{i:04d}" for i in range(n)])).append_column(
         BATCH_TS, pa.array([batch_ts] * n, type=TS)
     )
-    return Decider(parse_config(config or {}))(table.combine_chunks().to_batches()[0])
+    engine_config = config if isinstance(config, EngineConfig) else parse_config(config or {})
+    return Decider(engine_config)(table.combine_chunks().to_batches()[0])
 
 
-def run(results: list[Result], config: dict[str, Any] | None = None, **kw: Any) -> list[dict[str, Any]]:
+def run(results: list[Result], config: dict[str, Any] | EngineConfig | None = None, **kw: Any) -> list[dict[str, Any]]:
     return decide_table(results_table(results), config, **kw).to_pylist()
 
 
@@ -328,11 +330,14 @@ def test_unknown_group_quarantine_keeps_the_row_in_raw() -> None:
 def test_a_decision_that_overflows_deep_inside_decide_quarantines_only_its_rows() -> None:
     """#12 item 3, R3: with retry_queue_nums = 2^32 a retry's queue id (hash % nums) can pass int32.
 
-    Nothing anticipates it: building the output raises ArrowInvalid for those
-    rows only. They are quarantined with the exception; their neighbours retry.
+    Config loading refuses that value (see test_retry_queue_nums_is_a_java_int); given
+    one anyway, nothing in decide anticipates it: building the output raises
+    ArrowInvalid for those rows only. They are quarantined with the exception;
+    their neighbours retry.
     """
     results = [Result.of(f"W{i}", group="wide").failed() for i in range(8)]
-    rows = run(results, {"groups": {"wide": {"retry_queue_nums": 2**32}}})
+    config = with_unvalidated_group(parse_config({"groups": {"wide": {}}}), "wide", retry_queue_nums=2**32)
+    rows = run(results, config)
     assert [r["consumed_msg_id"] for r in rows] == [f"W{i}" for i in range(8)]
     outcomes = {r["outcome"] for r in rows}
     assert outcomes == {"retry", "quarantined"}, outcomes
@@ -380,3 +385,12 @@ def test_raw_records_a_value_that_cannot_be_read_instead_of_failing() -> None:
     raw = json.loads(rows[0]["raw"])
     assert raw["msg_id"] == "Q"
     assert raw["extra"] == {"unreadable": "RuntimeError: this value cannot be read", "type": "extension<test.hostile<_HostileType>>"}
+
+
+@pytest.mark.parametrize("value", [2**31, -(2**31) - 1, 2**64])
+def test_retry_queue_nums_is_a_java_int(value: int) -> None:
+    """R10: RocketMQ's retryQueueNums is a Java int; a value outside int32 is a config error, not a row error."""
+    with pytest.raises(ConfigError, match="retry_queue_nums"):
+        parse_config({"groups": {"g": {"retry_queue_nums": value}}})
+    for edge in (2**31 - 1, -(2**31)):
+        assert parse_config({"groups": {"g": {"retry_queue_nums": edge}}}).groups["g"].retry_queue_nums == edge
