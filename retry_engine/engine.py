@@ -132,28 +132,38 @@ def _read_results(spark: SparkSession, config: EngineConfig, *, starting_version
 
 
 def _source_options(config: EngineConfig, starting_version: int | None) -> dict[str, str]:
-    """The deltars reader's options: ``[source]``, or the lake's resume point on a new checkpoint.
+    """The deltars reader's options: ``[source]``, and the lake's resume point on a new checkpoint.
 
-    The lake's record decides where a new checkpoint starts (B8); a ``[source]``
-    starting option beside it would reprocess or skip consume results, so the
-    two together are refused.
+    The lake's record decides where a new checkpoint starts (B8). A ``[source]``
+    ``starting_version`` at or after that point (or ``"latest"``) is an
+    operator's deliberate skip (past a vacuumed file, say) and wins, logged; one
+    before it would decide consume results a second time, and a
+    ``starting_timestamp`` cannot be compared with it, so both are refused.
     """
     options = config.source.stream_options()
     if starting_version is None:
         return options
-    chosen = [key for key in ("startingVersion", "startingTimestamp") if key in options]
-    if chosen:
+    requested = options.get("startingVersion")
+    if "startingTimestamp" in options or (requested not in (None, "latest") and int(requested) < starting_version):
+        setting = (
+            f"starting_timestamp = {options['startingTimestamp']!r}"
+            if "startingTimestamp" in options
+            else f"starting_version = {requested}"
+        )
         raise LakeResumeError(
             f"the lake {config.engine.lake} records its last batch, so this new checkpoint resumes at "
-            f"consume_results version {starting_version}; [source] {_SOURCE_KEYS[chosen[0]]} would start it "
-            "elsewhere (reprocessing or skipping consume results). Remove the setting: it applies only to a lake "
-            "that records no batch",
+            f"consume_results version {starting_version}; [source] {setting} would decide consume results "
+            f"the lake already decided. Remove it, or set starting_version to {starting_version} or later "
+            "(or \"latest\") to skip ahead on purpose",
             code="LAKE_RESUME_CONFLICT",
         )
+    if requested is not None:
+        log.warning(
+            "[source] starting_version = %s: skipping consume_results from version %d (where the lake's record "
+            "resumes) on purpose", requested, starting_version,
+        )
+        return options
     return {**options, "startingVersion": str(starting_version)}
-
-
-_SOURCE_KEYS = {"startingVersion": "starting_version", "startingTimestamp": "starting_timestamp"}
 
 
 def _at_or_after(floor: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

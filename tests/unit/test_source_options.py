@@ -195,14 +195,29 @@ def test_a_new_checkpoint_resumes_at_the_lakes_version_and_keeps_the_other_sourc
 
 
 @pytest.mark.parametrize(
-    ("section", "key"),
-    [({"starting_version": 3}, "starting_version"), ({"starting_timestamp": "2026-01-01T00:00:00Z"}, "starting_timestamp")],
+    ("section", "setting"),
+    [
+        ({"starting_version": 11}, "starting_version = 11"),
+        ({"starting_version": 0}, "starting_version = 0"),
+        ({"starting_timestamp": "2026-01-01T00:00:00Z"}, "starting_timestamp = '2026-01-01T00:00:00Z'"),
+    ],
 )
-def test_source_starting_options_beside_a_lake_record_are_refused(section: dict[str, object], key: str) -> None:
-    """A [source] start beside the lake's record would reprocess or skip consume results: refused, naming both."""
+def test_source_starts_that_would_decide_again_are_refused_beside_a_lake_record(
+    section: dict[str, object], setting: str
+) -> None:
+    """B8: a [source] start before the lake's resume point would decide results twice: refused, naming both."""
     from retry_engine.engine import _source_options
     from retry_engine.errors import LakeResumeError
 
     config = parse_config({"source": section})
-    with pytest.raises(LakeResumeError, match=rf"LAKE_RESUME_CONFLICT.*version 12.*\[source\] {key}"):
+    with pytest.raises(LakeResumeError, match=rf"LAKE_RESUME_CONFLICT.*version 12.*\[source\] {setting}"):
         _source_options(config, 12)
+
+
+@pytest.mark.parametrize("start", [12, 40, "latest"])
+def test_a_deliberate_skip_ahead_of_the_lake_record_wins(start: object) -> None:
+    """An operator skipping past lost data (e.g. a vacuumed file) starts where they said, not earlier."""
+    from retry_engine.engine import _source_options
+
+    config = parse_config({"source": {"starting_version": start, "ignore_deletes": True}})
+    assert _source_options(config, 12) == {"startingVersion": str(start), "ignoreDeletes": "true"}
