@@ -218,7 +218,7 @@ def test_plots_command_writes_three_non_trivial_pngs(run: Run, tmp_path: Path, c
 def test_a_query_that_fails_to_start_leaves_no_listener(spark: Any, tmp_path: Path) -> None:
     lake = Lake.make(tmp_path)
     write_deltalake(lake.path("consume_results"), pa.table({"x": [1]}))
-    with capture_recorders() as recorders, pytest.raises(SchemaMismatchError, match="COLUMN_NOT_IN_TABLE"):
+    with capture_recorders() as recorders, pytest.raises(SchemaMismatchError, match="CONSUME_RESULTS_COLUMN_MISSING"):
         engine.start(spark, lake.config)
     (recorder,) = recorders
     assert recorder.closed and recorder.unregistered
