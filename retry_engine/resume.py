@@ -68,7 +68,7 @@ def planned_end(checkpoint: str, batch_id: int) -> dict[str, Any] | None:
     fs, root = checkpoint_filesystem(checkpoint)
     try:
         with fs.open_input_stream(f"{root}/{OFFSETS_DIR}/{batch_id}") as stream:
-            lines = stream.read().decode("utf-8").splitlines()
+            lines = stream.read().decode("utf-8").split("\n")
     except FileNotFoundError:
         return None
     if len(lines) < 3 or lines[2] in ("", "-"):

@@ -38,7 +38,7 @@ def read_query_id(checkpoint: str) -> str | None:
     fs, root = checkpoint_filesystem(checkpoint)
     try:
         with fs.open_input_stream(f"{root}/{METADATA_FILE}") as stream:
-            first = stream.read().decode("utf-8").splitlines()[0]
+            first = stream.read().decode("utf-8").split("\n")[0]
     except FileNotFoundError:
         return None
     try:

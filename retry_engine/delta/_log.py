@@ -452,7 +452,9 @@ class DeltaLog:
             if "not found" in str(exc).lower() or "no such file" in str(exc).lower():
                 return None
             raise
-        commit = parse_commit(version, text.splitlines())
+        # Split on "\n" only: JSON strings may hold U+2028, U+2029 and U+0085 raw (delta-rs writes
+        # them so into stats), and str.splitlines() would break a line there.
+        commit = parse_commit(version, text.split("\n"))
         if commit.protocol is not None or commit.metadata is not None:
             protocol = commit.protocol or {}
             configuration = (commit.metadata or {}).get("configuration") or {}

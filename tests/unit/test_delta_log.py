@@ -173,6 +173,19 @@ def test_log_reads_versions_snapshots_and_commits(table: Path) -> None:
     assert delta_log.latest_version() == 4  # the cached handle refreshes
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_a_commit_whose_stats_hold_a_unicode_line_break_is_read(tmp_path: Path, separator: str) -> None:
+    """Bad-input rule: delta-rs writes these characters raw into a commit's JSON stats (JSON allows
+    them in strings); commit lines are split on "\\n" only, or the stream stopped for good at such a
+    commit (DELTA_COMMIT_CORRUPT on every restart). Found by the property test (#12 F)."""
+    path = tmp_path / "t"
+    value = f"a{separator}b"
+    write_deltalake(str(path), pa.table({"error_message": [value, "z"]}), mode="append")
+    assert separator in (path / "_delta_log" / f"{0:020d}.json").read_text(encoding="utf-8")
+    commit = DeltaLog(TableLocation(str(path))).require_commit(0)
+    assert len(commit.adds) == 1 and json.loads(commit.adds[0]["stats"])["minValues"]["error_message"] == value
+
+
 def test_not_a_delta_table(tmp_path: Path) -> None:
     with pytest.raises(DeltaSourceError, match="NOT_A_DELTA_TABLE"):
         DeltaLog(TableLocation(str(tmp_path))).latest_version()
