@@ -229,6 +229,71 @@ def hostile(column: str, pool: dict[str, list[bytes]]) -> st.SearchStrategy[Any]
     return st.one_of(hostile_bytes, extra[column]) if column in extra else hostile_bytes
 
 
+@dataclass(frozen=True)
+class Example:
+    """One example: ``rows`` (appended in one commit), then ``late`` (a second commit).
+
+    ``copy_of[i]`` is the index (into ``rows``) of the row that row i copies
+    (itself when it is an original); late rows are all copies. A copy is the
+    same consume result sent again: identical but for ``result_id``, which
+    may be new.
+    """
+
+    rows: list[dict[str, Any]]
+    copy_of: list[int]
+    late: list[dict[str, Any]] = field(default_factory=list)
+    late_copy_of: list[int] = field(default_factory=list)
+
+
+def plain_row(result_id: bytes, msg_id: bytes, **values: Any) -> dict[str, Any]:
+    """A first delivery of ``msg_id`` to group G that failed (RECONSUME_LATER), with ``values`` over it."""
+    return {
+        "result_id": Ident(result_id),
+        "consumer_group": b"G",
+        "consumer_id": b"c1@host",
+        "message_model": b"CLUSTERING",
+        "status": b"RECONSUME_LATER",
+        "delay_level_when_next_consume": 0,
+        "max_reconsume_times": -1,
+        "error_class": b"java.lang.RuntimeException",
+        "error_message": b"boom",
+        "consumed_at": T0_US,
+        "msg_id": Ident(msg_id),
+        "topic": b"orders",
+        "tags": b"TagA",
+        "keys": b"k1 k2",
+        "body": b"body",
+        "flag": 7,
+        "properties": [(b"color", b"red")],
+        "born_timestamp": T0_US - 5 * US_PER_S,
+        "born_host": b"10.0.0.1:5000",
+        "store_timestamp": T0_US - 4 * US_PER_S,
+        "queue_id": 1,
+        "reconsume_times": 0,
+        "origin_msg_id": Ident(None),
+        "retry_topic": None,
+        "attempts": None,
+        **values,
+    }
+
+
+# Every path once, whatever the generator draws: a retry (its copy in the same commit and a
+# late one), a dead letter (R5: level < 0), a quarantine (unknown status), an acknowledgement.
+_FAILED = plain_row(b"r1", b"m1")
+EVERY_PATH = Example(
+    rows=[
+        _FAILED,
+        plain_row(b"r2", b"m2", delay_level_when_next_consume=-1),
+        plain_row(b"r3", b"m3", status=b"WHATEVER"),
+        plain_row(b"r4", b"m4", status=b"CONSUME_SUCCESS", error_class=None, error_message=None),
+        {**_FAILED, "result_id": Ident(b"r5")},
+    ],
+    copy_of=[0, 1, 2, 3, 0],
+    late=[{**_FAILED, "result_id": Ident(b"r6")}],
+    late_copy_of=[0],
+)
+
+
 @st.composite
 def sane_row(draw: st.DrawFn, pool: dict[str, list[bytes]]) -> dict[str, Any]:
     """A consume result a RocketMQ consumer could send (failures, successes, ladders, DLQ requests)."""
@@ -268,22 +333,6 @@ def row(draw: st.DrawFn, pool: dict[str, list[bytes]]) -> dict[str, Any]:
     for column in draw(st.sets(st.sampled_from(CONSUME_RESULTS.names), max_size=3)):
         values[column] = draw(hostile(column, pool))
     return values
-
-
-@dataclass(frozen=True)
-class Example:
-    """One example: ``rows`` (appended in one commit), then ``late`` (a second commit).
-
-    ``copy_of[i]`` is the index (into ``rows``) of the row that row i copies
-    (itself when it is an original); late rows are all copies. A copy is the
-    same consume result sent again: identical but for ``result_id``, which
-    may be new.
-    """
-
-    rows: list[dict[str, Any]]
-    copy_of: list[int]
-    late: list[dict[str, Any]] = field(default_factory=list)
-    late_copy_of: list[int] = field(default_factory=list)
 
 
 @st.composite
