@@ -177,9 +177,14 @@ def check_running(query: StreamingQuery) -> None:
 
 
 def root_cause(text: str) -> str:
-    """The last ``SomeError: message`` line of a (Java-wrapped Python) traceback, else its start."""
+    """The last ``SomeError: message`` line of a (Java-wrapped Python) traceback and the
+    innermost engine frame above it, else the text's start."""
     causes = re.findall(r"^\s*((?:[\w.]+\.)?\w*(?:Error|Exception)\b:.*)$", text, flags=re.MULTILINE)
-    return causes[-1].strip() if causes else text[:300]
+    if not causes:
+        return text[:300]
+    frames = re.findall(r'File "[^"]*?((?:retry_engine|tests)/[^"]+)", line (\d+), in (\w+)', text)
+    where = f" (at {frames[-1][0]}:{frames[-1][1]} in {frames[-1][2]})" if frames else ""
+    return causes[-1].strip() + where
 
 
 def outcomes_of(lake: Lake, query: StreamingQuery, version: int, n: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
