@@ -286,6 +286,9 @@ def append(lake: Lake, rows: list[dict[str, Any]], namespace: bytes) -> int:
 @settings(settings.get_profile(PROFILE))
 @given(example=strategies.examples())
 @explicit_example(example=strategies.EVERY_PATH)
+@explicit_example(example=strategies.INT32_EDGE)
+@explicit_example(example=strategies.BEFORE_1970)
+@explicit_example(example=strategies.LINE_SEPARATOR)
 def test_any_consume_results_are_each_accounted_for_once_and_never_stop_the_stream(
     engine_under_test: EngineUnderTest, example: Example
 ) -> None:

@@ -43,6 +43,15 @@ def test_ids_are_namespaced_except_null_and_empty() -> None:
     assert Ident(b"").value(b"p7-") == b""
 
 
+def test_pinned_examples_are_consume_results_tables() -> None:
+    """The pinned counterexamples (#12 items 1 and 5, the line separator) write as drawn."""
+    for pinned in strategies.PINNED:
+        table = strategies.arrow_table(pinned.rows, b"p0-")
+        assert table.schema == CONSUME_RESULTS.arrow_schema and table.num_rows == len(pinned.rows)
+    (row,) = strategies.arrow_table(strategies.BEFORE_1970.rows, b"p0-").column("store_timestamp").cast(pa.int64()).to_pylist()
+    assert row == -1_000_000
+
+
 @settings(max_examples=60, deadline=None)
 @given(example=strategies.examples(), namespace=st.sampled_from([b"p0-", b"p12-"]))
 def test_examples_are_consume_results_tables_with_their_copies(example: Example, namespace: bytes) -> None:
