@@ -45,8 +45,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from hypothesis import event, given, note, settings
 from hypothesis import example as explicit_example
-from hypothesis import given, note, settings
 from pyspark.sql.streaming.query import StreamingQuery
 
 from retry_engine import engine
@@ -309,6 +309,8 @@ def test_any_consume_results_are_each_accounted_for_once_and_never_stop_the_stre
             second = append(lake, example.late, namespace)
             late_outcomes = outcomes_of(lake, query, second, len(example.late), example.late)
         everything = outcomes + late_outcomes
+        for kind in sorted({o["outcome"] for o in everything}):
+            event(f"outcome {kind}")  # --hypothesis-show-statistics: which paths the examples took
         found = wait_for_outputs(lake, query, everything)
         check_not_early(found["retry"])
         check_copies(example, outcomes, late_outcomes, found["retry"])
