@@ -279,9 +279,12 @@ def plain_row(result_id: bytes, msg_id: bytes, **values: Any) -> dict[str, Any]:
     }
 
 
+# A group whose only level is 10 s (configured by the property test).
+SLOW_GROUP = "GL"
 # Every path once, whatever the generator draws: a retry (its copy in the same commit and a
-# late one), a dead letter (R5: level < 0), a quarantine (unknown status), an acknowledgement.
-_FAILED = plain_row(b"r1", b"m1")
+# late one, while it is pending), a dead letter (R5: level < 0), a quarantine (unknown
+# status), an acknowledgement.
+_FAILED = plain_row(b"r1", b"m1", consumer_group=SLOW_GROUP.encode())
 EVERY_PATH = Example(
     rows=[
         _FAILED,
