@@ -279,7 +279,7 @@ def plain_row(result_id: bytes, msg_id: bytes, **values: Any) -> dict[str, Any]:
     }
 
 
-# A group whose only level is 10 s (configured by the property test).
+# A group whose only level is 15 s (configured by the property test).
 SLOW_GROUP = "GL"
 # Every path once, whatever the generator draws: a retry (its copy in the same commit and a
 # late one, while it is pending), a dead letter (R5: level < 0), a quarantine (unknown
