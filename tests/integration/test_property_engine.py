@@ -209,7 +209,7 @@ def _is_exception_name(name: str) -> bool:
 def root_cause(text: str) -> str:
     """The last ``SomeError: message`` line of a (Java-wrapped Python) traceback and the
     innermost engine frame above it, else the text's start."""
-    causes = [
+    causes: list[str] = [
         line
         for line in re.findall(r"^\s*((?:[a-z_]\w*\.)*[A-Z]\w*: \S.*)$", text, flags=re.MULTILINE)
         if _is_exception_name(line.split(":", 1)[0])
@@ -287,11 +287,11 @@ def wait_for_outputs(lake: Lake, query: StreamingQuery, outcomes: list[dict[str,
     for table, keys in missing.items():
         assert not keys, (
             f"{sum(keys.values())} {table} row(s) missing {wait_s:.0f}s after the last due time "
-            f"(result_id, msg_id): {sorted(keys)}; their outcomes: "
+            f"(result_id, msg_id): {sorted(keys, key=repr)}; their outcomes: "
             f"{[o for o in outcomes if (o['result_id'], o['output_msg_id']) in keys or (o['result_id'], None) in keys]}"
         )
         extra = +(_row_keys(table, found[table]) - expected[table])
-        assert not extra, f"{table} rows that no outcome accounts for (result_id, msg_id): {sorted(extra)}"
+        assert not extra, f"{table} rows that no outcome accounts for (result_id, msg_id): {sorted(extra, key=repr)}"
     return found
 
 
