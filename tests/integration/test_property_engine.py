@@ -24,15 +24,15 @@ row a restart would read again), so the next example gets a fresh lake and
 engine: Hypothesis then shrinks against the same starting state it found the
 failure in.
 
-Profiles (tests/strategies.py): ``ci`` by default; ``HYPOTHESIS_PROFILE=soak``
-(``make soak``) runs hundreds of examples.
+Profiles (tests/strategies.py, chosen by ``HYPOTHESIS_PROFILE``): ``ci`` by
+default (the pinned examples, then twelve drawn, no shrinking), ``pinned``,
+``debug`` (ci's examples, shrunk) and ``soak`` (``make soak``, hundreds).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import itertools
-import logging
 import os
 import re
 import time
@@ -57,7 +57,6 @@ from tests.lakehouse import Lake
 from tests.strategies import Example
 
 pytestmark = pytest.mark.slow
-log = logging.getLogger(__name__)
 
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 DEDUP_WINDOW = "500ms"
