@@ -315,12 +315,13 @@ def sane_row(draw: st.DrawFn, pool: dict[str, list[bytes]]) -> dict[str, Any]:
     """A consume result a RocketMQ consumer could send (failures, successes, ladders, DLQ requests)."""
     return {
         "result_id": Ident(draw(st.sampled_from(pool["result_id"]))),
-        "consumer_group": draw(sampled_bytes(*GROUPS)),
+        # Weighted towards retries: they are what the schedule stage and the copy rule act on.
+        "consumer_group": draw(sampled_bytes("G", "G", "G", *GROUPS)),
         "consumer_id": b"c1@host",
-        "message_model": draw(sampled_bytes("CLUSTERING", None, "BROADCASTING")),
+        "message_model": draw(sampled_bytes("CLUSTERING", None, "CLUSTERING", None, "BROADCASTING")),
         "status": draw(sampled_bytes("RECONSUME_LATER", "EXCEPTION", None, "CONSUME_SUCCESS")),
         "delay_level_when_next_consume": draw(st.sampled_from([0, None, 1, 2, 3, -1])),
-        "max_reconsume_times": draw(st.sampled_from([-1, None, 0, 1, 3, 16])),
+        "max_reconsume_times": draw(st.sampled_from([-1, None, -1, None, 0, 1, 3, 16])),
         "error_class": draw(sampled_bytes("java.lang.RuntimeException", None, NON_RETRYABLE_CLASS)),
         "error_message": draw(sampled_bytes("boom", None, "poison pill")),
         "consumed_at": draw(sane_ts),
@@ -335,7 +336,7 @@ def sane_row(draw: st.DrawFn, pool: dict[str, list[bytes]]) -> dict[str, Any]:
         "born_host": b"10.0.0.1:5000",
         "store_timestamp": draw(st.one_of(st.none(), sane_ts)),
         "queue_id": draw(st.integers(0, 7)),
-        "reconsume_times": draw(st.one_of(st.none(), st.integers(0, 20))),
+        "reconsume_times": draw(st.one_of(st.sampled_from([None, 0, 1]), st.integers(0, 20))),
         "origin_msg_id": Ident(draw(st.one_of(st.none(), st.sampled_from(pool["origin_msg_id"])))),
         "retry_topic": draw(sampled_bytes(None, "orders")),
         "attempts": draw(st.sampled_from([None, []])),
