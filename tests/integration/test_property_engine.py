@@ -25,8 +25,9 @@ engine: Hypothesis then shrinks against the same starting state it found the
 failure in.
 
 Profiles (tests/strategies.py, chosen by ``HYPOTHESIS_PROFILE``): ``ci`` by
-default (the pinned examples, then twelve drawn, no shrinking), ``pinned``,
-``debug`` (ci's examples, shrunk) and ``soak`` (``make soak``, hundreds).
+default (twelve drawn, no shrinking), ``debug`` (ci's examples, shrunk) and
+``soak`` (``make soak``, hundreds). The pinned counterexamples run as their own
+test ids (``test_pinned_counterexample``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from hypothesis import event, given, note, settings
-from hypothesis import example as explicit_example
+from hypothesis.control import currently_in_test_context
 from pyspark.sql.streaming.query import StreamingQuery
 
 from retry_engine import engine
@@ -307,31 +308,47 @@ def _row_keys(table: str, rows: list[dict[str, Any]]) -> Counter[Key]:
     return Counter((r["source_result_id"], r["msg_id"]) for r in rows)
 
 
+def _note(text: str) -> None:
+    """Hypothesis prints notes with a failing example; the pinned tests run outside Hypothesis."""
+    if currently_in_test_context():
+        note(text)
+
+
 def append(lake: Lake, rows: list[dict[str, Any]], namespace: bytes) -> int:
     """Append ``rows`` as one commit; its version."""
     path = lake.path("consume_results")
     write_deltalake(path, strategies.arrow_table(rows, namespace), mode="append")
     version = DeltaTable(path).version()
-    note(f"appended {len(rows)} rows as consume_results version {version}")
+    _note(f"appended {len(rows)} rows as consume_results version {version}")
     return version
 
 
 # -- the property ------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("example", strategies.PINNED.values(), ids=strategies.PINNED.keys())
+def test_pinned_counterexample(engine_under_test: EngineUnderTest, example: Example) -> None:
+    """The property on the examples #12 names (items 1, 5, 6) and one it found (U+2028).
+
+    One test id each, so each is reported and can be run alone (``-k before_1970``).
+    """
+    check_example(engine_under_test, example)
+
+
 @settings(settings.get_profile(PROFILE))
 @given(example=strategies.examples())
-@explicit_example(example=strategies.EVERY_PATH)
-@explicit_example(example=strategies.INT32_EDGE)
-@explicit_example(example=strategies.BEFORE_1970)
-@explicit_example(example=strategies.LINE_SEPARATOR)
 def test_any_consume_results_are_each_accounted_for_once_and_never_stop_the_stream(
     engine_under_test: EngineUnderTest, example: Example
 ) -> None:
     """SPEC bad-input rule, B1, R8; #12 item F (and items 1, 2, 3, 5, 6 as counterexamples)."""
+    check_example(engine_under_test, example)
+
+
+def check_example(engine_under_test: EngineUnderTest, example: Example) -> None:
+    """Append ``example`` to the engine's lake and check every property on what it did."""
     lake, query = engine_under_test.ready()
     namespace = engine_under_test.namespace()
-    note(f"namespace {namespace!r}, lake {lake.root}")
+    _note(f"namespace {namespace!r}, lake {lake.root}")
     try:
         first = append(lake, example.rows, namespace)
         outcomes = outcomes_of(lake, query, first, len(example.rows), example.rows)
@@ -346,7 +363,8 @@ def test_any_consume_results_are_each_accounted_for_once_and_never_stop_the_stre
             late_outcomes = outcomes_of(lake, query, second, len(example.late), example.late)
         everything = outcomes + late_outcomes
         for kind in sorted({o["outcome"] for o in everything}):
-            event(f"outcome {kind}")  # --hypothesis-show-statistics: which paths the examples took
+            if currently_in_test_context():  # --hypothesis-show-statistics: paths the examples took
+                event(f"outcome {kind}")
         found = wait_for_outputs(lake, query, everything)
         check_not_early(found["retry"])
         check_copies(example, outcomes, late_outcomes, found["retry"])

@@ -45,7 +45,7 @@ def test_ids_are_namespaced_except_null_and_empty() -> None:
 
 def test_pinned_examples_are_consume_results_tables() -> None:
     """The pinned counterexamples (#12 items 1 and 5, the line separator) write as drawn."""
-    for pinned in strategies.PINNED:
+    for pinned in strategies.PINNED.values():
         table = strategies.arrow_table(pinned.rows, b"p0-")
         assert table.schema == CONSUME_RESULTS.arrow_schema and table.num_rows == len(pinned.rows)
     (row,) = strategies.arrow_table(strategies.BEFORE_1970.rows, b"p0-").column("store_timestamp").cast(pa.int64()).to_pylist()
