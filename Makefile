@@ -12,7 +12,7 @@ CRASH_KILLS ?= 40
 CRASH_SEED ?=
 SPARK_SUBMIT = $(shell $(PY) -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit"))' 2>/dev/null)
 
-.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io clean dist submit cluster-test crash-test
+.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io clean dist submit cluster-test crash-test soak
 
 help:
 	@echo "make run    - run the retry engine on the embedded default (local Spark, tables under ./data/lake)"
@@ -24,6 +24,7 @@ help:
 	@echo "make submit MASTER=spark://host:7077 - spark-submit the engine to a cluster"
 	@echo "make cluster-test - start a standalone master+worker on 127.0.0.1, submit the engine, check, stop"
 	@echo "make crash-test   - SIGKILL the engine CRASH_KILLS times (default $(CRASH_KILLS)) and check every row"
+	@echo "make soak   - the engine property test with the long profile (hundreds of random examples; SOAK_PROFILE=debug replays CI's and shrinks)"
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "retry-engine needs Python 3.11 or newer (found %s)" % sys.version.split()[0])'
@@ -81,6 +82,13 @@ cluster-test: check-env
 crash-test: check-env
 	RETRY_ENGINE_CRASH_KILLS=$(CRASH_KILLS) RETRY_ENGINE_CRASH_SEED=$(CRASH_SEED) \
 	  $(PY) -m pytest -s tests/integration/test_engine_crash.py $(PYTEST_ARGS)
+
+# The property test of tests/integration/test_property_engine.py: CI runs its "ci" profile
+# (15 examples, fixed seed); this runs "soak" (hundreds, a new seed each time, printed on failure).
+SOAK_PROFILE ?= soak
+
+soak: check-env
+	HYPOTHESIS_PROFILE=$(SOAK_PROFILE) $(PY) -m pytest -x tests/integration/test_property_engine.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) data build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
