@@ -199,7 +199,12 @@ def engine_frame(spark: SparkSession, config: EngineConfig, *, resume_at: resume
     if resume_at is not None and resume_at.position_floor is not None:
         results = results.mapInArrow(_at_or_after(resume_at.position_floor), results.schema)
     # Sub-keys of the schedule stage's state keys (#12 item 17), fixed per checkpoint.
-    split = state_key_split(config.checkpoint_path, bucket_ms=config.state_bucket_ms, now_ms=int(time.time() * 1000))
+    split = state_key_split(
+        config.checkpoint_path,
+        bucket_ms=config.state_bucket_ms,
+        now_ms=int(time.time() * 1000),
+        subkeys=config.engine.state_subkeys,
+    )
     decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
         _decide_batches(Decider(config), split), PACKED_SCHEMA
     )

@@ -57,10 +57,10 @@ from retry_engine.schemas import WORK
 
 log = logging.getLogger(__name__)
 
-# Sub-keys per (group, bucket): a key's state value is about 1/STATE_SUBKEYS of its bucket's pending
-# retries. A checkpoint keeps the count it started with (KEYS_FILE), so changing this constant
-# never re-routes msg ids that are already in state.
-STATE_SUBKEYS: Final = 32
+# Sub-keys per (group, bucket) when none is given (engine.state_subkeys): a key's state value is
+# about 1/subkeys of its bucket's pending retries. A checkpoint keeps the count it started with
+# (KEYS_FILE), so changing the setting never re-routes msg ids that are already in state.
+STATE_SUBKEYS: Final = 4
 # Joins a group and its sub-key in the state key's route; never in a valid group name (`%|a-zA-Z0-9_-`).
 SUBKEY_SEPARATOR: Final = "#"
 KEYS_FILE: Final = "retry_engine_state_keys.json"
@@ -200,10 +200,13 @@ class StateKeySplit:
         return work.set_column(index, work.schema.field(index), pa.array(new_routes, pa.string()))
 
 
-def state_key_split(checkpoint: str, *, bucket_ms: int, now_ms: int) -> StateKeySplit:
+def state_key_split(
+    checkpoint: str, *, bucket_ms: int, now_ms: int, subkeys: int = STATE_SUBKEYS
+) -> StateKeySplit:
     """The sub-key rule of ``checkpoint``, recorded in its :data:`KEYS_FILE` on first use.
 
-    A new checkpoint (no ``offsets`` yet) splits every bucket into :data:`STATE_SUBKEYS`. An
+    A new checkpoint (no ``offsets`` yet) splits every bucket into ``subkeys``; a recorded
+    count wins over ``subkeys`` (a different one is logged, never applied). An
     existing one, started by a release without sub-keys, splits only buckets that start after
     ``now_ms``: every message that release decided was stored before it stopped, so its
     duplicates keep meeting its record under the plain key.
@@ -221,7 +224,7 @@ def state_key_split(checkpoint: str, *, bucket_ms: int, now_ms: int) -> StateKey
         ) from exc
     except FileNotFoundError:
         offsets = fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True))
-        recorded = {"subkeys": STATE_SUBKEYS, "split_since_ms": now_ms if offsets else None}
+        recorded = {"subkeys": subkeys, "split_since_ms": now_ms if offsets else None}
         fs.create_dir(root, recursive=True)
         # Written aside and renamed: a start killed mid-write must not leave a half file that
         # stops every later start.
@@ -231,14 +234,25 @@ def state_key_split(checkpoint: str, *, bucket_ms: int, now_ms: int) -> StateKey
         fs.move(partial, path)
         log.info("state keys of %s: %s", checkpoint, recorded)
     since = recorded.get("split_since_ms") if isinstance(recorded, dict) else None
-    subkeys = recorded.get("subkeys") if isinstance(recorded, dict) else None
-    if not isinstance(subkeys, int) or subkeys < 1 or not (since is None or isinstance(since, int)):
+    recorded_subkeys = recorded.get("subkeys") if isinstance(recorded, dict) else None
+    if (
+        not isinstance(recorded_subkeys, int)
+        or isinstance(recorded_subkeys, bool)
+        or recorded_subkeys < 1
+        or not (since is None or (isinstance(since, int) and not isinstance(since, bool)))
+    ):
         raise StateUnreadableError(
             f"{path} holds {recorded!r}; expected {{'subkeys': <int >= 1>, 'split_since_ms': <int or null>}}",
             code="STATE_KEYS_FILE_INVALID",
         )
+    if recorded_subkeys != subkeys:
+        log.warning(
+            "state sub-keys: %s keeps the %d it was created with (engine.state_subkeys = %d applies to new "
+            "checkpoints only: re-routing would separate msg ids in state from their duplicates)",
+            checkpoint, recorded_subkeys, subkeys,
+        )
     return StateKeySplit(
-        subkeys=subkeys,
+        subkeys=recorded_subkeys,
         first_split_bucket=None if since is None else int(since) // bucket_ms + 1,
     )
 

@@ -142,10 +142,11 @@ def test_the_sub_key_rule_is_fixed_per_checkpoint(tmp_path: Path) -> None:
     read back unchanged on every later start, and a damaged record stops the start with a clear error."""
     bucket_ms = 10_000
     fresh = tmp_path / "fresh"
-    assert state_key_split(str(fresh), bucket_ms=bucket_ms, now_ms=1_000_000) == StateKeySplit(
+    assert state_key_split(str(fresh), bucket_ms=bucket_ms, now_ms=1_000_000, subkeys=32) == StateKeySplit(
         32, None
     )
-    assert state_key_split(str(fresh), bucket_ms=bucket_ms, now_ms=9_000_000) == StateKeySplit(
+    # A later start with another engine.state_subkeys keeps the checkpoint's count.
+    assert state_key_split(str(fresh), bucket_ms=bucket_ms, now_ms=9_000_000, subkeys=4) == StateKeySplit(
         32, None
     )
     assert [p.name for p in fresh.iterdir()] == [KEYS_FILE]  # written aside and renamed: no partial left
@@ -153,17 +154,43 @@ def test_the_sub_key_rule_is_fixed_per_checkpoint(tmp_path: Path) -> None:
     old = tmp_path / "old"
     (old / "offsets").mkdir(parents=True)
     (old / "offsets" / "0").write_text("v1\n")
-    assert state_key_split(str(old), bucket_ms=bucket_ms, now_ms=1_234_567) == StateKeySplit(
+    assert state_key_split(str(old), bucket_ms=bucket_ms, now_ms=1_234_567, subkeys=32) == StateKeySplit(
         32, 124
     )
-    assert state_key_split(str(old), bucket_ms=bucket_ms, now_ms=9_999_999) == StateKeySplit(
+    assert state_key_split(str(old), bucket_ms=bucket_ms, now_ms=9_999_999, subkeys=1) == StateKeySplit(
         32, 124
     )
     assert json.loads((old / KEYS_FILE).read_text()) == {"subkeys": 32, "split_since_ms": 1_234_567}
 
-    for bad in ("{not json", '{"subkeys": 0, "split_since_ms": null}', '["x"]'):
+    for bad in (
+        "{not json",
+        '{"subkeys": 0, "split_since_ms": null}',
+        '["x"]',
+        '{"subkeys": true, "split_since_ms": null}',
+        '{"subkeys": 4, "split_since_ms": false}',
+        '{"subkeys": "4", "split_since_ms": null}',
+    ):
         (old / KEYS_FILE).write_text(bad)
         with pytest.raises(
             StateUnreadableError, match=r"\[STATE_KEYS_FILE_INVALID\].*retry_engine_state_keys.json"
         ):
             state_key_split(str(old), bucket_ms=bucket_ms, now_ms=0)
+
+
+def test_a_new_checkpoint_takes_the_configured_sub_key_count(tmp_path: Path) -> None:
+    """#12 item 17: engine.state_subkeys (default 4) is what a new checkpoint records."""
+    from retry_engine.config import parse_config
+
+    assert parse_config({}).engine.state_subkeys == 4
+    assert state_key_split(str(tmp_path / "d"), bucket_ms=1000, now_ms=0) == StateKeySplit(4, None)
+    configured = parse_config({"engine": {"state_subkeys": 64}}).engine.state_subkeys
+    assert state_key_split(str(tmp_path / "c"), bucket_ms=1000, now_ms=0, subkeys=configured) == StateKeySplit(64, None)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1025, 2**63, "4", 4.5, True, None])
+def test_state_subkeys_config_refuses_hostile_values(value: object) -> None:
+    from retry_engine.config import parse_config
+    from retry_engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="state_subkeys"):
+        parse_config({"engine": {"state_subkeys": value}})
