@@ -79,7 +79,7 @@ def test_a_state_this_release_cannot_read_is_quarantined_and_the_stream_goes_on(
 
     query = engine.start(spark, lake.config)
     try:
-        # Same group, store time and state sub-key (CRC-32 of the msg id mod 32 is 9 for both) as OLD-1.
+        # Same group, store time and state sub-key (CRC-32 of the msg id mod 32 is 9 for both, so mod 4 is 1) as OLD-1.
         lake.write_results([Result.of("NEW-14").failed()])
         quarantined = wait_for(
             lambda: lake.rows("quarantine"), timeout=180, what="the state moved aside"
@@ -183,4 +183,4 @@ def test_a_checkpoint_of_the_previous_release_is_taken_over_without_a_second_ret
     ]
     assert lake.rows("quarantine") == []
     recorded = json.loads((Path(lake.config.checkpoint_path) / KEYS_FILE).read_text())
-    assert recorded["subkeys"] == 32 and isinstance(recorded["split_since_ms"], int)
+    assert recorded["subkeys"] == lake.config.engine.state_subkeys == 4 and isinstance(recorded["split_since_ms"], int)
