@@ -21,34 +21,42 @@ from tests.lakehouse import Lake, wait_for
 pytestmark = pytest.mark.slow
 
 
-class _FutureLayout:
-    """Spark's GroupState, passed through, except that what is stored says layout version 99."""
+class _StoredAs:
+    """Spark's GroupState, passed through, except that stored blobs carry ``metadata`` instead of ours."""
 
-    def __init__(self, state: Any) -> None:
+    def __init__(self, state: Any, metadata: dict[bytes, bytes] | None) -> None:
         self._state = state
+        self._metadata = metadata
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._state, name)
 
     def update(self, value: tuple[Any, ...]) -> None:
         pending, seen, expires_ms = value
-        relabel = {b"retry_engine.state_version": b"99"}
         self._state.update(
             (
-                to_ipc(from_ipc(pending).replace_schema_metadata(relabel)),
-                to_ipc(from_ipc(seen).replace_schema_metadata(relabel)),
+                to_ipc(from_ipc(pending).replace_schema_metadata(self._metadata)),
+                to_ipc(from_ipc(seen).replace_schema_metadata(self._metadata)),
                 expires_ms,
             )
         )
 
 
 class _FutureReleaseStage(ScheduleStage):
-    """The schedule stage of a (pretend) later release whose state layout this release does not know."""
+    """The schedule stage of a (pretend) later release whose state layout (99) this release does not know."""
+
+    stored_metadata: dict[bytes, bytes] | None = {b"retry_engine.state_version": b"99"}
 
     def __call__(
         self, key: tuple[str, int], frames: Iterator[pd.DataFrame], state: Any
     ) -> Iterator[pd.DataFrame]:
-        return super().__call__(key, frames, _FutureLayout(state))
+        return super().__call__(key, frames, _StoredAs(state, self.stored_metadata))
+
+
+class _MainStage(_FutureReleaseStage):
+    """The schedule stage as main a97474f stored its state: unversioned blobs (no metadata)."""
+
+    stored_metadata = None
 
 
 def test_a_state_this_release_cannot_read_is_quarantined_and_the_stream_goes_on(
@@ -106,35 +114,6 @@ def test_a_state_this_release_cannot_read_is_quarantined_and_the_stream_goes_on(
     # Every outcome is a consume result's: the moved-aside state is no outcome.
     assert sorted(o["msg_id"] for o in lake.rows("outcomes")) == ["NEW-14", "OLD-1"]
     assert [r["origin_msg_id"] for r in retries] == ["NEW-14"]
-
-
-class _MainLayout:
-    """Spark's GroupState, passed through, except that what is stored is main's layout (no metadata)."""
-
-    def __init__(self, state: Any) -> None:
-        self._state = state
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._state, name)
-
-    def update(self, value: tuple[Any, ...]) -> None:
-        pending, seen, expires_ms = value
-        self._state.update(
-            (
-                to_ipc(from_ipc(pending).replace_schema_metadata(None)),
-                to_ipc(from_ipc(seen).replace_schema_metadata(None)),
-                expires_ms,
-            )
-        )
-
-
-class _MainStage(ScheduleStage):
-    """The schedule stage as main a97474f stored its state: unversioned blobs, plain (group, bucket) keys."""
-
-    def __call__(
-        self, key: tuple[str, int], frames: Iterator[pd.DataFrame], state: Any
-    ) -> Iterator[pd.DataFrame]:
-        return super().__call__(key, frames, _MainLayout(state))
 
 
 def test_a_checkpoint_of_the_previous_release_is_taken_over_without_a_second_retry(

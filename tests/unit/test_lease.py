@@ -7,6 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +48,17 @@ def lease(lake: Path, query_id: str, clock: Clock, **kw: Any) -> LakeLease:
     return LakeLease(str(lake), owner(query_id, **kw), timeout_ms=TIMEOUT_MS, clock=clock)
 
 
-def live(lease_: LakeLease) -> Heartbeat:
-    """Register ``lease_``'s owner as a running engine of this process (as engine.start does)."""
+@contextmanager
+def owning(lease_: LakeLease) -> Iterator[EngineState | None]:
+    """Take ``lease_`` and run its owner as a live engine of this process (as engine.start does);
+    yields what the lake held before."""
+    before = lease_.acquire()
     beat = Heartbeat(lease_, interval_s=3600, alive=lambda: True, on_lost=lambda exc: None)
     beat.start()
-    return beat
+    try:
+        yield before
+    finally:
+        beat.stop()
 
 
 def batch(query_id: str, batch_id: int, *, pending: int = 0, end: dict[str, Any] | None = None) -> BatchRecord:
@@ -62,9 +70,8 @@ def test_second_engine_refuses_naming_owner_and_take_over(tmp_path: Path) -> Non
     """B8: a live lease makes a second engine refuse; the message names host, pid, query id, since, --take-over."""
     clock = Clock()
     first = lease(tmp_path, "query-A", clock)
-    assert first.acquire() is None
-    beat = live(first)
-    try:
+    with owning(first) as before:
+        assert before is None
         second = lease(tmp_path, "query-B", clock)
         with pytest.raises(LakeOwnedError, match="LAKE_OWNED") as err:
             second.acquire()
@@ -74,17 +81,13 @@ def test_second_engine_refuses_naming_owner_and_take_over(tmp_path: Path) -> Non
         state = read_state(str(tmp_path))
         assert state is not None and state.epoch == 1 and state.owner is not None
         assert state.owner.query_id == "query-A"
-    finally:
-        beat.stop()
 
 
 def test_take_over_bumps_epoch_and_fences_the_old_owner(tmp_path: Path) -> None:
     """#12 item 8: after a take-over the old owner's batch record and heartbeat are refused; the lake keeps B's."""
     clock = Clock()
     first = lease(tmp_path, "query-A", clock)
-    first.acquire()
-    beat = live(first)
-    try:
+    with owning(first):
         first.record_batch(batch("query-A", 0))
         second = lease(tmp_path, "query-B", clock)
         before = second.acquire(take_over=True)
@@ -98,17 +101,13 @@ def test_take_over_bumps_epoch_and_fences_the_old_owner(tmp_path: Path) -> None:
             first.check()
         state = read_state(str(tmp_path))
         assert state is not None and state.epoch == 2 and state.last_batch == batch("query-A", 0)
-    finally:
-        beat.stop()
 
 
 def test_take_over_between_check_and_commit_is_refused(tmp_path: Path) -> None:
     """Fencing holds in the race: B takes over after A read the row, before A's commit lands (CAS conflict)."""
     clock = Clock()
     first = lease(tmp_path, "query-A", clock)
-    first.acquire()
-    beat = live(first)
-    try:
+    with owning(first):
         second = lease(tmp_path, "query-B", Clock())
         # A's record_batch reads the clock after it checked the row and before it commits.
         clock.on_tick = lambda: second.acquire(take_over=True)
@@ -117,35 +116,25 @@ def test_take_over_between_check_and_commit_is_refused(tmp_path: Path) -> None:
         state = read_state(str(tmp_path))
         assert state is not None and state.epoch == 2 and state.last_batch is None
         assert state.owner is not None and state.owner.query_id == "query-B"
-    finally:
-        beat.stop()
 
 
 def test_expired_released_and_dead_leases_are_taken_without_flag(tmp_path: Path) -> None:
     """Leases expire a timeout after the last heartbeat; a graceful stop or a dead process frees them at once."""
     clock = Clock()
     first = lease(tmp_path / "expired", "query-A", clock)
-    first.acquire()
-    beat = live(first)
-    try:
+    with owning(first):
         clock.now = T0 + dt.timedelta(milliseconds=TIMEOUT_MS)
         with pytest.raises(LakeOwnedError):
             lease(tmp_path / "expired", "query-B", clock).acquire()
         clock.now = T0 + dt.timedelta(milliseconds=TIMEOUT_MS + 1)
         assert lease(tmp_path / "expired", "query-B", clock).acquire() is not None
-    finally:
-        beat.stop()
 
     released = lease(tmp_path / "released", "query-A", Clock())
-    released.acquire()
-    beat = live(released)
-    try:
+    with owning(released):
         released.release()
         taker = lease(tmp_path / "released", "query-B", Clock())
         taker.acquire()
         assert taker.epoch == 2
-    finally:
-        beat.stop()
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
     dead = lease(tmp_path / "dead", "query-A", Clock(), pid=int(gone.stdout))
