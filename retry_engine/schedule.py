@@ -142,7 +142,8 @@ class ScheduleStage:
         if now_ms < expires_ms:
             wake_ms.append(expires_ms)
         else:
-            seen = set(pending.column("consumed_msg_id").to_pylist())
+            # Pending ids stay known through the union with ``pending`` when the key is next read.
+            seen = set()
         if out:
             yield _packed(key, [payload for table in out for payload in payload_chunks(table)])
 
@@ -183,21 +184,27 @@ class StateKeySplit:
     def __call__(self, work: _Rows) -> _Rows:
         if self.subkeys <= 1 or work.num_rows == 0:
             return work
-        routes = work.column("route").to_pylist()
-        buckets = work.column("bucket").to_pylist()
-        ids = work.column("consumed_msg_id").to_pylist()
-        first = self.first_split_bucket
-        split = [
-            b is not None and b != NO_STATE_BUCKET and (first is None or b >= first) for b in buckets
-        ]
-        if not any(split):
+        buckets = _flat(work.column("bucket"))
+        split = pc.not_equal(buckets, NO_STATE_BUCKET)
+        if self.first_split_bucket is not None:
+            split = pc.and_(split, pc.greater_equal(buckets, self.first_split_bucket))
+        split = pc.fill_null(split, False)
+        rows = pc.indices_nonzero(split)
+        if len(rows) == 0:
             return work
-        new_routes = [
-            f"{r}{SUBKEY_SEPARATOR}{zlib.crc32((i or '').encode()) % self.subkeys:02d}" if s else r
-            for r, i, s in zip(routes, ids, split, strict=True)
-        ]
+        # Only stateful rows (failures) are hashed; acknowledgements, most of the traffic, are not.
+        routes = _flat(work.column("route"))
+        ids = work.column("consumed_msg_id").take(rows).to_pylist()
+        suffixes = pa.array(
+            [f"{SUBKEY_SEPARATOR}{zlib.crc32((i or '').encode()) % self.subkeys:02d}" for i in ids], pa.string()
+        )
+        split_routes = pc.binary_join_element_wise(routes.take(rows), suffixes, "")
         index = work.schema.get_field_index("route")
-        return work.set_column(index, work.schema.field(index), pa.array(new_routes, pa.string()))
+        return work.set_column(index, work.schema.field(index), pc.replace_with_mask(routes, split, split_routes))
+
+
+def _flat(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
 
 def state_key_split(
