@@ -29,7 +29,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from retry_engine import monitor, native_delta, resume
-from retry_engine._arrow_ipc import from_ipc, to_ipc
+from retry_engine._arrow_ipc import from_ipc
 from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.delays import parse_duration_ms
@@ -62,34 +62,47 @@ DECIDE_BATCH_ROWS = 10_000
 
 
 def _decide_batches(
-    decider: Decider, split: StateKeySplit
+    decider: Decider, split: StateKeySplit, *, floor: str | None = None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of the decide step: consume results in, packed WORK rows out.
 
     ``decider`` quarantines a row whose decision raises (DECIDE_FAILED) instead of
     failing the task, so no input row can stop the stream (SPEC, bad input);
-    ``split`` gives stateful rows their state sub-key (#12 item 17).
+    ``split`` gives stateful rows their state sub-key (#12 item 17); ``floor``
+    (see :func:`_unpacked`) drops what the lake's last batch already read.
     Replay: deterministic in its input, so a replayed batch decides the same way.
     """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            for results in _unpacked(batch):
+            for results in _unpacked(batch, floor=floor):
                 if results.num_rows:
                     yield pack(split(decider(results)))
 
     return run
 
 
-def _unpacked(batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
-    """Consume results with their batch timestamp, whether the source packed them or not."""
+def _unpacked(batch: pa.RecordBatch, *, floor: str | None = None) -> Iterator[pa.RecordBatch]:
+    """Consume results with their batch timestamp, whether the source packed them or not.
+
+    ``floor``: a new checkpoint resuming inside the commit the lake's last batch
+    read in part (B8) drops rows whose source position sorts before it; positions
+    sort in stream order, so exactly the rows already read go, on replays too.
+    """
     if PACKED_INPUT not in batch.schema.names:
-        yield batch
+        yield batch if floor is None else batch.filter(_at_or_after(batch.column(POSITION), floor))
         return
     stamp = batch.schema.field(BATCH_TS)
     for payload, ts in zip(batch.column(PACKED_INPUT).to_pylist(), batch.column(BATCH_TS).to_pylist(), strict=True):
-        for results in from_ipc(payload).to_batches(max_chunksize=DECIDE_BATCH_ROWS):
+        table = from_ipc(payload)
+        if floor is not None:
+            table = table.filter(_at_or_after(table.column(POSITION), floor))
+        for results in table.to_batches(max_chunksize=DECIDE_BATCH_ROWS):
             yield results.append_column(stamp, pa.array([ts] * results.num_rows, stamp.type))
+
+
+def _at_or_after(positions: pa.Array | pa.ChunkedArray, floor: str) -> pa.Array | pa.ChunkedArray:
+    return pc.greater_equal(positions, pa.scalar(floor, pa.string()))
 
 
 def _read_results(spark: SparkSession, config: EngineConfig, *, starting_version: int | None = None) -> DataFrame:
@@ -166,38 +179,13 @@ def _source_options(config: EngineConfig, starting_version: int | None) -> dict[
     return {**options, "startingVersion": str(starting_version)}
 
 
-def _at_or_after(floor: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """``mapInArrow`` over packed consume results: drop rows whose source position sorts before ``floor``.
-
-    Positions sort in stream order, so this drops exactly the rows of the
-    resume commit that the lake's last batch already read. Deterministic, so
-    a replayed batch drops the same rows.
-    """
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            kept = []
-            for payload in batch.column(PACKED_INPUT).to_pylist():
-                rows = from_ipc(payload)
-                keep = pc.greater_equal(rows.column(POSITION), pa.scalar(floor, pa.string()))
-                if pc.all(keep).as_py():
-                    kept.append(payload)
-                elif pc.any(keep).as_py():
-                    kept.append(to_ipc(rows.filter(keep)))
-            if kept:
-                yield pa.RecordBatch.from_arrays([pa.array(kept, pa.binary())], schema=batch.schema)
-
-    return run
-
-
 def engine_frame(spark: SparkSession, config: EngineConfig, *, resume_at: resume.ResumePoint | None = None) -> DataFrame:
     """The engine's streaming DataFrame of packed WORK rows, before the writers.
 
     ``resume_at``: a new checkpoint resuming after the lake's last batch.
     """
     results = _read_results(spark, config, starting_version=None if resume_at is None else resume_at.starting_version)
-    if resume_at is not None and resume_at.position_floor is not None:
-        results = results.mapInArrow(_at_or_after(resume_at.position_floor), results.schema)
+    floor = None if resume_at is None else resume_at.position_floor
     # Sub-keys of the schedule stage's state keys (#12 item 17), fixed per checkpoint.
     split = state_key_split(
         config.checkpoint_path,
@@ -206,7 +194,7 @@ def engine_frame(spark: SparkSession, config: EngineConfig, *, resume_at: resume
         subkeys=config.engine.state_subkeys,
     )
     decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
-        _decide_batches(Decider(config), split), PACKED_SCHEMA
+        _decide_batches(Decider(config), split, floor=floor), PACKED_SCHEMA
     )
     stage = ScheduleStage(dedup_window_ms=parse_duration_ms(config.engine.dedup_window))
     return decided.groupBy("route", "bucket").applyInPandasWithState(

@@ -255,12 +255,21 @@ class LakeLease:
         """Refresh the lease; :class:`LeaseLostError` if another engine took it over."""
         self._update(lambda s: replace(s, heartbeat=self.clock()), what="heartbeat")
 
-    def record_batch(self, batch: BatchRecord) -> None:
+    def record_batch(self, batch: BatchRecord) -> bool:
         """Make ``batch`` the lake's last batch (and heartbeat); fenced like :meth:`heartbeat`.
 
-        Replay: recording the batch already recorded changes nothing but the heartbeat.
+        Replay: when the lake already records this query's batch ``batch.batch_id``
+        or a later one, nothing is written and the answer is False (one read of
+        the row either way).
         """
-        self._update(lambda s: replace(s, heartbeat=self.clock(), last_batch=batch), what=f"batch {batch.batch_id}")
+
+        def change(state: EngineState) -> EngineState | None:
+            last = state.last_batch
+            if last is not None and last.query_id == batch.query_id and last.batch_id >= batch.batch_id:
+                return None
+            return replace(state, heartbeat=self.clock(), last_batch=batch)
+
+        return self._update(change, what=f"batch {batch.batch_id}")
 
     def check(self) -> EngineState:
         """The current state, or :class:`LeaseLostError` if this engine no longer owns the lake."""
@@ -299,13 +308,17 @@ class LakeLease:
             raise LeaseLostError(f"{what} refused: this engine released the lease of {self.lake}", code="LEASE_LOST")
         return state
 
-    def _update(self, change: Callable[[EngineState], EngineState], *, what: str) -> None:
+    def _update(self, change: Callable[[EngineState], EngineState | None], *, what: str) -> bool:
+        """Compare-and-swap the row through ``change``; False if ``change`` wanted no write."""
         with self._lock:
             for _ in range(_CAS_ATTEMPTS):
                 table, state = self._open()
                 current = self._owned(state, what=what)
-                if self._swap(table, change(current), current.epoch):
-                    return
+                wanted = change(current)
+                if wanted is None:
+                    return False
+                if self._swap(table, wanted, current.epoch):
+                    return True
             raise LeaseLostError(f"{what}: the lease of {self.lake} kept changing under this engine", code="LEASE_LOST")
 
     def _swap(self, table: DeltaTable | None, state: EngineState, epoch: int) -> bool:
@@ -320,13 +333,13 @@ class LakeLease:
         except CommitFailedError as exc:
             log.info("lake %s: engine-state commit conflicted (%s); re-reading", self.lake, exc)
             return False
-        self._maintain()
+        # The overwrite conflicts with any commit since the snapshot, so it landed right after it.
+        if table is not None and (table.version() + 1) % MAINTAIN_EVERY == 0:
+            self._maintain()
         return True
 
     def _maintain(self) -> None:
         table = DeltaTable(self.path)
-        if table.version() % MAINTAIN_EVERY:
-            return
         try:
             table.create_checkpoint()
             table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)

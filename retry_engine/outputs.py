@@ -330,13 +330,9 @@ class BatchWriter:
         """
         if self.lease is None:
             return True
-        current = self.lease.check().last_batch
-        if current is not None and current.query_id == self.app_id and current.batch_id >= batch_id:
-            log.info("batch %d: already recorded in the lake (last %d); replay commits nothing new", batch_id, current.batch_id)
-            return False
         pending = self.pending_retries + pending_change(counts)
         end = planned_end(self.checkpoint, batch_id) if self.checkpoint is not None else None
-        self.lease.record_batch(
+        recorded = self.lease.record_batch(
             BatchRecord(
                 query_id=self.app_id,
                 batch_id=batch_id,
@@ -345,6 +341,9 @@ class BatchWriter:
                 pending_retries=pending,
             )
         )
+        if not recorded:
+            log.info("batch %d: already recorded in the lake; replay commits nothing new", batch_id)
+            return False
         self.pending_retries = pending
         return True
 

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 
 from retry_engine import resume
-from retry_engine._arrow_ipc import from_ipc, to_ipc
+from retry_engine._arrow_ipc import to_ipc
 from retry_engine.delta._files import position_array, position_prefix
-from retry_engine.engine import _at_or_after
+from retry_engine.engine import _unpacked
 from retry_engine.errors import LakeOwnedError, LakeResumeError, LeaseLostError
 from retry_engine.lease import BatchRecord, EngineState, Heartbeat, LakeLease, Owner, read_state
 
@@ -184,7 +184,7 @@ def test_resume_plan_refuses_what_would_lose_or_repeat() -> None:
 
 def test_resume_filter_drops_exactly_the_rows_already_read() -> None:
     """The position floor keeps rows of later files of the resume commit, and of later commits, only."""
-    from retry_engine.decide import POSITION
+    from retry_engine.decide import BATCH_TS, POSITION
     from retry_engine.engine import PACKED_INPUT
 
     def payload(version: int, index: int, rows: int) -> bytes:
@@ -192,12 +192,20 @@ def test_resume_filter_drops_exactly_the_rows_already_read() -> None:
         return to_ipc(pa.table({"result_id": [f"{version}-{index}-{r}" for r in range(rows)], POSITION: positions}))
 
     packed = pa.RecordBatch.from_arrays(
-        [pa.array([payload(9, 1, 2), payload(9, 2, 3), payload(9, 3, 2), payload(10, 0, 1)], pa.binary())],
-        names=[PACKED_INPUT],
+        [
+            pa.array([payload(9, 1, 2), payload(9, 2, 3), payload(9, 3, 2), payload(10, 0, 1)], pa.binary()),
+            pa.array([dt.datetime(2026, 11, 23, tzinfo=dt.UTC)] * 4, pa.timestamp("us", tz="UTC")),
+        ],
+        names=[PACKED_INPUT, BATCH_TS],
     )
-    out = list(_at_or_after(position_prefix(9, 3, False))(iter([packed])))
-    kept = [rid for b in out for p in b.column(0).to_pylist() for rid in from_ipc(p).column("result_id").to_pylist()]
+    floor = position_prefix(9, 3, False)
+    kept = [rid for b in _unpacked(packed, floor=floor) for rid in b.column("result_id").to_pylist()]
     assert kept == ["9-3-0", "9-3-1", "10-0-0"]
+    # Unpacked input (native Delta mode) is filtered the same way.
+    plain = pa.RecordBatch.from_pylist(
+        [{"result_id": r, POSITION: p} for r, p in [("old", position_prefix(9, 2, False) + "0"), ("new", floor + "0")]]
+    )
+    assert [b.column("result_id").to_pylist() for b in _unpacked(plain, floor=floor)] == [["new"]]
 
 
 def test_once_waits_for_the_table_version_it_saw() -> None:
@@ -302,3 +310,21 @@ def test_heartbeat_stops_the_engine_when_taken_over_and_releases_when_the_query_
         assert released()
     finally:
         beat.stop()
+
+
+def test_recording_a_batch_the_lake_already_has_writes_nothing(tmp_path: Path) -> None:
+    """B1 replay: the lake's record of this query's batch (or a later one) is kept; no commit is made."""
+    from deltalake import DeltaTable
+
+    first = lease(tmp_path, "query-A", Clock())
+    with owning(first):
+        assert first.record_batch(batch("query-A", 3)) is True
+        version = DeltaTable(str(tmp_path / "_engine_state")).version()
+        assert first.record_batch(batch("query-A", 3, pending=9)) is False
+        assert first.record_batch(batch("query-A", 2)) is False
+        assert DeltaTable(str(tmp_path / "_engine_state")).version() == version
+        state = read_state(str(tmp_path))
+        assert state is not None and state.last_batch == batch("query-A", 3)
+        assert first.record_batch(batch("query-A", 4)) is True
+        state = read_state(str(tmp_path))
+        assert state is not None and state.last_batch == batch("query-A", 4)
