@@ -86,7 +86,6 @@ from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RET
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
-    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -519,7 +518,7 @@ class _RebalancedBatch:
 
         return (F.col(column) == F.lit(topic)) & _queue_of(self.queue_counts[topic]).isin(list(queues))
 
-    def _snapshot(self, path: str, spark_schema: StructType, version: int | None = None) -> DataFrame:
+    def _snapshot(self, path: str, version: int | None = None) -> DataFrame:
         """The table at ``version`` (default: latest) as a batch DataFrame."""
         reader = self.spark.read.format(FORMAT_NAME).option("path", path)
         if version is not None:
@@ -530,7 +529,7 @@ class _RebalancedBatch:
         """msg ids the group already has a CLUSTERING result for (read when the plan runs)."""
         from pyspark.sql import functions as F
 
-        results = self._snapshot(self.results_path, CONSUME_RESULTS.spark_schema)
+        results = self._snapshot(self.results_path)
         model = F.coalesce(F.col("message_model"), F.lit(CLUSTERING))
         return (
             results.filter((F.col("consumer_group") == F.lit(self.group)) & (model == F.lit(CLUSTERING)))
@@ -564,8 +563,7 @@ class _RebalancedBatch:
 
         parts = []
         for topic, queues in sorted(assignment.catch_up.items()):
-            schema = RETRY.spark_schema if topic == retry_topic(self.group) else MESSAGES.spark_schema
-            table = self._snapshot(self.sources[topic], schema, assignment.catch_up_versions[topic])
+            table = self._snapshot(self.sources[topic], assignment.catch_up_versions[topic])
             tagged = table.filter(self.topic_filter(topic)).withColumn(QUEUE_SET, F.lit(topic))
             parts.append(tagged.filter(self._in(topic, queues)).select(*MESSAGE_NAMES))
         rows = parts[0]

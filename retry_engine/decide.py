@@ -260,13 +260,13 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
     msg_id, group, topic = cols["msg_id"], cols["consumer_group"], cols["topic"]
     status, model = cols["status"], cols["message_model"]
 
-    blank = blank_mask  # RocketMQ's UtilAll.isBlank
-    _flag(problems, blank(msg_id), "MISSING_MSG_ID", "msg_id is missing (null, empty or whitespace)")
-    _flag(problems, blank(group), "MISSING_GROUP", "consumer_group is missing (null, empty or whitespace)")
-    _flag(problems, blank(topic), "MISSING_TOPIC", "topic is missing (null, empty or whitespace)")
+    # Blank is RocketMQ's UtilAll.isBlank (blank_mask).
+    _flag(problems, blank_mask(msg_id), "MISSING_MSG_ID", "msg_id is missing (null, empty or whitespace)")
+    _flag(problems, blank_mask(group), "MISSING_GROUP", "consumer_group is missing (null, empty or whitespace)")
+    _flag(problems, blank_mask(topic), "MISSING_TOPIC", "topic is missing (null, empty or whitespace)")
 
     def bad_name(a: pa.Array, max_length: int) -> pa.Array:
-        present = pc.invert(blank(a))
+        present = pc.invert(blank_mask(a))
         invalid = pc.or_kleene(
             pc.invert(pc.match_substring_regex(a, _VALID_NAME_PATTERN)),
             pc.greater(pc.utf8_length(a), max_length),

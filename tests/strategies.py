@@ -76,7 +76,6 @@ GROUPS = ("G", "G2", "GN", "GD")
 NON_RETRYABLE_CLASS = "java.lang.IllegalArgumentException"
 NON_RETRYABLE_PATTERN = "(?i)poison"
 
-STRING_COLUMNS = tuple(c.name for c in CONSUME_RESULTS.columns if c.type == pa.string())
 INT32_COLUMNS = tuple(c.name for c in CONSUME_RESULTS.columns if c.type == pa.int32())
 TS_COLUMNS = tuple(c.name for c in CONSUME_RESULTS.columns if pa.types.is_timestamp(c.type))
 ID_COLUMNS = ("result_id", "msg_id", "origin_msg_id")

@@ -83,7 +83,7 @@ def test_ensure_readable_table_logs_one_line_per_drift_and_creates_a_missing_tab
 ) -> None:
     missing = str(tmp_path / "new")
     table, drifts = ensure_readable_table(missing, EXPECTED)
-    assert drifts == [] and table.schema().to_arrow() is not None
+    assert drifts == [] and pa.schema(table.schema().to_arrow()) == EXPECTED
     drifted = str(tmp_path / "drifted")
     write_deltalake(drifted, pa.table({"msg_id": ["m"], "reconsume_times": pa.array([1], pa.int64()), "x": [1]}))
     with caplog.at_level(logging.WARNING, logger="retry_engine.delta.tables"):
