@@ -40,8 +40,14 @@ from retry_engine.delta import (
     report_drift,
     table_version,
 )
+from retry_engine.delta._offsets import Offset
 from retry_engine.delta.tables import open_table
-from retry_engine.errors import EngineStoppedError, LakeResumeError, LeaseLostError
+from retry_engine.errors import (
+    DeltaSourceError,
+    EngineStoppedError,
+    LakeResumeError,
+    LeaseLostError,
+)
 from retry_engine.lease import EngineState, Heartbeat, LakeLease, Owner
 from retry_engine.outputs import BatchWriter, OnCounts, roll_forward
 from retry_engine.packed import PACKED_SCHEMA, pack
@@ -415,10 +421,14 @@ def run_once(spark: SparkSession, config: EngineConfig, *, take_over: bool = Fal
 
 def _covers(end: Any, version: int) -> bool:
     """Whether a Delta/deltars source end offset is past every file of commit ``version``."""
-    offset: Mapping[str, Any] | None = json.loads(end) if isinstance(end, str) else end
-    if not isinstance(offset, Mapping) or "reservoirVersion" not in offset:
+    data: Any = json.loads(end) if isinstance(end, str) else end
+    if not isinstance(data, Mapping):
         return False
-    return not bool(offset.get("isStartingVersion")) and int(offset["reservoirVersion"]) > version
+    try:
+        offset = Offset.from_json(data)
+    except DeltaSourceError:
+        return False
+    return not offset.is_starting_version and offset.version > version
 
 
 def wait_until_idle(query: StreamingQuery, *, through_version: int | None = None, poll_seconds: float = 0.2) -> None:

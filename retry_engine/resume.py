@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 
 from retry_engine.delta._checkpoint import checkpoint_filesystem
 from retry_engine.delta._files import position_prefix
+from retry_engine.delta._offsets import Offset
 from retry_engine.errors import LakeResumeError
 from retry_engine.lease import EngineState
 
@@ -141,7 +142,9 @@ def plan(
             f"the lake's last batch {where} does not record its consume_results offset; run with checkpoint {holder}",
             code="LAKE_RESUME_UNKNOWN",
         )
-    recorded_table = end.get("reservoirId")
+    # A row in the lake, so anything: Offset.from_json refuses what is no deltars offset (DELTA_OFFSET_INVALID).
+    offset = Offset.from_json(end)
+    recorded_table = offset.reservoir_id
     if recorded_table is not None and source_table_id is not None and recorded_table != source_table_id:
         log.warning(
             "consume_results is now table %s, the lake's last batch %s read table %s: it was re-created; "
@@ -149,8 +152,8 @@ def plan(
             source_table_id, where, recorded_table,
         )
         return None
-    version, index = int(end["reservoirVersion"]), int(end["index"])
-    if bool(end["isStartingVersion"]):
+    version, index = offset.version, offset.index
+    if offset.is_starting_version:
         raise LakeResumeError(
             f"the lake's last batch {where} ended inside the initial snapshot of consume_results version {version} "
             f"(file {index}); a new checkpoint can only resume at a commit. Run with checkpoint {holder} until it has "

@@ -19,7 +19,7 @@ from retry_engine import resume
 from retry_engine._arrow_ipc import to_ipc
 from retry_engine.delta._files import position_array, position_prefix
 from retry_engine.engine import _unpacked
-from retry_engine.errors import LakeOwnedError, LakeResumeError, LeaseLostError
+from retry_engine.errors import DeltaSourceError, LakeOwnedError, LakeResumeError, LeaseLostError
 from retry_engine.lease import BatchRecord, EngineState, Heartbeat, LakeLease, Owner, read_state
 
 T0 = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
@@ -180,6 +180,10 @@ def test_resume_plan_refuses_what_would_lose_or_repeat() -> None:
     snap = batch("query-A", 0, end={"reservoirVersion": 3, "index": 10, "isStartingVersion": True})
     with pytest.raises(LakeResumeError, match="LAKE_RESUME_MID_SNAPSHOT"):
         resume.plan(_state(snap), query_id="B", checkpoint="/c", fresh=True, source_table_id=None)
+    # The record is a row anyone with write access to the lake can change: a damaged offset is a clear error.
+    for damaged in ({"reservoirVersion": "x", "index": 0, "isStartingVersion": False}, {"index": 0}, {"sourceVersion": 99}):
+        with pytest.raises(DeltaSourceError, match="DELTA_OFFSET_INVALID"):
+            resume.plan(_state(batch("query-A", 0, end=damaged)), query_id="B", checkpoint="/c", fresh=True, source_table_id=None)
 
 
 def test_resume_filter_drops_exactly_the_rows_already_read() -> None:
