@@ -40,6 +40,7 @@ from retry_engine.delta import (
     report_drift,
     table_version,
 )
+from retry_engine.delta._checkpoint import remove_orphan_log_temps
 from retry_engine.delta._offsets import Offset
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import (
@@ -314,6 +315,8 @@ def start(
     )
     before = lease.acquire(take_over=take_over)
     try:
+        for path in remove_orphan_log_temps(checkpoint):
+            log.warning("removed %s, left by an engine killed while writing its checkpoint log", path)
         point, pending = _resume_point(config, before, app_id, fresh=fresh, discard_pending=discard_pending)
         if native and point is not None:
             raise LakeResumeError(

@@ -50,6 +50,27 @@ def read_query_id(checkpoint: str) -> str | None:
         ) from exc
 
 
+def remove_orphan_log_temps(checkpoint: str) -> list[str]:
+    """Delete the temp files a killed write left in the checkpoint's ``offsets`` and ``commits`` logs.
+
+    Spark writes ``offsets/<n>`` as ``.<n>.<uuid>.tmp`` (plus ``.crc``) and renames it. A
+    process killed between the two leaves the temp file, and Spark 4 then refuses to run
+    batch 0 on every restart (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``: offsets must
+    be empty), a crash loop found by the SIGKILL test. Only the lake's lease holder calls
+    this, before its query starts, so no other writer's temp file is in flight. Returns
+    the removed paths.
+    """
+    fs, root = checkpoint_filesystem(checkpoint)
+    removed = []
+    for log_dir in ("offsets", "commits"):
+        infos = fs.get_file_info(pafs.FileSelector(f"{root}/{log_dir}", allow_not_found=True))
+        for info in infos:
+            if info.type == pafs.FileType.File and info.base_name.startswith(".") and ".tmp" in info.base_name:
+                fs.delete_file(info.path)
+                removed.append(info.path)
+    return removed
+
+
 def ensure_query_id(checkpoint: str) -> str:
     """The query id of ``checkpoint``, writing a new one first if it has none.
 

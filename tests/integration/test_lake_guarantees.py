@@ -242,3 +242,26 @@ def test_new_checkpoint_resumes_inside_a_commit_the_last_batch_read_in_part(spar
     outcomes = per_result(lake, "outcomes", "result_id")
     expected = {rid: 1 for rid in split_ids | {first.values["result_id"]}}
     assert dict(outcomes) == expected
+
+
+def test_a_kill_while_writing_the_first_offset_does_not_brick_the_checkpoint(spark: Any, tmp_path: Path) -> None:
+    """B1, R8: SIGKILL between Spark writing ``offsets/.0.<uuid>.tmp`` and renaming it left the temp file;
+    Spark 4 then failed batch 0 on every restart (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). Found by the
+    crash test (seed 3307081397); the engine now removes such temp files before its query starts."""
+    lake = Lake.make(tmp_path)
+    checkpoint = Path(lake.config.checkpoint_path)
+    ensure_query_id(str(checkpoint))
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    orphan = checkpoint / "offsets" / ".0.f78cd5e1-a500-4f4a-9bb4-d556aba01259.tmp"
+    orphan.write_text('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n{"reservoirVersion":0}\n')
+    (checkpoint / "offsets" / f".{orphan.name}.crc").write_bytes(b"crc\x00")
+    lake.write_results([Result.of("K1").failed()])
+    query = engine.start(spark, lake.config)
+    try:
+        outcomes = wait_for(lambda: query.exception() or lake.rows("outcomes"), timeout=180, what="K1's outcome")
+        assert query.exception() is None, query.exception()
+    finally:
+        engine.stop(query)
+    assert [(o["msg_id"], o["outcome"]) for o in outcomes] == [("K1", "retry")]
+    assert not orphan.exists()
