@@ -177,6 +177,14 @@ class EngineSection(_Strict):
         parse_delay_levels(value)
         return value
 
+    @field_validator("lake")
+    @classmethod
+    def _lake(cls, value: str) -> str:
+        # An empty lake would put every table in the working directory under its bare name.
+        if not value.strip():
+            raise ValueError("lake is empty; give the folder (or s3://... URI) that holds the tables")
+        return value
+
 
 class SourceSection(_Strict):
     """How the engine streams consume_results: Delta's streaming source options, same meaning.
@@ -344,20 +352,71 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Engine
         raise
 
 
+def config_file(path: str | os.PathLike[str] | None = None) -> Path | None:
+    """The config file :func:`load_config` reads for ``path``: it, else ``conf/retry-engine.toml`` if present."""
+    if path is not None:
+        return Path(path)
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.exists() else None
+
+
+# A URI (s3://bucket/lake, file:///x, abfss://...) is never resolved against a folder.
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def resolve_path(value: str, base: str | os.PathLike[str] | None = None) -> str:
+    """``value`` with ``~`` expanded and, when relative, joined to ``base`` (a folder).
+
+    URIs and blank values are returned unchanged (an empty lake is a config
+    error of its own); ``base=None`` leaves a relative path relative, i.e. to
+    the working directory.
+    """
+    if not value.strip() or _URI.match(value):
+        return value
+    expanded = os.path.expanduser(value)
+    if base is None or os.path.isabs(expanded):
+        return expanded
+    return os.path.normpath(os.path.join(os.path.abspath(base), expanded))
+
+
+def _resolve_file_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``data`` with the file's relative paths (lake, checkpoint, [tables]) resolved against ``base``.
+
+    A path in a file means the same wherever the command runs from; paths from
+    the environment or the command line keep meaning the working directory.
+    """
+    resolved = dict(data)
+    engine = data.get("engine")
+    if isinstance(engine, dict):
+        resolved["engine"] = {
+            key: resolve_path(value, base) if key in ("lake", "checkpoint") and isinstance(value, str) else value
+            for key, value in engine.items()
+        }
+    tables = data.get("tables")
+    if isinstance(tables, dict):
+        resolved["tables"] = {
+            key: resolve_path(value, base) if isinstance(value, str) else value for key, value in tables.items()
+        }
+    return resolved
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
     env: Mapping[str, str] | None = None,
+    lake: str | None = None,
 ) -> EngineConfig:
-    """Read and validate the config file, then apply environment overrides.
+    """Read and validate the config file, then apply environment and ``lake`` overrides.
 
     ``path=None`` reads ``conf/retry-engine.toml`` if it exists, else uses defaults.
+    Relative paths in the file (``engine.lake``, ``engine.checkpoint``, ``[tables]``)
+    are resolved against the file's folder, ``~`` expanded; the embedded defaults
+    and ``RETRY_ENGINE_*`` values stay relative to the working directory. ``lake``
+    (the command line's ``--lake``) wins over ``RETRY_ENGINE_LAKE`` and the file.
     """
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
     source = "<defaults>"
-    if path is None and DEFAULT_CONFIG_FILE.exists():
-        path = DEFAULT_CONFIG_FILE
+    path = config_file(path)
     if path is not None:
         source = str(path)
         try:
@@ -365,12 +424,17 @@ def load_config(
                 data = tomllib.load(handle)
         except FileNotFoundError:
             raise ConfigError(f"config file {source} does not exist", code="CONFIG_NOT_FOUND") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {source} is a folder; give the TOML file", code="CONFIG_NOT_FOUND") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source} is not valid TOML: {exc}", code="CONFIG_NOT_TOML") from None
+        data = _resolve_file_paths(data, path.parent)
     engine = dict(data.get("engine", {}))
     for key, var in (("lake", ENV_LAKE), ("checkpoint", ENV_CHECKPOINT), ("master", ENV_MASTER)):
         if env.get(var):
-            engine[key] = env[var]
+            engine[key] = resolve_path(env[var]) if key != "master" else env[var]
+    if lake is not None:
+        engine["lake"] = resolve_path(lake)
     if engine:
         data = {**data, "engine": engine}
     return parse_config(data, source=source)
