@@ -109,11 +109,39 @@ class ExponentialBackoff(_Strict):
     _dur = field_validator("initial", "max")(classmethod(lambda cls, v: _check_duration(v)))
 
 
+# Python's own exceptions are named without their module (as the consumer records them:
+# ``ValueError``, not ``builtins.ValueError``); so are classes of a script run as __main__.
+_BARE_MODULES = ("builtins.", "__main__.")
+
+
+def error_class_name(name: str) -> str:
+    """The spelling of an error class that ``non_retryable.error_classes`` matches on.
+
+    ``builtins.ValueError`` and ``ValueError`` are one class (so are
+    ``__main__.X`` and ``X``); any other class keeps its module
+    (``myapp.errors.Invalid``, ``com.acme.InvalidOrder``).
+    """
+    for prefix in _BARE_MODULES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return name[len(prefix) :]
+    return name
+
+
 class NonRetryable(_Strict):
     """Failures that go straight to the DLQ (B3): exact error classes or regexes."""
 
     error_classes: list[str] = Field(default_factory=list)
     error_patterns: list[str] = Field(default_factory=list)
+
+    @field_validator("error_classes")
+    @classmethod
+    def _classes(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not name.strip():
+                raise ValueError(
+                    "an error class is empty; give a class name such as ValueError or myapp.errors.InvalidOrder"
+                )
+        return [error_class_name(name) for name in names]
 
     @field_validator("error_patterns")
     @classmethod
