@@ -153,6 +153,17 @@ def test_rows_the_engine_would_quarantine_are_refused_with_its_reason_code(
     _refused(tmp_path, rows, InvalidConsumeResultError, rf"\[{code}\] row 1: .*{words}.*Nothing was written")
 
 
+def test_arrow_values_python_cannot_hold_are_refused_with_the_engines_code(tmp_path: Path) -> None:
+    """SPEC bad input: invalid UTF-8 and a time outside years 1-9999 (Arrow holds both; the engine quarantines them)."""
+    base = {k: pa.array([v, v]) for k, v in GOOD.items()}
+    bad_utf8 = pa.array([b"M-1", b"\xff\xfe"], pa.binary()).view(pa.string())
+    _refused(tmp_path, pa.table({**base, "msg_id": bad_utf8}), InvalidConsumeResultError,
+             r"\[INVALID_UTF8\] row 1: column msg_id: .*is not valid UTF-8")
+    far = pa.array([0, -(2**62)], pa.timestamp("us", tz="UTC"))
+    _refused(tmp_path, pa.table({**base, "consumed_at": far}), InvalidConsumeResultError,
+             r"\[TIMESTAMP_OUT_OF_RANGE\] row 1: column consumed_at: .*outside years 1-9999")
+
+
 def test_values_that_do_not_fit_without_loss_are_refused(tmp_path: Path) -> None:
     cases: list[tuple[Any, str]] = [
         ([{**GOOD, "reconsume_times": 2.5}], r"column 'reconsume_times', row 0: 2.5 \(float\) does not fit int32 without loss"),
