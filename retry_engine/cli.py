@@ -7,11 +7,19 @@ import logging
 import os
 import signal
 import sys
+import tomllib
 from collections.abc import Sequence
 
 from retry_engine import dlq_commands
-from retry_engine.config import TABLE_NAMES, load_config
-from retry_engine.errors import RetryEngineError
+from retry_engine.config import (
+    DEFAULT_LAKE,
+    ENV_LAKE,
+    TABLE_NAMES,
+    EngineConfig,
+    config_file,
+    load_config,
+)
+from retry_engine.errors import LakeNotFoundError, RetryEngineError
 
 log = logging.getLogger("retry_engine")
 
@@ -63,14 +71,102 @@ def _parser() -> argparse.ArgumentParser:
     plots = sub.add_parser("plots", help="write PNG charts: backlog by level, lateness, dead letters by error class")
     plots.add_argument("--config")
     plots.add_argument("--out", required=True, help="folder to write the PNG files to (created if missing)")
+    _add_schema_parser(sub)
+    _add_lake_options(parser)
     return parser
+
+
+# -- schema: what every table holds ----------------------------------------------
+
+
+def _add_schema_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from retry_engine.schema_text import SCHEMA_FORMATS, TABLES
+
+    schema = sub.add_parser(
+        "schema",
+        help="print the tables' columns and types (what a writer of consume_results must give)",
+        description="Print every table's schema, or one table's. consume_results lists its required columns.",
+    )
+    schema.add_argument("table", nargs="?", choices=list(TABLES), metavar="TABLE", help=f"one of {', '.join(TABLES)}")
+    schema.add_argument(
+        "--format", choices=SCHEMA_FORMATS, default="arrow", help="arrow (default), spark-ddl or json"
+    )
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from retry_engine.schema_text import TABLES, format_schemas
+
+    sys.stdout.write(format_schemas([args.table] if args.table else list(TABLES), args.format))
+    return EXIT_OK
+
+
+# -- --lake: on every command that takes --config ----------------------------------
+
+
+def _lake_arg(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the lake path is empty; give the folder (or s3://... URI) that holds the tables")
+    return text
+
+
+def _add_lake_options(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)command that reads a config file a ``--lake`` that overrides its lake.
+
+    Walks the parser tree rather than listing commands, so a command added
+    later with ``--config`` gets ``--lake`` too.
+    """
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _add_lake_options(child)
+    options = {option for action in parser._actions for option in action.option_strings}
+    if "--config" in options and "--lake" not in options:
+        parser.add_argument(
+            "--lake",
+            type=_lake_arg,
+            metavar="PATH",
+            help="folder (or URI) holding the tables; overrides engine.lake and RETRY_ENGINE_LAKE "
+            "(a relative path is relative to the working directory)",
+        )
+
+
+def _config(args: argparse.Namespace) -> EngineConfig:
+    """The command's config: ``--config`` (or the default file), then RETRY_ENGINE_*, then ``--lake``."""
+    return load_config(args.config, lake=getattr(args, "lake", None))
+
+
+def _lake_origin(args: argparse.Namespace) -> str:
+    """Where the lake setting of this command came from, for error messages."""
+    if getattr(args, "lake", None):
+        return f"--lake {args.lake!r}"
+    if os.environ.get(ENV_LAKE):
+        return f"{ENV_LAKE}={os.environ[ENV_LAKE]!r}"
+    path = config_file(args.config)
+    if path is not None:
+        with open(path, "rb") as handle:
+            lake = tomllib.load(handle).get("engine", {}).get("lake")
+        if isinstance(lake, str):
+            relative = "" if os.path.isabs(os.path.expanduser(lake)) else ", relative to that file's folder"
+            return f"engine.lake = {lake!r} in {path}{relative}"
+    return f"the default engine.lake ({DEFAULT_LAKE!r}, relative to the working directory)"
+
+
+def _reading_config(args: argparse.Namespace) -> EngineConfig:
+    """:func:`_config` for a command that reads a lake: a lake that is not there is an error (exit 2)."""
+    from retry_engine.lake import require_lake
+
+    config = _config(args)
+    require_lake(config, origin=_lake_origin(args))
+    return config
 
 
 def _run(args: argparse.Namespace) -> int:
     from retry_engine import engine
+    from retry_engine.lake import require_lake_folder
     from retry_engine.session import build_session
 
-    config = load_config(args.config)
+    config = _config(args)
+    require_lake_folder(config, origin=_lake_origin(args))
     # Under spark-submit the JVM (and its --master) already exists; don't override it.
     master = None if "PYSPARK_GATEWAY_PORT" in os.environ else config.engine.master
     spark = build_session(
@@ -117,7 +213,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    config = _config(args)
     for table in TABLE_NAMES:
         print(f"{table:16} {config.table_path(table)}")
     print(f"{'checkpoint':16} {config.checkpoint_path}")
@@ -125,7 +221,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _dlq(args: argparse.Namespace) -> int:
-    return dlq_commands.run(args, load_config(args.config))
+    return dlq_commands.run(args, _reading_config(args))
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -133,7 +229,7 @@ def _status(args: argparse.Namespace) -> int:
 
     from retry_engine.status import format_status, status, status_json
 
-    result = status(load_config(args.config))
+    result = status(_reading_config(args))
     if args.json:
         print(json.dumps(status_json(result), indent=2))
     else:
@@ -144,7 +240,7 @@ def _status(args: argparse.Namespace) -> int:
 def _plots(args: argparse.Namespace) -> int:
     from retry_engine.plots import write_plots
 
-    for plot in write_plots(load_config(args.config), args.out):
+    for plot in write_plots(_reading_config(args), args.out):
         print(f"{plot.name:13} {plot.path}  ({plot.elements} elements, from {plot.source})")
     return EXIT_OK
 
@@ -172,8 +268,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "status": _status,
             "plots": _plots,
             "zip": _zip,
+            "schema": _schema,
         }
         return commands[args.command](args)
+    except LakeNotFoundError as exc:
+        # Pointed at the wrong place: a usage error, like a missing argument.
+        print(f"retry-engine: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except RetryEngineError as exc:
         print(f"retry-engine: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -109,11 +109,39 @@ class ExponentialBackoff(_Strict):
     _dur = field_validator("initial", "max")(classmethod(lambda cls, v: _check_duration(v)))
 
 
+# Python's own exceptions are named without their module (as the consumer records them:
+# ``ValueError``, not ``builtins.ValueError``); so are classes of a script run as __main__.
+_BARE_MODULES = ("builtins.", "__main__.")
+
+
+def error_class_name(name: str) -> str:
+    """The spelling of an error class that ``non_retryable.error_classes`` matches on.
+
+    ``builtins.ValueError`` and ``ValueError`` are one class (so are
+    ``__main__.X`` and ``X``); any other class keeps its module
+    (``myapp.errors.Invalid``, ``com.acme.InvalidOrder``).
+    """
+    for prefix in _BARE_MODULES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return name[len(prefix) :]
+    return name
+
+
 class NonRetryable(_Strict):
     """Failures that go straight to the DLQ (B3): exact error classes or regexes."""
 
     error_classes: list[str] = Field(default_factory=list)
     error_patterns: list[str] = Field(default_factory=list)
+
+    @field_validator("error_classes")
+    @classmethod
+    def _classes(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not name.strip():
+                raise ValueError(
+                    "an error class is empty; give a class name such as ValueError or myapp.errors.InvalidOrder"
+                )
+        return [error_class_name(name) for name in names]
 
     @field_validator("error_patterns")
     @classmethod
@@ -175,6 +203,14 @@ class EngineSection(_Strict):
     @classmethod
     def _levels(cls, value: str) -> str:
         parse_delay_levels(value)
+        return value
+
+    @field_validator("lake")
+    @classmethod
+    def _lake(cls, value: str) -> str:
+        # An empty lake would put every table in the working directory under its bare name.
+        if not value.strip():
+            raise ValueError("lake is empty; give the folder (or s3://... URI) that holds the tables")
         return value
 
 
@@ -344,20 +380,71 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Engine
         raise
 
 
+def config_file(path: str | os.PathLike[str] | None = None) -> Path | None:
+    """The config file :func:`load_config` reads for ``path``: it, else ``conf/retry-engine.toml`` if present."""
+    if path is not None:
+        return Path(path)
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.exists() else None
+
+
+# A URI (s3://bucket/lake, file:///x, abfss://...) is never resolved against a folder.
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def resolve_path(value: str, base: str | os.PathLike[str] | None = None) -> str:
+    """``value`` with ``~`` expanded and, when relative, joined to ``base`` (a folder).
+
+    URIs and blank values are returned unchanged (an empty lake is a config
+    error of its own); ``base=None`` leaves a relative path relative, i.e. to
+    the working directory.
+    """
+    if not value.strip() or _URI.match(value):
+        return value
+    expanded = os.path.expanduser(value)
+    if base is None or os.path.isabs(expanded):
+        return expanded
+    return os.path.normpath(os.path.join(os.path.abspath(base), expanded))
+
+
+def _resolve_file_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``data`` with the file's relative paths (lake, checkpoint, [tables]) resolved against ``base``.
+
+    A path in a file means the same wherever the command runs from; paths from
+    the environment or the command line keep meaning the working directory.
+    """
+    resolved = dict(data)
+    engine = data.get("engine")
+    if isinstance(engine, dict):
+        resolved["engine"] = {
+            key: resolve_path(value, base) if key in ("lake", "checkpoint") and isinstance(value, str) else value
+            for key, value in engine.items()
+        }
+    tables = data.get("tables")
+    if isinstance(tables, dict):
+        resolved["tables"] = {
+            key: resolve_path(value, base) if isinstance(value, str) else value for key, value in tables.items()
+        }
+    return resolved
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
     env: Mapping[str, str] | None = None,
+    lake: str | None = None,
 ) -> EngineConfig:
-    """Read and validate the config file, then apply environment overrides.
+    """Read and validate the config file, then apply environment and ``lake`` overrides.
 
     ``path=None`` reads ``conf/retry-engine.toml`` if it exists, else uses defaults.
+    Relative paths in the file (``engine.lake``, ``engine.checkpoint``, ``[tables]``)
+    are resolved against the file's folder, ``~`` expanded; the embedded defaults
+    and ``RETRY_ENGINE_*`` values stay relative to the working directory. ``lake``
+    (the command line's ``--lake``) wins over ``RETRY_ENGINE_LAKE`` and the file.
     """
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
     source = "<defaults>"
-    if path is None and DEFAULT_CONFIG_FILE.exists():
-        path = DEFAULT_CONFIG_FILE
+    path = config_file(path)
     if path is not None:
         source = str(path)
         try:
@@ -365,12 +452,17 @@ def load_config(
                 data = tomllib.load(handle)
         except FileNotFoundError:
             raise ConfigError(f"config file {source} does not exist", code="CONFIG_NOT_FOUND") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {source} is a folder; give the TOML file", code="CONFIG_NOT_FOUND") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source} is not valid TOML: {exc}", code="CONFIG_NOT_TOML") from None
+        data = _resolve_file_paths(data, path.parent)
     engine = dict(data.get("engine", {}))
     for key, var in (("lake", ENV_LAKE), ("checkpoint", ENV_CHECKPOINT), ("master", ENV_MASTER)):
         if env.get(var):
-            engine[key] = env[var]
+            engine[key] = resolve_path(env[var]) if key != "master" else env[var]
+    if lake is not None:
+        engine["lake"] = resolve_path(lake)
     if engine:
         data = {**data, "engine": engine}
     return parse_config(data, source=source)

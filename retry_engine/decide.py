@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine.config import EngineConfig, GroupConfig
+from retry_engine.config import EngineConfig, GroupConfig, error_class_name
 from retry_engine.delays import BackoffPolicy, next_level, schedule_queue_id
 from retry_engine.errors import SchemaMismatchError
 from retry_engine.names import (
@@ -355,7 +355,7 @@ def new_msg_id(group: str, consumed_msg_id: str, target: str) -> str:
 
 def _matches_non_retryable(group: GroupConfig, error_class: str | None, error_message: str | None) -> str | None:
     rules = group.non_retryable
-    if error_class and error_class in rules.error_classes:
+    if error_class and error_class_name(error_class) in rules.error_classes:
         return f"error class {error_class!r} is listed as non-retryable"
     for pattern in rules.error_patterns:
         for text in (error_class, error_message):

@@ -41,7 +41,7 @@ TEXT_WIDTH = 48
 
 def add_parser(sub: Any) -> None:
     """Add ``dlq`` and its subcommands to the CLI's subparsers."""
-    parser = sub.add_parser("dlq", help="inspect the dead-letter queue and re-drive from it (operators only, R9)")
+    parser = sub.add_parser("dlq", help="inspect the dead-letter queue and re-drive from it (an operator's tool: consumers never read it)")
     commands = parser.add_subparsers(dest="dlq_command", required=True)
 
     listing = commands.add_parser("list", help="list dead letters, oldest first")
@@ -51,7 +51,7 @@ def add_parser(sub: Any) -> None:
     listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many rows (default 50)")
     _format(listing)
 
-    show = commands.add_parser("show", help="the full history of one message (B6): by origin id or any msg id")
+    show = commands.add_parser("show", help="the full history of one message, every attempt: by origin id or any msg id")
     _common(show)
     show.add_argument("msg_id")
     _format(show)
@@ -69,7 +69,7 @@ def add_parser(sub: Any) -> None:
 
     move = commands.add_parser(
         "redrive",
-        help="send dead letters back to their original topic or the retry path (B5)",
+        help="send dead letters back to their original topic or the retry path (audited, exactly once)",
         description="Re-drive the selected dead letters. Exactly once: running the same command again after an "
         "interruption finishes the interrupted chunks and moves nothing twice.",
     )

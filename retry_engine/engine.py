@@ -49,6 +49,7 @@ from retry_engine.errors import (
     LakeResumeError,
     LeaseLostError,
 )
+from retry_engine.lake import describe_engine_tables
 from retry_engine.lease import EngineState, Heartbeat, LakeLease, Owner
 from retry_engine.outputs import BatchWriter, OnCounts, roll_forward
 from retry_engine.packed import PACKED_SCHEMA, pack
@@ -305,6 +306,7 @@ def start(
     source rows, as the batches' input, and the lake records no batches.
     """
     native = config.engine.table_format == "delta"
+    log.info("retry engine starting on lake %s; tables:\n%s", config.engine.lake, describe_engine_tables(config))
     if native:
         native_delta.require_delta(spark)
     checkpoint = config.checkpoint_path

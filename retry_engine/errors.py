@@ -149,3 +149,21 @@ class StateVersionError(StateUnreadableError):
     """Raised when a schedule-stage state value has a layout version this release does not read."""
 
     code = "STATE_VERSION_UNKNOWN"
+
+
+class LakeNotFoundError(TablesUnavailableError):
+    """Raised when a command that reads a lake finds none where it looked (a missing folder, a file, no engine table)."""
+
+    code = "LAKE_NOT_FOUND"
+
+
+class InvalidConsumeResultError(RetryEngineError, ValueError):
+    """Raised when consume results to append break the engine's input contract (the code names which rule)."""
+
+    code = "INVALID_CONSUME_RESULT"
+
+
+class ConsumeResultTypeError(InvalidConsumeResultError, TypeError):
+    """Raised when consume results to append are not rows, or a column's values do not fit its type."""
+
+    code = "COLUMN_TYPE_MISMATCH"

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from retry_engine import dlq
-from retry_engine.cli import EXIT_ERROR, main
+from retry_engine.cli import EXIT_USAGE, main
 from retry_engine.config import parse_config
 from retry_engine.dlq import Selection
 from retry_engine.errors import ConfigError, InvalidNameError, SelectionError
@@ -137,7 +137,9 @@ def test_an_empty_lake_reads_as_empty(tmp_path: Path, capsys: pytest.CaptureFixt
     with pytest.raises(SelectionError, match="INVALID_VERSION.*no table"):
         dlq.dead_letters(config, version=0)
     assert list(tmp_path.iterdir()) == []
+    # The command line, unlike the library, calls a folder without any engine table no lake
+    # (#13 part 4: exit 2 saying where it looked, not an answer about an empty lake).
     conf = tmp_path.parent / "empty.toml"
     conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
-    assert main(["dlq", "show", "--config", str(conf), "M1"]) == EXIT_ERROR
-    assert "[MESSAGE_NOT_FOUND] no message 'M1'" in capsys.readouterr().err
+    assert main(["dlq", "show", "--config", str(conf), "M1"]) == EXIT_USAGE
+    assert f"[LAKE_NOT_FOUND] no lake at {tmp_path}: it holds no engine table" in capsys.readouterr().err

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine.cli import EXIT_ERROR, EXIT_NOT_RUNNING, main
+from retry_engine.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
+from retry_engine.config import load_config
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.monitor import PROGRESS_EVENT, STARTED, TERMINATED, lifecycle_row
 from retry_engine.plots import backlog_from_ledger, backlog_from_metrics, dead_letters_by_class
@@ -29,6 +30,7 @@ from retry_engine.status import (
     query_state,
     read_table_columns,
     stale_after_ms,
+    status,
     status_json,
 )
 from tests.lakehouse import Lake
@@ -213,13 +215,19 @@ def test_status_json_matches_golden_file() -> None:
 
 # -- errors ---------------------------------------------------------------------------
 def test_status_of_an_empty_lake_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """#13 part 4: a lake that is not there is a usage error (exit 2) naming where the commands looked.
+
+    Was exit 1 with TABLES_UNAVAILABLE from the command line; the library call keeps that error.
+    """
     conf = tmp_path / "c.toml"
     conf.write_text(f'[engine]\nlake = "{tmp_path}/nowhere"\n')
-    assert main(["status", "--config", str(conf)]) == EXIT_ERROR
+    assert main(["status", "--config", str(conf)]) == EXIT_USAGE
     err = capsys.readouterr().err
-    assert "[TABLES_UNAVAILABLE]" in err and f"{tmp_path}/nowhere" in err and "engine.lake" in err
-    assert main(["plots", "--config", str(conf), "--out", str(tmp_path / "png")]) == EXIT_ERROR
-    assert "[TABLES_UNAVAILABLE]" in capsys.readouterr().err
+    assert "[LAKE_NOT_FOUND]" in err and f"{tmp_path}/nowhere" in err and "engine.lake" in err
+    assert main(["plots", "--config", str(conf), "--out", str(tmp_path / "png")]) == EXIT_USAGE
+    assert "[LAKE_NOT_FOUND]" in capsys.readouterr().err
+    with pytest.raises(TablesUnavailableError, match=r"\[TABLES_UNAVAILABLE\] no engine tables under"):
+        status(load_config(conf))
 
 
 def test_only_a_progress_table_means_not_started(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

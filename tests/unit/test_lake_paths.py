@@ -1,0 +1,196 @@
+"""#13 part 4: lake paths that do not surprise.
+
+Relative paths in a config file mean the file's folder, not the working
+directory; ``--lake`` overrides the lake on every command that reads a config;
+a command that reads a lake that is not there exits 2 and says where it looked
+(instead of "no dead letters", exit 0). No Spark: ``run`` refuses a bad lake
+before it builds a session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+from deltalake import write_deltalake
+
+from retry_engine.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, _parser, main
+from retry_engine.config import ENV_LAKE, load_config
+from retry_engine.schemas import DLQ
+
+REPO = Path(__file__).resolve().parents[2]
+READING_COMMANDS = (
+    ["status"],
+    ["plots", "--out", "png"],
+    ["dlq", "list"],
+    ["dlq", "show", "SOME-ID"],
+    ["dlq", "stats"],
+    ["dlq", "redrive", "--all", "--to", "topic", "--dry-run"],
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_lake_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every test runs in its own empty working directory without RETRY_ENGINE_* set."""
+    for var in ("RETRY_ENGINE_LAKE", "RETRY_ENGINE_CHECKPOINT", "RETRY_ENGINE_MASTER"):
+        monkeypatch.delenv(var, raising=False)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+
+
+def _dlq_lake(path: Path) -> Path:
+    """A lake holding one (empty) engine table: the DLQ."""
+    write_deltalake(str(path / "dlq"), DLQ.arrow_schema.empty_table(), partition_by=list(DLQ.partition_by))
+    return path
+
+
+# -- relative paths in the file ------------------------------------------------------
+
+
+def test_relative_paths_in_a_config_file_are_relative_to_its_folder(tmp_path: Path) -> None:
+    """#13 part 4: lake, checkpoint and [tables] paths from a file do not depend on the working directory."""
+    conf = tmp_path / "conf" / "engine.toml"
+    conf.parent.mkdir()
+    conf.write_text(
+        '[engine]\nlake = "../my lake"\ncheckpoint = "ck"\n[tables]\ndlq = "./other/dlq"\nretry = "s3://bucket/retry"\n'
+    )
+    config = load_config(conf, env={})
+    assert config.table_path("outcomes") == str(tmp_path / "my lake" / "outcomes")
+    assert config.checkpoint_path == str(tmp_path / "conf" / "ck")
+    assert config.table_path("dlq") == str(tmp_path / "conf" / "other" / "dlq")
+    assert config.table_path("retry") == "s3://bucket/retry"  # a URI is never joined to a folder
+    # Given relative to the working directory, the file means the same.
+    os.chdir(tmp_path)
+    assert load_config("conf/engine.toml", env={}).table_path("outcomes") == str(tmp_path / "my lake" / "outcomes")
+
+
+def test_the_shipped_config_file_points_at_the_repositorys_data_lake_from_anywhere() -> None:
+    """#13 part 4: `make run`'s tables stay in <repo>/data/lake; run from another folder, the file still means them."""
+    config = load_config(REPO / "conf" / "retry-engine.toml", env={})
+    assert config.table_path("dlq") == str(REPO / "data" / "lake" / "dlq")
+
+
+def test_tilde_and_uris_in_a_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    conf = tmp_path / "c.toml"
+    conf.write_text('[engine]\nlake = "~/lakes/main"\n')
+    assert load_config(conf, env={}).engine.lake == str(tmp_path / "home" / "lakes" / "main")
+    conf.write_text('[engine]\nlake = "s3://bucket/lake"\n')
+    assert load_config(conf, env={}).table_path("dlq") == "s3://bucket/lake/dlq"
+    conf.write_text('[engine]\nlake = "file:///srv/lake"\n')
+    assert load_config(conf, env={}).engine.lake == "file:///srv/lake"
+
+
+def test_without_a_file_the_default_and_the_environment_are_relative_to_the_working_directory() -> None:
+    """#13 part 4: the embedded default (no config file) keeps resolving against the working directory."""
+    assert not Path("conf/retry-engine.toml").exists()
+    assert os.path.abspath(load_config(env={}).table_path("dlq")) == os.path.abspath("data/lake/dlq")
+    assert os.path.abspath(load_config(env={ENV_LAKE: "rel"}).table_path("dlq")) == os.path.abspath("rel/dlq")
+
+
+def test_an_empty_lake_in_a_file_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A blank lake would put every table in some folder under its bare name: refused, not resolved."""
+    conf = tmp_path / "c.toml"
+    conf.write_text('[engine]\nlake = " "\n')
+    assert main(["check-config", "--config", str(conf)]) == EXIT_ERROR
+    assert "[INVALID_CONFIG]" in (err := capsys.readouterr().err) and "engine.lake: Value error, lake is empty" in err
+
+
+# -- --lake ---------------------------------------------------------------------------
+
+
+def _commands_with(parser: argparse.ArgumentParser, option: str, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    found = {prefix} if any(option in a.option_strings for a in parser._actions) else set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                found |= _commands_with(child, option, (*prefix, name))
+    return found
+
+
+def test_every_command_that_takes_a_config_takes_lake() -> None:
+    """#13 part 4: --lake on every command that reads or writes a lake."""
+    parser = _parser()
+    with_config = _commands_with(parser, "--config")
+    assert {("run",), ("status",), ("plots",), ("check-config",), ("dlq", "list"), ("dlq", "redrive")} <= with_config
+    assert with_config <= _commands_with(parser, "--lake")
+
+
+def test_lake_overrides_the_file_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf = tmp_path / "c.toml"
+    conf.write_text('[engine]\nlake = "from-file"\n')
+    monkeypatch.setenv(ENV_LAKE, str(tmp_path / "from-env"))
+    assert main(["check-config", "--config", str(conf), "--lake", str(tmp_path / "from flag")]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"{tmp_path}/from flag/dlq" in out and f"{tmp_path}/from flag/_checkpoints/engine" in out
+    assert "from-env" not in out and "from-file" not in out
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_lake_flag_is_a_usage_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["dlq", "list", "--lake", value])
+    assert exit_info.value.code == EXIT_USAGE
+    assert "the lake path is empty" in capsys.readouterr().err
+
+
+def test_lake_flag_with_spaces_and_tilde(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A lake path with spaces works as given; ``--lake=~/x`` (no shell expansion) is the home folder's x."""
+    spaced = _dlq_lake(tmp_path / "a lake with spaces")
+    assert main(["dlq", "list", "--lake", str(spaced)]) == EXIT_OK
+    assert "no dead letters match" in capsys.readouterr().err
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["dlq", "list", "--lake=~/a lake with spaces"]) == EXIT_OK
+    assert "no dead letters match" in capsys.readouterr().err
+    # Relative to the working directory.
+    os.chdir(tmp_path)
+    assert main(["dlq", "stats", "--lake", "a lake with spaces"]) == EXIT_OK
+
+
+# -- a lake that is not there -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", READING_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_command_reading_a_missing_lake_exits_2_and_says_where_it_looked(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#13 part 4: not "no dead letters" and exit 0 on a lake that does not exist."""
+    missing = tmp_path / "no such lake"
+    assert main([*command, "--lake", str(missing)]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    assert "[LAKE_NOT_FOUND]" in captured.err and f"no lake at {missing}: it does not exist" in captured.err
+    assert f"{missing}" in captured.err and "--lake" in captured.err
+    assert "no dead letters" not in captured.err + captured.out
+
+
+def test_a_missing_lake_from_a_config_file_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conf = tmp_path / "conf" / "c.toml"
+    conf.parent.mkdir()
+    conf.write_text('[engine]\nlake = "../lake"\n')
+    assert main(["dlq", "list", "--config", str(conf)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"no lake at {tmp_path / 'lake'}" in err
+    assert f"engine.lake = '../lake' in {conf}, relative to that file's folder" in err
+
+
+def test_a_file_is_not_a_lake(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    not_a_folder = tmp_path / "lake.txt"
+    not_a_folder.write_text("hello")
+    assert main(["dlq", "list", "--lake", str(not_a_folder)]) == EXIT_USAGE
+    assert f"no lake at {not_a_folder}: it is a file, not a folder" in capsys.readouterr().err
+    # run creates a missing lake, but refuses a file before it starts Spark.
+    assert main(["run", "--lake", str(not_a_folder)]) == EXIT_USAGE
+    assert f"[LAKE_NOT_A_FOLDER] the lake {not_a_folder} is a file, not a folder" in capsys.readouterr().err
+
+
+def test_a_folder_without_engine_tables_is_not_a_lake(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main(["status", "--lake", str(tmp_path / "empty")]) == EXIT_USAGE
+    assert f"no lake at {tmp_path / 'empty'}: it holds no engine table" in capsys.readouterr().err
