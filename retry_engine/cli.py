@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from retry_engine import dlq_commands
+from retry_engine import dlq_commands, redrive_commands
 from retry_engine.config import TABLE_NAMES, load_config
 from retry_engine.errors import RetryEngineError
 
@@ -53,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file and print the resolved paths")
     check.add_argument("--config")
     dlq_commands.add_parser(sub)
+    redrive_commands.add_parser(sub)
     status = sub.add_parser(
         "status",
         help="is the engine running, last batch, backlog by level, oldest due time, lateness, dead letters "
@@ -128,6 +129,10 @@ def _dlq(args: argparse.Namespace) -> int:
     return dlq_commands.run(args, load_config(args.config))
 
 
+def _redrive_tasks(args: argparse.Namespace) -> int:
+    return redrive_commands.run(args, load_config(args.config))
+
+
 def _status(args: argparse.Namespace) -> int:
     import json
 
@@ -169,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "demo": _demo,
             "check-config": _check,
             "dlq": _dlq,
+            "redrive": _redrive_tasks,
             "status": _status,
             "plots": _plots,
             "zip": _zip,

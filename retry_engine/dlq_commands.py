@@ -19,6 +19,7 @@ from retry_engine.config import EngineConfig
 from retry_engine.errors import SelectionError
 
 EXIT_OK = 0
+EXIT_NOT_CONFIRMED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -37,6 +38,8 @@ LIST_COLUMNS = (
     "redriven_by",
 )
 TEXT_WIDTH = 48
+# A dry run's table shows this many of the selected dead letters, then the count of the rest.
+DRY_RUN_ROWS = 20
 
 
 def add_parser(sub: Any) -> None:
@@ -91,12 +94,31 @@ def add_parser(sub: Any) -> None:
     move.add_argument("--force", action="store_true", help="also re-drive dead letters an earlier re-drive moved")
     move.add_argument("--operator", help="who is re-driving (default: the OS user)")
     move.add_argument("--note", help="why (recorded in the audit table)")
+    move.add_argument("-y", "--yes", action="store_true", help="do not ask before a large re-drive")
+    move.add_argument(
+        "--confirm-above",
+        type=int,
+        metavar="N",
+        help="ask before moving more than N messages (default: dlq.redrive_confirm_above in the config, 100)",
+    )
     _format(move)
 
 
-def run(args: argparse.Namespace, config: EngineConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run one ``dlq`` subcommand; errors propagate as :class:`RetryEngineError`."""
-    command = {"list": _list, "show": _show, "stats": _stats, "redrive": _redrive}[args.dlq_command]
+def run(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    inp: TextIO | None = None,
+) -> int:
+    """Run one ``dlq`` subcommand; errors propagate as :class:`RetryEngineError`.
+
+    ``inp`` answers the confirmation of a large re-drive (default: stdin).
+    """
+    if args.dlq_command == "redrive":
+        return _redrive(args, config, out or sys.stdout, err or sys.stderr, inp or sys.stdin)
+    command = {"list": _list, "show": _show, "stats": _stats}[args.dlq_command]
     return command(args, config, out or sys.stdout, err or sys.stderr)
 
 
@@ -139,7 +161,26 @@ def _stats(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: Tex
     return EXIT_OK
 
 
-def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
+def _confirmed(
+    args: argparse.Namespace, config: EngineConfig, dry: redrive.RedriveReport, err: TextIO, inp: TextIO
+) -> bool | None:
+    """Whether the operator agrees to move what ``dry`` (a dry run) would; None: cannot ask (no terminal)."""
+    count = dry.plan.shape[0]
+    limit = args.confirm_above if args.confirm_above is not None else config.dlq.redrive_confirm_above
+    if args.yes or count <= limit:
+        return True
+    if not inp.isatty():
+        print(
+            f"retry-engine: this re-drive would move {count} messages (more than {limit}) and there is no terminal "
+            f"to confirm it: check it with --dry-run, then add --yes (or raise --confirm-above)",
+            file=err,
+        )
+        return None
+    print(f"re-drive {dry.redrive_id}: move {count} messages to {dry.target}? [y/N] ", end="", file=err, flush=True)
+    return inp.readline().strip().lower() in ("y", "yes")
+
+
+def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO, inp: TextIO) -> int:
     def progress(p: redrive.ChunkProgress) -> None:
         if p.phase == "moved":
             share = f"{100 * p.moved_so_far // p.total}%" if p.total else "-"
@@ -150,6 +191,11 @@ def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
             if args.to or args.redrive_id or _has_filter(args) or args.all:
                 print("retry-engine: --resume takes no filters, --to or --redrive-id: the re-drive's audit rows say what to move", file=err)
                 return EXIT_USAGE
+            if not args.dry_run:
+                dry = redrive.resume(config, args.resume, max_chunks=args.max_chunks, dry_run=True)
+                answer = _confirmed(args, config, dry, err, inp)
+                if not answer:
+                    return _not_confirmed(answer, err)
             report = redrive.resume(
                 config, args.resume, max_chunks=args.max_chunks, rate=args.rate, dry_run=args.dry_run, on_progress=progress
             )
@@ -160,20 +206,25 @@ def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
             if not _has_filter(args) and not args.all:
                 print("retry-engine: dlq redrive needs a filter (--group, --topic, --error, --reason, --since, --until, --id) or --all", file=err)
                 return EXIT_USAGE
+            options: dict[str, Any] = {
+                "target": args.to,
+                "reset_reconsume_times": not args.keep_reconsume_times,
+                "chunk_size": args.chunk_size,
+                "max_chunks": args.max_chunks,
+                "force": args.force,
+                "redrive_id": args.redrive_id,
+                "operator": args.operator,
+                "note": args.note,
+            }
+            if not args.dry_run:
+                dry = redrive.redrive(config, _selection(args), dry_run=True, **options)
+                answer = _confirmed(args, config, dry, err, inp)
+                if not answer:
+                    return _not_confirmed(answer, err)
+                # The confirmed count is of this id (a forced re-drive gets a fresh one per call).
+                options["redrive_id"] = dry.redrive_id
             report = redrive.redrive(
-                config,
-                _selection(args),
-                target=args.to,
-                reset_reconsume_times=not args.keep_reconsume_times,
-                dry_run=args.dry_run,
-                chunk_size=args.chunk_size,
-                rate=args.rate,
-                max_chunks=args.max_chunks,
-                force=args.force,
-                redrive_id=args.redrive_id,
-                operator=args.operator,
-                note=args.note,
-                on_progress=progress,
+                config, _selection(args), dry_run=args.dry_run, rate=args.rate, on_progress=progress, **options
             )
     except KeyboardInterrupt:
         print("interrupted: run the same command again to finish (nothing will move twice)", file=err)
@@ -182,8 +233,18 @@ def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
     return EXIT_OK
 
 
+def _not_confirmed(answer: bool | None, err: TextIO) -> int:
+    if answer is None:
+        return EXIT_USAGE
+    print("not confirmed: nothing moved", file=err)
+    return EXIT_NOT_CONFIRMED
+
+
 def _print_report(report: redrive.RedriveReport, fmt: str, out: TextIO) -> None:
-    plan = report.plan[["chunk", "dlq_msg_id", "origin_msg_id", "consumer_group", "retry_topic", "redriven_msg_id", "topic", "reconsume_times"]]
+    plan = report.plan[
+        ["chunk", "dlq_msg_id", "origin_msg_id", "consumer_group", "retry_topic", "reason_code", "redriven_msg_id", "topic",
+         "reconsume_times"]
+    ]
     if fmt != "table":
         _emit(plan, fmt, out)
         return
@@ -196,7 +257,11 @@ def _print_report(report: redrive.RedriveReport, fmt: str, out: TextIO) -> None:
         file=out,
     )
     if report.dry_run and not plan.empty:
-        _emit(plan, "table", out)
+        _emit(plan.head(DRY_RUN_ROWS), "table", out)
+        if len(plan) > DRY_RUN_ROWS:
+            print(f"... and {len(plan) - DRY_RUN_ROWS} more ({len(plan)} in all; --format csv or json lists every one)", file=out)
+    if report.cancelled:
+        print(f"stopped early: {report.cancelled}; what moved stays moved", file=out)
     if report.remaining:
         print(f"{report.remaining} {'would be left' if report.dry_run else 'not moved yet'} (--max-chunks): "
               "run the same command again to continue", file=out)

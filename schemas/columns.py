@@ -146,3 +146,14 @@ REDRIVEN_MSG_ID = Column("redriven_msg_id", pa.string(), "msg_id of the new mess
 TARGET_TABLE = Column("target_table", pa.string(), "Table the new message was appended to (messages or retry).", False)
 RESET_RECONSUME_TIMES = Column("reset_reconsume_times", pa.bool_(), "Whether the reconsume count was reset to 0.", False)
 REDRIVEN_AT = Column("redriven_at", TS, "When the chunk was planned (its audit commit).", False)
+
+# -- re-drive tasks: runs, heartbeats and cancels of re-drives -------------------------
+RUN_ID = Column("run_id", pa.string(), "One run of a re-drive (a re-drive id can be run again to resume it).", False)
+TASK_EVENT = Column(
+    "event", pa.string(), "started, alive, finished, stopped (interrupted), cancel (asked) or cancelled (stopped for it).", False
+)
+TASK_AT = Column("at", TS, "When the event was written (the writer's wall clock).", False)
+TASK_MOVED = Column("moved", pa.int64(), "Messages of the re-drive moved so far (all runs), when the event was written.")
+TASK_TOTAL = Column("total", pa.int64(), "Messages the re-drive had moved or planned to move when the run started.")
+DETAIL = Column("detail", pa.string(), "Why: the cancel's reason, or the error that stopped the run.")
+HOST = Column("host", pa.string(), "Host and process id of the run (where to look for it).")

@@ -163,6 +163,25 @@ REDRIVE_AUDIT = Table(
     ),
 )
 
+REDRIVE_TASKS = Table(
+    "redrive_tasks",
+    "One row per event of a re-drive run: started, alive (heartbeat), finished, stopped, cancel asked, "
+    "cancelled. Append-only; with the audit table it says which re-drives run, moved what, and who cancelled them.",
+    (
+        c.REDRIVE_ID,
+        c.RUN_ID,
+        c.TASK_EVENT,
+        c.TASK_AT,
+        c.OPERATOR.variant(doc="Who ran the re-drive, or who asked to cancel it."),
+        c.SELECTION,
+        c.REDRIVE_TARGET.variant(nullable=True),
+        c.TASK_MOVED,
+        c.TASK_TOTAL,
+        c.DETAIL,
+        c.HOST,
+    ),
+)
+
 PROGRESS = Table(
     "progress",
     "One row per StreamingQueryListener event of the engine query: batch timing, rows, state (B7).",
@@ -189,7 +208,9 @@ PROGRESS = Table(
     ),
 )
 
-ALL_TABLES = (MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES, METRICS, PROGRESS, REDRIVE_AUDIT)
+ALL_TABLES = (
+    MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES, METRICS, PROGRESS, REDRIVE_AUDIT, REDRIVE_TASKS,
+)
 
 
 def _union(*parts: tuple[Column, ...] | Table) -> tuple[Column, ...]:
