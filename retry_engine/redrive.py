@@ -57,7 +57,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine.audit import AUDIT_TABLE, MOVED, app_id, audit_snapshot, read_audit
+from retry_engine.audit import (
+    AUDIT_TABLE,
+    MOVED,
+    REDRIVE_TARGETS,
+    RedriveTarget,
+    app_id,
+    audit_snapshot,
+    read_audit,
+    redrive_rows,
+    resolution_rows,
+)
 from retry_engine.config import EngineConfig
 from retry_engine.decide import new_msg_id
 from retry_engine.delta.tables import append_arrow, ensure_table
@@ -74,8 +84,8 @@ from retry_engine.schemas import MESSAGES, REDRIVE_AUDIT, RETRY
 
 log = logging.getLogger(__name__)
 
-Target = Literal["topic", "retry"]
-TARGETS: tuple[Target, ...] = ("topic", "retry")
+Target = RedriveTarget
+TARGETS: tuple[Target, ...] = REDRIVE_TARGETS
 TARGET_TABLES: dict[str, str] = {"topic": "messages", "retry": "retry"}
 DEFAULT_CHUNK_SIZE = 100
 REDRIVE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -119,6 +129,8 @@ class RedriveReport:
     """Messages left for a later run because ``max_chunks`` stopped this one (dry run: would stop)."""
     plan: pd.DataFrame = field(repr=False)
     """One row per message this run moves (or would): dead letter, new id, target, chunk."""
+    resolved: int = 0
+    """Matched dead letters left alone because they are resolved (even when forced; see retry_engine.resolve)."""
     cancelled: str | None = None
     """Who cancelled this run and why (``retry-engine redrive cancel``); None when it was not cancelled."""
 
@@ -223,6 +235,7 @@ class _Plan:
     audit_version: int | None
     matched: int
     skipped: int
+    resolved: int
     total: int
     everything: pa.Table
     moved_before: int
@@ -277,7 +290,7 @@ def _redrive(
         resumed = sum(c.num_rows for c, was_pending in chunks if was_pending)
         log.info("re-drive %s dry run: %d would move (%d resumed), %d skipped", redrive_id, table.num_rows, resumed, plan.skipped)
         return RedriveReport(
-            redrive_id=redrive_id, target=target, dry_run=True, matched=plan.matched, skipped=plan.skipped,
+            redrive_id=redrive_id, target=target, dry_run=True, matched=plan.matched, skipped=plan.skipped, resolved=plan.resolved,
             resumed=resumed, moved=0, remaining=plan.total - table.num_rows, plan=table.to_pandas(),
         )
 
@@ -347,7 +360,7 @@ def _redrive(
             table = pa.concat_tables(done) if done else REDRIVE_AUDIT.arrow_schema.empty_table()
             tracker.end("finished", moved=plan.moved_before + moved)
             return RedriveReport(
-                redrive_id=redrive_id, target=target, dry_run=False, matched=plan.matched, skipped=plan.skipped,
+                redrive_id=redrive_id, target=target, dry_run=False, matched=plan.matched, skipped=plan.skipped, resolved=plan.resolved,
                 resumed=resumed, moved=moved, remaining=plan.total - sum(c.num_rows for c, _ in plan.chunks[:budget]),
                 plan=table.to_pandas(),
             )
@@ -356,7 +369,7 @@ def _redrive(
         log.warning("re-drive %s stopped after %d messages: %s", redrive_id, moved, cancelled)
         table = pa.concat_tables(done) if done else REDRIVE_AUDIT.arrow_schema.empty_table()
         return RedriveReport(
-            redrive_id=redrive_id, target=target, dry_run=False, matched=plan.matched, skipped=plan.skipped,
+            redrive_id=redrive_id, target=target, dry_run=False, matched=plan.matched, skipped=plan.skipped, resolved=plan.resolved,
             resumed=resumed, moved=moved, remaining=plan.total - sum(c.num_rows for c in done[handled_before:]),
             plan=table.to_pandas(), cancelled=str(cancelled),
         )
@@ -393,30 +406,35 @@ def _plan(
     # selection=None (resume): nothing new is planned, only the pending chunks move.
     matched = everything.filter(selection.mask(everything)) if selection is not None else everything.slice(0, 0)
 
-    # What is left to plan: matched, not in this re-drive, and not moved by another (unless forced).
+    # What is left to plan: matched, not in this re-drive, not resolved (ever), and not moved by
+    # another re-drive (unless forced). Resolutions are claims in this same table, so a resolve
+    # committed after this plan's audit version makes this re-drive's claim fail and plan again.
     seen_here = set(mine.column("dlq_msg_id").to_pylist())
-    others = audit.filter(pc.not_equal(audit.column("redrive_id"), redrive_id))
+    resolved = set(resolution_rows(audit).column("dlq_msg_id").to_pylist())
+    others = redrive_rows(audit).filter(pc.not_equal(redrive_rows(audit).column("redrive_id"), redrive_id))
     moved_elsewhere = set(others.filter(others.column(MOVED)).column("dlq_msg_id").to_pylist())
     unfinished = others.filter(pc.invert(others.column(MOVED)))
     unfinished_ids = dict(
         zip(unfinished.column("dlq_msg_id").to_pylist(), unfinished.column("redrive_id").to_pylist(), strict=True)
     )
     ids = matched.column("msg_id").to_pylist()
-    clash = sorted({unfinished_ids[i] for i in ids if i in unfinished_ids and i not in seen_here})
+    clash = sorted({unfinished_ids[i] for i in ids if i in unfinished_ids and i not in seen_here and i not in resolved})
     if clash:
         raise RedriveError(
             f"{sum(1 for i in ids if i in unfinished_ids)} selected dead letters belong to unfinished re-drive(s) "
             f"{', '.join(clash)}; finish them first (retry-engine dlq redrive --resume {clash[0]})",
             code="REDRIVE_UNFINISHED",
         )
-    fresh_mask = [i not in seen_here and (force or i not in moved_elsewhere) for i in ids]
+    fresh_mask = [i not in seen_here and i not in resolved and (force or i not in moved_elsewhere) for i in ids]
     fresh = matched.filter(pa.array(fresh_mask, pa.bool_())).sort_by([("dead_lettered_at", "ascending"), ("msg_id", "ascending")])
     pending_ids = set(pending.column("dlq_msg_id").to_pylist())
     skipped = sum(
-        1 for i, planned in zip(ids, fresh_mask, strict=True) if not planned and i not in pending_ids and i not in exclude
+        1
+        for i, planned in zip(ids, fresh_mask, strict=True)
+        if not planned and i not in pending_ids and i not in exclude and i not in resolved
     )
 
-    generations = _generations(audit)
+    generations = _generations(redrive_rows(audit))
     now = _now()
     first_chunk = (max(mine.column("chunk").to_pylist()) + 1) if mine.num_rows else 0
     new_chunks = [
@@ -444,6 +462,7 @@ def _plan(
         audit_version=snapshot.version,
         matched=matched.num_rows,
         skipped=skipped,
+        resolved=sum(1 for i in ids if i in resolved and i not in seen_here),
         total=sum(c.num_rows for c, _ in chunks),
         everything=everything,
         moved_before=mine.num_rows - pending.num_rows,

@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine.audit import MOVED, read_audit
+from retry_engine.audit import MOVED, read_audit, redrive_rows
 from retry_engine.config import EngineConfig
 from retry_engine.delta.tables import append_arrow, open_table
 from retry_engine.errors import RedriveError
@@ -194,10 +194,7 @@ def tasks(config: EngineConfig, *, now: dt.datetime | None = None) -> pd.DataFra
     (finished, or interrupted when some chunk did not move).
     """
     now = now or _now()
-    audit = read_audit(config)
-    from retry_engine.redrive import TARGETS  # the operator actions that are re-drives
-
-    audit = audit.filter(pc.is_in(audit.column("target"), pa.array(TARGETS, pa.string())))
+    audit = redrive_rows(read_audit(config))
     moved: dict[str, int] = {}
     planned: dict[str, int] = {}
     first_at: dict[str, dt.datetime] = {}
@@ -221,6 +218,8 @@ def tasks(config: EngineConfig, *, now: dt.datetime | None = None) -> pd.DataFra
     out = []
     for rid in sorted(set(planned) | set(runs_of)):
         runs = [r for r in runs_of.get(rid, []) if any(e["event"] == "started" for e in r)]
+        if not runs and rid not in planned:
+            continue  # only stray events (a run's "started" never landed): nothing to show
         if not runs:
             done = moved.get(rid, 0)
             row = first_row[rid]

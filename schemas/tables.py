@@ -140,7 +140,7 @@ METRICS = Table(
 
 REDRIVE_AUDIT = Table(
     "redrive_audit",
-    "One row per dead letter re-driven (B5): who, what, when, where to. Written before the move "
+    "One row per dead letter re-driven (B5) or resolved: who, what, when, where to, why. Written before the move "
     "(an intent log); a chunk has moved once its target table records the re-drive's transaction.",
     (
         c.REDRIVE_ID,
