@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -98,13 +99,16 @@ def resolve(
     operator: str | None = None,
     include_redriven: bool = False,
     dry_run: bool = False,
+    on_planned: Callable[[ResolveReport], None] | None = None,
 ) -> ResolveReport:
     """Mark the dead letters ``selection`` matches as resolved (or purged), with ``reason``.
 
     Already resolved ones are skipped; so are ones a re-drive moved unless
     ``include_redriven``; ones a re-drive claimed but has not moved yet are an
     error (``REDRIVE_UNFINISHED``) naming that re-drive. Idempotent in effect:
-    running it again marks nothing more.
+    running it again marks nothing more. ``on_planned`` is called with each
+    plan before it is claimed (a plan whose claim fails is made again); an
+    exception it raises stops the resolve with nothing written.
     """
     if action not in RESOLVE_ACTIONS:
         raise ConfigError(f"action {action!r} is not one of {', '.join(RESOLVE_ACTIONS)}", code="INVALID_OPTION")
@@ -147,6 +151,8 @@ def resolve(
             # Claims are commits against a checked audit version: create the table, then look again.
             ensure_table(audit_path, REDRIVE_AUDIT.arrow_schema)
             continue
+        if on_planned is not None:
+            on_planned(report)
         rows = _audit_rows(chosen, resolution_id=resolution_id, action=action, reason=reason, operator=operator,
                            selection=selection.describe())
         try:
