@@ -33,7 +33,9 @@ def add_parser(sub: Any) -> None:
     commands = parser.add_subparsers(dest="redrive_command", required=True)
     listing = commands.add_parser("list", help="every re-drive, newest first")
     _common(listing)
-    listing.add_argument("--state", choices=redrive_tasks.STATES, help="only re-drives in this state")
+    listing.add_argument(
+        "--state", choices=redrive_tasks.STATES, help="only re-drives in this state"
+    )
     status = commands.add_parser("status", help="one re-drive: state, moved/total, who, when")
     _common(status)
     status.add_argument("redrive_id")
@@ -41,13 +43,21 @@ def add_parser(sub: Any) -> None:
         "cancel",
         help="stop a running re-drive at its next chunk (what moved stays moved; who and why are recorded)",
     )
-    cancel.add_argument("--config", help="TOML config file (default: conf/retry-engine.toml if present)")
+    cancel.add_argument(
+        "--config", help="TOML config file (default: conf/retry-engine.toml if present)"
+    )
     cancel.add_argument("redrive_id")
     cancel.add_argument("--reason", help="why (recorded with the cancel)")
     cancel.add_argument("--operator", help="who is cancelling (default: the OS user)")
 
 
-def run(args: argparse.Namespace, config: EngineConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
     """Run one ``redrive`` subcommand; errors propagate as :class:`RetryEngineError`."""
     out, err = out or sys.stdout, err or sys.stderr
     if args.redrive_command == "list":
@@ -69,7 +79,9 @@ def run(args: argparse.Namespace, config: EngineConfig, *, out: TextIO | None = 
             if key != "total":
                 print(f"{key:11} {'-' if value is None or value is pd.NaT else value}", file=out)
         return EXIT_OK
-    result = redrive_tasks.cancel(config, args.redrive_id, operator=args.operator or whoami(), reason=args.reason)
+    result = redrive_tasks.cancel(
+        config, args.redrive_id, operator=args.operator or whoami(), reason=args.reason
+    )
     if result.state == "cancelling":
         print(
             f"re-drive {result.redrive_id}: cancel sent to {result.runs} running run(s); it stops at its next chunk "
@@ -82,10 +94,25 @@ def run(args: argparse.Namespace, config: EngineConfig, *, out: TextIO | None = 
 
 
 def _shown(frame: pd.DataFrame) -> pd.DataFrame:
-    shown = frame.assign(moved=[f"{m}/{t}" for m, t in zip(frame["moved"], frame["total"], strict=True)])
-    return shown[["redrive_id", "state", "target", "moved", "operator", "started_at", "ended_at", "selection"]]
+    shown = frame.assign(
+        moved=[f"{m}/{t}" for m, t in zip(frame["moved"], frame["total"], strict=True)]
+    )
+    return shown[
+        [
+            "redrive_id",
+            "state",
+            "target",
+            "moved",
+            "operator",
+            "started_at",
+            "ended_at",
+            "selection",
+        ]
+    ]
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="TOML config file (default: conf/retry-engine.toml if present)")
+    parser.add_argument(
+        "--config", help="TOML config file (default: conf/retry-engine.toml if present)"
+    )
     parser.add_argument("--format", choices=FORMATS, default="table")

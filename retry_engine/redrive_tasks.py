@@ -53,7 +53,18 @@ STALE_AFTER_S = 120.0
 # How often a run waiting for the rate limit looks for a cancel.
 CANCEL_POLL_S = 2.0
 
-TASK_COLUMNS = ("redrive_id", "state", "target", "moved", "total", "operator", "started_at", "ended_at", "selection", "detail")
+TASK_COLUMNS = (
+    "redrive_id",
+    "state",
+    "target",
+    "moved",
+    "total",
+    "operator",
+    "started_at",
+    "ended_at",
+    "selection",
+    "detail",
+)
 
 
 class Cancelled(Exception):
@@ -76,13 +87,18 @@ def read_events(config: EngineConfig, redrive_id: str | None = None) -> pa.Table
     # The filter prunes files on their stats, so polling for a cancel stays cheap as the table grows.
     where = None if redrive_id is None else pc.field("redrive_id") == redrive_id
     # Files come back in any order: readers want the events in the order they happened.
-    return table.to_pyarrow_dataset().to_table(filter=where).select(REDRIVE_TASKS.names).sort_by("at")
+    return (
+        table.to_pyarrow_dataset().to_table(filter=where).select(REDRIVE_TASKS.names).sort_by("at")
+    )
 
 
 def _append(config: EngineConfig, **row: object) -> None:
     # Plain appends: every event is its own row, and appends never conflict with each other.
     values = {name: row.get(name) for name in REDRIVE_TASKS.names}
-    append_arrow(config.table_path(TASKS_TABLE), pa.Table.from_pylist([values], schema=REDRIVE_TASKS.arrow_schema))
+    append_arrow(
+        config.table_path(TASKS_TABLE),
+        pa.Table.from_pylist([values], schema=REDRIVE_TASKS.arrow_schema),
+    )
 
 
 class RunTracker:
@@ -114,10 +130,27 @@ class RunTracker:
         self._last_write = clock()
         self.started = False
 
-    def _event(self, event: TaskEvent, *, moved: int | None = None, total: int | None = None, detail: str | None = None) -> None:
+    def _event(
+        self,
+        event: TaskEvent,
+        *,
+        moved: int | None = None,
+        total: int | None = None,
+        detail: str | None = None,
+    ) -> None:
         _append(
-            self.config, redrive_id=self.redrive_id, run_id=self.run_id, event=event, at=_now(), operator=self.operator,
-            selection=self.selection, target=self.target, moved=moved, total=total, detail=detail, host=_host(),
+            self.config,
+            redrive_id=self.redrive_id,
+            run_id=self.run_id,
+            event=event,
+            at=_now(),
+            operator=self.operator,
+            selection=self.selection,
+            target=self.target,
+            moved=moved,
+            total=total,
+            detail=detail,
+            host=_host(),
         )
         self._last_write = self._clock()
 
@@ -135,10 +168,17 @@ class RunTracker:
         if not self.started:
             return
         events = read_events(self.config, self.redrive_id)
-        asked = events.filter(pc.and_(pc.equal(events.column("event"), "cancel"), pc.equal(events.column("run_id"), self.run_id)))
+        asked = events.filter(
+            pc.and_(
+                pc.equal(events.column("event"), "cancel"),
+                pc.equal(events.column("run_id"), self.run_id),
+            )
+        )
         if asked.num_rows:
             row = asked.slice(0, 1).to_pylist()[0]
-            raise Cancelled(f"cancelled by {row['operator']} at {row['at'].isoformat()}: {row['detail'] or 'no reason given'}")
+            raise Cancelled(
+                f"cancelled by {row['operator']} at {row['at'].isoformat()}: {row['detail'] or 'no reason given'}"
+            )
 
     def wait(self, seconds: float, moved: int) -> None:
         """Sleep ``seconds`` (the rate limit), looking for a cancel and heartbeating meanwhile."""
@@ -148,13 +188,23 @@ class RunTracker:
             self.check_cancel()
             self.alive(moved)
 
-    def end(self, event: Literal["finished", "stopped", "cancelled"], *, moved: int, detail: str | None = None) -> None:
+    def end(
+        self,
+        event: Literal["finished", "stopped", "cancelled"],
+        *,
+        moved: int,
+        detail: str | None = None,
+    ) -> None:
         if not self.started:
             return
         try:
             self._event(event, moved=moved, detail=detail)
-        except Exception:  # the run's outcome is in the audit table; a lost end event reads as interrupted
-            log.exception("re-drive %s: could not record that run %s %s", self.redrive_id, self.run_id, event)
+        except (
+            Exception
+        ):  # the run's outcome is in the audit table; a lost end event reads as interrupted
+            log.exception(
+                "re-drive %s: could not record that run %s %s", self.redrive_id, self.run_id, event
+            )
 
 
 # -- reading the tasks ---------------------------------------------------------------
@@ -168,18 +218,28 @@ class CancelResult:
     """Running runs the cancel was sent to (0: none was running)."""
 
 
-def _run_state(events: list[dict[str, Any]], now: dt.datetime) -> tuple[State, dt.datetime | None, str | None]:
+def _run_state(
+    events: list[dict[str, Any]], now: dt.datetime
+) -> tuple[State, dt.datetime | None, str | None]:
     """State, end time and detail of one run from its events (in commit order)."""
     ends = [e for e in events if e["event"] in ("finished", "stopped", "cancelled")]
     if ends:
         last = ends[-1]
-        ended: dict[str, State] = {"finished": "finished", "stopped": "interrupted", "cancelled": "cancelled"}
+        ended: dict[str, State] = {
+            "finished": "finished",
+            "stopped": "interrupted",
+            "cancelled": "cancelled",
+        }
         return ended[last["event"]], last["at"], last["detail"]
     asked = [e for e in events if e["event"] == "cancel"]
     seen = max(e["at"] for e in events)
     alive = (now - seen).total_seconds() < STALE_AFTER_S
     if asked:
-        return ("cancelling" if alive else "cancelled"), (None if alive else seen), asked[-1]["detail"]
+        return (
+            ("cancelling" if alive else "cancelled"),
+            (None if alive else seen),
+            asked[-1]["detail"],
+        )
     if alive:
         return "running", None, None
     return "interrupted", seen, f"no sign of life since {seen.isoformat()} (killed?)"
@@ -200,7 +260,9 @@ def tasks(config: EngineConfig, *, now: dt.datetime | None = None) -> pd.DataFra
     first_at: dict[str, dt.datetime] = {}
     last_at: dict[str, dt.datetime] = {}
     first_row: dict[str, dict[str, Any]] = {}
-    for row in audit.select(["redrive_id", "redriven_at", MOVED, "operator", "target", "selection"]).to_pylist():
+    for row in audit.select(
+        ["redrive_id", "redriven_at", MOVED, "operator", "target", "selection"]
+    ).to_pylist():
         rid = row["redrive_id"]
         planned[rid] = planned.get(rid, 0) + 1
         moved[rid] = moved.get(rid, 0) + int(row[MOVED])
@@ -225,9 +287,16 @@ def tasks(config: EngineConfig, *, now: dt.datetime | None = None) -> pd.DataFra
             row = first_row[rid]
             out.append(
                 {
-                    "redrive_id": rid, "state": "finished" if done == planned[rid] else "interrupted",
-                    "target": row["target"], "moved": done, "total": planned[rid], "operator": row["operator"],
-                    "started_at": first_at[rid], "ended_at": last_at[rid], "selection": row["selection"], "detail": None,
+                    "redrive_id": rid,
+                    "state": "finished" if done == planned[rid] else "interrupted",
+                    "target": row["target"],
+                    "moved": done,
+                    "total": planned[rid],
+                    "operator": row["operator"],
+                    "started_at": first_at[rid],
+                    "ended_at": last_at[rid],
+                    "selection": row["selection"],
+                    "detail": None,
                 }
             )
             continue
@@ -239,10 +308,16 @@ def tasks(config: EngineConfig, *, now: dt.datetime | None = None) -> pd.DataFra
         done = moved.get(rid, 0)
         out.append(
             {
-                "redrive_id": rid, "state": state, "target": start["target"], "moved": done,
-                "total": max(int(start["total"] or 0), done), "operator": start["operator"],
+                "redrive_id": rid,
+                "state": state,
+                "target": start["target"],
+                "moved": done,
+                "total": max(int(start["total"] or 0), done),
+                "operator": start["operator"],
                 "started_at": min(runs[0][0]["at"], first_at.get(rid, runs[0][0]["at"])),
-                "ended_at": ended, "selection": start["selection"], "detail": detail,
+                "ended_at": ended,
+                "selection": start["selection"],
+                "detail": detail,
             }
         )
     frame = pd.DataFrame(out, columns=list(TASK_COLUMNS))
@@ -251,7 +326,9 @@ def tasks(config: EngineConfig, *, now: dt.datetime | None = None) -> pd.DataFra
     return frame.sort_values(["started_at", "redrive_id"], ascending=False, ignore_index=True)
 
 
-def task(config: EngineConfig, redrive_id: str, *, now: dt.datetime | None = None) -> dict[str, Any]:
+def task(
+    config: EngineConfig, redrive_id: str, *, now: dt.datetime | None = None
+) -> dict[str, Any]:
     """One re-drive's row of :func:`tasks`; :class:`RedriveError` ``REDRIVE_NOT_FOUND`` naming the known ids."""
     _check_id(redrive_id)
     frame = tasks(config, now=now)
@@ -266,7 +343,12 @@ def task(config: EngineConfig, redrive_id: str, *, now: dt.datetime | None = Non
 
 
 def cancel(
-    config: EngineConfig, redrive_id: str, *, operator: str, reason: str | None = None, now: dt.datetime | None = None
+    config: EngineConfig,
+    redrive_id: str,
+    *,
+    operator: str,
+    reason: str | None = None,
+    now: dt.datetime | None = None,
 ) -> CancelResult:
     """Ask every running run of ``redrive_id`` to stop at its next chunk; record who asked and why.
 
@@ -278,27 +360,63 @@ def cancel(
     row = task(config, redrive_id, now=now)
     state = row["state"]
     if state in ("finished", "cancelled"):
-        raise RedriveError(f"re-drive {redrive_id} is {state}: nothing to cancel", code="REDRIVE_NOT_RUNNING")
+        raise RedriveError(
+            f"re-drive {redrive_id} is {state}: nothing to cancel", code="REDRIVE_NOT_RUNNING"
+        )
     by_run: dict[str, list[dict[str, Any]]] = {}
     for event in read_events(config, redrive_id).to_pylist():
         by_run.setdefault(str(event["run_id"]), []).append(event)
-    running = [run_id for run_id, events in by_run.items() if _run_state(events, now)[0] in ("running", "cancelling")]
+    running = [
+        run_id
+        for run_id, events in by_run.items()
+        if _run_state(events, now)[0] in ("running", "cancelling")
+    ]
     if running:
         for run_id in running:
-            _append(config, redrive_id=redrive_id, run_id=run_id, event="cancel", at=now, operator=operator, detail=reason, host=_host())
-        log.info("re-drive %s: cancel asked by %s for %d running run(s)", redrive_id, operator, len(running))
+            _append(
+                config,
+                redrive_id=redrive_id,
+                run_id=run_id,
+                event="cancel",
+                at=now,
+                operator=operator,
+                detail=reason,
+                host=_host(),
+            )
+        log.info(
+            "re-drive %s: cancel asked by %s for %d running run(s)",
+            redrive_id,
+            operator,
+            len(running),
+        )
         return CancelResult(redrive_id, "cancelling", len(running))
     # Nothing runs it: mark the latest run (or, for a re-drive known only from the audit, a new one) cancelled.
     latest = max(by_run.values(), key=lambda events: events[0]["at"], default=None)
     run_id = str(latest[0]["run_id"]) if latest else uuid.uuid4().hex
     if latest is None:
         _append(
-            config, redrive_id=redrive_id, run_id=run_id, event="started", at=now, operator=row["operator"],
-            selection=row["selection"], target=row["target"], moved=row["moved"], total=row["total"], host=_host(),
+            config,
+            redrive_id=redrive_id,
+            run_id=run_id,
+            event="started",
+            at=now,
+            operator=row["operator"],
+            selection=row["selection"],
+            target=row["target"],
+            moved=row["moved"],
+            total=row["total"],
+            host=_host(),
         )
     _append(
-        config, redrive_id=redrive_id, run_id=run_id, event="cancelled", at=now, operator=operator, moved=row["moved"],
-        detail=reason, host=_host(),
+        config,
+        redrive_id=redrive_id,
+        run_id=run_id,
+        event="cancelled",
+        at=now,
+        operator=operator,
+        moved=row["moved"],
+        detail=reason,
+        host=_host(),
     )
     log.info("re-drive %s (%s, not running): marked cancelled by %s", redrive_id, state, operator)
     return CancelResult(redrive_id, "cancelled", 0)

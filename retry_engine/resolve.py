@@ -111,19 +111,29 @@ def resolve(
     exception it raises stops the resolve with nothing written.
     """
     if action not in RESOLVE_ACTIONS:
-        raise ConfigError(f"action {action!r} is not one of {', '.join(RESOLVE_ACTIONS)}", code="INVALID_OPTION")
+        raise ConfigError(
+            f"action {action!r} is not one of {', '.join(RESOLVE_ACTIONS)}", code="INVALID_OPTION"
+        )
     reason = check_reason(reason)
     operator = operator or whoami()
     resolution_id = f"{'rs' if action == 'resolve' else 'pg'}-{uuid.uuid4().hex[:16]}"
     audit_path = config.table_path(AUDIT_TABLE)
     for _ in range(MAX_CLAIM_ATTEMPTS):
         snapshot = audit_snapshot(config)
-        matched = read_dlq(config, selection).sort_by([("dead_lettered_at", "ascending"), ("msg_id", "ascending")])
+        matched = read_dlq(config, selection).sort_by(
+            [("dead_lettered_at", "ascending"), ("msg_id", "ascending")]
+        )
         ids = matched.column("msg_id").to_pylist()
         resolved_ids = set(resolution_rows(snapshot.rows).column("dlq_msg_id").to_pylist())
         redrives = redrive_rows(snapshot.rows)
         pending = redrives.filter(pc.invert(redrives.column(MOVED)))
-        claimed = dict(zip(pending.column("dlq_msg_id").to_pylist(), pending.column("redrive_id").to_pylist(), strict=True))
+        claimed = dict(
+            zip(
+                pending.column("dlq_msg_id").to_pylist(),
+                pending.column("redrive_id").to_pylist(),
+                strict=True,
+            )
+        )
         busy = sorted({claimed[i] for i in ids if i in claimed and i not in resolved_ids})
         if busy:
             raise RedriveError(
@@ -142,8 +152,12 @@ def resolve(
             matched=len(ids),
             resolved=chosen.num_rows,
             already_resolved=sum(1 for i in ids if i in resolved_ids),
-            redriven=sum(1 for i in ids if i in moved and i not in resolved_ids and not include_redriven),
-            rows=chosen.select(["msg_id", "consumer_group", "retry_topic", "reason_code", "dead_lettered_at"]).to_pandas(),
+            redriven=sum(
+                1 for i in ids if i in moved and i not in resolved_ids and not include_redriven
+            ),
+            rows=chosen.select(
+                ["msg_id", "consumer_group", "retry_topic", "reason_code", "dead_lettered_at"]
+            ).to_pandas(),
         )
         if dry_run or chosen.num_rows == 0:
             return report
@@ -153,15 +167,39 @@ def resolve(
             continue
         if on_planned is not None:
             on_planned(report)
-        rows = _audit_rows(chosen, resolution_id=resolution_id, action=action, reason=reason, operator=operator,
-                           selection=selection.describe())
+        rows = _audit_rows(
+            chosen,
+            resolution_id=resolution_id,
+            action=action,
+            reason=reason,
+            operator=operator,
+            selection=selection.describe(),
+        )
         try:
-            append_arrow(audit_path, rows, app_id=app_id(resolution_id), txn_version=0, expect_version=snapshot.version)
+            append_arrow(
+                audit_path,
+                rows,
+                app_id=app_id(resolution_id),
+                txn_version=0,
+                expect_version=snapshot.version,
+            )
         except ConcurrentWriteError as exc:
             # A re-drive or another resolve claimed something since the plan: plan again.
-            log.info("%s %s: the audit table changed while claiming (%s); planning again", action, resolution_id, exc)
+            log.info(
+                "%s %s: the audit table changed while claiming (%s); planning again",
+                action,
+                resolution_id,
+                exc,
+            )
             continue
-        log.info("%s %s by %s: %d dead letters marked (%s)", action, resolution_id, operator, chosen.num_rows, reason)
+        log.info(
+            "%s %s by %s: %d dead letters marked (%s)",
+            action,
+            resolution_id,
+            operator,
+            chosen.num_rows,
+            reason,
+        )
         return report
     raise RedriveError(
         f"{action}: other re-drives or resolves claimed dead letters first {MAX_CLAIM_ATTEMPTS} times in a row; "
@@ -174,17 +212,26 @@ def check_reason(reason: object) -> str:
     """The reason, stripped; ``INVALID_REASON`` when it is missing, blank or too long."""
     if not isinstance(reason, str) or not reason.strip():
         raise ConfigError(
-            f"a reason is required (who will read it: the next operator), got {reason!r}; e.g. --reason \"fixed upstream\"",
+            f'a reason is required (who will read it: the next operator), got {reason!r}; e.g. --reason "fixed upstream"',
             code="INVALID_REASON",
         )
     reason = reason.strip()
     if len(reason) > MAX_REASON_LENGTH:
-        raise ConfigError(f"the reason is {len(reason)} characters; at most {MAX_REASON_LENGTH}", code="INVALID_REASON")
+        raise ConfigError(
+            f"the reason is {len(reason)} characters; at most {MAX_REASON_LENGTH}",
+            code="INVALID_REASON",
+        )
     return reason
 
 
 def _audit_rows(
-    dead: pa.Table, *, resolution_id: str, action: Action, reason: str, operator: str, selection: str
+    dead: pa.Table,
+    *,
+    resolution_id: str,
+    action: Action,
+    reason: str,
+    operator: str,
+    selection: str,
 ) -> pa.Table:
     now = dt.datetime.now(dt.UTC)
     rows = [
@@ -210,7 +257,15 @@ def _audit_rows(
             "redriven_at": now,
         }
         for d in dead.select(
-            ["consumer_group", "retry_topic", "msg_id", "origin_msg_id", "reason_code", "topic", "reconsume_times"]
+            [
+                "consumer_group",
+                "retry_topic",
+                "msg_id",
+                "origin_msg_id",
+                "reason_code",
+                "topic",
+                "reconsume_times",
+            ]
         ).to_pylist()
     ]
     return pa.Table.from_pylist(rows, schema=REDRIVE_AUDIT.arrow_schema)
@@ -233,7 +288,11 @@ class ExpireReport:
 
 
 def expire(
-    config: EngineConfig, *, retention: str | None = None, dry_run: bool = False, now: dt.datetime | None = None
+    config: EngineConfig,
+    *,
+    retention: str | None = None,
+    dry_run: bool = False,
+    now: dt.datetime | None = None,
 ) -> ExpireReport:
     """Delete purged dead letters, and resolved ones older than ``retention``, from the DLQ table.
 
@@ -248,13 +307,24 @@ def expire(
     cutoff = now - dt.timedelta(milliseconds=keep_ms)
     marks = resolution_rows(read_audit(config))
     due = [
-        m for m in marks.select(["redrive_id", "target", "dlq_msg_id", "consumer_group", "redriven_at"]).to_pylist()
+        m
+        for m in marks.select(
+            ["redrive_id", "target", "dlq_msg_id", "consumer_group", "redriven_at"]
+        ).to_pylist()
         if m["target"] == "purge" or m["redriven_at"] <= cutoff
     ]
     path = config.table_path("dlq")
     table = open_table(path)
     if table is None or not due:
-        return ExpireReport(dry_run, 0, 0, retention, pd.DataFrame(columns=["msg_id", "consumer_group", "action", "resolution_id", "resolved_at"]))
+        return ExpireReport(
+            dry_run,
+            0,
+            0,
+            retention,
+            pd.DataFrame(
+                columns=["msg_id", "consumer_group", "action", "resolution_id", "resolved_at"]
+            ),
+        )
     present = set(read_dlq(config).column("msg_id").to_pylist())
     first: dict[str, dict[str, object]] = {}
     for m in due:
@@ -262,8 +332,13 @@ def expire(
             first.setdefault(m["dlq_msg_id"], m)
     rows = pd.DataFrame(
         [
-            {"msg_id": i, "consumer_group": m["consumer_group"], "action": m["target"], "resolution_id": m["redrive_id"],
-             "resolved_at": m["redriven_at"]}
+            {
+                "msg_id": i,
+                "consumer_group": m["consumer_group"],
+                "action": m["target"],
+                "resolution_id": m["redrive_id"],
+                "resolved_at": m["redriven_at"],
+            }
             for i, m in first.items()
         ],
         columns=["msg_id", "consumer_group", "action", "resolution_id", "resolved_at"],
@@ -273,7 +348,13 @@ def expire(
         return ExpireReport(dry_run, len(rows), purged, retention, rows)
     for group, ids in rows.groupby("consumer_group")["msg_id"]:
         _remove(path, str(group), set(ids))
-    log.info("removed %d resolved dead letters (%d purged) from %s; retention %s", len(rows), purged, path, retention)
+    log.info(
+        "removed %d resolved dead letters (%d purged) from %s; retention %s",
+        len(rows),
+        purged,
+        path,
+        retention,
+    )
     return ExpireReport(dry_run, len(rows), purged, retention, rows)
 
 
@@ -312,5 +393,9 @@ def _remove(path: str, group: str, ids: set[str]) -> int:
             return removed
         except CommitFailedError as exc:
             # Someone rewrote this partition meanwhile (another expire): read it again.
-            log.info("%s: rewrite of group %s conflicted (attempt %d): %s", path, group, attempt, exc)
-    raise ConcurrentWriteError(f"{path}: removing {len(ids)} resolved dead letters of {group} kept conflicting; run it again")
+            log.info(
+                "%s: rewrite of group %s conflicted (attempt %d): %s", path, group, attempt, exc
+            )
+    raise ConcurrentWriteError(
+        f"{path}: removing {len(ids)} resolved dead letters of {group} kept conflicting; run it again"
+    )

@@ -39,5 +39,9 @@ def dead_letter(i: int, *, group: str = "billing", msg_id: str | None = None) ->
 def dlq_lake(root: str, rows: list[dict[str, Any]], **engine: Any) -> EngineConfig:
     """A config on ``root`` whose DLQ holds ``rows``."""
     config = parse_config({"engine": {"lake": root, **engine}})
-    append_arrow(config.table_path("dlq"), pa.Table.from_pylist(rows, schema=DLQ.arrow_schema), partition_by=DLQ.partition_by)
+    append_arrow(
+        config.table_path("dlq"),
+        pa.Table.from_pylist(rows, schema=DLQ.arrow_schema),
+        partition_by=DLQ.partition_by,
+    )
     return config

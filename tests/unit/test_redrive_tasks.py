@@ -55,7 +55,10 @@ def _messages(config: EngineConfig) -> list[dict[str, Any]]:
 
 
 def _versions(config: EngineConfig) -> dict[str, int | None]:
-    return {t: table_version(config.table_path(t)) for t in ("dlq", "messages", "retry", "redrive_audit", "redrive_tasks")}
+    return {
+        t: table_version(config.table_path(t))
+        for t in ("dlq", "messages", "retry", "redrive_audit", "redrive_tasks")
+    }
 
 
 def test_list_and_status_of_finished_and_interrupted_redrives(
@@ -70,10 +73,20 @@ def test_list_and_status_of_finished_and_interrupted_redrives(
         if p.phase == "moved" and p.chunk == 1:
             raise Crash("disk full")
 
-    done = redrive.redrive(config, Selection(group="billing", error_pattern="Timeout"), target="topic", operator="alice")
+    done = redrive.redrive(
+        config,
+        Selection(group="billing", error_pattern="Timeout"),
+        target="topic",
+        operator="alice",
+    )
     with pytest.raises(Crash):
         redrive.redrive(
-            config, Selection(group="billing"), target="retry", chunk_size=3, operator="bob", redrive_id="fix-7",
+            config,
+            Selection(group="billing"),
+            target="retry",
+            chunk_size=3,
+            operator="bob",
+            redrive_id="fix-7",
             on_progress=crash_after_two_chunks,
         )
     frame = redrive_tasks.tasks(config)
@@ -81,12 +94,22 @@ def test_list_and_status_of_finished_and_interrupted_redrives(
     assert set(rows) == {done.redrive_id, "fix-7"}
     finished, broken = rows[done.redrive_id], rows["fix-7"]
     # 12 timeouts (even ids) all moved; "fix-7" planned the 12 bad-JSON ones left, moved 2 chunks of 3.
-    assert (finished["state"], finished["target"], finished["moved"], finished["total"], finished["operator"]) == (
-        "finished", "topic", 12, 12, "alice")
+    assert (
+        finished["state"],
+        finished["target"],
+        finished["moved"],
+        finished["total"],
+        finished["operator"],
+    ) == ("finished", "topic", 12, 12, "alice")
     assert json.loads(finished["selection"]) == {"group": "billing", "error_pattern": "Timeout"}
     assert finished["started_at"] <= finished["ended_at"]
-    assert (broken["state"], broken["target"], broken["moved"], broken["total"], broken["operator"]) == (
-        "interrupted", "retry", 6, 12, "bob")
+    assert (
+        broken["state"],
+        broken["target"],
+        broken["moved"],
+        broken["total"],
+        broken["operator"],
+    ) == ("interrupted", "retry", 6, 12, "bob")
     assert "Crash: disk full" in broken["detail"]
     assert list(frame["redrive_id"]) == ["fix-7", done.redrive_id]  # newest first
 
@@ -99,18 +122,26 @@ def test_list_and_status_of_finished_and_interrupted_redrives(
     assert capsys.readouterr().err.strip() == "no re-drives running"
     assert main(["redrive", "status", "--config", config_file, "fix-7"]) == EXIT_OK
     out = capsys.readouterr().out
-    assert "state       interrupted" in out and "moved       6/12" in out and "operator    bob" in out
-    assert main(["redrive", "status", "--config", config_file, "fix-7", "--format", "json"]) == EXIT_OK
+    assert (
+        "state       interrupted" in out and "moved       6/12" in out and "operator    bob" in out
+    )
+    assert (
+        main(["redrive", "status", "--config", config_file, "fix-7", "--format", "json"]) == EXIT_OK
+    )
     assert json.loads(capsys.readouterr().out)["moved"] == 6
 
     # Run again to the end, the same re-drive reads finished.
-    redrive.redrive(config, Selection(group="billing"), target="retry", chunk_size=3, redrive_id="fix-7")
+    redrive.redrive(
+        config, Selection(group="billing"), target="retry", chunk_size=3, redrive_id="fix-7"
+    )
     assert redrive_tasks.task(config, "fix-7")["state"] == "finished"
 
 
 def test_a_run_that_goes_silent_reads_interrupted(config: EngineConfig) -> None:
     """#13 part 5 item 1: a run killed without an end event is running until silent for STALE_AFTER_S."""
-    tracker = redrive_tasks.RunTracker(config, "killed-1", operator="carol", selection=None, target="topic")
+    tracker = redrive_tasks.RunTracker(
+        config, "killed-1", operator="carol", selection=None, target="topic"
+    )
     tracker.start(moved=0, total=5)
     started = redrive_tasks.read_events(config, "killed-1").column("at")[0].as_py()
     soon = started + dt.timedelta(seconds=redrive_tasks.STALE_AFTER_S - 1)
@@ -127,12 +158,21 @@ def test_a_run_that_goes_silent_reads_interrupted(config: EngineConfig) -> None:
 def test_audit_only_redrives_are_listed(config: EngineConfig) -> None:
     """#13 part 5 item 1: re-drives from before the tasks table (audit rows only) still show up."""
     report = redrive.redrive(config, Selection(group="billing"), target="topic", chunk_size=5)
-    DeltaTable(config.table_path("redrive_tasks")).delete()  # as a lake from an older release: no events
+    DeltaTable(
+        config.table_path("redrive_tasks")
+    ).delete()  # as a lake from an older release: no events
     row = redrive_tasks.task(config, report.redrive_id)
-    assert (row["state"], row["moved"], row["total"], row["target"]) == ("finished", DEAD, DEAD, "topic")
+    assert (row["state"], row["moved"], row["total"], row["target"]) == (
+        "finished",
+        DEAD,
+        DEAD,
+        "topic",
+    )
 
 
-@pytest.mark.parametrize("bad", ["nope", "", "../../etc", "a b", "x'; DROP TABLE dlq; --", "ünïcode", "a" * 65, "rd\n1"])
+@pytest.mark.parametrize(
+    "bad", ["nope", "", "../../etc", "a b", "x'; DROP TABLE dlq; --", "ünïcode", "a" * 65, "rd\n1"]
+)
 def test_status_and_cancel_of_unknown_or_odd_ids(
     config: EngineConfig, config_file: str, bad: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -145,7 +185,9 @@ def test_status_and_cancel_of_unknown_or_odd_ids(
         redrive_tasks.cancel(config, bad, operator="eve")
     assert main(["redrive", "cancel", "--config", config_file, bad, "--reason", "x"]) == EXIT_ERROR
     err = capsys.readouterr().err
-    assert "REDRIVE_NOT_FOUND" in err and ("known (newest first): known-1" in err or "is not a re-drive id" in err)
+    assert "REDRIVE_NOT_FOUND" in err and (
+        "known (newest first): known-1" in err or "is not a re-drive id" in err
+    )
     assert _versions(config) == before
 
 
@@ -156,24 +198,69 @@ def test_cancel_of_a_finished_redrive_is_refused(config: EngineConfig) -> None:
         redrive_tasks.cancel(config, "done-1", operator="eve")
 
 
-def test_cancel_from_another_process_stops_at_the_next_chunk(config: EngineConfig, config_file: str) -> None:
+def test_cancel_from_another_process_stops_at_the_next_chunk(
+    config: EngineConfig, config_file: str
+) -> None:
     """#13 part 5 item 1 (B5, B8): ``redrive cancel`` here stops a re-drive running in another process.
 
     It stops between chunks: every chunk it claimed moved (no audit row left
     unmoved), nothing moved twice, the rest stays in the DLQ, and the cancel
     is recorded with who and why.
     """
-    args = ["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--chunk-size", "1", "--rate", "2",
-            "--redrive-id", "slow-1", "--yes", "--operator", "frank"]
+    args = [
+        "dlq",
+        "redrive",
+        "--config",
+        config_file,
+        "--all",
+        "--to",
+        "topic",
+        "--chunk-size",
+        "1",
+        "--rate",
+        "2",
+        "--redrive-id",
+        "slow-1",
+        "--yes",
+        "--operator",
+        "frank",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "retry_engine.cli", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retry_engine.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        wait_for(lambda: redrive_tasks.tasks(config).query("moved >= 2").shape[0], timeout=120, what="two messages moved")
+        wait_for(
+            lambda: redrive_tasks.tasks(config).query("moved >= 2").shape[0],
+            timeout=120,
+            what="two messages moved",
+        )
         running = redrive_tasks.task(config, "slow-1")
-        assert (running["state"], running["total"], running["operator"]) == ("running", DEAD, "frank")
-        assert main(["redrive", "cancel", "--config", config_file, "slow-1", "--reason", "wrong target",
-                     "--operator", "ops-lead"]) == EXIT_OK
+        assert (running["state"], running["total"], running["operator"]) == (
+            "running",
+            DEAD,
+            "frank",
+        )
+        assert (
+            main(
+                [
+                    "redrive",
+                    "cancel",
+                    "--config",
+                    config_file,
+                    "slow-1",
+                    "--reason",
+                    "wrong target",
+                    "--operator",
+                    "ops-lead",
+                ]
+            )
+            == EXIT_OK
+        )
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -182,12 +269,18 @@ def test_cancel_from_another_process_stops_at_the_next_chunk(config: EngineConfi
     assert proc.returncode == EXIT_OK, err
     assert "stopped early: cancelled by ops-lead" in out and "wrong target" in out
     state = redrive_tasks.task(config, "slow-1")
-    assert state["state"] == "cancelled" and 2 <= int(state["moved"]) < DEAD and "wrong target" in str(state["detail"])
+    assert (
+        state["state"] == "cancelled"
+        and 2 <= int(state["moved"]) < DEAD
+        and "wrong target" in str(state["detail"])
+    )
     # What moved stays moved, once, and matches the audit row for row; nothing is left half-claimed.
     audit = read_audit(config).to_pylist()
     assert all(a["moved"] for a in audit) and len(audit) == state["moved"]
     messages = _messages(config)
-    assert Counter(m["props"][PROP_REDRIVE_FROM] for m in messages) == Counter({a["dlq_msg_id"]: 1 for a in audit})
+    assert Counter(m["props"][PROP_REDRIVE_FROM] for m in messages) == Counter(
+        {a["dlq_msg_id"]: 1 for a in audit}
+    )
     assert {m["props"][PROP_REDRIVE_ID] for m in messages} == {"slow-1"}
     events = redrive_tasks.read_events(config, "slow-1").to_pylist()
     asked = [e for e in events if e["event"] == "cancel"]
@@ -213,12 +306,26 @@ def _dlq(argv: list[str], config_file: str, inp: io.StringIO) -> tuple[int, str,
 
 def test_a_large_redrive_asks_first(config: EngineConfig, config_file: str) -> None:
     """#13 part 5 item 1: more than N messages asks for confirmation showing the count, unless --yes."""
-    argv = ["dlq", "redrive", "--config", config_file, "--all", "--to", "retry", "--confirm-above", "10"]
+    argv = [
+        "dlq",
+        "redrive",
+        "--config",
+        config_file,
+        "--all",
+        "--to",
+        "retry",
+        "--confirm-above",
+        "10",
+    ]
     before = _versions(config)
     code, _, err = _dlq(argv, config_file, io.StringIO(""))  # not a terminal (a script, a pipe)
     assert code == 2 and f"would move {DEAD} messages (more than 10)" in err and "--yes" in err
     code, _, err = _dlq(argv, config_file, _Terminal("n\n"))
-    assert code == 1 and f"move {DEAD} messages to retry? [y/N]" in err and "not confirmed: nothing moved" in err
+    assert (
+        code == 1
+        and f"move {DEAD} messages to retry? [y/N]" in err
+        and "not confirmed: nothing moved" in err
+    )
     assert _versions(config) == before
     code, out, _ = _dlq(argv, config_file, _Terminal("y\n"))
     assert code == EXIT_OK and f"moved {DEAD}" in out
@@ -228,22 +335,62 @@ def test_yes_and_the_configured_threshold(config: EngineConfig, tmp_path: Path) 
     """#13 part 5 item 1: dlq.redrive_confirm_above in the config sets N; --yes skips the question."""
     path = tmp_path / "small.toml"
     path.write_text(f'[engine]\nlake = "{config.engine.lake}"\n[dlq]\nredrive_confirm_above = 5\n')
-    code, _, err = _dlq(["dlq", "redrive", "--config", str(path), "--group", "billing", "--to", "topic",
-                         "--error", "Timeout"], str(path), io.StringIO(""))
+    code, _, err = _dlq(
+        [
+            "dlq",
+            "redrive",
+            "--config",
+            str(path),
+            "--group",
+            "billing",
+            "--to",
+            "topic",
+            "--error",
+            "Timeout",
+        ],
+        str(path),
+        io.StringIO(""),
+    )
     assert code == 2 and "would move 12 messages (more than 5)" in err
-    code, out, _ = _dlq(["dlq", "redrive", "--config", str(path), "--group", "billing", "--to", "topic",
-                         "--error", "Timeout", "--yes"], str(path), io.StringIO(""))
+    code, out, _ = _dlq(
+        [
+            "dlq",
+            "redrive",
+            "--config",
+            str(path),
+            "--group",
+            "billing",
+            "--to",
+            "topic",
+            "--error",
+            "Timeout",
+            "--yes",
+        ],
+        str(path),
+        io.StringIO(""),
+    )
     assert code == EXIT_OK and "moved 12" in out
     # Below the threshold nothing is asked.
-    code, out, _ = _dlq(["dlq", "redrive", "--config", str(path), "--id", "DLQ-001", "--to", "topic"], str(path), io.StringIO(""))
+    code, out, _ = _dlq(
+        ["dlq", "redrive", "--config", str(path), "--id", "DLQ-001", "--to", "topic"],
+        str(path),
+        io.StringIO(""),
+    )
     assert code == EXIT_OK and "moved 1" in out
 
 
 def test_dry_run_lists_the_first_rows_and_the_count(config: EngineConfig, config_file: str) -> None:
     """#13 part 5 item 1: the dry-run report lists the selected dead letters, bounded, oldest first."""
-    code, out, _ = _dlq(["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--dry-run"],
-                        config_file, io.StringIO(""))
+    code, out, _ = _dlq(
+        ["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--dry-run"],
+        config_file,
+        io.StringIO(""),
+    )
     assert code == EXIT_OK
-    listed = [line.split()[1] for line in out.splitlines() if line.split()[1:2] and line.split()[1].startswith("DLQ-")]
+    listed = [
+        line.split()[1]
+        for line in out.splitlines()
+        if line.split()[1:2] and line.split()[1].startswith("DLQ-")
+    ]
     assert listed == [f"DLQ-{i:03d}" for i in range(20)]
     assert f"... and {DEAD - 20} more ({DEAD} in all" in out and "reason_code" in out

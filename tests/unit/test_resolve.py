@@ -50,7 +50,9 @@ def _listed(config: EngineConfig, **kwargs: Any) -> list[str]:
 
 
 def _dlq_ids(config: EngineConfig) -> list[str]:
-    return sorted(DeltaTable(config.table_path("dlq")).to_pyarrow_table().column("msg_id").to_pylist())
+    return sorted(
+        DeltaTable(config.table_path("dlq")).to_pyarrow_table().column("msg_id").to_pylist()
+    )
 
 
 def test_resolve_marks_audits_and_hides_without_deleting(config: EngineConfig) -> None:
@@ -58,13 +60,23 @@ def test_resolve_marks_audits_and_hides_without_deleting(config: EngineConfig) -
     are left out of dlq list (unless asked) and of every later re-drive, forced too."""
     dlq_version = table_version(config.table_path("dlq"))
     timeouts = Selection(group="billing", error_pattern="Timeout")  # the even ids: 6 of 12
-    report = resolve.resolve(config, timeouts, reason="  orders cancelled upstream ", operator="alice")
-    assert (report.matched, report.resolved, report.already_resolved, report.redriven) == (6, 6, 0, 0)
-    assert table_version(config.table_path("dlq")) == dlq_version and len(_dlq_ids(config)) == DEAD  # nothing deleted
+    report = resolve.resolve(
+        config, timeouts, reason="  orders cancelled upstream ", operator="alice"
+    )
+    assert (report.matched, report.resolved, report.already_resolved, report.redriven) == (
+        6,
+        6,
+        0,
+        0,
+    )
+    assert (
+        table_version(config.table_path("dlq")) == dlq_version and len(_dlq_ids(config)) == DEAD
+    )  # nothing deleted
     audit = [a for a in read_audit(config).to_pylist() if a["redrive_id"] == report.resolution_id]
     assert sorted(a["dlq_msg_id"] for a in audit) == [f"DLQ-{i:03d}" for i in range(0, DEAD, 2)]
     assert {(a["target"], a["operator"], a["note"], a["moved"]) for a in audit} == {
-        ("resolve", "alice", "orders cancelled upstream", True)}
+        ("resolve", "alice", "orders cancelled upstream", True)
+    }
     assert all(a["redriven_at"] <= dt.datetime.now(dt.UTC) for a in audit)
     assert json.loads(audit[0]["selection"]) == {"group": "billing", "error_pattern": "Timeout"}
 
@@ -72,10 +84,14 @@ def test_resolve_marks_audits_and_hides_without_deleting(config: EngineConfig) -
     everything = dlq.dead_letters(config, include_resolved=True)
     assert isinstance(everything, pd.DataFrame) and len(everything) == DEAD
     marks = dict(zip(everything["msg_id"], everything["resolution"], strict=True))
-    assert marks["DLQ-000"].startswith("resolved by alice at ") and marks["DLQ-000"].endswith(": orders cancelled upstream")
+    assert marks["DLQ-000"].startswith("resolved by alice at ") and marks["DLQ-000"].endswith(
+        ": orders cancelled upstream"
+    )
     assert marks["DLQ-001"] is None
     history = dlq.history(config, "ORIGIN-000")
-    assert "resolved" in list(history["event"]) and "orders cancelled upstream" in " ".join(map(str, history["detail"]))
+    assert "resolved" in list(history["event"]) and "orders cancelled upstream" in " ".join(
+        map(str, history["detail"])
+    )
 
     # Again: nothing more is marked.
     again = resolve.resolve(config, timeouts, reason="again", operator="bob")
@@ -86,13 +102,17 @@ def test_resolve_marks_audits_and_hides_without_deleting(config: EngineConfig) -
         assert moved.resolved == 6
     messages = DeltaTable(config.table_path("messages")).to_pyarrow_table().to_pylist()
     sources = sorted(dict(m["properties"])[dlq.PROP_REDRIVE_FROM] for m in messages)
-    assert sources == sorted([f"DLQ-{i:03d}" for i in range(1, DEAD, 2)] * 2)  # the odd ones, once plus once forced
+    assert sources == sorted(
+        [f"DLQ-{i:03d}" for i in range(1, DEAD, 2)] * 2
+    )  # the odd ones, once plus once forced
 
 
 def test_resolve_leaves_redriven_unless_asked_and_refuses_unfinished(config: EngineConfig) -> None:
     """#13 part 5 item 2: a dead letter a re-drive moved is skipped (--include-redriven marks it); one a
     re-drive claimed but has not moved is refused with REDRIVE_UNFINISHED naming the re-drive."""
-    redrive.redrive(config, Selection(ids=("DLQ-000", "DLQ-001")), target="topic", redrive_id="done-1")
+    redrive.redrive(
+        config, Selection(ids=("DLQ-000", "DLQ-001")), target="topic", redrive_id="done-1"
+    )
 
     class Stop(Exception):
         pass
@@ -102,14 +122,22 @@ def test_resolve_leaves_redriven_unless_asked_and_refuses_unfinished(config: Eng
             raise Stop
 
     with pytest.raises(Stop):
-        redrive.redrive(config, Selection(ids=("DLQ-002",)), target="topic", redrive_id="half-1", on_progress=stop)
+        redrive.redrive(
+            config,
+            Selection(ids=("DLQ-002",)),
+            target="topic",
+            redrive_id="half-1",
+            on_progress=stop,
+        )
     before = table_version(config.table_path("redrive_audit"))
     with pytest.raises(RedriveError, match=r"REDRIVE_UNFINISHED.*half-1"):
         resolve.resolve(config, Selection(), reason="all of it")
     assert table_version(config.table_path("redrive_audit")) == before
     skip = resolve.resolve(config, Selection(ids=("DLQ-000", "DLQ-001", "DLQ-003")), reason="done")
     assert (skip.resolved, skip.redriven) == (1, 2)
-    both = resolve.resolve(config, Selection(ids=("DLQ-000", "DLQ-001")), reason="done", include_redriven=True)
+    both = resolve.resolve(
+        config, Selection(ids=("DLQ-000", "DLQ-001")), reason="done", include_redriven=True
+    )
     assert (both.resolved, both.redriven) == (2, 0)
 
 
@@ -121,7 +149,9 @@ def test_a_reason_is_required(config: EngineConfig, reason: Any) -> None:
     assert table_version(config.table_path("redrive_audit")) is None
 
 
-def test_cli_resolve_purge_list_and_usage(config: EngineConfig, config_file: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_resolve_purge_list_and_usage(
+    config: EngineConfig, config_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """#13 part 5 item 2: the commands, their required --reason and filter, and dlq list --include-resolved."""
     with pytest.raises(SystemExit) as usage:
         main(["dlq", "resolve", "--config", config_file, "--all"])
@@ -131,30 +161,74 @@ def test_cli_resolve_purge_list_and_usage(config: EngineConfig, config_file: str
     assert main(["dlq", "resolve", "--config", config_file, "--all", "--reason", " "]) == 1
     assert "INVALID_REASON" in capsys.readouterr().err
 
-    assert main(["dlq", "purge", "--config", config_file, "--id", "DLQ-003", "--reason", "dup", "--dry-run"]) == EXIT_OK
+    assert (
+        main(
+            [
+                "dlq",
+                "purge",
+                "--config",
+                config_file,
+                "--id",
+                "DLQ-003",
+                "--reason",
+                "dup",
+                "--dry-run",
+            ]
+        )
+        == EXIT_OK
+    )
     out = capsys.readouterr().out
     assert "dry run: nothing changed" in out and "would be purged 1" in out and "DLQ-003" in out
     assert table_version(config.table_path("redrive_audit")) is None
-    assert main(["dlq", "purge", "--config", config_file, "--id", "DLQ-003", "--reason-code", "MAX_RECONSUME_TIMES",
-                 "--reason", "duplicate order", "--operator", "carol"]) == EXIT_OK
+    assert (
+        main(
+            [
+                "dlq",
+                "purge",
+                "--config",
+                config_file,
+                "--id",
+                "DLQ-003",
+                "--reason-code",
+                "MAX_RECONSUME_TIMES",
+                "--reason",
+                "duplicate order",
+                "--operator",
+                "carol",
+            ]
+        )
+        == EXIT_OK
+    )
     assert "purged 1" in capsys.readouterr().out
     assert main(["dlq", "list", "--config", config_file, "--format", "json"]) == EXIT_OK
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
     assert len(rows) == DEAD - 1 and "DLQ-003" not in {r["msg_id"] for r in rows}
-    assert main(["dlq", "list", "--config", config_file, "--include-resolved", "--id", "DLQ-003"]) == EXIT_OK
+    assert (
+        main(["dlq", "list", "--config", config_file, "--include-resolved", "--id", "DLQ-003"])
+        == EXIT_OK
+    )
     out = capsys.readouterr().out
     assert "resolution" in out and "purged by carol" in out
-    assert main(["dlq", "stats", "--config", config_file, "--by", "group", "--format", "csv"]) == EXIT_OK
+    assert (
+        main(["dlq", "stats", "--config", config_file, "--by", "group", "--format", "csv"])
+        == EXIT_OK
+    )
     assert capsys.readouterr().out.splitlines()[1].startswith(f"billing,{DEAD - 1},")
 
 
 def test_retention_removes_purged_at_once_and_resolved_when_old(tmp_path: Path) -> None:
     """#13 part 5 item 2: expire deletes purged dead letters at once and resolved ones older than the
     retention from the DLQ table; the audit rows stay; ids with odd characters delete exactly themselves."""
-    rows = [dead_letter(i) for i in range(DEAD)] + [dead_letter(100 + n, msg_id=i) for n, i in enumerate(ODD_IDS)]
+    rows = [dead_letter(i) for i in range(DEAD)] + [
+        dead_letter(100 + n, msg_id=i) for n, i in enumerate(ODD_IDS)
+    ]
     config = dlq_lake(str(tmp_path / "lake"), rows)
-    config = parse_config({"engine": {"lake": config.engine.lake}, "dlq": {"resolved_retention": "7d"}})
-    purged = resolve.resolve(config, Selection(ids=tuple(ODD_IDS[:4])), reason="junk", action="purge")
+    config = parse_config(
+        {"engine": {"lake": config.engine.lake}, "dlq": {"resolved_retention": "7d"}}
+    )
+    purged = resolve.resolve(
+        config, Selection(ids=tuple(ODD_IDS[:4])), reason="junk", action="purge"
+    )
     resolved = resolve.resolve(config, Selection(ids=(*ODD_IDS[4:6], "DLQ-000")), reason="handled")
     assert (purged.resolved, resolved.resolved) == (4, 3)
     audit_rows = read_audit(config).num_rows
@@ -168,8 +242,12 @@ def test_retention_removes_purged_at_once_and_resolved_when_old(tmp_path: Path) 
     assert (resolve.expire(config, now=now + dt.timedelta(days=6)).removed) == 0  # nothing twice
     late = resolve.expire(config, now=now + dt.timedelta(days=8))
     assert (late.removed, late.purged) == (3, 0)
-    assert _dlq_ids(config) == sorted(set(r["msg_id"] for r in rows) - set(ODD_IDS[:6]) - {"DLQ-000"})
-    assert read_audit(config).num_rows == audit_rows  # the audit keeps who resolved what, when and why
+    assert _dlq_ids(config) == sorted(
+        set(r["msg_id"] for r in rows) - set(ODD_IDS[:6]) - {"DLQ-000"}
+    )
+    assert (
+        read_audit(config).num_rows == audit_rows
+    )  # the audit keeps who resolved what, when and why
     history = dlq.history(config, "ORIGIN-000")
     assert list(history["event"]) == ["resolved"]
     # The listing reads the table that is left; an explicit retention overrides the config.
@@ -177,11 +255,15 @@ def test_retention_removes_purged_at_once_and_resolved_when_old(tmp_path: Path) 
     assert resolve.expire(config, retention="1d").removed == 0
 
 
-def test_expire_cli(config: EngineConfig, config_file: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_expire_cli(
+    config: EngineConfig, config_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """#13 part 5 item 2: dlq expire says what it removed; a bad --retention is a clear error."""
     resolve.resolve(config, Selection(ids=("DLQ-005",)), reason="dup", action="purge")
     assert main(["dlq", "expire", "--config", config_file, "--dry-run"]) == EXIT_OK
-    assert "would remove 1 dead letters" in capsys.readouterr().out and "DLQ-005" in _dlq_ids(config)
+    assert "would remove 1 dead letters" in capsys.readouterr().out and "DLQ-005" in _dlq_ids(
+        config
+    )
     assert main(["dlq", "expire", "--config", config_file]) == EXIT_OK
     assert "removed 1 dead letters from the DLQ table (1 purged" in capsys.readouterr().out
     assert "DLQ-005" not in _dlq_ids(config)
@@ -199,7 +281,13 @@ def test_a_resolve_committed_while_a_redrive_runs_makes_it_skip(config: EngineCo
         if p.phase == "moved" and p.chunk == 0:
             resolved.append(resolve.resolve(config, Selection(ids=rest), reason="handled by hand"))
 
-    report = redrive.redrive(config, Selection(group="billing"), target="topic", chunk_size=1, on_progress=resolve_the_rest)
+    report = redrive.redrive(
+        config,
+        Selection(group="billing"),
+        target="topic",
+        chunk_size=1,
+        on_progress=resolve_the_rest,
+    )
     assert resolved[0].resolved == DEAD - 1 and (report.moved, report.resolved) == (1, DEAD - 1)
     messages = DeltaTable(config.table_path("messages")).to_pyarrow_table().to_pylist()
     assert [dict(m["properties"])[dlq.PROP_REDRIVE_FROM] for m in messages] == ["DLQ-000"]
@@ -213,16 +301,24 @@ def test_a_redrive_committed_while_a_resolve_plans_wins(config: EngineConfig) ->
     def redrive_first(plan: resolve.ResolveReport) -> None:
         plans.append(list(plan.rows["msg_id"]))
         if len(plans) == 1:
-            redrive.redrive(config, Selection(ids=("DLQ-000", "DLQ-001")), target="topic", redrive_id="quick-1")
+            redrive.redrive(
+                config, Selection(ids=("DLQ-000", "DLQ-001")), target="topic", redrive_id="quick-1"
+            )
 
-    report = resolve.resolve(config, Selection(group="billing"), reason="handled", on_planned=redrive_first)
+    report = resolve.resolve(
+        config, Selection(group="billing"), reason="handled", on_planned=redrive_first
+    )
     assert plans[0] == [f"DLQ-{i:03d}" for i in range(DEAD)]
-    assert plans[1] == [f"DLQ-{i:03d}" for i in range(2, DEAD)]  # planned again, without the re-driven two
+    assert plans[1] == [
+        f"DLQ-{i:03d}" for i in range(2, DEAD)
+    ]  # planned again, without the re-driven two
     assert (report.resolved, report.redriven) == (DEAD - 2, 2)
     audit = read_audit(config).to_pylist()
     redriven = {a["dlq_msg_id"] for a in audit if a["target"] == "topic"}
     resolved = {a["dlq_msg_id"] for a in audit if a["target"] == "resolve"}
-    assert redriven == {"DLQ-000", "DLQ-001"} and not redriven & resolved and len(resolved) == DEAD - 2
+    assert (
+        redriven == {"DLQ-000", "DLQ-001"} and not redriven & resolved and len(resolved) == DEAD - 2
+    )
 
 
 def _race_worker(root: str, who: str, barrier: Any, out: Any) -> None:
@@ -230,7 +326,9 @@ def _race_worker(root: str, who: str, barrier: Any, out: Any) -> None:
         config = parse_config({"engine": {"lake": root}})
         barrier.wait(timeout=120)
         if who == "redrive":
-            report = redrive.redrive(config, Selection(group="billing"), target="topic", chunk_size=1)
+            report = redrive.redrive(
+                config, Selection(group="billing"), target="topic", chunk_size=1
+            )
             out.put((who, "ok", report.moved))
         else:
             result = resolve.resolve(config, Selection(group="billing"), reason="race")
@@ -250,7 +348,10 @@ def test_resolve_racing_a_redrive_at_most_one_wins(tmp_path: Path, round_: int) 
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(2)
     out = ctx.Queue()
-    procs = [ctx.Process(target=_race_worker, args=(config.engine.lake, who, barrier, out)) for who in ("redrive", "resolve")]
+    procs = [
+        ctx.Process(target=_race_worker, args=(config.engine.lake, who, barrier, out))
+        for who in ("redrive", "resolve")
+    ]
     for p in procs:
         p.start()
     try:
@@ -270,7 +371,9 @@ def test_resolve_racing_a_redrive_at_most_one_wins(tmp_path: Path, round_: int) 
     assert all(a["moved"] for a in audit if a["target"] == "topic") or results["redrive"][1] != "ok"
     if table_version(config.table_path("messages")) is not None:
         messages = DeltaTable(config.table_path("messages")).to_pyarrow_table().to_pylist()
-        assert sorted(dict(m["properties"])[dlq.PROP_REDRIVE_FROM] for m in messages) == sorted(redriven)
+        assert sorted(dict(m["properties"])[dlq.PROP_REDRIVE_FROM] for m in messages) == sorted(
+            redriven
+        )
     # Whatever each got, the counts they report are what the audit shows.
     if results["resolve"][1] == "ok":
         assert results["resolve"][2] == len(resolved)
