@@ -96,7 +96,6 @@ def add_parser(sub: Any) -> None:
     move.add_argument("--force", action="store_true", help="also re-drive dead letters an earlier re-drive moved")
     move.add_argument("--operator", help="who is re-driving (default: the OS user)")
     move.add_argument("--note", help="why (recorded in the audit table)")
-    add_resolve_parsers(commands)
     move.add_argument("-y", "--yes", action="store_true", help="do not ask before a large re-drive")
     move.add_argument(
         "--confirm-above",
@@ -105,6 +104,7 @@ def add_parser(sub: Any) -> None:
         help="ask before moving more than N messages (default: dlq.redrive_confirm_above in the config, 100)",
     )
     _format(move)
+    add_resolve_parsers(commands)
 
 
 def _include_resolved(parser: argparse.ArgumentParser) -> None:
