@@ -10,12 +10,19 @@ moved belongs to an interrupted re-drive that a re-run completes.
 The audit table is also the claim log: a re-drive appends a chunk's rows only
 as the next version after the audit version it planned from (see
 :func:`retry_engine.delta.append_arrow`'s ``expect_version``), so two re-drives
-running at once never both claim a dead letter. No Spark here.
+running at once never both claim a dead letter.
+
+Resolutions live here too (:mod:`retry_engine.resolve`): rows whose
+``target`` is ``resolve`` or ``purge`` mark a dead letter as handled by hand.
+Their claim is the whole action (nothing is moved), so they count as moved as
+soon as they are committed; :func:`redrive_rows` and :func:`resolution_rows`
+tell the two kinds apart. No Spark here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +34,10 @@ from retry_engine.schemas import REDRIVE_AUDIT
 
 MOVED = "moved"
 AUDIT_TABLE = "redrive_audit"
+# The audit ``target`` of a re-drive, and of a resolution.
+RedriveTarget = Literal["topic", "retry"]
+REDRIVE_TARGETS: tuple[RedriveTarget, ...] = ("topic", "retry")
+RESOLVE_ACTIONS = ("resolve", "purge")
 
 
 def app_id(redrive_id: str) -> str:
@@ -90,3 +101,13 @@ def _moved(config: EngineConfig, rows: pa.Table) -> pa.Array:
         pa.int64(),
     )
     return pc.less_equal(rows.column("chunk"), limits)
+
+
+def redrive_rows(audit: pa.Table) -> pa.Table:
+    """The rows of re-drives (not resolutions) among audit rows."""
+    return audit.filter(pc.is_in(audit.column("target"), pa.array(REDRIVE_TARGETS, pa.string())))
+
+
+def resolution_rows(audit: pa.Table) -> pa.Table:
+    """The rows of resolutions (resolve, purge) among audit rows."""
+    return audit.filter(pc.is_in(audit.column("target"), pa.array(RESOLVE_ACTIONS, pa.string())))

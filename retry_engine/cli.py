@@ -10,7 +10,7 @@ import sys
 import tomllib
 from collections.abc import Sequence
 
-from retry_engine import dlq_commands
+from retry_engine import dlq_commands, redrive_commands
 from retry_engine.config import (
     DEFAULT_LAKE,
     ENV_LAKE,
@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config file and print the resolved paths")
     check.add_argument("--config")
     dlq_commands.add_parser(sub)
+    redrive_commands.add_parser(sub)
     status = sub.add_parser(
         "status",
         help="is the engine running, last batch, backlog by level, oldest due time, lateness, dead letters "
@@ -224,6 +225,10 @@ def _dlq(args: argparse.Namespace) -> int:
     return dlq_commands.run(args, _reading_config(args))
 
 
+def _redrive_tasks(args: argparse.Namespace) -> int:
+    return redrive_commands.run(args, _reading_config(args))
+
+
 def _status(args: argparse.Namespace) -> int:
     import json
 
@@ -265,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "demo": _demo,
             "check-config": _check,
             "dlq": _dlq,
+            "redrive": _redrive_tasks,
             "status": _status,
             "plots": _plots,
             "zip": _zip,

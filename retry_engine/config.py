@@ -68,6 +68,7 @@ ENV_MASTER = "RETRY_ENGINE_MASTER"
 
 TABLE_NAMES = (
     "consume_results", "messages", "retry", "dlq", "quarantine", "outcomes", "metrics", "progress", "redrive_audit",
+    "redrive_tasks",
 )
 
 
@@ -276,8 +277,24 @@ class TablesSection(_Strict):
     quarantine: str | None = None
     outcomes: str | None = None
     redrive_audit: str | None = None
+    redrive_tasks: str | None = None
     metrics: str | None = None
     progress: str | None = None
+
+
+# `dlq redrive` asks before moving more dead letters than this (unless --yes).
+DEFAULT_REDRIVE_CONFIRM_ABOVE = 100
+# Resolved dead letters are removed from the DLQ table (their audit rows stay) this long after.
+DEFAULT_RESOLVED_RETENTION = "30d"
+
+
+class DlqSection(_Strict):
+    """Operator tools on the DLQ: the re-drive confirmation and the retention of resolved dead letters."""
+
+    redrive_confirm_above: int = Field(default=DEFAULT_REDRIVE_CONFIRM_ABOVE, ge=0)
+    resolved_retention: Duration = DEFAULT_RESOLVED_RETENTION
+
+    _dur = field_validator("resolved_retention")(classmethod(lambda cls, v: _check_duration(v)))
 
 
 class EngineConfig(_Strict):
@@ -286,6 +303,7 @@ class EngineConfig(_Strict):
     engine: EngineSection = Field(default_factory=EngineSection)
     source: SourceSection = Field(default_factory=SourceSection)
     tables: TablesSection = Field(default_factory=TablesSection)
+    dlq: DlqSection = Field(default_factory=DlqSection)
     group_defaults: GroupConfig = Field(default_factory=GroupConfig)
     groups: dict[str, GroupConfig] = Field(default_factory=dict)
 

@@ -31,7 +31,14 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from retry_engine.audit import AUDIT_TABLE, MOVED, read_audit
+from retry_engine.audit import (
+    AUDIT_TABLE,
+    MOVED,
+    RESOLVE_ACTIONS,
+    read_audit,
+    redrive_rows,
+    resolution_rows,
+)
 from retry_engine.config import EngineConfig
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import SelectionError
@@ -90,6 +97,7 @@ LISTING_COLUMNS = (
     "born_timestamp",
     "redrive_count",
     "redriven_by",
+    "resolution",
     "body",
 )
 
@@ -304,6 +312,7 @@ def dead_letters(
     version: int | None = None,
     as_of: dt.datetime | str | None = None,
     spark: SparkSession | None = None,
+    include_resolved: bool = False,
 ) -> pd.DataFrame | DataFrame:
     """Dead letters with decoded bodies and error context, oldest first.
 
@@ -312,9 +321,13 @@ def dead_letters(
     message's ``REDRIVE_COUNT`` property (how often it was re-driven before it
     died this time); ``redriven_by`` is the re-drive that moved this dead
     letter, or null. With ``spark`` the result is a Spark DataFrame.
+
+    Resolved and purged dead letters (:mod:`retry_engine.resolve`) are left
+    out unless ``include_resolved``; ``resolution`` then says who resolved
+    them and why (null for the others).
     """
     if spark is not None:
-        return _dead_letters_spark(spark, config, selection, version=version, as_of=as_of)
+        return _dead_letters_spark(spark, config, selection, version=version, as_of=as_of, include_resolved=include_resolved)
     rows = read_dlq(config, selection, version=version, as_of=as_of)
     frame = rows.to_pandas()
     frame["body_text"] = [None if b is None else bytes(b).decode("utf-8", errors="replace") for b in frame["body"]]
@@ -324,14 +337,31 @@ def dead_letters(
     frame["redrive_count"] = [redrive_count(p) for p in frame["properties"]]
     moved = _moved_by(config)
     frame["redriven_by"] = [moved.get(m) for m in frame["msg_id"]]
+    resolved = _resolved(config)
+    frame["resolution"] = [resolved.get(m) for m in frame["msg_id"]]
+    if not include_resolved:
+        frame = frame[frame["resolution"].isna()]
     return frame[list(LISTING_COLUMNS)].sort_values(["dead_lettered_at", "msg_id"], ignore_index=True)
 
 
 def _moved_by(config: EngineConfig) -> dict[str, str]:
     """dlq msg_id -> id of the (latest) re-drive that moved it."""
-    audit = read_audit(config)
+    audit = redrive_rows(read_audit(config))
     audit = audit.filter(audit.column(MOVED)).sort_by([("redriven_at", "ascending")])
     return dict(zip(audit.column("dlq_msg_id").to_pylist(), audit.column("redrive_id").to_pylist(), strict=True))
+
+
+def _resolved(config: EngineConfig) -> dict[str, str]:
+    """dlq msg_id -> "resolved by <operator> at <time>: <reason>" (or "purged ..."), for resolved dead letters."""
+    marks = resolution_rows(read_audit(config)).sort_by([("redriven_at", "ascending")])
+    return {
+        m["dlq_msg_id"]: f"{_PAST[m['target']]} by {m['operator']} at {m['redriven_at']:%Y-%m-%d %H:%M}: {m['note']}"
+        for m in marks.select(["dlq_msg_id", "target", "operator", "redriven_at", "note"]).to_pylist()
+    }
+
+
+# How a listing or a history names each resolve action.
+_PAST = dict(zip(RESOLVE_ACTIONS, ("resolved", "purged"), strict=True))
 
 
 def _dead_letters_spark(
@@ -341,6 +371,7 @@ def _dead_letters_spark(
     *,
     version: int | None,
     as_of: dt.datetime | str | None,
+    include_resolved: bool,
 ) -> DataFrame:
     from pyspark.sql import functions as F
 
@@ -362,6 +393,10 @@ def _dead_letters_spark(
         list(_moved_by(config).items()), "dlq_msg_id string, redriven_by string"
     )
     df = df.join(moved, df["msg_id"] == moved["dlq_msg_id"], "left").drop("dlq_msg_id")
+    marks = spark.createDataFrame(list(_resolved(config).items()), "resolved_id string, resolution string")
+    df = df.join(marks, df["msg_id"] == marks["resolved_id"], "left").drop("resolved_id")
+    if not include_resolved:
+        df = df.filter(F.col("resolution").isNull())
     last = F.element_at("attempts", -1)
     derived = {
         "body_text": F.col("body").cast("string"),
@@ -381,6 +416,7 @@ def summary(
     version: int | None = None,
     as_of: dt.datetime | str | None = None,
     spark: SparkSession | None = None,
+    include_resolved: bool = False,
 ) -> pd.DataFrame | DataFrame:
     """Dead letters counted by ``by`` (group, topic, error_class, reason_code, day), largest first.
 
@@ -389,7 +425,7 @@ def summary(
     ``first_at`` and ``last_at``.
     """
     keys = _summary_columns(by)
-    listing = dead_letters(config, selection, version=version, as_of=as_of, spark=spark)
+    listing = dead_letters(config, selection, version=version, as_of=as_of, spark=spark, include_resolved=include_resolved)
     if spark is not None:
         from pyspark.sql import DataFrame as SparkFrame
         from pyspark.sql import functions as F
@@ -499,6 +535,18 @@ def history(config: EngineConfig, msg_id: str) -> pd.DataFrame:
     audit = read_audit(config)
     audit = audit.filter(pc.equal(audit.column("origin_msg_id"), origin))
     for row in audit.to_pylist():
+        if row["target"] in RESOLVE_ACTIONS:
+            events.append(
+                {
+                    **row,
+                    "at": row["redriven_at"],
+                    "table": AUDIT_TABLE,
+                    "event": _PAST[row["target"]],
+                    "msg_id": row["dlq_msg_id"],
+                    "detail": f"{row['redrive_id']} by {row['operator']}: {row['note']}",
+                }
+            )
+            continue
         events.append(
             {
                 **row,

@@ -19,6 +19,7 @@ from retry_engine.config import EngineConfig
 from retry_engine.errors import SelectionError
 
 EXIT_OK = 0
+EXIT_NOT_CONFIRMED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -37,6 +38,8 @@ LIST_COLUMNS = (
     "redriven_by",
 )
 TEXT_WIDTH = 48
+# A dry run's table shows this many of the selected dead letters, then the count of the rest.
+DRY_RUN_ROWS = 20
 
 
 def add_parser(sub: Any) -> None:
@@ -49,6 +52,7 @@ def add_parser(sub: Any) -> None:
     _filters(listing)
     _time_travel(listing)
     listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many rows (default 50)")
+    _include_resolved(listing)
     _format(listing)
 
     show = commands.add_parser("show", help="the full history of one message, every attempt: by origin id or any msg id")
@@ -65,6 +69,7 @@ def add_parser(sub: Any) -> None:
         default=",".join(dlq.DEFAULT_SUMMARY),
         help=f"comma-separated, from {', '.join(dlq.SUMMARY_KEYS)} (default: %(default)s)",
     )
+    _include_resolved(stats)
     _format(stats)
 
     move = commands.add_parser(
@@ -91,12 +96,72 @@ def add_parser(sub: Any) -> None:
     move.add_argument("--force", action="store_true", help="also re-drive dead letters an earlier re-drive moved")
     move.add_argument("--operator", help="who is re-driving (default: the OS user)")
     move.add_argument("--note", help="why (recorded in the audit table)")
+    move.add_argument("-y", "--yes", action="store_true", help="do not ask before a large re-drive")
+    move.add_argument(
+        "--confirm-above",
+        type=int,
+        metavar="N",
+        help="ask before moving more than N messages (default: dlq.redrive_confirm_above in the config, 100)",
+    )
     _format(move)
+    add_resolve_parsers(commands)
 
 
-def run(args: argparse.Namespace, config: EngineConfig, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run one ``dlq`` subcommand; errors propagate as :class:`RetryEngineError`."""
-    command = {"list": _list, "show": _show, "stats": _stats, "redrive": _redrive}[args.dlq_command]
+def _include_resolved(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--include-resolved", action="store_true", help="also dead letters marked resolved or purged (dlq resolve/purge)"
+    )
+
+
+def add_resolve_parsers(commands: Any) -> None:
+    """``dlq resolve``, ``dlq purge`` and ``dlq expire`` (see :mod:`retry_engine.resolve`)."""
+    for action, text in (
+        ("resolve", "mark dead letters as handled, with a reason: hidden from dlq list, never re-driven"),
+        ("purge", "resolve dead letters and let dlq expire remove them from the DLQ table at once"),
+    ):
+        parser = commands.add_parser(action, help=text, description=f"{text[0].upper()}{text[1:]}. Recorded in the audit table.")
+        _common(parser)
+        # --reason is the operator's why here, so the reason-code filter is spelled --reason-code.
+        _filters(parser, reason_code_flag="--reason-code")
+        parser.add_argument("--all", action="store_true", help="select the whole DLQ (needed when no filter is given)")
+        parser.add_argument("--reason", dest="why", required=True, help="why (required; recorded with who and when)")
+        parser.add_argument("--operator", help="who (default: the OS user)")
+        parser.add_argument(
+            "--include-redriven", action="store_true", help="also dead letters a re-drive already moved (skipped by default)"
+        )
+        parser.add_argument("--dry-run", action="store_true", help="show what would be marked; change nothing")
+        _format(parser)
+    expire = commands.add_parser(
+        "expire",
+        help="remove purged dead letters, and resolved ones past dlq.resolved_retention, from the DLQ table",
+        description="Delete purged dead letters, and resolved ones whose resolution is older than the retention, from "
+        "the DLQ table (a Delta delete; the audit rows stay).",
+    )
+    _common(expire)
+    expire.add_argument("--retention", help="e.g. 7d, 12h (default: dlq.resolved_retention in the config, 30d)")
+    expire.add_argument("--dry-run", action="store_true", help="show what would be removed; change nothing")
+    _format(expire)
+
+
+def run(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    *,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    inp: TextIO | None = None,
+) -> int:
+    """Run one ``dlq`` subcommand; errors propagate as :class:`RetryEngineError`.
+
+    ``inp`` answers the confirmation of a large re-drive (default: stdin).
+    """
+    if args.dlq_command == "redrive":
+        return _redrive(args, config, out or sys.stdout, err or sys.stderr, inp or sys.stdin)
+    if args.dlq_command in ("resolve", "purge"):
+        return _resolve(args, config, out or sys.stdout, err or sys.stderr)
+    if args.dlq_command == "expire":
+        return _expire(args, config, out or sys.stdout)
+    command = {"list": _list, "show": _show, "stats": _stats}[args.dlq_command]
     return command(args, config, out or sys.stdout, err or sys.stderr)
 
 
@@ -104,14 +169,17 @@ def run(args: argparse.Namespace, config: EngineConfig, *, out: TextIO | None = 
 
 
 def _list(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
-    frame = dlq.dead_letters(config, _selection(args), version=args.version, as_of=args.as_of)
+    frame = dlq.dead_letters(
+        config, _selection(args), version=args.version, as_of=args.as_of, include_resolved=args.include_resolved
+    )
     assert isinstance(frame, pd.DataFrame)  # no spark given
     total = len(frame)
     if total == 0:
         print("no dead letters match", file=err)
         return EXIT_OK
     shown = frame.head(args.limit)
-    _emit(shown[list(LIST_COLUMNS)] if args.format == "table" else shown.drop(columns=["body"]), args.format, out)
+    columns = [*LIST_COLUMNS, "resolution"] if args.include_resolved else list(LIST_COLUMNS)
+    _emit(shown[columns] if args.format == "table" else shown.drop(columns=["body"]), args.format, out)
     if total > args.limit:
         print(f"{args.limit} of {total} dead letters shown (--limit)", file=err)
     return EXIT_OK
@@ -130,7 +198,9 @@ def _show(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: Text
 
 def _stats(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
     keys = [k.strip() for k in args.by.split(",") if k.strip()]
-    frame = dlq.summary(config, _selection(args), by=keys, version=args.version, as_of=args.as_of)
+    frame = dlq.summary(
+        config, _selection(args), by=keys, version=args.version, as_of=args.as_of, include_resolved=args.include_resolved
+    )
     assert isinstance(frame, pd.DataFrame)
     if frame.empty:
         print("no dead letters match", file=err)
@@ -139,7 +209,26 @@ def _stats(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: Tex
     return EXIT_OK
 
 
-def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
+def _confirmed(
+    args: argparse.Namespace, config: EngineConfig, dry: redrive.RedriveReport, err: TextIO, inp: TextIO
+) -> bool | None:
+    """Whether the operator agrees to move what ``dry`` (a dry run) would; None: cannot ask (no terminal)."""
+    count = dry.plan.shape[0]
+    limit = args.confirm_above if args.confirm_above is not None else config.dlq.redrive_confirm_above
+    if args.yes or count <= limit:
+        return True
+    if not inp.isatty():
+        print(
+            f"retry-engine: this re-drive would move {count} messages (more than {limit}) and there is no terminal "
+            f"to confirm it: check it with --dry-run, then add --yes (or raise --confirm-above)",
+            file=err,
+        )
+        return None
+    print(f"re-drive {dry.redrive_id}: move {count} messages to {dry.target}? [y/N] ", end="", file=err, flush=True)
+    return inp.readline().strip().lower() in ("y", "yes")
+
+
+def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO, inp: TextIO) -> int:
     def progress(p: redrive.ChunkProgress) -> None:
         if p.phase == "moved":
             share = f"{100 * p.moved_so_far // p.total}%" if p.total else "-"
@@ -150,6 +239,11 @@ def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
             if args.to or args.redrive_id or _has_filter(args) or args.all:
                 print("retry-engine: --resume takes no filters, --to or --redrive-id: the re-drive's audit rows say what to move", file=err)
                 return EXIT_USAGE
+            if not args.dry_run:
+                dry = redrive.resume(config, args.resume, max_chunks=args.max_chunks, dry_run=True)
+                answer = _confirmed(args, config, dry, err, inp)
+                if not answer:
+                    return _not_confirmed(answer, err)
             report = redrive.resume(
                 config, args.resume, max_chunks=args.max_chunks, rate=args.rate, dry_run=args.dry_run, on_progress=progress
             )
@@ -160,20 +254,25 @@ def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
             if not _has_filter(args) and not args.all:
                 print("retry-engine: dlq redrive needs a filter (--group, --topic, --error, --reason, --since, --until, --id) or --all", file=err)
                 return EXIT_USAGE
+            options: dict[str, Any] = {
+                "target": args.to,
+                "reset_reconsume_times": not args.keep_reconsume_times,
+                "chunk_size": args.chunk_size,
+                "max_chunks": args.max_chunks,
+                "force": args.force,
+                "redrive_id": args.redrive_id,
+                "operator": args.operator,
+                "note": args.note,
+            }
+            if not args.dry_run:
+                dry = redrive.redrive(config, _selection(args), dry_run=True, **options)
+                answer = _confirmed(args, config, dry, err, inp)
+                if not answer:
+                    return _not_confirmed(answer, err)
+                # The confirmed count is of this id (a forced re-drive gets a fresh one per call).
+                options["redrive_id"] = dry.redrive_id
             report = redrive.redrive(
-                config,
-                _selection(args),
-                target=args.to,
-                reset_reconsume_times=not args.keep_reconsume_times,
-                dry_run=args.dry_run,
-                chunk_size=args.chunk_size,
-                rate=args.rate,
-                max_chunks=args.max_chunks,
-                force=args.force,
-                redrive_id=args.redrive_id,
-                operator=args.operator,
-                note=args.note,
-                on_progress=progress,
+                config, _selection(args), dry_run=args.dry_run, rate=args.rate, on_progress=progress, **options
             )
     except KeyboardInterrupt:
         print("interrupted: run the same command again to finish (nothing will move twice)", file=err)
@@ -182,8 +281,63 @@ def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
     return EXIT_OK
 
 
+def _resolve(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
+    from retry_engine import resolve
+
+    if not _has_filter(args) and not args.all:
+        print(f"retry-engine: dlq {args.dlq_command} needs a filter (--group, --topic, --error, --reason-code, "
+              "--since, --until, --id) or --all", file=err)
+        return EXIT_USAGE
+    report = resolve.resolve(
+        config, _selection(args), reason=args.why, action=args.dlq_command, operator=args.operator,
+        include_redriven=args.include_redriven, dry_run=args.dry_run,
+    )
+    if args.format != "table":
+        _emit(report.rows, args.format, out)
+        return EXIT_OK
+    verb = {"resolve": "resolved", "purge": "purged"}[report.action]
+    print(
+        f"{report.action} {report.resolution_id}{' (dry run: nothing changed)' if report.dry_run else ''}: "
+        f"{report.matched} matched, {report.already_resolved} already resolved, {report.redriven} re-driven "
+        f"(skipped{'' if args.include_redriven else '; --include-redriven to mark them too'}), "
+        f"{'would be ' if report.dry_run else ''}{verb} {report.resolved}",
+        file=out,
+    )
+    if report.dry_run and not report.rows.empty:
+        _emit(report.rows.head(DRY_RUN_ROWS), "table", out)
+        if len(report.rows) > DRY_RUN_ROWS:
+            print(f"... and {len(report.rows) - DRY_RUN_ROWS} more", file=out)
+    return EXIT_OK
+
+
+def _expire(args: argparse.Namespace, config: EngineConfig, out: TextIO) -> int:
+    from retry_engine import resolve
+
+    report = resolve.expire(config, retention=args.retention, dry_run=args.dry_run)
+    if args.format != "table":
+        _emit(report.rows, args.format, out)
+        return EXIT_OK
+    print(
+        f"{'would remove' if report.dry_run else 'removed'} {report.removed} dead letters from the DLQ table "
+        f"({report.purged} purged, {report.removed - report.purged} resolved more than {report.retention} ago); "
+        "their audit rows stay",
+        file=out,
+    )
+    return EXIT_OK
+
+
+def _not_confirmed(answer: bool | None, err: TextIO) -> int:
+    if answer is None:
+        return EXIT_USAGE
+    print("not confirmed: nothing moved", file=err)
+    return EXIT_NOT_CONFIRMED
+
+
 def _print_report(report: redrive.RedriveReport, fmt: str, out: TextIO) -> None:
-    plan = report.plan[["chunk", "dlq_msg_id", "origin_msg_id", "consumer_group", "retry_topic", "redriven_msg_id", "topic", "reconsume_times"]]
+    plan = report.plan[
+        ["chunk", "dlq_msg_id", "origin_msg_id", "consumer_group", "retry_topic", "reason_code", "redriven_msg_id", "topic",
+         "reconsume_times"]
+    ]
     if fmt != "table":
         _emit(plan, fmt, out)
         return
@@ -191,12 +345,17 @@ def _print_report(report: redrive.RedriveReport, fmt: str, out: TextIO) -> None:
     count = plan.shape[0] if report.dry_run else report.moved
     print(
         f"re-drive {report.redrive_id} to {report.target}{' (dry run: nothing changed)' if report.dry_run else ''}: "
-        f"{report.matched} matched, {report.skipped} already re-driven (skipped), {verb} {count}"
+        f"{report.matched} matched, {report.skipped} already re-driven (skipped), "
+        f"{f'{report.resolved} resolved (skipped), ' if report.resolved else ''}{verb} {count}"
         f"{f' ({report.resumed} from an interrupted run)' if report.resumed else ''}",
         file=out,
     )
     if report.dry_run and not plan.empty:
-        _emit(plan, "table", out)
+        _emit(plan.head(DRY_RUN_ROWS), "table", out)
+        if len(plan) > DRY_RUN_ROWS:
+            print(f"... and {len(plan) - DRY_RUN_ROWS} more ({len(plan)} in all; --format csv or json lists every one)", file=out)
+    if report.cancelled:
+        print(f"stopped early: {report.cancelled}; what moved stays moved", file=out)
     if report.remaining:
         print(f"{report.remaining} {'would be left' if report.dry_run else 'not moved yet'} (--max-chunks): "
               "run the same command again to continue", file=out)
@@ -211,12 +370,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML config file (default: conf/retry-engine.toml if present)")
 
 
-def _filters(parser: argparse.ArgumentParser) -> None:
+def _filters(parser: argparse.ArgumentParser, *, reason_code_flag: str = "--reason") -> None:
     group = parser.add_argument_group("selection (every given filter must match)")
     group.add_argument("--group", help="consumer group")
     group.add_argument("--topic", help="original topic")
     group.add_argument("--error", metavar="REGEX", help="regex searched in the error class and message")
-    group.add_argument("--reason", help="reason code, e.g. MAX_RECONSUME_TIMES")
+    group.add_argument(reason_code_flag, dest="reason", help="reason code, e.g. MAX_RECONSUME_TIMES")
     group.add_argument("--since", type=_timestamp, help="dead-lettered at or after (ISO 8601, UTC if no zone)")
     group.add_argument("--until", type=_timestamp, help="dead-lettered before (ISO 8601)")
     group.add_argument(

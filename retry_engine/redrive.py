@@ -57,7 +57,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine.audit import AUDIT_TABLE, MOVED, app_id, audit_snapshot, read_audit
+from retry_engine.audit import (
+    AUDIT_TABLE,
+    MOVED,
+    REDRIVE_TARGETS,
+    RedriveTarget,
+    app_id,
+    audit_snapshot,
+    read_audit,
+    redrive_rows,
+    resolution_rows,
+)
 from retry_engine.config import EngineConfig
 from retry_engine.decide import new_msg_id
 from retry_engine.delta.tables import append_arrow, ensure_table
@@ -69,12 +79,13 @@ from retry_engine.dlq import (
 )
 from retry_engine.errors import ConcurrentWriteError, ConfigError, RedriveError
 from retry_engine.names import PROP_REDRIVE_COUNT, delivery_key, redrive_count, retry_topic
+from retry_engine.redrive_tasks import Cancelled, RunTracker
 from retry_engine.schemas import MESSAGES, REDRIVE_AUDIT, RETRY
 
 log = logging.getLogger(__name__)
 
-Target = Literal["topic", "retry"]
-TARGETS: tuple[Target, ...] = ("topic", "retry")
+Target = RedriveTarget
+TARGETS: tuple[Target, ...] = REDRIVE_TARGETS
 TARGET_TABLES: dict[str, str] = {"topic": "messages", "retry": "retry"}
 DEFAULT_CHUNK_SIZE = 100
 REDRIVE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -118,6 +129,10 @@ class RedriveReport:
     """Messages left for a later run because ``max_chunks`` stopped this one (dry run: would stop)."""
     plan: pd.DataFrame = field(repr=False)
     """One row per message this run moves (or would): dead letter, new id, target, chunk."""
+    resolved: int = 0
+    """Matched dead letters left alone because they are resolved (even when forced; see retry_engine.resolve)."""
+    cancelled: str | None = None
+    """Who cancelled this run and why (``retry-engine redrive cancel``); None when it was not cancelled."""
 
     @property
     def complete(self) -> bool:
@@ -220,8 +235,11 @@ class _Plan:
     audit_version: int | None
     matched: int
     skipped: int
+    resolved: int
     total: int
     everything: pa.Table
+    moved_before: int
+    """Messages of this re-drive that earlier runs moved."""
 
 
 def _redrive(
@@ -246,7 +264,7 @@ def _redrive(
         raise ConfigError(f"chunk_size must be at least 1, got {chunk_size}", code="INVALID_OPTION")
     if max_chunks is not None and max_chunks < 1:
         raise ConfigError(f"max_chunks must be at least 1, got {max_chunks}", code="INVALID_OPTION")
-    limiter = RateLimiter(rate)
+    RateLimiter(rate)  # checks the rate now, before anything is read or written
     if redrive_id is None:
         if selection is None:
             raise ConfigError("resuming needs a redrive id", code="INVALID_OPTION")
@@ -255,7 +273,7 @@ def _redrive(
             redrive_id = f"{redrive_id}-{uuid.uuid4().hex[:8]}"
     elif not isinstance(redrive_id, str) or not REDRIVE_ID.fullmatch(redrive_id):
         raise ConfigError(f"redrive id {redrive_id!r} must be {REDRIVE_ID.pattern} (whole)", code="INVALID_OPTION")
-    operator = operator or _whoami()
+    operator = operator or whoami()
     audit_path = config.table_path(AUDIT_TABLE)
 
     def plan_now(exclude: set[str]) -> _Plan:
@@ -272,67 +290,94 @@ def _redrive(
         resumed = sum(c.num_rows for c, was_pending in chunks if was_pending)
         log.info("re-drive %s dry run: %d would move (%d resumed), %d skipped", redrive_id, table.num_rows, resumed, plan.skipped)
         return RedriveReport(
-            redrive_id=redrive_id, target=target, dry_run=True, matched=plan.matched, skipped=plan.skipped,
+            redrive_id=redrive_id, target=target, dry_run=True, matched=plan.matched, skipped=plan.skipped, resolved=plan.resolved,
             resumed=resumed, moved=0, remaining=plan.total - table.num_rows, plan=table.to_pandas(),
         )
 
+    # Other processes see the run in the tasks table, and can cancel it there (redrive_tasks).
+    tracker = RunTracker(
+        config, redrive_id, operator=operator, target=target, selection=None if selection is None else selection.describe()
+    )
     # Chunks this run handled (claimed, or resumed), over every look at the audit table.
     done: list[pa.Table] = []
     done_ids: set[str] = set()
     moved = resumed = 0
+    # The rate limit's waits look for a cancel too, so a slow re-drive stops within seconds.
+    limiter = RateLimiter(rate, sleep=lambda seconds: tracker.wait(seconds, moved))
     lost = 0  # claims lost in a row, with nothing handled in between
-    while True:
-        plan = plan_now(done_ids)
-        budget = len(plan.chunks) if max_chunks is None else max(min(max_chunks - len(done), len(plan.chunks)), 0)
-        expect = plan.audit_version
-        if expect is None and any(not was_pending for _, was_pending in plan.chunks[:budget]):
-            # Claims are commits against a checked audit version: create the table (only now,
-            # so a re-drive that moves nothing leaves no trace), then look again.
-            ensure_table(audit_path, REDRIVE_AUDIT.arrow_schema)
-            continue
-        by_id = _index(plan.everything, [c for c, _ in plan.chunks[:budget]])
-        handled_before = len(done)
-        try:
-            for chunk, was_pending in plan.chunks[:budget]:
-                k = int(chunk.column("chunk")[0].as_py())
-                if not was_pending:
-                    if expect is None or not append_arrow(
-                        audit_path, chunk, app_id=app_id(redrive_id), txn_version=k, expect_version=expect
-                    ):
-                        raise ConcurrentWriteError(f"{audit_path}: chunk {k} of re-drive {redrive_id} was claimed meanwhile")
-                    expect += 1
-                    _report(on_progress, ChunkProgress(redrive_id, k, "planned", chunk.num_rows, moved, plan.total))
-                done.append(chunk)
-                done_ids.update(chunk.column("dlq_msg_id").to_pylist())
-                written = _move(config, chunk, by_id, redrive_id=redrive_id, target=target)
-                if written:
-                    moved += chunk.num_rows
-                    resumed += chunk.num_rows if was_pending else 0
-                log.info(
-                    "re-drive %s chunk %d: %d messages %s %s (%d/%d)", redrive_id, k, chunk.num_rows,
-                    "moved to" if written else "were already in", TARGET_TABLES[target], moved, plan.total,
-                )
-                _report(on_progress, ChunkProgress(redrive_id, k, "moved", chunk.num_rows, moved, plan.total))
-                limiter.after(chunk.num_rows)
-        except ConcurrentWriteError as exc:
-            # Another re-drive (or another run of this one) claimed dead letters since this plan
-            # was made: plan again from the new audit version. Every lost claim means someone
-            # else made progress, so only a storm of re-drives exhausts the attempts.
-            lost = 0 if len(done) > handled_before else lost + 1
-            if lost >= MAX_CLAIM_ATTEMPTS:
-                raise RedriveError(
-                    f"re-drive {redrive_id}: other re-drives claimed dead letters first {lost} times in a row; "
-                    f"{moved} messages moved so far; run it again to go on",
-                    code="REDRIVE_CONTENDED",
-                ) from exc
-            log.info("re-drive %s: the audit table changed while claiming: %s; planning again", redrive_id, exc)
-            continue
+    try:
+        while True:
+            plan = plan_now(done_ids)
+            budget = len(plan.chunks) if max_chunks is None else max(min(max_chunks - len(done), len(plan.chunks)), 0)
+            expect = plan.audit_version
+            if expect is None and any(not was_pending for _, was_pending in plan.chunks[:budget]):
+                # Claims are commits against a checked audit version: create the table (only now,
+                # so a re-drive that moves nothing leaves no trace), then look again.
+                ensure_table(audit_path, REDRIVE_AUDIT.arrow_schema)
+                continue
+            if not tracker.started and budget:
+                tracker.start(moved=plan.moved_before, total=plan.moved_before + plan.total)
+            by_id = _index(plan.everything, [c for c, _ in plan.chunks[:budget]])
+            handled_before = len(done)
+            try:
+                for chunk, was_pending in plan.chunks[:budget]:
+                    # A cancel stops the run here, between chunks: what moved stays moved, nothing else is claimed.
+                    tracker.check_cancel()
+                    k = int(chunk.column("chunk")[0].as_py())
+                    if not was_pending:
+                        if expect is None or not append_arrow(
+                            audit_path, chunk, app_id=app_id(redrive_id), txn_version=k, expect_version=expect
+                        ):
+                            raise ConcurrentWriteError(f"{audit_path}: chunk {k} of re-drive {redrive_id} was claimed meanwhile")
+                        expect += 1
+                        _report(on_progress, ChunkProgress(redrive_id, k, "planned", chunk.num_rows, moved, plan.total))
+                    done.append(chunk)
+                    done_ids.update(chunk.column("dlq_msg_id").to_pylist())
+                    written = _move(config, chunk, by_id, redrive_id=redrive_id, target=target)
+                    if written:
+                        moved += chunk.num_rows
+                        resumed += chunk.num_rows if was_pending else 0
+                    log.info(
+                        "re-drive %s chunk %d: %d messages %s %s (%d/%d)", redrive_id, k, chunk.num_rows,
+                        "moved to" if written else "were already in", TARGET_TABLES[target], moved, plan.total,
+                    )
+                    _report(on_progress, ChunkProgress(redrive_id, k, "moved", chunk.num_rows, moved, plan.total))
+                    tracker.alive(plan.moved_before + moved)
+                    limiter.after(chunk.num_rows)
+            except ConcurrentWriteError as exc:
+                # Another re-drive (or another run of this one) claimed dead letters since this plan
+                # was made: plan again from the new audit version. Every lost claim means someone
+                # else made progress, so only a storm of re-drives exhausts the attempts.
+                lost = 0 if len(done) > handled_before else lost + 1
+                if lost >= MAX_CLAIM_ATTEMPTS:
+                    raise RedriveError(
+                        f"re-drive {redrive_id}: other re-drives claimed dead letters first {lost} times in a row; "
+                        f"{moved} messages moved so far; run it again to go on",
+                        code="REDRIVE_CONTENDED",
+                    ) from exc
+                log.info("re-drive %s: the audit table changed while claiming: %s; planning again", redrive_id, exc)
+                continue
+            table = pa.concat_tables(done) if done else REDRIVE_AUDIT.arrow_schema.empty_table()
+            tracker.end("finished", moved=plan.moved_before + moved)
+            return RedriveReport(
+                redrive_id=redrive_id, target=target, dry_run=False, matched=plan.matched, skipped=plan.skipped, resolved=plan.resolved,
+                resumed=resumed, moved=moved, remaining=plan.total - sum(c.num_rows for c, _ in plan.chunks[:budget]),
+                plan=table.to_pandas(),
+            )
+    except Cancelled as cancelled:
+        tracker.end("cancelled", moved=plan.moved_before + moved, detail=str(cancelled))
+        log.warning("re-drive %s stopped after %d messages: %s", redrive_id, moved, cancelled)
         table = pa.concat_tables(done) if done else REDRIVE_AUDIT.arrow_schema.empty_table()
         return RedriveReport(
-            redrive_id=redrive_id, target=target, dry_run=False, matched=plan.matched, skipped=plan.skipped,
-            resumed=resumed, moved=moved, remaining=plan.total - sum(c.num_rows for c, _ in plan.chunks[:budget]),
-            plan=table.to_pandas(),
+            redrive_id=redrive_id, target=target, dry_run=False, matched=plan.matched, skipped=plan.skipped, resolved=plan.resolved,
+            resumed=resumed, moved=moved, remaining=plan.total - sum(c.num_rows for c in done[handled_before:]),
+            plan=table.to_pandas(), cancelled=str(cancelled),
         )
+    except BaseException as exc:
+        # Ctrl-C, a crash of the caller's progress callback, a storage error: the run is interrupted
+        # (a re-run resumes it); say so in the tasks table instead of leaving it "running".
+        tracker.end("stopped", moved=moved, detail=f"{type(exc).__name__}: {exc}")
+        raise
 
 
 def _plan(
@@ -361,30 +406,35 @@ def _plan(
     # selection=None (resume): nothing new is planned, only the pending chunks move.
     matched = everything.filter(selection.mask(everything)) if selection is not None else everything.slice(0, 0)
 
-    # What is left to plan: matched, not in this re-drive, and not moved by another (unless forced).
+    # What is left to plan: matched, not in this re-drive, not resolved (ever), and not moved by
+    # another re-drive (unless forced). Resolutions are claims in this same table, so a resolve
+    # committed after this plan's audit version makes this re-drive's claim fail and plan again.
     seen_here = set(mine.column("dlq_msg_id").to_pylist())
-    others = audit.filter(pc.not_equal(audit.column("redrive_id"), redrive_id))
+    resolved = set(resolution_rows(audit).column("dlq_msg_id").to_pylist())
+    others = redrive_rows(audit).filter(pc.not_equal(redrive_rows(audit).column("redrive_id"), redrive_id))
     moved_elsewhere = set(others.filter(others.column(MOVED)).column("dlq_msg_id").to_pylist())
     unfinished = others.filter(pc.invert(others.column(MOVED)))
     unfinished_ids = dict(
         zip(unfinished.column("dlq_msg_id").to_pylist(), unfinished.column("redrive_id").to_pylist(), strict=True)
     )
     ids = matched.column("msg_id").to_pylist()
-    clash = sorted({unfinished_ids[i] for i in ids if i in unfinished_ids and i not in seen_here})
+    clash = sorted({unfinished_ids[i] for i in ids if i in unfinished_ids and i not in seen_here and i not in resolved})
     if clash:
         raise RedriveError(
             f"{sum(1 for i in ids if i in unfinished_ids)} selected dead letters belong to unfinished re-drive(s) "
             f"{', '.join(clash)}; finish them first (retry-engine dlq redrive --resume {clash[0]})",
             code="REDRIVE_UNFINISHED",
         )
-    fresh_mask = [i not in seen_here and (force or i not in moved_elsewhere) for i in ids]
+    fresh_mask = [i not in seen_here and i not in resolved and (force or i not in moved_elsewhere) for i in ids]
     fresh = matched.filter(pa.array(fresh_mask, pa.bool_())).sort_by([("dead_lettered_at", "ascending"), ("msg_id", "ascending")])
     pending_ids = set(pending.column("dlq_msg_id").to_pylist())
     skipped = sum(
-        1 for i, planned in zip(ids, fresh_mask, strict=True) if not planned and i not in pending_ids and i not in exclude
+        1
+        for i, planned in zip(ids, fresh_mask, strict=True)
+        if not planned and i not in pending_ids and i not in exclude and i not in resolved
     )
 
-    generations = _generations(audit)
+    generations = _generations(redrive_rows(audit))
     now = _now()
     first_chunk = (max(mine.column("chunk").to_pylist()) + 1) if mine.num_rows else 0
     new_chunks = [
@@ -412,8 +462,10 @@ def _plan(
         audit_version=snapshot.version,
         matched=matched.num_rows,
         skipped=skipped,
+        resolved=sum(1 for i in ids if i in resolved and i not in seen_here),
         total=sum(c.num_rows for c, _ in chunks),
         everything=everything,
+        moved_before=mine.num_rows - pending.num_rows,
     )
 
 
@@ -598,7 +650,8 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def _whoami() -> str:
+def whoami() -> str:
+    """The OS user name, recorded as the operator when none is given."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry in some containers

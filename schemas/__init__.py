@@ -19,6 +19,7 @@ from .tables import (
     PROGRESS,
     QUARANTINE,
     REDRIVE_AUDIT,
+    REDRIVE_TASKS,
     RETRY,
     WORK,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "PROGRESS",
     "QUARANTINE",
     "REDRIVE_AUDIT",
+    "REDRIVE_TASKS",
     "RETRY",
     "Table",
     "WORK",

@@ -138,11 +138,30 @@ CONSUMED_RECONSUME_TIMES = Column("consumed_reconsume_times", pa.int32(), "recon
 REDRIVE_ID = Column("redrive_id", pa.string(), "Id of the re-drive: one named selection, resumable, idempotent.", False)
 CHUNK = Column("chunk", pa.int64(), "Chunk of the re-drive; also its Delta app-transaction version.", False)
 OPERATOR = Column("operator", pa.string(), "Who ran the re-drive (user name or --operator).")
-NOTE = Column("note", pa.string(), "Why, as the operator wrote it.")
+NOTE = Column("note", pa.string(), "Why, as the operator wrote it (a resolution's required reason).")
 SELECTION = Column("selection", pa.string(), "The filter that selected the dead letters, as JSON.")
-REDRIVE_TARGET = Column("target", pa.string(), "Where the message went: topic (its original topic) or retry (%RETRY%G).", False)
+REDRIVE_TARGET = Column(
+    "target", pa.string(),
+    "Where the message went: topic (its original topic) or retry (%RETRY%G); resolve or purge for a resolution.", False,
+)
 DLQ_MSG_ID = Column("dlq_msg_id", pa.string(), "msg_id of the dead letter re-driven.", False)
-REDRIVEN_MSG_ID = Column("redriven_msg_id", pa.string(), "msg_id of the new message written to the target.", False)
-TARGET_TABLE = Column("target_table", pa.string(), "Table the new message was appended to (messages or retry).", False)
+REDRIVEN_MSG_ID = Column(
+    "redriven_msg_id", pa.string(), "msg_id of the new message written to the target (a resolution: the dead letter's).", False
+)
+TARGET_TABLE = Column(
+    "target_table", pa.string(), "Table the new message was appended to (messages or retry; redrive_audit for a resolution).",
+    False,
+)
 RESET_RECONSUME_TIMES = Column("reset_reconsume_times", pa.bool_(), "Whether the reconsume count was reset to 0.", False)
 REDRIVEN_AT = Column("redriven_at", TS, "When the chunk was planned (its audit commit).", False)
+
+# -- re-drive tasks: runs, heartbeats and cancels of re-drives -------------------------
+RUN_ID = Column("run_id", pa.string(), "One run of a re-drive (a re-drive id can be run again to resume it).", False)
+TASK_EVENT = Column(
+    "event", pa.string(), "started, alive, finished, stopped (interrupted), cancel (asked) or cancelled (stopped for it).", False
+)
+TASK_AT = Column("at", TS, "When the event was written (the writer's wall clock).", False)
+TASK_MOVED = Column("moved", pa.int64(), "Messages of the re-drive moved so far (all runs), when the event was written.")
+TASK_TOTAL = Column("total", pa.int64(), "Messages the re-drive had moved or planned to move when the run started.")
+DETAIL = Column("detail", pa.string(), "Why: the cancel's reason, or the error that stopped the run.")
+HOST = Column("host", pa.string(), "Host and process id of the run (where to look for it).")

@@ -140,7 +140,7 @@ METRICS = Table(
 
 REDRIVE_AUDIT = Table(
     "redrive_audit",
-    "One row per dead letter re-driven (B5): who, what, when, where to. Written before the move "
+    "One row per dead letter re-driven (B5) or resolved: who, what, when, where to, why. Written before the move "
     "(an intent log); a chunk has moved once its target table records the re-drive's transaction.",
     (
         c.REDRIVE_ID,
@@ -160,6 +160,25 @@ REDRIVE_AUDIT = Table(
         c.TARGET_TABLE,
         c.RECONSUME_TIMES.variant(doc="reconsume_times of the new message."),
         c.REDRIVEN_AT,
+    ),
+)
+
+REDRIVE_TASKS = Table(
+    "redrive_tasks",
+    "One row per event of a re-drive run: started, alive (heartbeat), finished, stopped, cancel asked, "
+    "cancelled. Append-only; with the audit table it says which re-drives run, moved what, and who cancelled them.",
+    (
+        c.REDRIVE_ID,
+        c.RUN_ID,
+        c.TASK_EVENT,
+        c.TASK_AT,
+        c.OPERATOR.variant(doc="Who ran the re-drive, or who asked to cancel it."),
+        c.SELECTION,
+        c.REDRIVE_TARGET.variant(nullable=True),
+        c.TASK_MOVED,
+        c.TASK_TOTAL,
+        c.DETAIL,
+        c.HOST,
     ),
 )
 
@@ -189,7 +208,9 @@ PROGRESS = Table(
     ),
 )
 
-ALL_TABLES = (MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES, METRICS, PROGRESS, REDRIVE_AUDIT)
+ALL_TABLES = (
+    MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES, METRICS, PROGRESS, REDRIVE_AUDIT, REDRIVE_TASKS,
+)
 
 
 def _union(*parts: tuple[Column, ...] | Table) -> tuple[Column, ...]:

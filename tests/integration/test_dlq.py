@@ -464,3 +464,36 @@ def test_cli_redrive_killed_midway_then_rerun(lake: Lake, config_file: str) -> N
     assert audit.num_rows == TOTAL and all(audit.column("moved").to_pylist())
     assert audit.schema.remove(audit.schema.get_field_index("moved")).names == REDRIVE_AUDIT.names
 
+
+
+def test_resolve_and_expire_on_the_engines_dlq_with_spark_listing(spark: Any, lake: Lake) -> None:
+    """#13 part 5 item 2 (R9, B5): on a DLQ the engine wrote, resolved dead letters leave the Spark and
+    pandas listings (unless asked for) and re-drives; purged ones leave the DLQ table at expire, and
+    the table still reads the same through delta-rs, pyarrow datasets and Spark."""
+    from retry_engine import resolve
+
+    timeouts = Selection(group="billing", error_pattern="Timeout")  # B-T1, B-T2 and the two exhausted payments
+    resolved = resolve.resolve(lake.config, timeouts, reason="re-entered by hand", operator="alice")
+    purged = resolve.resolve(lake.config, Selection(group="shipping"), reason="test orders", action="purge")
+    assert (resolved.resolved, purged.resolved) == (4, 2)
+    gone = set(resolved.rows["msg_id"]) | set(purged.rows["msg_id"])
+    listing = dlq.dead_letters(lake.config, include_resolved=True)
+    assert isinstance(listing, pd.DataFrame)
+    left = [i for i in listing["msg_id"] if i not in gone]
+    assert _dead_ids(lake) == left and len(left) == TOTAL - 6
+    distributed = dlq.dead_letters(lake.config, spark=spark)
+    assert [r["msg_id"] for r in distributed.collect()] == left  # type: ignore[union-attr]
+    every = dlq.dead_letters(lake.config, spark=spark, include_resolved=True).collect()  # type: ignore[union-attr]
+    marks = {r["msg_id"]: r["resolution"] for r in every}
+    assert len(every) == TOTAL and {m for m, r in marks.items() if r} == gone
+    assert all(marks[m].startswith("resolved by alice") for m in resolved.rows["msg_id"])
+    assert redrive.redrive(lake.config, Selection(), target="retry", force=True).resolved == 6
+
+    report = resolve.expire(lake.config)
+    assert (report.removed, report.purged) == (2, 2)
+    remaining = {r["msg_id"] for r in lake.rows("dlq")}
+    assert len(remaining) == TOTAL - 2 and not remaining & set(purged.rows["msg_id"])
+    after = dlq.dead_letters(lake.config, spark=spark, include_resolved=True).collect()  # type: ignore[union-attr]
+    assert sorted(r["msg_id"] for r in after) == sorted(remaining)
+    history = dlq.history(lake.config, "S-1")  # reads the rewritten partition through a pyarrow dataset filter
+    assert "purged" in list(history["event"]) and "dead-lettered" not in list(history["event"])

@@ -1,0 +1,396 @@
+"""Re-drive tasks (#13 part 5, item 1; SPEC B5, B8): list, status and cancel re-drives, confirm large ones.
+
+Real Delta tables in temp folders, written with delta-rs (re-drive needs no
+Spark); the cancel test runs the re-drive in another OS process, as an
+operator's second terminal would.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from retry_engine import redrive, redrive_tasks
+from retry_engine.audit import read_audit
+from retry_engine.cli import EXIT_ERROR, EXIT_OK, _parser, main
+from retry_engine.config import EngineConfig, load_config
+from retry_engine.delta import table_version
+from retry_engine.dlq import PROP_REDRIVE_FROM, PROP_REDRIVE_ID, Selection
+from retry_engine.dlq_commands import run as run_dlq
+from retry_engine.errors import RedriveError
+from tests.dead_letters import dead_letter, dlq_lake
+from tests.lakehouse import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+DEAD = 24
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> EngineConfig:
+    return dlq_lake(str(tmp_path / "lake"), [dead_letter(i) for i in range(DEAD)])
+
+
+@pytest.fixture
+def config_file(config: EngineConfig, tmp_path: Path) -> str:
+    path = tmp_path / "retry-engine.toml"
+    path.write_text(f'[engine]\nlake = "{config.engine.lake}"\n')
+    return str(path)
+
+
+def _messages(config: EngineConfig) -> list[dict[str, Any]]:
+    if table_version(config.table_path("messages")) is None:
+        return []
+    rows = DeltaTable(config.table_path("messages")).to_pyarrow_table().to_pylist()
+    return [{**r, "props": dict(r["properties"])} for r in rows]
+
+
+def _versions(config: EngineConfig) -> dict[str, int | None]:
+    return {
+        t: table_version(config.table_path(t))
+        for t in ("dlq", "messages", "retry", "redrive_audit", "redrive_tasks")
+    }
+
+
+def test_list_and_status_of_finished_and_interrupted_redrives(
+    config: EngineConfig, config_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#13 part 5 item 1: every re-drive is listed with id, selection, target, state, moved/total, operator, times."""
+
+    class Crash(Exception):
+        pass
+
+    def crash_after_two_chunks(p: redrive.ChunkProgress) -> None:
+        if p.phase == "moved" and p.chunk == 1:
+            raise Crash("disk full")
+
+    done = redrive.redrive(
+        config,
+        Selection(group="billing", error_pattern="Timeout"),
+        target="topic",
+        operator="alice",
+    )
+    with pytest.raises(Crash):
+        redrive.redrive(
+            config,
+            Selection(group="billing"),
+            target="retry",
+            chunk_size=3,
+            operator="bob",
+            redrive_id="fix-7",
+            on_progress=crash_after_two_chunks,
+        )
+    frame = redrive_tasks.tasks(config)
+    rows = {r["redrive_id"]: r for r in frame.to_dict("records")}
+    assert set(rows) == {done.redrive_id, "fix-7"}
+    finished, broken = rows[done.redrive_id], rows["fix-7"]
+    # 12 timeouts (even ids) all moved; "fix-7" planned the 12 bad-JSON ones left, moved 2 chunks of 3.
+    assert (
+        finished["state"],
+        finished["target"],
+        finished["moved"],
+        finished["total"],
+        finished["operator"],
+    ) == ("finished", "topic", 12, 12, "alice")
+    assert json.loads(finished["selection"]) == {"group": "billing", "error_pattern": "Timeout"}
+    assert finished["started_at"] <= finished["ended_at"]
+    assert (
+        broken["state"],
+        broken["target"],
+        broken["moved"],
+        broken["total"],
+        broken["operator"],
+    ) == ("interrupted", "retry", 6, 12, "bob")
+    assert "Crash: disk full" in broken["detail"]
+    assert list(frame["redrive_id"]) == ["fix-7", done.redrive_id]  # newest first
+
+    assert main(["redrive", "list", "--config", config_file]) == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["redrive_id", "state", "target", "moved", "operator"]
+    assert lines[1].split()[:5] == ["fix-7", "interrupted", "retry", "6/12", "bob"]
+    assert lines[2].split()[:5] == [done.redrive_id, "finished", "topic", "12/12", "alice"]
+    assert main(["redrive", "list", "--config", config_file, "--state", "running"]) == EXIT_OK
+    assert capsys.readouterr().err.strip() == "no re-drives running"
+    assert main(["redrive", "status", "--config", config_file, "fix-7"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert (
+        "state       interrupted" in out and "moved       6/12" in out and "operator    bob" in out
+    )
+    assert (
+        main(["redrive", "status", "--config", config_file, "fix-7", "--format", "json"]) == EXIT_OK
+    )
+    assert json.loads(capsys.readouterr().out)["moved"] == 6
+
+    # Run again to the end, the same re-drive reads finished.
+    redrive.redrive(
+        config, Selection(group="billing"), target="retry", chunk_size=3, redrive_id="fix-7"
+    )
+    assert redrive_tasks.task(config, "fix-7")["state"] == "finished"
+
+
+def test_a_run_that_goes_silent_reads_interrupted(config: EngineConfig) -> None:
+    """#13 part 5 item 1: a run killed without an end event is running until silent for STALE_AFTER_S."""
+    tracker = redrive_tasks.RunTracker(
+        config, "killed-1", operator="carol", selection=None, target="topic"
+    )
+    tracker.start(moved=0, total=5)
+    started = redrive_tasks.read_events(config, "killed-1").column("at")[0].as_py()
+    soon = started + dt.timedelta(seconds=redrive_tasks.STALE_AFTER_S - 1)
+    late = started + dt.timedelta(seconds=redrive_tasks.STALE_AFTER_S + 1)
+    assert redrive_tasks.task(config, "killed-1", now=soon)["state"] == "running"
+    gone = redrive_tasks.task(config, "killed-1", now=late)
+    assert gone["state"] == "interrupted" and "no sign of life" in str(gone["detail"])
+    # Cancelling it then marks it cancelled at once (no run is left to stop).
+    result = redrive_tasks.cancel(config, "killed-1", operator="dave", reason="obsolete", now=late)
+    assert (result.state, result.runs) == ("cancelled", 0)
+    assert redrive_tasks.task(config, "killed-1", now=late)["state"] == "cancelled"
+
+
+def test_audit_only_redrives_are_listed(config: EngineConfig) -> None:
+    """#13 part 5 item 1: re-drives from before the tasks table (audit rows only) still show up."""
+    report = redrive.redrive(config, Selection(group="billing"), target="topic", chunk_size=5)
+    DeltaTable(
+        config.table_path("redrive_tasks")
+    ).delete()  # as a lake from an older release: no events
+    row = redrive_tasks.task(config, report.redrive_id)
+    assert (row["state"], row["moved"], row["total"], row["target"]) == (
+        "finished",
+        DEAD,
+        DEAD,
+        "topic",
+    )
+
+
+@pytest.mark.parametrize(
+    "bad", ["nope", "", "../../etc", "a b", "x'; DROP TABLE dlq; --", "ünïcode", "a" * 65, "rd\n1"]
+)
+def test_status_and_cancel_of_unknown_or_odd_ids(
+    config: EngineConfig, config_file: str, bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#13 part 5 item 1, hostile values: an unknown id or one with odd characters is a clear error, nothing written."""
+    redrive.redrive(config, Selection(group="billing"), target="topic", redrive_id="known-1")
+    before = _versions(config)
+    with pytest.raises(RedriveError, match="REDRIVE_NOT_FOUND"):
+        redrive_tasks.task(config, bad)
+    with pytest.raises(RedriveError, match="REDRIVE_NOT_FOUND"):
+        redrive_tasks.cancel(config, bad, operator="eve")
+    assert main(["redrive", "cancel", "--config", config_file, bad, "--reason", "x"]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "REDRIVE_NOT_FOUND" in err and (
+        "known (newest first): known-1" in err or "is not a re-drive id" in err
+    )
+    assert _versions(config) == before
+
+
+def test_cancel_of_a_finished_redrive_is_refused(config: EngineConfig) -> None:
+    """#13 part 5 item 1: there is nothing to cancel once a re-drive finished."""
+    redrive.redrive(config, Selection(group="billing"), target="topic", redrive_id="done-1")
+    with pytest.raises(RedriveError, match="REDRIVE_NOT_RUNNING.*done-1 is finished"):
+        redrive_tasks.cancel(config, "done-1", operator="eve")
+
+
+def test_cancel_from_another_process_stops_at_the_next_chunk(
+    config: EngineConfig, config_file: str
+) -> None:
+    """#13 part 5 item 1 (B5, B8): ``redrive cancel`` here stops a re-drive running in another process.
+
+    It stops between chunks: every chunk it claimed moved (no audit row left
+    unmoved), nothing moved twice, the rest stays in the DLQ, and the cancel
+    is recorded with who and why.
+    """
+    args = [
+        "dlq",
+        "redrive",
+        "--config",
+        config_file,
+        "--all",
+        "--to",
+        "topic",
+        "--chunk-size",
+        "1",
+        "--rate",
+        "2",
+        "--redrive-id",
+        "slow-1",
+        "--yes",
+        "--operator",
+        "frank",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retry_engine.cli", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: redrive_tasks.tasks(config).query("moved >= 2").shape[0],
+            timeout=120,
+            what="two messages moved",
+        )
+        running = redrive_tasks.task(config, "slow-1")
+        assert (running["state"], running["total"], running["operator"]) == (
+            "running",
+            DEAD,
+            "frank",
+        )
+        assert (
+            main(
+                [
+                    "redrive",
+                    "cancel",
+                    "--config",
+                    config_file,
+                    "slow-1",
+                    "--reason",
+                    "wrong target",
+                    "--operator",
+                    "ops-lead",
+                ]
+            )
+            == EXIT_OK
+        )
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert proc.returncode == EXIT_OK, err
+    assert "stopped early: cancelled by ops-lead" in out and "wrong target" in out
+    state = redrive_tasks.task(config, "slow-1")
+    assert (
+        state["state"] == "cancelled"
+        and 2 <= int(state["moved"]) < DEAD
+        and "wrong target" in str(state["detail"])
+    )
+    # What moved stays moved, once, and matches the audit row for row; nothing is left half-claimed.
+    audit = read_audit(config).to_pylist()
+    assert all(a["moved"] for a in audit) and len(audit) == state["moved"]
+    messages = _messages(config)
+    assert Counter(m["props"][PROP_REDRIVE_FROM] for m in messages) == Counter(
+        {a["dlq_msg_id"]: 1 for a in audit}
+    )
+    assert {m["props"][PROP_REDRIVE_ID] for m in messages} == {"slow-1"}
+    events = redrive_tasks.read_events(config, "slow-1").to_pylist()
+    asked = [e for e in events if e["event"] == "cancel"]
+    assert [(e["operator"], e["detail"]) for e in asked] == [("ops-lead", "wrong target")]
+    # The rest is still there to re-drive: running the same re-drive again moves exactly what is left.
+    rest = redrive.redrive(config, Selection(), target="topic", redrive_id="slow-1")
+    assert rest.moved == DEAD - len(audit) and len(_messages(config)) == DEAD
+
+
+class _Terminal(io.StringIO):
+    """Typed answers on a terminal (the prompt only asks when stdin is one)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _dlq(argv: list[str], config_file: str, inp: io.StringIO) -> tuple[int, str, str]:
+    args = _parser().parse_args(argv)
+    out, err = io.StringIO(), io.StringIO()
+    code = run_dlq(args, load_config(config_file), out=out, err=err, inp=inp)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_a_large_redrive_asks_first(config: EngineConfig, config_file: str) -> None:
+    """#13 part 5 item 1: more than N messages asks for confirmation showing the count, unless --yes."""
+    argv = [
+        "dlq",
+        "redrive",
+        "--config",
+        config_file,
+        "--all",
+        "--to",
+        "retry",
+        "--confirm-above",
+        "10",
+    ]
+    before = _versions(config)
+    code, _, err = _dlq(argv, config_file, io.StringIO(""))  # not a terminal (a script, a pipe)
+    assert code == 2 and f"would move {DEAD} messages (more than 10)" in err and "--yes" in err
+    code, _, err = _dlq(argv, config_file, _Terminal("n\n"))
+    assert (
+        code == 1
+        and f"move {DEAD} messages to retry? [y/N]" in err
+        and "not confirmed: nothing moved" in err
+    )
+    assert _versions(config) == before
+    code, out, _ = _dlq(argv, config_file, _Terminal("y\n"))
+    assert code == EXIT_OK and f"moved {DEAD}" in out
+
+
+def test_yes_and_the_configured_threshold(config: EngineConfig, tmp_path: Path) -> None:
+    """#13 part 5 item 1: dlq.redrive_confirm_above in the config sets N; --yes skips the question."""
+    path = tmp_path / "small.toml"
+    path.write_text(f'[engine]\nlake = "{config.engine.lake}"\n[dlq]\nredrive_confirm_above = 5\n')
+    code, _, err = _dlq(
+        [
+            "dlq",
+            "redrive",
+            "--config",
+            str(path),
+            "--group",
+            "billing",
+            "--to",
+            "topic",
+            "--error",
+            "Timeout",
+        ],
+        str(path),
+        io.StringIO(""),
+    )
+    assert code == 2 and "would move 12 messages (more than 5)" in err
+    code, out, _ = _dlq(
+        [
+            "dlq",
+            "redrive",
+            "--config",
+            str(path),
+            "--group",
+            "billing",
+            "--to",
+            "topic",
+            "--error",
+            "Timeout",
+            "--yes",
+        ],
+        str(path),
+        io.StringIO(""),
+    )
+    assert code == EXIT_OK and "moved 12" in out
+    # Below the threshold nothing is asked.
+    code, out, _ = _dlq(
+        ["dlq", "redrive", "--config", str(path), "--id", "DLQ-001", "--to", "topic"],
+        str(path),
+        io.StringIO(""),
+    )
+    assert code == EXIT_OK and "moved 1" in out
+
+
+def test_dry_run_lists_the_first_rows_and_the_count(config: EngineConfig, config_file: str) -> None:
+    """#13 part 5 item 1: the dry-run report lists the selected dead letters, bounded, oldest first."""
+    code, out, _ = _dlq(
+        ["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--dry-run"],
+        config_file,
+        io.StringIO(""),
+    )
+    assert code == EXIT_OK
+    listed = [
+        line.split()[1]
+        for line in out.splitlines()
+        if line.split()[1:2] and line.split()[1].startswith("DLQ-")
+    ]
+    assert listed == [f"DLQ-{i:03d}" for i in range(20)]
+    assert f"... and {DEAD - 20} more ({DEAD} in all" in out and "reason_code" in out
