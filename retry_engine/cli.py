@@ -63,7 +63,29 @@ def _parser() -> argparse.ArgumentParser:
     plots = sub.add_parser("plots", help="write PNG charts: backlog by level, lateness, dead letters by error class")
     plots.add_argument("--config")
     plots.add_argument("--out", required=True, help="folder to write the PNG files to (created if missing)")
+    _add_catalog_ddl(sub)
     return parser
+
+
+def _add_catalog_ddl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ddl = sub.add_parser(
+        "catalog-ddl",
+        help="print CREATE TABLE ... USING DELTA LOCATION ... for every table, to register them in a metastore "
+        "or Unity Catalog (nothing is executed)",
+    )
+    ddl.add_argument("--config")
+    ddl.add_argument("--catalog", help="catalog of the tables (Unity Catalog); needs --schema")
+    ddl.add_argument("--schema", help="schema (database) of the tables")
+    ddl.add_argument("--table-prefix", default="", help="put this before every table name, e.g. retry_engine_")
+
+
+def _catalog_ddl(args: argparse.Namespace) -> int:
+    from retry_engine.catalog import catalog_ddl
+
+    config = load_config(args.config)
+    for statement in catalog_ddl(config, catalog=args.catalog, schema=args.schema, table_prefix=args.table_prefix):
+        print(statement)
+    return EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -172,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "status": _status,
             "plots": _plots,
             "zip": _zip,
+            "catalog-ddl": _catalog_ddl,
         }
         return commands[args.command](args)
     except RetryEngineError as exc:
