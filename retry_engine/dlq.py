@@ -214,6 +214,15 @@ class Selection:
         return df
 
 
+def selection_consumer(selection: str | None) -> str | None:
+    """The consumer instance a resend's audit selection names (``dlq resend``); None for a re-drive."""
+    try:
+        value = json.loads(selection or "{}").get("consumer_id")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
 def _json_value(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return value.isoformat()
@@ -534,6 +543,10 @@ def history(config: EngineConfig, msg_id: str) -> pd.DataFrame:
                 "detail": f"re-drive {row['redrive_id']} by {row['operator']}: new message {row['redriven_msg_id']}",
             }
         )
+        instance = selection_consumer(row["selection"])
+        if instance is not None:  # a resend: say to which instance
+            events[-1]["event"] = f"resend {'moved' if row[MOVED] else 'planned (not moved yet)'} to one consumer"
+            events[-1]["consumer_id"] = instance
     columns = [*HISTORY_COLUMNS, _ORDER]
     frame = pd.DataFrame([{c: e.get(c, 3) if c == _ORDER else e.get(c) for c in columns} for e in events], columns=columns)
     if frame.empty:
