@@ -146,6 +146,7 @@ def _list(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: Text
 
 
 def _show(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
+    """Every row of one message (consumer_id and error of each delivery), then the dead letters' attempts."""
     frame = dlq.history(config, args.msg_id)
     if frame.empty:
         raise SelectionError(f"no message {args.msg_id!r} in any table (dlq, retry, messages, outcomes)", code="MESSAGE_NOT_FOUND")
@@ -153,7 +154,21 @@ def _show(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: Text
         origin = dlq.origin_of(config, args.msg_id)
         print(f"history of origin message {origin} ({len(frame)} rows)", file=out)
     _emit(frame, args.format, out)
+    if args.format == "table":
+        _print_attempts(config, dlq.origin_of(config, args.msg_id), out)
     return EXIT_OK
+
+
+ATTEMPT_COLUMNS = ("reconsume_times", "consumer_id", "status", "error_class", "error_message", "consumed_at", "delay_level")
+
+
+def _print_attempts(config: EngineConfig, origin: str, out: TextIO) -> None:
+    """The attempt history each dead letter of ``origin`` carries (its error context, kept with the message)."""
+    for dead in dlq.read_dlq(config, dlq.Selection(ids=(origin,))).to_pylist():
+        attempts = dead["attempts"] or []
+        print(f"\nattempts carried by dead letter {dead['msg_id']} ({len(attempts)})", file=out)
+        if attempts:
+            _emit(pd.DataFrame(attempts, columns=list(ATTEMPT_COLUMNS)), "table", out)
 
 
 def _stats(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:

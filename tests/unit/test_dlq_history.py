@@ -94,7 +94,14 @@ def lake(tmp_path: Path) -> Lake:
     write(lake, DLQ, [
         {**copied, "msg_id": DEAD_ID, "topic": "%DLQ%billing", "reconsume_times": 2, "delivery_key": f"{ORIGIN}:2",
          "dead_lettered_at": at(11), "reason_code": "DLQ_REQUESTED", "reason": "consumer asked for delay level -1",
-         "error_class": "com.acme.Flaky", "error_message": "second"},
+         "error_class": "com.acme.Flaky", "error_message": "second",
+         # B4: the attempts travel with the message.
+         "attempts": [
+             {"reconsume_times": 0, "consumer_group": "billing", "consumer_id": "c1@host", "status": "RECONSUME_LATER",
+              "error_class": "com.acme.Flaky", "error_message": "first", "consumed_at": at(0), "delay_level": 3},
+             {"reconsume_times": 1, "consumer_group": "billing", "consumer_id": "c2@host", "status": "RECONSUME_LATER",
+              "error_class": "com.acme.Flaky", "error_message": "second", "consumed_at": at(10), "delay_level": None},
+         ]},
     ])
     return lake
 
@@ -143,6 +150,14 @@ def test_dlq_show_prints_consumer_and_error_columns(lake: Lake, tmp_path: Path, 
     assert lines[0].split(",") == list(dlq.HISTORY_COLUMNS)
     assert sum("c2@host" in line and "second" in line for line in lines) == 1
     assert len(lines) == 1 + 7
+
+    assert main(["dlq", "show", ORIGIN, "--config", str(config)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.startswith(f"history of origin message {ORIGIN} (7 rows)\n")
+    attempts = out.split(f"attempts carried by dead letter {DEAD_ID} (2)\n", 1)[1].splitlines()
+    assert attempts[0].split() == ["reconsume_times", "consumer_id", "status", "error_class", "error_message", "consumed_at", "delay_level"]
+    assert attempts[1].split()[:5] == ["0", "c1@host", "RECONSUME_LATER", "com.acme.Flaky", "first"]
+    assert attempts[2].split()[:5] == ["1", "c2@host", "RECONSUME_LATER", "com.acme.Flaky", "second"]
 
 
 def pd_na(value: Any) -> bool:
