@@ -564,7 +564,7 @@ def _read_where(config: EngineConfig, table: str, where: Any, columns: list[str]
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
     data = found.to_pyarrow_dataset()
     names = set(data.schema.names)
-    if "origin_msg_id" not in names:
+    if not {"origin_msg_id", "msg_id"} <= names:  # a drifted consume_results table may lack either
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
     # The filter prunes files on their stats (the deltars sink writes them for every
     # primitive column), so a history lookup reads only files that can hold the id.

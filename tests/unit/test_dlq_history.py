@@ -164,3 +164,14 @@ def pd_na(value: Any) -> bool:
     import pandas as pd
 
     return value is None or (not isinstance(value, str) and bool(pd.isna(value)))
+
+
+def test_a_consume_results_table_without_id_columns_does_not_hide_the_rest(tmp_path: Path) -> None:
+    """Hostile input: a producer wrote consume_results with a drifted schema (no msg_id);
+    the history still shows what the engine's own tables hold (B6)."""
+    lake = Lake.make(tmp_path / "lake")
+    drifted = pa.table({"result_id": ["r1"], "origin_msg_id": [ORIGIN], "status": ["RECONSUME_LATER"]})
+    write_deltalake(lake.path("consume_results"), drifted)
+    write(lake, DLQ, [{"msg_id": DEAD_ID, "topic": "%DLQ%billing", "consumer_group": "billing", "origin_msg_id": ORIGIN,
+                       "reconsume_times": 2, "delivery_key": f"{ORIGIN}:2", "dead_lettered_at": at(11)}])
+    assert dlq.history(lake.config, DEAD_ID)["event"].tolist() == ["dead-lettered"]
