@@ -88,13 +88,26 @@ def read_table_columns(path: str, table: Table, columns: tuple[str, ...]) -> pa.
     return pa.table(delta.to_pyarrow_table(columns=list(columns)))
 
 
+def _read_consume_results(path: str, table: Table, columns: tuple[str, ...]) -> pa.Table | None:
+    """The group of every consume result: a table producers write may lack the column (its rows
+    then count as results without a group, as the engine quarantines them), never failing status."""
+    delta = open_table(path)
+    if delta is None:
+        return None
+    if "consumer_group" in table_arrow_schema(delta).names:
+        return pa.table(delta.to_pyarrow_table(columns=list(columns)))
+    rows = delta.to_pyarrow_dataset().count_rows()
+    return pa.table({"consumer_group": pa.nulls(rows, pa.string())})
+
+
 def read_tables(config: EngineConfig) -> EngineTables:
     """Read what status and plots need. Raises :class:`TablesUnavailableError` when
     none of the engine's tables exists (most often a wrong ``engine.lake``)."""
     tables: dict[str, pa.Table] = {}
     present: set[str] = set()
     for name, (table, columns) in _COLUMNS.items():
-        found = read_table_columns(config.table_path(name), table, columns)
+        reader = _read_consume_results if table is CONSUME_RESULTS else read_table_columns
+        found = reader(config.table_path(name), table, columns)
         present.update([name] if found is not None else [])
         tables[name] = found if found is not None else _empty(table, columns)
     if not present:

@@ -274,3 +274,17 @@ def test_a_table_without_a_needed_column_is_named(tmp_path: Path) -> None:
     with pytest.raises(SchemaMismatchError, match="has no column 'query_name'"):
         read_table_columns(path, PROGRESS, tuple(PROGRESS.names))
     assert issubclass(TablesUnavailableError, RuntimeError) and issubclass(SchemaMismatchError, ValueError)
+
+
+def test_consume_results_without_a_group_column_count_as_results_without_a_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#13 part 5, bad-input rule: producers write consume_results; a drifted table without
+    ``consumer_group`` (whose rows the engine quarantines as MISSING_GROUP) never breaks status."""
+    lake = Lake.make(tmp_path)
+    write_deltalake(lake.path("consume_results"), pa.table({"msg_id": ["a", "b", "c"]}))
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
+    assert main(["status", "--config", str(conf), "--json"]) == EXIT_NOT_RUNNING
+    (entry,) = json.loads(capsys.readouterr().out)["lag"]
+    assert (entry["consumer_group"], entry["results_written"], entry["results_behind"]) == (None, 3, 3)
