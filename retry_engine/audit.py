@@ -35,8 +35,11 @@ from retry_engine.schemas import REDRIVE_AUDIT
 MOVED = "moved"
 AUDIT_TABLE = "redrive_audit"
 # The audit ``target`` of a re-drive, and of a resolution.
-RedriveTarget = Literal["topic", "retry"]
+# "consumer" is ``dlq resend`` (one dead letter to one consumer instance): a move like a re-drive's,
+# but not a ``--to`` of ``dlq redrive``.
+RedriveTarget = Literal["topic", "retry", "consumer"]
 REDRIVE_TARGETS: tuple[RedriveTarget, ...] = ("topic", "retry")
+MOVE_TARGETS: tuple[RedriveTarget, ...] = (*REDRIVE_TARGETS, "consumer")
 RESOLVE_ACTIONS = ("resolve", "purge")
 
 
@@ -104,8 +107,8 @@ def _moved(config: EngineConfig, rows: pa.Table) -> pa.Array:
 
 
 def redrive_rows(audit: pa.Table) -> pa.Table:
-    """The rows of re-drives (not resolutions) among audit rows."""
-    return audit.filter(pc.is_in(audit.column("target"), pa.array(REDRIVE_TARGETS, pa.string())))
+    """The rows of re-drives and resends (not resolutions) among audit rows."""
+    return audit.filter(pc.is_in(audit.column("target"), pa.array(MOVE_TARGETS, pa.string())))
 
 
 def resolution_rows(audit: pa.Table) -> pa.Table:

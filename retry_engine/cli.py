@@ -73,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     plots.add_argument("--config")
     plots.add_argument("--out", required=True, help="folder to write the PNG files to (created if missing)")
     _add_schema_parser(sub)
+    _add_catalog_ddl(sub)
     _add_lake_options(parser)
     return parser
 
@@ -159,6 +160,27 @@ def _reading_config(args: argparse.Namespace) -> EngineConfig:
     config = _config(args)
     require_lake(config, origin=_lake_origin(args))
     return config
+
+
+def _add_catalog_ddl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ddl = sub.add_parser(
+        "catalog-ddl",
+        help="print CREATE TABLE ... USING DELTA LOCATION ... for every table, to register them in a metastore "
+        "or Unity Catalog (nothing is executed)",
+    )
+    ddl.add_argument("--config")
+    ddl.add_argument("--catalog", help="catalog of the tables (Unity Catalog); needs --schema")
+    ddl.add_argument("--schema", help="schema (database) of the tables")
+    ddl.add_argument("--table-prefix", default="", help="put this before every table name, e.g. retry_engine_")
+
+
+def _catalog_ddl(args: argparse.Namespace) -> int:
+    from retry_engine.catalog import catalog_ddl
+
+    config = _config(args)
+    for statement in catalog_ddl(config, catalog=args.catalog, schema=args.schema, table_prefix=args.table_prefix):
+        print(statement)
+    return EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -275,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "plots": _plots,
             "zip": _zip,
             "schema": _schema,
+            "catalog-ddl": _catalog_ddl,
         }
         return commands[args.command](args)
     except LakeNotFoundError as exc:

@@ -28,6 +28,9 @@ engine turns into retries, dead letters or recorded drops.
   instance gains a queue it also delivers the queue's older rows that no
   instance of the group has a result for, and skips those that have one.
   BROADCASTING instances each consume everything.
+* Resend (``dlq resend``, :mod:`retry_engine.resend`): a ``%RETRY%G`` row
+  marked for one instance (``RESEND_TO_CONSUMER``) is delivered by that
+  instance only, whichever instance owns its queue, and never caught up.
 
 Pure parts (the listener calls, :func:`consume_batch`) need no Spark.
 """
@@ -61,6 +64,8 @@ from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, table
 from retry_engine.dlq import redrive_count_column
 from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
 from retry_engine.names import (
+    PROP_RESEND_MSG_ID,
+    PROP_RESEND_TO,
     delivery_key,
     is_dlq_topic,
     is_retry_topic,
@@ -537,14 +542,32 @@ class _RebalancedBatch:
             .distinct()
         )
 
+    def _resent(self) -> Column:
+        """Rows of %RETRY%G that ``dlq resend`` wrote for one instance (see retry_engine.resend).
+
+        Only the resent row itself: its retries copy the properties but not its id.
+        """
+        from pyspark.sql import functions as F
+
+        properties = F.col("properties")
+        resent = (
+            (F.col(QUEUE_SET) == F.lit(retry_topic(self.group)))
+            & properties[PROP_RESEND_TO].isNotNull()
+            & (F.col("msg_id") == properties[PROP_RESEND_MSG_ID])
+        )
+        return F.coalesce(resent, F.lit(False))
+
     def _rows(self, batch: DataFrame, assignment: Assignment) -> DataFrame:
         from pyspark.sql import functions as F
 
+        assert self.membership is not None  # only called for CLUSTERING; not an input check
         owned = F.lit(False)
         for topic, queues in assignment.owned.items():
             if queues:
                 owned = owned | self._in(topic, queues)
-        rows = batch.filter(owned)
+        # A resent row goes to the instance it names, whoever owns its queue; the others skip it.
+        to_me = F.coalesce(F.col("properties")[PROP_RESEND_TO] == F.lit(self.membership.member), F.lit(False))
+        rows = batch.filter((owned & ~self._resent()) | (self._resent() & to_me))
         consumed = self._consumed() if assignment.windows or assignment.catch_up else None
         if assignment.windows and consumed is not None:
             inside = F.lit(False)
@@ -565,7 +588,8 @@ class _RebalancedBatch:
         for topic, queues in sorted(assignment.catch_up.items()):
             table = self._snapshot(self.sources[topic], assignment.catch_up_versions[topic])
             tagged = table.filter(self.topic_filter(topic)).withColumn(QUEUE_SET, F.lit(topic))
-            parts.append(tagged.filter(self._in(topic, queues)).select(*MESSAGE_NAMES))
+            # A resent row is never caught up: its instance's own stream delivers it.
+            parts.append(tagged.filter(self._in(topic, queues) & ~self._resent()).select(*MESSAGE_NAMES))
         rows = parts[0]
         for part in parts[1:]:
             rows = rows.unionByName(part)

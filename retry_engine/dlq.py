@@ -222,6 +222,15 @@ class Selection:
         return df
 
 
+def selection_consumer(selection: str | None) -> str | None:
+    """The consumer instance a resend's audit selection names (``dlq resend``); None for a re-drive."""
+    try:
+        value = json.loads(selection or "{}").get("consumer_id")
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
 def _json_value(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return value.isoformat()
@@ -475,6 +484,7 @@ HISTORY_COLUMNS = (
     "msg_id",
     "topic",
     "consumer_group",
+    "consumer_id",
     "reconsume_times",
     "delay_level",
     "reason_code",
@@ -482,11 +492,13 @@ HISTORY_COLUMNS = (
     "error_message",
     "detail",
 )
+# Sort key of history rows with equal times (not shown).
+_ORDER = "_order"
 
 
 def origin_of(config: EngineConfig, msg_id: str) -> str:
     """The origin id of any message id seen by the engine (itself when it is an origin)."""
-    for table in ("dlq", "retry", "messages", "outcomes"):
+    for table in ("dlq", "retry", "messages", "outcomes", "consume_results"):
         rows = _read_where(config, table, pc.field("msg_id") == msg_id, ["origin_msg_id"])
         origins = [o for o in rows.column("origin_msg_id").to_pylist() if o]
         if origins:
@@ -495,11 +507,16 @@ def origin_of(config: EngineConfig, msg_id: str) -> str:
 
 
 def history(config: EngineConfig, msg_id: str) -> pd.DataFrame:
-    """Every row about one message, oldest first: consumed, retried, dead-lettered, re-driven.
+    """Every row about one message, oldest first: consumed, decided, retried, dead-lettered, re-driven.
 
     ``msg_id`` may be the origin id or the id of any retry, dead letter or
     re-driven copy. Columns: :data:`HISTORY_COLUMNS`; ``table`` says where the
-    row lives, ``event`` what happened. One message's rows are few, so this
+    row lives, ``event`` what happened. Each delivery shows twice: the
+    consumer's own result (``consumed: <status>``, with its ``consumer_id``
+    and the error it reported) and the engine's decision about it
+    (``decided: <outcome>``). An error is shown on the consumption that
+    raised it only: the retry and dead letter it led to carry a copy of it
+    (B4), which is not repeated here. One message's rows are few, so this
     reads through delta-rs on the driver (with or without Spark around).
     """
     if not isinstance(msg_id, str) or not msg_id:
@@ -507,20 +524,36 @@ def history(config: EngineConfig, msg_id: str) -> pd.DataFrame:
     origin = origin_of(config, msg_id)
     mine = (pc.field("origin_msg_id") == origin) | (pc.field("msg_id") == origin)
     events: list[dict[str, Any]] = []
+    for row in _read_where(config, "consume_results", mine).to_pylist():
+        asked = row.get("delay_level_when_next_consume")
+        events.append(
+            {
+                **row,
+                "at": row.get("consumed_at"),
+                "event": f"consumed: {row.get('status') or 'no status (a failure)'}",
+                "detail": f"asked for delay level {asked}" if asked else None,
+                _ORDER: 0,
+            }
+        )
     for row in _read_where(config, "outcomes", mine).to_pylist():
         events.append(
             {
                 **row,
                 "at": row["decided_at"],
-                "event": f"consumed: {row['outcome']}",
+                "event": f"decided: {row['outcome']}",
                 "topic": row["retry_topic"],
                 "detail": row["output_msg_id"] and f"output {row['output_msg_id']}",
+                _ORDER: 1,
             }
         )
+    # The retry and the dead letter copy the failed consumption's error (B4): not their own.
+    no_error = {"error_class": None, "error_message": None}
     for row in _read_where(config, "retry", mine).to_pylist():
-        events.append({**row, "at": row["delivered_at"], "event": "retry delivered", "detail": f"due {row['due_at']}"})
+        at, detail = row["delivered_at"], f"due {row['due_at']}"
+        events.append({**row, **no_error, "at": at, "event": "retry delivered", "detail": detail, _ORDER: 2})
     for row in _read_where(config, "dlq", mine).to_pylist():
-        events.append({**row, "at": row["dead_lettered_at"], "event": "dead-lettered", "detail": row["reason"]})
+        at, detail = row["dead_lettered_at"], row["reason"]
+        events.append({**row, **no_error, "at": at, "event": "dead-lettered", "detail": detail, _ORDER: 2})
     for row in _read_where(config, "messages", mine).to_pylist():
         props = dict(row["properties"] or [])
         redrive = props.get(PROP_REDRIVE_ID)
@@ -530,6 +563,7 @@ def history(config: EngineConfig, msg_id: str) -> pd.DataFrame:
                 "at": row["store_timestamp"],
                 "event": "re-driven to topic" if redrive else "published",
                 "detail": redrive and f"re-drive {redrive} of {props.get(PROP_REDRIVE_FROM)}",
+                _ORDER: 2,
             }
         )
     audit = read_audit(config)
@@ -557,11 +591,18 @@ def history(config: EngineConfig, msg_id: str) -> pd.DataFrame:
                 "detail": f"re-drive {row['redrive_id']} by {row['operator']}: new message {row['redriven_msg_id']}",
             }
         )
-    frame = pd.DataFrame([{c: e.get(c) for c in HISTORY_COLUMNS} for e in events], columns=list(HISTORY_COLUMNS))
+        instance = selection_consumer(row["selection"])
+        if instance is not None:  # a resend: say to which instance
+            events[-1]["event"] = f"resend {'moved' if row[MOVED] else 'planned (not moved yet)'} to one consumer"
+            events[-1]["consumer_id"] = instance
+    columns = [*HISTORY_COLUMNS, _ORDER]
+    frame = pd.DataFrame([{c: e.get(c, 3) if c == _ORDER else e.get(c) for c in columns} for e in events], columns=columns)
     if frame.empty:
-        return frame
+        return frame.drop(columns=[_ORDER])
     frame["at"] = pd.to_datetime(frame["at"], utc=True)
-    return frame.sort_values(["at", "reconsume_times"], kind="stable", ignore_index=True, na_position="first")
+    # A decision shares its micro-batch time with the dead letter it wrote: consumed, decided, then the rest.
+    frame = frame.sort_values(["at", "reconsume_times", _ORDER], kind="stable", ignore_index=True, na_position="first")
+    return frame.drop(columns=[_ORDER])
 
 
 def _read_where(config: EngineConfig, table: str, where: Any, columns: list[str] | None = None) -> pa.Table:
@@ -571,7 +612,7 @@ def _read_where(config: EngineConfig, table: str, where: Any, columns: list[str]
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
     data = found.to_pyarrow_dataset()
     names = set(data.schema.names)
-    if "origin_msg_id" not in names:
+    if not {"origin_msg_id", "msg_id"} <= names:  # a drifted consume_results table may lack either
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
     # The filter prunes files on their stats (the deltars sink writes them for every
     # primitive column), so a history lookup reads only files that can hold the id.

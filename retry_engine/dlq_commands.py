@@ -105,6 +105,7 @@ def add_parser(sub: Any) -> None:
     )
     _format(move)
     add_resolve_parsers(commands)
+    _add_resend(commands)
 
 
 def _include_resolved(parser: argparse.ArgumentParser) -> None:
@@ -143,6 +144,33 @@ def add_resolve_parsers(commands: Any) -> None:
     _format(expire)
 
 
+def _add_resend(commands: Any) -> None:
+    resend = commands.add_parser(
+        "resend",
+        help="resend one dead letter to one running consumer instance of its group (as RocketMQ's console does)",
+        description="Write the dead letter to the group's retry topic for one consumer instance only: that "
+        "instance delivers it, whoever owns its queue. Audited like a re-drive and moved at most once: running "
+        "the same command again resends nothing.",
+    )
+    _common(resend)
+    resend.add_argument("msg_id", help="the dead letter's msg_id or origin id")
+    resend.add_argument(
+        "--consumer-id",
+        required=True,
+        help="the instance: its consumer_id as 'dlq show' prints it, or consumer_id@instance_name",
+    )
+    resend.add_argument(
+        "--keep-reconsume-times",
+        action="store_true",
+        help="keep the reconsume count (default: reset to 0, a full retry ladder again if it fails)",
+    )
+    resend.add_argument("--force", action="store_true", help="resend even if a re-drive or resend moved it before")
+    resend.add_argument("--dry-run", action="store_true", help="show what would be resent; change nothing")
+    resend.add_argument("--operator", help="who is resending (default: the OS user)")
+    resend.add_argument("--note", help="why (recorded in the audit table)")
+    _format(resend)
+
+
 def run(
     args: argparse.Namespace,
     config: EngineConfig,
@@ -161,7 +189,7 @@ def run(
         return _resolve(args, config, out or sys.stdout, err or sys.stderr)
     if args.dlq_command == "expire":
         return _expire(args, config, out or sys.stdout)
-    command = {"list": _list, "show": _show, "stats": _stats}[args.dlq_command]
+    command = {"list": _list, "show": _show, "stats": _stats, "resend": _resend}[args.dlq_command]
     return command(args, config, out or sys.stdout, err or sys.stderr)
 
 
@@ -186,6 +214,7 @@ def _list(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: Text
 
 
 def _show(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
+    """Every row of one message (consumer_id and error of each delivery), then the dead letters' attempts."""
     frame = dlq.history(config, args.msg_id)
     if frame.empty:
         raise SelectionError(f"no message {args.msg_id!r} in any table (dlq, retry, messages, outcomes)", code="MESSAGE_NOT_FOUND")
@@ -193,7 +222,21 @@ def _show(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: Text
         origin = dlq.origin_of(config, args.msg_id)
         print(f"history of origin message {origin} ({len(frame)} rows)", file=out)
     _emit(frame, args.format, out)
+    if args.format == "table":
+        _print_attempts(config, dlq.origin_of(config, args.msg_id), out)
     return EXIT_OK
+
+
+ATTEMPT_COLUMNS = ("reconsume_times", "consumer_id", "status", "error_class", "error_message", "consumed_at", "delay_level")
+
+
+def _print_attempts(config: EngineConfig, origin: str, out: TextIO) -> None:
+    """The attempt history each dead letter of ``origin`` carries (its error context, kept with the message)."""
+    for dead in dlq.read_dlq(config, dlq.Selection(ids=(origin,))).to_pylist():
+        attempts = dead["attempts"] or []
+        print(f"\nattempts carried by dead letter {dead['msg_id']} ({len(attempts)})", file=out)
+        if attempts:
+            _emit(pd.DataFrame(attempts, columns=list(ATTEMPT_COLUMNS)), "table", out)
 
 
 def _stats(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
@@ -331,6 +374,43 @@ def _not_confirmed(answer: bool | None, err: TextIO) -> int:
         return EXIT_USAGE
     print("not confirmed: nothing moved", file=err)
     return EXIT_NOT_CONFIRMED
+
+
+def _resend(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
+    from retry_engine.resend import resend
+
+    report = resend(
+        config,
+        args.msg_id,
+        consumer_id=args.consumer_id,
+        reset_reconsume_times=not args.keep_reconsume_times,
+        force=args.force,
+        dry_run=args.dry_run,
+        operator=args.operator,
+        note=args.note,
+    )
+    moved = report.redrive.plan.shape[0] if report.redrive.dry_run else report.redrive.moved
+    if args.format != "table":
+        summary = {
+            "resend_id": report.redrive.redrive_id,
+            "dlq_msg_id": report.dlq_msg_id,
+            "consumer_group": report.consumer_group,
+            "consumer_instance": report.instance,
+            "resent_msg_id": report.resent_msg_id,
+            "dry_run": report.redrive.dry_run,
+            "moved": moved,
+        }
+        _emit(pd.DataFrame([summary]), args.format, out)
+        return EXIT_OK
+    where = f"instance {report.instance} of group {report.consumer_group}"
+    if moved:
+        verb = "would resend" if report.redrive.dry_run else "resent"
+        print(f"{verb} dead letter {report.dlq_msg_id} to {where} as message {report.resent_msg_id} "
+              f"(resend {report.redrive.redrive_id}{', dry run: nothing changed' if report.redrive.dry_run else ''})", file=out)
+    else:
+        print(f"dead letter {report.dlq_msg_id} was already moved (by this resend or a re-drive, see 'dlq show'): "
+              f"nothing resent to {where}; --force resends it again", file=out)
+    return EXIT_OK
 
 
 def _print_report(report: redrive.RedriveReport, fmt: str, out: TextIO) -> None:

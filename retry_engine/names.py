@@ -24,6 +24,12 @@ VALID_NAME = re.compile(f"[{VALID_CHARACTERS}]+")
 # Set by a re-drive on the message it writes (B5); later retries copy it (R7).
 PROP_REDRIVE_COUNT = "REDRIVE_COUNT"
 
+# Set by ``dlq resend`` on the one message it writes: only the consumer instance named by
+# RESEND_TO_CONSUMER (``consumer_id@instance_name``) delivers the row whose msg_id is
+# RESEND_MSG_ID. Retries copy both (R7) but have new ids, so they go to the whole group.
+PROP_RESEND_TO = "RESEND_TO_CONSUMER"
+PROP_RESEND_MSG_ID = "RESEND_MSG_ID"
+
 
 # What counts as a re-drive count: 1-9 ASCII digits. Anything else (a user's own value,
 # "+2", " 2", "2\n", non-ASCII digits) reads as 0, in Python and in Spark alike.

@@ -76,9 +76,17 @@ from retry_engine.dlq import (
     PROP_REDRIVE_ID,
     Selection,
     read_dlq,
+    selection_consumer,
 )
 from retry_engine.errors import ConcurrentWriteError, ConfigError, RedriveError
-from retry_engine.names import PROP_REDRIVE_COUNT, delivery_key, redrive_count, retry_topic
+from retry_engine.names import (
+    PROP_REDRIVE_COUNT,
+    PROP_RESEND_MSG_ID,
+    PROP_RESEND_TO,
+    delivery_key,
+    redrive_count,
+    retry_topic,
+)
 from retry_engine.redrive_tasks import Cancelled, RunTracker
 from retry_engine.schemas import MESSAGES, REDRIVE_AUDIT, RETRY
 
@@ -87,6 +95,10 @@ log = logging.getLogger(__name__)
 Target = RedriveTarget
 TARGETS: tuple[Target, ...] = REDRIVE_TARGETS
 TARGET_TABLES: dict[str, str] = {"topic": "messages", "retry": "retry"}
+# ``dlq resend`` (retry_engine.resend): a %RETRY%G row only one consumer instance delivers.
+# Not a --to of ``dlq redrive``: it needs the instance, recorded in the audit's selection.
+RESEND_TARGET: Target = "consumer"
+TARGET_TABLES[RESEND_TARGET] = "retry"
 DEFAULT_CHUNK_SIZE = 100
 REDRIVE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Claims a re-drive may lose in a row before it gives up. Each lost claim is another
@@ -209,6 +221,8 @@ def redrive(
     pass it to resume). ``on_progress`` is called after each commit; an
     exception it raises stops the re-drive (a re-run resumes it).
     """
+    if target not in TARGETS:
+        raise ConfigError(f"target {target!r} is not one of {', '.join(TARGETS)}", code="INVALID_OPTION")
     return _redrive(
         config,
         selection,
@@ -258,8 +272,8 @@ def _redrive(
     note: str | None,
     on_progress: Callable[[ChunkProgress], None] | None,
 ) -> RedriveReport:
-    if target not in TARGETS:
-        raise ConfigError(f"target {target!r} is not one of {', '.join(TARGETS)}", code="INVALID_OPTION")
+    if target not in TARGET_TABLES:
+        raise ConfigError(f"target {target!r} is not one of {', '.join(TARGET_TABLES)}", code="INVALID_OPTION")
     if chunk_size < 1:
         raise ConfigError(f"chunk_size must be at least 1, got {chunk_size}", code="INVALID_OPTION")
     if max_chunks is not None and max_chunks < 1:
@@ -615,6 +629,9 @@ def _messages(config: EngineConfig, chunk: pa.Table, dlq: dict[str, dict[str, An
         props[PROP_REDRIVE_FROM] = intent["dlq_msg_id"]
         props[PROP_REDRIVE_COUNT] = str(redrive_count(props) + 1)
         new_id = intent["redriven_msg_id"]
+        if target == RESEND_TARGET:
+            props[PROP_RESEND_TO] = _resend_instance(intent)
+            props[PROP_RESEND_MSG_ID] = new_id
         message = {
             "msg_id": new_id,
             "topic": intent["topic"],
@@ -644,6 +661,18 @@ def _messages(config: EngineConfig, chunk: pa.Table, dlq: dict[str, dict[str, An
         )
     schema = MESSAGES if target == "topic" else RETRY
     return pa.Table.from_pylist(out, schema=schema.arrow_schema)
+
+
+def _resend_instance(intent: dict[str, Any]) -> str:
+    """The consumer instance a resend's audit row names (in its selection, see retry_engine.resend)."""
+    instance = selection_consumer(intent["selection"])
+    if instance is None:
+        raise RedriveError(
+            f"audit row of resend {intent['redrive_id']} names no consumer instance in its selection "
+            f"{intent['selection']!r}; was the audit table edited?",
+            code="RESEND_WITHOUT_CONSUMER",
+        )
+    return instance
 
 
 def _now() -> dt.datetime:

@@ -29,7 +29,7 @@ from retry_engine.delta.tables import open_table, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.metrics import nearest_rank
 from retry_engine.monitor import PROGRESS_EVENT, TERMINATED
-from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY, Table
+from retry_engine.schemas import CONSUME_RESULTS, DLQ, METRICS, OUTCOMES, PROGRESS, RETRY, Table
 
 QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]
 
@@ -47,6 +47,8 @@ _COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
     "retry": (RETRY, ("msg_id", "consumer_group", "delay_level", "due_at", "delivered_at")),
     "dlq": (DLQ, ("consumer_group", "reason_code", "error_class", "dead_lettered_at")),
     "metrics": (METRICS, tuple(METRICS.names)),
+    # Only the group: counting what consumers wrote must not read their payloads.
+    "consume_results": (CONSUME_RESULTS, ("consumer_group",)),
 }
 
 
@@ -59,6 +61,7 @@ class EngineTables:
     retry: pa.Table
     dlq: pa.Table
     metrics: pa.Table
+    consume_results: pa.Table
     present: frozenset[str]
 
 
@@ -85,13 +88,26 @@ def read_table_columns(path: str, table: Table, columns: tuple[str, ...]) -> pa.
     return pa.table(delta.to_pyarrow_table(columns=list(columns)))
 
 
+def _read_consume_results(path: str, table: Table, columns: tuple[str, ...]) -> pa.Table | None:
+    """The group of every consume result: a table producers write may lack the column (its rows
+    then count as results without a group, as the engine quarantines them), never failing status."""
+    delta = open_table(path)
+    if delta is None:
+        return None
+    if "consumer_group" in table_arrow_schema(delta).names:
+        return pa.table(delta.to_pyarrow_table(columns=list(columns)))
+    rows = delta.to_pyarrow_dataset().count_rows()
+    return pa.table({"consumer_group": pa.nulls(rows, pa.string())})
+
+
 def read_tables(config: EngineConfig) -> EngineTables:
     """Read what status and plots need. Raises :class:`TablesUnavailableError` when
     none of the engine's tables exists (most often a wrong ``engine.lake``)."""
     tables: dict[str, pa.Table] = {}
     present: set[str] = set()
     for name, (table, columns) in _COLUMNS.items():
-        found = read_table_columns(config.table_path(name), table, columns)
+        reader = _read_consume_results if table is CONSUME_RESULTS else read_table_columns
+        found = reader(config.table_path(name), table, columns)
         present.update([name] if found is not None else [])
         tables[name] = found if found is not None else _empty(table, columns)
     if not present:
@@ -144,6 +160,26 @@ class DeadLetterEntry:
 
 
 @dataclass(frozen=True)
+class LagEntry:
+    """How far the engine is behind one group's consumers (``consumer_group`` None: results without a group).
+
+    ``results_written``: consume results in the table; ``results_decided``:
+    those the engine has decided (outcomes); ``results_behind`` the
+    difference (never below 0). ``retries_due``: retries decided whose due
+    time has passed; ``retries_released``: retries in %RETRY%G;
+    ``retries_overdue``: due but not released yet (the schedule stage's lag).
+    """
+
+    consumer_group: str | None
+    results_written: int
+    results_decided: int
+    results_behind: int
+    retries_due: int
+    retries_released: int
+    retries_overdue: int
+
+
+@dataclass(frozen=True)
 class Status:
     checked_at: dt.datetime
     state: QueryState
@@ -157,6 +193,7 @@ class Status:
     overdue_ms: int | None
     lateness: list[LatenessEntry]
     dead_letters: list[DeadLetterEntry]
+    lag: list[LagEntry] = dataclasses.field(default_factory=list)
 
 
 def stale_after_ms(*, trigger_interval_ms: int, flush_interval_ms: int, last_batch_ms: int | None) -> int:
@@ -283,6 +320,46 @@ def dead_letters(dlq: pa.Table) -> list[DeadLetterEntry]:
     return sorted(entries, key=lambda e: (-e.count, e.consumer_group, e.reason_code or "", e.error_class or ""))
 
 
+def _count_by_group(rows: pa.Table) -> dict[str | None, int]:
+    if rows.num_rows == 0:
+        return {}
+    counted = rows.select(["consumer_group"]).group_by(["consumer_group"], use_threads=False).aggregate(
+        [([], "count_all")]
+    )
+    return dict(zip(counted["consumer_group"].to_pylist(), counted["count_all"].to_pylist(), strict=True))
+
+
+def lag(consume_results: pa.Table, outcomes: pa.Table, retry: pa.Table, *, now: dt.datetime) -> list[LagEntry]:
+    """Per group: consume results written vs decided, and retries due vs released at ``now``.
+
+    Every consume result gets exactly one outcome (duplicates and bad rows
+    too), so written minus decided is what the engine has yet to read.
+    Groups with neither results nor outcomes are not listed; results without
+    a group come last.
+    """
+    written = _count_by_group(consume_results)
+    decided = _count_by_group(outcomes)
+    retries = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
+    released_mask = pc.fill_null(pc.is_in(retries["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
+    due_mask = pc.fill_null(pc.less_equal(retries["due_at"], pa.scalar(now, retries.schema.field("due_at").type)), False)
+    due = _count_by_group(retries.filter(due_mask))
+    released = _count_by_group(retries.filter(released_mask))
+    overdue = _count_by_group(retries.filter(pc.and_(due_mask, pc.invert(released_mask))))
+    groups = sorted(set(written) | set(decided), key=lambda g: (g is None, g or ""))
+    return [
+        LagEntry(
+            consumer_group=g,
+            results_written=written.get(g, 0),
+            results_decided=decided.get(g, 0),
+            results_behind=max(written.get(g, 0) - decided.get(g, 0), 0),
+            retries_due=due.get(g, 0),
+            retries_released=released.get(g, 0),
+            retries_overdue=overdue.get(g, 0),
+        )
+        for g in groups
+    ]
+
+
 def outcome_counts(outcomes: pa.Table) -> dict[str, int]:
     if outcomes.num_rows == 0:
         return {}
@@ -314,6 +391,7 @@ def summarise(
         overdue_ms=overdue,
         lateness=lateness(lake.retry),
         dead_letters=dead_letters(lake.dlq),
+        lag=lag(lake.consume_results, lake.outcomes, lake.retry, now=now),
     )
 
 
@@ -388,6 +466,8 @@ def format_status(status: Status) -> str:
     else:
         lines.append("  no retries released yet")
     lines.append("")
+    lines += _format_lag(status.lag)
+    lines.append("")
     total = sum(e.count for e in status.dead_letters)
     lines.append(f"dead letters {total:,}")
     if status.dead_letters:
@@ -396,6 +476,22 @@ def format_status(status: Status) -> str:
             [[e.consumer_group, e.reason_code or "-", e.error_class or "-", _num(e.count)] for e in status.dead_letters],
         )
     return "\n".join(lines) + "\n"
+
+
+def _format_lag(entries: list[LagEntry]) -> list[str]:
+    behind = sum(e.results_behind for e in entries)
+    lines = [f"lag         {behind:,} consume results not decided yet; retries due vs released"]
+    if not entries:
+        return [*lines, "  no consume results yet"]
+    return lines + _table(
+        ["group", "results written", "decided", "behind", "retries due", "released", "due, not released"],
+        [
+            [e.consumer_group if e.consumer_group is not None else "(no group)", _num(e.results_written),
+             _num(e.results_decided), _num(e.results_behind), _num(e.retries_due), _num(e.retries_released),
+             _num(e.retries_overdue)]
+            for e in entries
+        ],
+    )
 
 
 def _jsonable(value: Any) -> Any:

@@ -211,10 +211,22 @@ def test_summary_by_error_class_and_day(lake: Lake) -> None:
 
 
 def test_history_of_one_message_b6(lake: Lake) -> None:
+    """B6, #13 part 6: the consumer's results are in the history, each with its own error."""
     frame = dlq.history(lake.config, LADDER)
     assert list(frame.columns) == list(dlq.HISTORY_COLUMNS)
-    assert list(frame["event"]) == ["consumed: retry", "retry delivered", "consumed: dead_letter", "dead-lettered"]
-    assert list(frame["reconsume_times"]) == [0, 1, 1, 2]
+    assert list(frame["event"]) == [
+        "consumed: RECONSUME_LATER",
+        "decided: retry",
+        "retry delivered",
+        "consumed: RECONSUME_LATER",
+        "decided: dead_letter",
+        "dead-lettered",
+    ]
+    assert list(frame["reconsume_times"]) == [0, 0, 1, 1, 1, 2]
+    # The two failures' errors as the consumer reported them (see _first_batch and engine_lake), on their own rows.
+    errors = [(e, m) if isinstance(e, str) else None for e, m in zip(frame["error_class"], frame["error_message"], strict=True)]
+    assert errors == [("com.acme.Flaky", "boom"), None, None, ("com.acme.Flaky", "still flaky"), None, None]
+    assert [c if isinstance(c, str) else None for c in frame["consumer_id"]] == ["c1@host", None, None, "c1@host", None, None]
     assert list(frame["at"]) == sorted(frame["at"])
     # Any id of the message finds the same history.
     dead_id = frame["msg_id"].iloc[-1]
@@ -399,7 +411,7 @@ def test_cli_list_show_stats(config_file: str, capsys: pytest.CaptureFixture[str
 
     assert main(["dlq", "show", "--config", config_file, LADDER]) == EXIT_OK
     out = capsys.readouterr().out
-    assert f"history of origin message {LADDER} (4 rows)" in out and "dead-lettered" in out
+    assert f"history of origin message {LADDER} (6 rows)" in out and "dead-lettered" in out
 
     assert main(["dlq", "stats", "--config", config_file, "--by", "group,reason_code", "--format", "csv"]) == EXIT_OK
     lines = capsys.readouterr().out.splitlines()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -181,6 +183,42 @@ def test_status_json_after_the_run(run: Run, capsys: pytest.CaptureFixture[str])
         ("strict", "NON_RETRYABLE", INVALID_ORDER): 2,
         ("G", "MAX_RECONSUME_TIMES", "java.lang.RuntimeException"): 1,
     }
+
+
+def test_status_lag_per_group_on_the_engine_lake(run: Run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """#13 part 5: consumer lag per group in ``status`` (table and JSON) on the engine's real lake.
+
+    Every input row got one outcome (bad-input rule), so after the run nothing is behind;
+    three results written after the engine stopped are. G's three failures were retried at
+    level 3 of 18 fast levels (R5: 3 + reconsume_times 0) and released (R8); slow's two wait
+    3 h (level 3 of its own "1h 2h 3h", B2): due only once the clock passes them.
+    """
+    root = tmp_path / "lake"
+    shutil.copytree(run.lake.root, root, ignore=shutil.ignore_patterns("_checkpoints"))
+    lake = Lake.make(root)
+    lake.write_results([Result.of("NEW1").failed(), Result.of("NEW2").ok(), Result.of("LATE1", group="late").ok()])
+    conf = tmp_path / "retry-engine.toml"
+    conf.write_text(f'[engine]\nlake = "{root}"\n')
+
+    assert main(["status", "--config", str(conf), "--json"]) == EXIT_NOT_RUNNING
+    got = {e["consumer_group"]: e for e in json.loads(capsys.readouterr().out)["lag"]}
+    columns = ("results_written", "results_decided", "results_behind", "retries_due", "retries_released", "retries_overdue")
+    assert list(got) == ["G", "late", "slow", "strict"]
+    assert {g: tuple(e[c] for c in columns) for g, e in got.items()} == {
+        "G": (12, 10, 2, 3, 3, 0),
+        "late": (1, 0, 1, 0, 0, 0),
+        "slow": (2, 2, 0, 0, 0, 0),
+        "strict": (3, 3, 0, 0, 0, 0),
+    }
+
+    assert main(["status", "--config", str(conf)]) == EXIT_NOT_RUNNING
+    out = capsys.readouterr().out
+    assert "lag         3 consume results not decided yet; retries due vs released" in out
+    assert re.search(r"^  G +12 +10 +2 +3 +3 +0$", out, re.MULTILINE), out
+
+    later = status.status(lake.config, now=dt.datetime.now(dt.UTC) + dt.timedelta(hours=4))
+    slow = next(e for e in later.lag if e.consumer_group == "slow")
+    assert (slow.retries_due, slow.retries_released, slow.retries_overdue) == (2, 0, 2)
 
 
 def _ink(path: Path) -> tuple[float, int]:

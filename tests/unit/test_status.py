@@ -20,12 +20,14 @@ from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
 from retry_engine.status import (
     BacklogEntry,
     DeadLetterEntry,
+    LagEntry,
     LastBatch,
     LatenessEntry,
     Status,
     backlog,
     dead_letters,
     format_status,
+    lag,
     lateness,
     query_state,
     read_table_columns,
@@ -128,6 +130,36 @@ def test_backlog_is_decided_retries_not_yet_released() -> None:
     ]
 
 
+def test_lag_counts_results_written_vs_decided_and_retries_due_vs_released() -> None:
+    """#13 part 5: per group, consume results not decided yet and retries due but not released (R8).
+
+    G wrote 6 results, 5 decided (4 retries r1-r4, 1 acknowledged); at T + 6 s r1 (due T+10 s)
+    and r3 (due T+30 s) are not due, r2 (due T+5 s) and r4 (due T+1 s) are, and only r2 is in
+    %RETRY%G. H's only result is undecided; two results have no group (bad input, decided:
+    one quarantine outcome without a group). K has an outcome whose result was removed
+    (a vacuumed consume_results table): nothing is behind, never a negative count.
+    """
+    outcomes = ledger(
+        ("G", "retry", "r1", 3, T + ms(10_000)),
+        ("G", "retry", "r2", 3, T + ms(5_000)),
+        ("G", "retry", "r3", 4, T + ms(30_000)),
+        ("G", "retry", "r4", 3, T + ms(1_000)),
+        ("G", "acknowledged", None, None, None),
+        (None, "quarantined", None, None, None),  # type: ignore[arg-type]
+        ("K", "retry", "k1", 3, None),
+    )
+    retry = released(("r2", "G", 3, T + ms(5_000), T + ms(5_100)), ("x9", "G", 3, T, T))  # x9: a re-drive, not decided
+    results = pa.table({"consumer_group": pa.array(["G"] * 6 + ["H"] + [None, None], pa.string())})
+    assert lag(results, outcomes, retry, now=T + ms(6_000)) == [
+        LagEntry("G", results_written=6, results_decided=5, results_behind=1, retries_due=2, retries_released=1, retries_overdue=1),
+        LagEntry("H", results_written=1, results_decided=0, results_behind=1, retries_due=0, retries_released=0, retries_overdue=0),
+        LagEntry("K", results_written=0, results_decided=1, results_behind=0, retries_due=0, retries_released=0, retries_overdue=0),
+        LagEntry(None, results_written=2, results_decided=1, results_behind=1, retries_due=0, retries_released=0, retries_overdue=0),
+    ]
+    empty = pa.table({"consumer_group": pa.array([], pa.string())})
+    assert lag(empty, ledger(), released(), now=T) == []
+
+
 def test_lateness_percentiles_overall_then_per_group() -> None:
     retry = released(*[(f"g{i}", "G", 3, T, T + ms(i)) for i in range(1, 101)], ("h1", "H", 3, T, T + ms(1_000)))
     overall, g, h = lateness(retry)
@@ -201,6 +233,11 @@ def sample_status() -> Status:
             DeadLetterEntry("billing", "NON_RETRYABLE", "com.acme.InvalidOrder", 2),
             DeadLetterEntry("orders-consumer", "MAX_RECONSUME_TIMES", None, 1),
         ],
+        lag=[
+            LagEntry("billing", 1_017, 1_000, 17, 12, 10, 2),
+            LagEntry("orders-consumer", 183, 183, 0, 181, 181, 0),
+            LagEntry(None, 2, 2, 0, 0, 0, 0),
+        ],
     )
 
 
@@ -245,3 +282,17 @@ def test_a_table_without_a_needed_column_is_named(tmp_path: Path) -> None:
     with pytest.raises(SchemaMismatchError, match="has no column 'query_name'"):
         read_table_columns(path, PROGRESS, tuple(PROGRESS.names))
     assert issubclass(TablesUnavailableError, RuntimeError) and issubclass(SchemaMismatchError, ValueError)
+
+
+def test_consume_results_without_a_group_column_count_as_results_without_a_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#13 part 5, bad-input rule: producers write consume_results; a drifted table without
+    ``consumer_group`` (whose rows the engine quarantines as MISSING_GROUP) never breaks status."""
+    lake = Lake.make(tmp_path)
+    write_deltalake(lake.path("consume_results"), pa.table({"msg_id": ["a", "b", "c"]}))
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
+    assert main(["status", "--config", str(conf), "--json"]) == EXIT_NOT_RUNNING
+    (entry,) = json.loads(capsys.readouterr().out)["lag"]
+    assert (entry["consumer_group"], entry["results_written"], entry["results_behind"]) == (None, 3, 3)
