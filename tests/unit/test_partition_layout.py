@@ -237,7 +237,7 @@ def test_a_writer_committing_during_the_move_makes_it_start_again(tmp_path: Path
     assert [r["msg_id"] for r in _rows(path)] == sorted([r["msg_id"] for r in before] + ["late-1"])
     live = {data_file_path(p) for p in pa.table(DeltaTable(path).get_add_actions(flatten=False)).column("path").to_pylist()}
     hive_files = {str(f.relative_to(path)) for f in Path(path).glob("consumer_group=*/*.parquet")}
-    assert hive_files == {p for p in live if p.startswith("consumer_group=")}, "the failed attempt's files were deleted"
+    assert hive_files == {p for p in live if p.startswith("consumer_group=")}, "files of the failed attempt are left behind"
 
     other = str(_old_lake(tmp_path / "b") / "retry")
     template = _rows(other)[0]
