@@ -30,16 +30,14 @@ from deltalake import DeltaTable, write_deltalake
 from retry_engine.delta import layout
 from retry_engine.delta._files import (
     MAX_FOLDER_NAME_BYTES,
-    PartitionedWriter,
     hive_escape,
     partition_folder,
     partition_folder_name,
 )
-from retry_engine.delta._log import TableLocation, commit_entries, data_file_path, parse_commit
+from retry_engine.delta._log import commit_entries, data_file_path, parse_commit
 from retry_engine.delta.layout import folder_matches, migrate_partition_folders, misplaced_files
-from retry_engine.delta.sink import FilesWritten, commit_files
-from retry_engine.delta.tables import ensure_table
 from retry_engine.errors import ConcurrentWriteError
+from tests.engine_files import append_like_engine
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "main_layout"
 
@@ -107,15 +105,8 @@ def test_a_name_too_long_for_a_folder_is_cut_with_a_hash_and_never_inside_an_esc
 def _write_with_engine_writer(path: str, groups: list[str | None]) -> pa.Table:
     """Rows for ``groups`` written by the sink's file writer and committed like the sink does."""
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("consumer_group", pa.string())])
-    ensure_table(path, schema, partition_by=["consumer_group"])
-    location = TableLocation(path)
-    fs, root = location.filesystem()
-    writer = PartitionedWriter(fs, root, schema, partition_by=["consumer_group"], uri=path)
     data = pa.table({"id": pa.array(range(len(groups)), pa.int64()), "consumer_group": groups}, schema=schema)
-    for batch in data.to_batches():
-        writer.write(batch)
-    files = writer.close()
-    assert commit_files(location, [FilesWritten(tuple(files))], mode="append", partition_by=["consumer_group"], app_id=None, txn_version=None)
+    append_like_engine(path, data, partition_by=["consumer_group"])
     return data
 
 
