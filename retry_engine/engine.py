@@ -45,6 +45,7 @@ from retry_engine.delta._offsets import Offset
 from retry_engine.delta.layout import migrate_partition_folders
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import (
+    ConcurrentWriteError,
     DeltaSourceError,
     EngineStoppedError,
     LakeResumeError,
@@ -350,11 +351,17 @@ def _migrate_partition_layout(config: EngineConfig) -> None:
     """Move files of partitioned tables written by engines before the Hive layout into Hive folders.
 
     Runs under the lease before the query starts, so the engine itself never
-    writes during it; a no-op (one snapshot read per table) once moved.
+    writes during it; a no-op (one snapshot read per table) once moved. Operator
+    tools may still write: if they keep winning, the table stays as it is (Delta
+    readers read either layout) and the next start tries again.
     """
     for table in ALL_TABLES:
-        if table.partition_by:
+        if not table.partition_by:
+            continue
+        try:
             migrate_partition_folders(config.table_path(table.name))
+        except ConcurrentWriteError as exc:
+            log.warning("%s; the engine starts anyway and moves the files at its next start", exc)
 
 
 def _start_query(

@@ -245,3 +245,37 @@ def test_a_writer_committing_during_the_move_makes_it_start_again(tmp_path: Path
     with pytest.raises(ConcurrentWriteError, match=r"TABLE_MOVED.*5 times in a row.*unchanged"):
         migrate_partition_folders(other)
     assert len(misplaced_files(DeltaTable(other))) == 2
+
+
+def test_an_engine_start_that_cannot_move_the_files_starts_anyway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """#13 part 3: a re-drive writing all the time does not keep the engine from starting.
+
+    The tables stay readable by Delta readers in the old layout; the warning
+    says the next start moves them.
+    """
+    from retry_engine import engine
+    from retry_engine.config import parse_config
+
+    root = _old_lake(tmp_path)
+    config = parse_config({"engine": {"lake": str(root)}})
+    real_rewrite = layout._rewrite
+    appended = iter(range(100))
+
+    def always_conflicting(location: Any, table: DeltaTable, files: Any) -> Any:
+        written = real_rewrite(location, table, files)
+        row = {**_rows(location.uri)[0], "msg_id": f"late-{next(appended)}"}
+        schema = pa.schema(table.schema().to_arrow())
+        write_deltalake(location.uri, pa.Table.from_pylist([row], schema=schema), mode="append", partition_by=["consumer_group"])
+        return written
+
+    monkeypatch.setattr(layout, "_rewrite", always_conflicting)
+    engine._migrate_partition_layout(config)
+    assert "moves the files at its next start" in caplog.text
+    for name in ("retry", "dlq"):
+        assert len(misplaced_files(DeltaTable(str(root / name)))) == 2
+    monkeypatch.setattr(layout, "_rewrite", real_rewrite)
+    engine._migrate_partition_layout(config)
+    for name in ("retry", "dlq"):
+        assert misplaced_files(DeltaTable(str(root / name))) == []
