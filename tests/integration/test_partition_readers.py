@@ -120,3 +120,42 @@ def test_every_reader_reads_the_same_rows_and_partition_values(spark: Any, engin
         assert {r["consumer_group"] for r in arrow.to_pylist()} == NEW_GROUPS
         discovered = ds.dataset(path, format="parquet", partitioning="hive").to_table().column("consumer_group")
         assert set(discovered.to_pylist()) == NEW_GROUPS
+
+
+def test_a_stream_of_a_moved_table_sees_each_row_once(spark: Any, tmp_path: Path) -> None:
+    """#13 part 3 / SPEC B1, R14: a consumer streaming the retry table across the move gets no row twice.
+
+    A ``deltars`` stream reads main's retry table, the table is moved into
+    Hive folders (one commit with ``dataChange`` false), one new row is
+    appended, and the same stream (same checkpoint) goes on: it must see the
+    new row and nothing else.
+    """
+    from deltalake import write_deltalake
+
+    from retry_engine.delta.layout import migrate_partition_folders
+
+    path = tmp_path / "retry"
+    shutil.copytree(FIXTURE / "retry", path)
+    seen: list[str] = []
+
+    def collect(batch: Any, batch_id: int) -> None:
+        seen.extend(r["msg_id"] for r in batch.select("msg_id").collect())
+
+    def drain() -> None:
+        stream = spark.readStream.format(FORMAT_NAME).option("path", str(path)).load()
+        query = stream.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ck"))
+        started = query.trigger(availableNow=True).start()
+        try:
+            started.awaitTermination(180)
+        finally:
+            started.stop()
+
+    drain()
+    first = sorted(seen)
+    assert len(first) == 2
+    assert migrate_partition_folders(str(path)).files_moved == 2
+    template = DeltaTable(str(path)).to_pyarrow_table().to_pylist()[0]
+    schema = pa.schema(DeltaTable(str(path)).schema().to_arrow())
+    write_deltalake(str(path), pa.Table.from_pylist([{**template, "msg_id": "after-move"}], schema=schema), mode="append")
+    drain()
+    assert sorted(seen) == sorted([*first, "after-move"])
