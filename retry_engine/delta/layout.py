@@ -134,6 +134,10 @@ def migrate_partition_folders(uri: str, *, storage_options: Mapping[str, str] | 
             last = exc
             log.info("%s: partition folder migration conflicted with another writer (attempt %d); again", uri, attempt)
             continue
+        except BaseException:
+            # Nothing references the copies; delete them rather than leave them for VACUUM.
+            _delete_written(location, written)
+            raise
         rows = sum(f.num_records for f in written)
         log.warning(
             "%s: moved %d data file(s) (%d rows) of an older partition layout into Hive folders "
