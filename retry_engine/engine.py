@@ -42,8 +42,10 @@ from retry_engine.delta import (
 )
 from retry_engine.delta._checkpoint import remove_orphan_log_temps
 from retry_engine.delta._offsets import Offset
+from retry_engine.delta.layout import migrate_partition_folders
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import (
+    ConcurrentWriteError,
     DeltaSourceError,
     EngineStoppedError,
     LakeResumeError,
@@ -54,7 +56,7 @@ from retry_engine.lease import EngineState, Heartbeat, LakeLease, Owner
 from retry_engine.outputs import BatchWriter, OnCounts, roll_forward
 from retry_engine.packed import PACKED_SCHEMA, pack
 from retry_engine.schedule import STATE_SCHEMA, ScheduleStage, StateKeySplit, state_key_split
-from retry_engine.schemas import CONSUME_RESULTS, OUTCOMES, RETRY
+from retry_engine.schemas import ALL_TABLES, CONSUME_RESULTS, OUTCOMES, RETRY
 from retry_engine.status import pending_retries, read_table_columns
 
 log = logging.getLogger(__name__)
@@ -319,6 +321,8 @@ def start(
     try:
         for path in remove_orphan_log_temps(checkpoint):
             log.warning("removed %s, left by an engine killed while writing its checkpoint log", path)
+        if not native:
+            _migrate_partition_layout(config)
         point, pending = _resume_point(config, before, app_id, fresh=fresh, discard_pending=discard_pending)
         if native and point is not None:
             raise LakeResumeError(
@@ -343,6 +347,23 @@ def start(
     heartbeat.start()
     log.info("engine started: query id %s, checkpoint %s, lake epoch %s", app_id, checkpoint, lease.epoch)
     return query
+
+
+def _migrate_partition_layout(config: EngineConfig) -> None:
+    """Move files of partitioned tables written by engines before the Hive layout into Hive folders.
+
+    Runs under the lease before the query starts, so the engine itself never
+    writes during it; a no-op (one snapshot read per table) once moved. Operator
+    tools may still write: if they keep winning, the table stays as it is (Delta
+    readers read either layout) and the next start tries again.
+    """
+    for table in ALL_TABLES:
+        if not table.partition_by:
+            continue
+        try:
+            migrate_partition_folders(config.table_path(table.name))
+        except ConcurrentWriteError as exc:
+            log.warning("%s; the engine starts anyway and moves the files at its next start", exc)
 
 
 def _start_query(

@@ -2,8 +2,10 @@
 
 Runs on executors. Reading attaches partition values (from the log, never
 from folder names) as typed columns and an optional position column;
-writing splits rows by partition value into Parquet files whose folder names
-contain only ``[A-Za-z0-9_-]`` so no value can inject ``%``, ``|`` or ``/``.
+writing splits rows by partition value into Parquet files under Hive-standard
+folders (``consumer_group=order_group``), named as Spark and Hive name them so
+any Hive-partitioned reader (Spark's partition discovery, pyarrow datasets,
+Polars, Trino) gets the partition values back from the folder names alone.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from retry_engine.errors import DeltaSinkError, DeltaSourceError
 READ_BATCH_ROWS = 65_536
 ROW_GROUP_ROWS = 131_072
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-MAX_FOLDER_VALUE = 96
 POSITION_ROW_DIGITS = 9
 
 
@@ -59,28 +60,64 @@ def parse_partition_value(value: str | None, type_: pa.DataType, *, column: str 
         ) from exc
 
 
-def escape_path_value(value: str | None) -> str:
-    """A partition value as a folder-name piece made only of ``[A-Za-z0-9_-]``.
+# What Hive escapes in a folder name, as Spark writes it on POSIX file systems
+# (ExternalCatalogUtils.escapePathName); NUL too, which no file name can hold. Anything
+# else, spaces and non-ASCII letters included, stays as it is: Spark's discovery
+# unescapes %XX one byte per character, so escaping UTF-8 bytes would garble them.
+HIVE_ESCAPED = frozenset(chr(c) for c in range(0x20)) | frozenset('"#%\'*/:=?\\\x7f{[]^')
+# Longest folder name most file systems accept (NAME_MAX), in bytes.
+MAX_FOLDER_NAME_BYTES = 255
+_HASH_SUFFIX_CHARS = 18  # "-h" and 16 hex digits
 
-    Every other character, and ``_`` itself (the escape character), becomes
-    ``_XX`` per UTF-8 byte, so distinct values get distinct folders. Long values
-    are cut and suffixed with a hash. Readers take partition values from the
-    log, never from folder names, so this need not be reversible.
+
+def hive_escape(text: str) -> str:
+    """``text`` as Hive writes it in a folder name: each character of :data:`HIVE_ESCAPED` as ``%XX``.
+
+    A lone surrogate (a byte that was not UTF-8, kept by ``surrogateescape``)
+    becomes ``%XX`` of that byte, so every string has a folder name.
     """
-    if value is None:
-        return HIVE_NULL
-    out = "".join(
-        c if (c.isascii() and c.isalnum()) or c == "-" else "".join(f"_{b:02X}" for b in c.encode("utf-8"))
-        for c in value
-    )
-    if len(out) > MAX_FOLDER_VALUE:
-        digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:16]
-        out = f"{out[: MAX_FOLDER_VALUE - 18]}-h{digest}"
-    return out
+    out: list[str] = []
+    for ch in text:
+        if ch in HIVE_ESCAPED:
+            out.append(f"%{ord(ch):02X}")
+        elif 0xD800 <= ord(ch) < 0xE000:
+            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8", errors="surrogateescape")))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def hive_folder_value(value: str | None) -> str:
+    """A partition value as Hive names its folder: null and ``""`` are ``__HIVE_DEFAULT_PARTITION__``."""
+    return HIVE_NULL if value is None or value == "" else hive_escape(value)
+
+
+def partition_folder_name(column: str, value: str | None) -> str:
+    """One level of a partition path, ``column=value``, Hive-escaped.
+
+    A name longer than :data:`MAX_FOLDER_NAME_BYTES` (possible only with very
+    long values, e.g. a 255-character group of ``%`` signs) cannot be created,
+    so its value is cut and suffixed with a hash of the full value: Delta
+    readers take values from the log and are unaffected, Hive readers see the
+    shortened value for that one partition.
+    """
+    name = f"{hive_escape(column)}={hive_folder_value(value)}"
+    if len(name.encode("utf-8", errors="surrogateescape")) <= MAX_FOLDER_NAME_BYTES:
+        return name
+    digest = hashlib.sha256((value or "").encode("utf-8", errors="surrogateescape")).hexdigest()[:16]
+    head = name
+    while len(head.encode("utf-8", errors="surrogateescape")) > MAX_FOLDER_NAME_BYTES - _HASH_SUFFIX_CHARS:
+        head = head[:-1]
+    # Never end inside a %XX escape: a reader would decode a broken one.
+    cut = head.rfind("%")
+    if cut >= len(head) - 2 and cut > head.index("="):
+        head = head[:cut]
+    return f"{head}-h{digest}"
 
 
 def partition_folder(values: Mapping[str, str | None], columns: Sequence[str]) -> str:
-    return "/".join(f"{escape_path_value(c)}={escape_path_value(values[c])}" for c in columns)
+    """The Hive partition path of ``values`` (Delta's string forms), one folder per column in order."""
+    return "/".join(partition_folder_name(c, values[c]) for c in columns)
 
 
 # --------------------------------------------------------------------------- reading

@@ -122,9 +122,11 @@ def commit_files(
     if not files and mode == "append":
         log.debug("%s: nothing to commit for %s/%s", location.uri, app_id, txn_version)
         return False
+    # delta-rs URL-encodes an action's path when it writes the log, so it takes the
+    # physical path: passing the log form would encode the % of Hive folder names twice.
     actions: list[AddAction | RemoveAction] = [
         AddAction(
-            path=f.path,
+            path=data_file_path(f.path),
             size=f.size,
             partition_values=f.partition_values,
             modification_time=f.modification_time,
@@ -170,12 +172,14 @@ def abort_files(location: TableLocation, messages: Sequence[WriterCommitMessage 
         return
     try:
         table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
-        referenced = set(pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist())
+        logged = pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()
+        # Compared decoded: writers may URL-encode one physical path in different ways.
+        referenced = {data_file_path(p) for p in logged}
     except (DeltaError, OSError) as exc:
         # Leaving orphans is safe (vacuum removes them); deleting live files is not.
         log.warning("%s: cannot read the table to abort (%s); leaving %d file(s) for vacuum", location.uri, exc, len(files))
         return
-    _delete_files(location, [f for f in files if f.path not in referenced])
+    _delete_files(location, [f for f in files if data_file_path(f.path) not in referenced])
 
 
 class _DeltaWriter:

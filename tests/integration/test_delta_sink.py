@@ -58,9 +58,13 @@ def test_stream_copies_partitioned_table_exactly_into_an_ordinary_delta_table(sp
     table = DeltaTable(str(dst))
     assert table.metadata().partition_columns == ["grp"]
     assert pa.schema(table.schema().to_arrow()).field("at").type == pa.timestamp("us", tz="UTC")
-    # Partition values stay values: no '%' or '|' (or a value's '/') reaches a physical path.
+    # Hive folders (#13 part 3): only Hive's characters escaped ('%' as %25, '/' as %2F), so a
+    # value's '/' never adds a folder level and a Hive reader decodes the folder to the value.
     relative = [str(p.relative_to(dst)) for p in dst.rglob("*.parquet")]
-    assert len(relative) == len(table.file_uris()) and not any("%" in p or "|" in p or p.count("/") != 1 for p in relative)
+    assert len(relative) == len(table.file_uris()) and all(p.count("/") == 1 for p in relative)
+    assert {p.split("/")[0] for p in relative} == {
+        "grp=%25RETRY%25x|y", "grp=a%2Fb", "grp=plain", "grp=__HIVE_DEFAULT_PARTITION__"
+    }
     # One transaction per micro-batch, keyed by the query id Spark keeps in the checkpoint.
     assert table.transaction_version(read_query_id(str(ck)) or "") == 0
     # Spark's batch reader sees the same rows.

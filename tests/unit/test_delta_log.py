@@ -28,7 +28,6 @@ from retry_engine.delta import (
 from retry_engine.delta._files import (
     FileToRead,
     PartitionedWriter,
-    escape_path_value,
     parse_partition_value,
     read_file,
     string_upper_bound,
@@ -39,6 +38,7 @@ from retry_engine.delta._log import (
     TableLocation,
     check_reader_protocol,
     commit_entries,
+    data_file_path,
     parse_commit,
 )
 from retry_engine.delta._offsets import (
@@ -332,16 +332,6 @@ def test_source_options_parse_and_admission() -> None:
 # --------------------------------------------------------------------------- files
 
 
-def test_escape_path_value_uses_only_safe_characters_and_is_injective() -> None:
-    values = ["%RETRY%x|y", "a/b", "a_2Fb", "_", "é", "", "../..", "x" * 500, "x" * 501]
-    escaped = [escape_path_value(v) for v in values]
-    assert all(c.isascii() and (c.isalnum() or c in "_-") for e in escaped for c in e)
-    assert len(set(escaped)) == len(values)
-    assert escape_path_value("a/b") == "a_2Fb" and escape_path_value("a_2Fb") == "a_5F2Fb"
-    assert escape_path_value(None) == "__HIVE_DEFAULT_PARTITION__"
-    assert all(len(e) <= 96 for e in escaped)
-
-
 def test_parse_partition_value_types() -> None:
     assert parse_partition_value("2024-01-02 03:04:05.000006", pa.timestamp("us", tz="UTC")).as_py() == dt.datetime(
         2024, 1, 2, 3, 4, 5, 6, tzinfo=UTC
@@ -391,7 +381,9 @@ def test_partitioned_writer_and_commit_are_idempotent(tmp_path: Path) -> None:
     writer.write(pa.record_batch([pa.array([4], pa.int64()), pa.array(["a/b"]), pa.array([ts], schema.field("ts").type)], schema=schema))
     files = writer.close()
     assert sorted(f.num_records for f in files) == [1, 1, 2]
-    assert not any("%" in f.path or "|" in f.path for f in files)
+    # Hive folders (#13 part 3): only Hive's characters escaped, in the physical path.
+    folders = {data_file_path(f.path).split("/")[0] for f in files}
+    assert folders == {"grp=a%2Fb", "grp=%25x|y", "grp=__HIVE_DEFAULT_PARTITION__"}
     assert {f.partition_values["grp"] for f in files} == {"a/b", "%x|y", None}
     assert json.loads(files[0].stats)["numRecords"] == files[0].num_records
     message = FilesWritten(tuple(files))
@@ -401,7 +393,7 @@ def test_partitioned_writer_and_commit_are_idempotent(tmp_path: Path) -> None:
     replay.write(pa.record_batch([pa.array([1], pa.int64()), pa.array(["a/b"]), pa.array([ts], schema.field("ts").type)], schema=schema))
     replayed = replay.close()
     assert not commit_files(location, [FilesWritten(tuple(replayed))], mode="append", partition_by=["grp"], app_id="q", txn_version=0)
-    assert not (Path(path) / replayed[0].path).exists()
+    assert not (Path(path) / data_file_path(replayed[0].path)).exists()
     # Committing the very same message again keeps its (live) files.
     assert not commit_files(location, [message], mode="append", partition_by=["grp"], app_id="q", txn_version=0)
     table = read_table(path)

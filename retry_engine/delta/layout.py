@@ -1,0 +1,221 @@
+"""Moving data files of older partition layouts into Hive-standard folders.
+
+Engines before the Hive layout wrote partition folders such as
+``consumer_5Fgroup=order_5Fgroup``, which Delta readers accept (they take
+partition values from the log) but Hive-partitioned readers misread (Spark's
+``read.parquet`` sees a column ``consumer_5Fgroup``, Polars fails).
+:func:`migrate_partition_folders` rewrites such files into the folders
+:func:`~retry_engine.delta._files.partition_folder` names and commits, in one
+Delta transaction, a ``remove`` of each old file and an ``add`` of its new
+copy, all with ``dataChange`` false, as OPTIMIZE does: the table's rows do not
+change, streaming readers (Delta's own and ``format("deltars")``) skip the
+commit, and time travel to older versions still reads the old files until
+VACUUM removes them.
+
+Concurrency: the commit is made against the very version that was read and
+is never rebased, so a writer that committed in between (an append, a
+re-drive, a resolve) makes it fail; the new copies are then deleted and the
+migration starts again from the new version. A file is thus never both
+removed by someone else and re-added here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction
+
+from retry_engine.delta._files import (
+    HIVE_NULL,
+    FileToRead,
+    PartitionedWriter,
+    WrittenFile,
+    delete_quietly,
+    partition_folder,
+    read_file,
+)
+from retry_engine.delta._log import (
+    FileEntry,
+    TableLocation,
+    data_file_path,
+    join_path,
+    snapshot_entries,
+)
+from retry_engine.delta.tables import not_null_columns, table_arrow_schema
+from retry_engine.errors import ConcurrentWriteError
+
+log = logging.getLogger(__name__)
+
+# Each attempt fails only when another writer committed while this one rewrote the
+# files; a handful covers operator tools running now and then.
+MAX_MIGRATION_ATTEMPTS = 5
+MIGRATION_OPERATION = "retry-engine: Hive partition folders"
+
+
+@dataclass(frozen=True)
+class LayoutMigration:
+    """What :func:`migrate_partition_folders` did to one table."""
+
+    uri: str
+    files_moved: int
+    rows_moved: int
+    version: int | None
+    """The table version of the migration commit; None when nothing needed moving."""
+
+
+def folder_matches(path: str, values: Mapping[str, str | None], columns: Sequence[str]) -> bool:
+    """Whether a Hive reader gets ``values`` back from the folders of data file ``path`` (as in the log).
+
+    True for the folders this package writes now and for any other spelling a
+    Hive reader decodes to the same columns and values (delta-rs escapes more
+    characters, e.g. ``|`` as ``%7C``): only files a Hive reader misreads move.
+    """
+    folders = data_file_path(path).split("/")[:-1]
+    if not columns:
+        return not folders
+    if folders == partition_folder(values, columns).split("/"):
+        return True
+    if len(folders) != len(columns):
+        return False
+    for folder, column in zip(folders, columns, strict=True):
+        name, sep, raw = folder.partition("=")
+        if not sep or unquote(name) != column:
+            return False
+        decoded: str | None = None if raw == HIVE_NULL else unquote(raw)
+        expected = values.get(column)
+        if decoded != (None if expected == "" else expected):
+            return False
+    return True
+
+
+def misplaced_files(table: DeltaTable) -> list[FileEntry]:
+    """The data files of ``table``'s current snapshot whose folders a Hive reader misreads."""
+    columns = list(table.metadata().partition_columns)
+    if not columns:
+        return []
+    rows = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    entries = snapshot_entries(rows, table.version())
+    return [e for e in entries if not folder_matches(e.path, e.partition_values, columns)]
+
+
+def migrate_partition_folders(uri: str, *, storage_options: Mapping[str, str] | None = None) -> LayoutMigration:
+    """Move every misplaced data file of the Delta table at ``uri`` into its Hive folder.
+
+    Does nothing (and commits nothing) when the table does not exist, is not
+    partitioned, or has no misplaced file, so it is cheap to run at every
+    start. Raises :class:`~retry_engine.errors.ConcurrentWriteError`
+    (``TABLE_MOVED``) when other writers commit during each of
+    :data:`MAX_MIGRATION_ATTEMPTS` attempts; the table is then unchanged
+    (still readable by every Delta reader) and the migration can run again.
+    """
+    location = TableLocation(uri, storage_options)
+    options = dict(storage_options) if storage_options else None
+    last: CommitFailedError | None = None
+    for attempt in range(1, MAX_MIGRATION_ATTEMPTS + 1):
+        try:
+            table = DeltaTable(location.table_uri, storage_options=options)
+        except TableNotFoundError:
+            return LayoutMigration(uri, 0, 0, None)
+        misplaced = misplaced_files(table)
+        if not misplaced:
+            return LayoutMigration(uri, 0, 0, None)
+        written = _rewrite(location, table, misplaced)
+        try:
+            version = _commit(table, misplaced, written)
+        except CommitFailedError as exc:
+            _delete_written(location, written)
+            last = exc
+            log.info("%s: partition folder migration conflicted with another writer (attempt %d); again", uri, attempt)
+            continue
+        except BaseException:
+            # Nothing references the copies; delete them rather than leave them for VACUUM.
+            _delete_written(location, written)
+            raise
+        rows = sum(f.num_records for f in written)
+        log.warning(
+            "%s: moved %d data file(s) (%d rows) of an older partition layout into Hive folders "
+            "(version %d, no data change; the old files stay for time travel until VACUUM)",
+            uri, len(misplaced), rows, version,
+        )
+        return LayoutMigration(uri, len(misplaced), rows, version)
+    raise ConcurrentWriteError(
+        f"{uri}: moving data files into Hive partition folders conflicted with other writers "
+        f"{MAX_MIGRATION_ATTEMPTS} times in a row; the table is unchanged and still readable by Delta readers. "
+        f"Run it again when re-drives and other writers of this table are idle: {last}",
+    ) from last
+
+
+def _rewrite(location: TableLocation, table: DeltaTable, files: Sequence[FileEntry]) -> list[WrittenFile]:
+    """Copy the rows of ``files`` into new files under Hive folders (not yet committed)."""
+    fs, root = location.filesystem()
+    schema = table_arrow_schema(table)
+    writer = PartitionedWriter(
+        fs,
+        root,
+        schema,
+        partition_by=list(table.metadata().partition_columns),
+        not_null=not_null_columns(table),
+        uri=location.uri,
+    )
+    try:
+        for entry in files:
+            source = FileToRead(entry.path, entry.partition_values, entry.version, entry.index, True)
+            for batch in read_file(fs, root, source, schema, table_uri=location.table_uri):
+                writer.write(batch)
+        return writer.close()
+    except BaseException:
+        writer.discard()
+        _delete_written(location, writer.done)
+        raise
+
+
+def _commit(table: DeltaTable, removed: Sequence[FileEntry], added: Sequence[WrittenFile]) -> int:
+    """Commit the move as the version after ``table``'s, or raise CommitFailedError (no rebase).
+
+    Paths are given physical: delta-rs URL-encodes them into the log itself.
+    """
+    now = int(time.time() * 1000)
+    actions: list[AddAction | RemoveAction] = [
+        RemoveAction(
+            path=data_file_path(entry.path),
+            data_change=False,
+            deletion_timestamp=now,
+            size=entry.size,
+            partition_values=dict(entry.partition_values),
+        )
+        for entry in removed
+    ]
+    actions += [
+        AddAction(
+            path=data_file_path(f.path),
+            size=f.size,
+            partition_values=f.partition_values,
+            modification_time=f.modification_time,
+            data_change=False,
+            stats=f.stats,
+        )
+        for f in added
+    ]
+    table.create_write_transaction(
+        actions,
+        mode="append",
+        schema=table.schema(),
+        partition_by=list(table.metadata().partition_columns) or None,
+        commit_properties=CommitProperties(
+            max_commit_retries=0, custom_metadata={"retry_engine.operation": MIGRATION_OPERATION}
+        ),
+    )
+    return table.version() + 1
+
+
+def _delete_written(location: TableLocation, files: Sequence[WrittenFile]) -> None:
+    fs, root = location.filesystem()
+    for f in files:
+        delete_quietly(fs, join_path(root, data_file_path(f.path)))
