@@ -140,3 +140,15 @@ def test_cli_resend_then_show(lake: Lake, tmp_path: Path, capsys: pytest.Capture
     history = dlq.history(lake.config, "D1")
     resent = history[history["event"] == "resend moved to one consumer"]
     assert resent["consumer_id"].tolist() == ["host@1@DEFAULT"]
+
+
+def test_a_redrive_after_a_resend_skips_the_resent_dead_letter(lake: Lake) -> None:
+    """#13 part 5, B5: a resend is a move; a later re-drive of the whole DLQ does not move it a second time."""
+    from retry_engine.dlq import Selection
+    from retry_engine.redrive import redrive
+
+    resend(lake.config, "D1", consumer_id="host@1")
+    report = redrive(lake.config, Selection(group="billing"), target="retry")
+    assert (report.moved, report.skipped) == (2, 1)
+    moved = [dict(r["properties"]).get(PROP_RESEND_TO) for r in lake.rows("retry")]
+    assert sorted(moved, key=str) == sorted([None, None, "host@1@DEFAULT"], key=str)
