@@ -76,7 +76,7 @@ INPUT_TABLES = ("consume_results",)
 MAINTAINED_TABLES = (*INPUT_TABLES, *ENGINE_TABLES)
 # A compaction that lost its commit to a writer that changed the same files is redone on
 # a fresh snapshot this many times (appends never conflict with it).
-COMPACT_ATTEMPTS = 5
+COMPACT_ATTEMPTS = 10
 # The in-engine thread looks whether maintenance is due at least this often.
 POLL_SECONDS = 1.0
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from retry_engine.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from retry_engine.config import (
@@ -139,6 +140,47 @@ def test_a_concurrent_append_during_compaction_is_not_lost(tmp_path: Path) -> No
     assert ids(table) == sorted(
         [*(x for i in range(10) for x in (10 * i, 10 * i + 1)), *range(200, 240)]
     )
+
+
+def test_a_compaction_that_conflicts_with_a_delete_is_redone_never_failing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """#14 part 1: a writer that removes files compaction read (a DLQ purge, say) makes delta-rs refuse
+    the compaction's commit; maintenance logs it, compacts again on the new version and reports no
+    error, and the table holds exactly what the other writer left."""
+    table = tmp_path / "t"
+    for i in range(10):
+        append(table, i)
+    stop = threading.Event()
+    deleted: list[int] = []
+    added: list[int] = []
+
+    def other_writer() -> None:
+        k = 0
+        while not stop.is_set():
+            k += 1
+            try:
+                DeltaTable(str(table)).delete(f"id = {k % 10}")
+                deleted.append(k % 10)
+            except CommitFailedError:  # it lost to the compaction: its own business to retry
+                pass
+            append(table, 1000 + k)
+            added.append(1000 + k)
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    reports = []
+    try:
+        for _ in range(300):  # until a conflict happened (a few runs, usually)
+            reports.append(maintain_table("t", str(table), retention_hours=WEEK))
+            if "compaction conflicted" in caplog.text:
+                break
+    finally:
+        stop.set()
+        thread.join()
+    assert "compaction conflicted" in caplog.text
+    assert [r.error for r in reports] == [None] * len(reports)
+    assert ids(table) == sorted([i for i in range(10) if i not in deleted] + added)
 
 
 # --------------------------------------------------------------------------- vacuum
