@@ -27,6 +27,7 @@ from retry_engine.config import (
     parse_config,
     parse_retention_hours,
 )
+from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import DeltaLog, TableLocation
 from retry_engine.delta._offsets import ChangeRules, Offset, files_after
 from retry_engine.errors import ConfigError, DeltaSourceError
@@ -210,6 +211,35 @@ def test_vacuum_never_deletes_a_file_a_live_snapshot_or_a_running_batch_needs(
     assert in_flight.exists()
     assert ids(table) == before
     assert len(data_files(table)) == 2  # the compacted file and the in-flight one
+
+
+def test_a_stream_behind_a_forced_vacuum_is_told_compaction_removed_its_files(
+    tmp_path: Path,
+) -> None:
+    """#14 part 1: a stream that had not read commits 2-4 when maintenance compacted them and a forced
+    zero retention vacuumed the originals fails with DELTA_FILE_MISSING naming compaction and the
+    option to start past them, not blaming a DELETE that never happened."""
+    table = tmp_path / "t"
+    small_files_table(table)
+    behind = Offset.after_version(1, None)
+    maintain_table("t", str(table), retention_hours=0)
+    delta_log = DeltaLog(TableLocation(str(table)))
+    unread = list(
+        files_after(
+            delta_log, behind, through_version=delta_log.latest_version(), rules=ChangeRules()
+        )
+    )
+    assert [f.version for f in unread] == [2, 3, 4]
+    fs, root = TableLocation(str(table)).filesystem()
+    entry = unread[0]
+    file = FileToRead(entry.path, dict(entry.partition_values), entry.version, entry.index, False)
+    with pytest.raises(
+        DeltaSourceError,
+        match=r"DELTA_FILE_MISSING.*compaction.*retry-engine maintain.*starting_version",
+    ):
+        list(
+            read_file(fs, root, file, pa.schema([pa.field("id", pa.int64())]), table_uri=str(table))
+        )
 
 
 # --------------------------------------------------------------------------- log cleanup and the source
