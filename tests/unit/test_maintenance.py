@@ -33,6 +33,7 @@ from retry_engine.delta._offsets import ChangeRules, Offset, files_after
 from retry_engine.errors import ConfigError, DeltaSourceError
 from retry_engine.maintenance import (
     MAINTAINED_TABLES,
+    EngineMaintenance,
     _Due,
     maintain_table,
     maintenance_path,
@@ -403,6 +404,43 @@ def test_only_the_engine_tables_and_consume_results_are_maintained(tmp_path: Pat
         select_tables(config, ["messages"])
     with pytest.raises(ConfigError, match=r"UNKNOWN_TABLE.*'../etc'.*consume_results"):
         select_tables(config, ["../etc"])
+
+
+def test_in_engine_maintenance_never_commits_inside_a_batch(tmp_path: Path) -> None:
+    """#14 part 1: the engine's writer runs each batch under the maintenance lock, so a maintenance
+    run that starts while a batch is committing lands wholly before or after the batch's commits;
+    batches are counted towards every_batches and the run is recorded as trigger 'engine'."""
+    config = parse_config({"engine": {"lake": str(tmp_path)}, "maintenance": {"every_batches": 2}})
+    outcomes = tmp_path / "outcomes"
+    small_files_table(outcomes)
+    maintenance = EngineMaintenance(config)
+    started = threading.Event()
+    runner = threading.Thread(target=lambda: (started.set(), maintenance.run_now()))
+    batch_versions: list[int] = []
+
+    def batch(frame: list[int], batch_id: int) -> None:
+        if batch_id == 0:
+            runner.start()
+            started.wait()
+        for value in frame:
+            append(outcomes, value)
+            batch_versions.append(DeltaTable(str(outcomes)).version())
+
+    write = maintenance.wrap(batch)
+    try:
+        write(list(range(500, 520)), 0)
+    finally:
+        runner.join()
+    write([600], 1)
+    assert batch_versions[:20] == list(range(batch_versions[0], batch_versions[0] + 20))
+    history = {h["version"]: h["operation"] for h in DeltaTable(str(outcomes)).history()}
+    optimize = [v for v, op in history.items() if op == "OPTIMIZE"]
+    assert len(optimize) == 1 and not batch_versions[0] <= optimize[0] <= batch_versions[19]
+    assert maintenance._due.batches == 2 and maintenance._due.due(0)
+    rows = DeltaTable(maintenance_path(str(tmp_path))).to_pyarrow_table().to_pylist()
+    assert [(r["table_name"], r["trigger"], r["error"]) for r in rows] == [
+        ("outcomes", "engine", None)
+    ]
 
 
 # --------------------------------------------------------------------------- the command
