@@ -324,15 +324,24 @@ def run_maintenance(
     force: bool = False,
     trigger: Trigger = "command",
     lock: threading.Lock | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> list[TableReport]:
-    """Maintain ``tables`` (default: every maintained table) and record it (not in a dry run)."""
+    """Maintain ``tables`` (default: every maintained table) and record it (not in a dry run).
+
+    ``stopping()`` is asked before each table: once true, the remaining tables
+    are left for the next run (an engine that stops does not wait for them).
+    """
     hours = retention_hours(config, retention, force=force)
     selected = select_tables(config, tables)
     run_at = dt.datetime.now(dt.UTC)
-    reports = [
-        maintain_table(name, path, retention_hours=hours, dry_run=dry_run, lock=lock)
-        for name, path in selected
-    ]
+    reports = []
+    for name, path in selected:
+        if stopping():
+            log.info("maintenance stopped before %s; the next run does it", name)
+            break
+        reports.append(
+            maintain_table(name, path, retention_hours=hours, dry_run=dry_run, lock=lock)
+        )
     if not dry_run:
         try:
             record(config.engine.lake, reports, trigger=trigger, hours=hours, run_at=run_at)
@@ -483,7 +492,11 @@ class EngineMaintenance:
         """One maintenance run of this engine's tables (what the thread does when due)."""
         self._due.reset(self._clock() * 1000)
         reports = run_maintenance(
-            self._config, tables=self._tables, trigger="engine", lock=self._lock
+            self._config,
+            tables=self._tables,
+            trigger="engine",
+            lock=self._lock,
+            stopping=self._stop.is_set,
         )
         self.runs.append(reports)
         for report in reports:

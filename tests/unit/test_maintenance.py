@@ -38,6 +38,7 @@ from retry_engine.maintenance import (
     maintain_table,
     maintenance_path,
     retention_hours,
+    run_maintenance,
     select_tables,
 )
 
@@ -516,3 +517,20 @@ def test_maintain_on_a_lake_with_no_tables_is_a_usage_error(
     assert "no lake at" in capsys.readouterr().err
     assert main(["maintain", "--lake", str(tmp_path / "missing")]) == EXIT_USAGE
     assert not (tmp_path / "missing").exists()
+
+
+def test_an_engine_that_stops_does_not_wait_for_the_remaining_tables(tmp_path: Path) -> None:
+    """#14 part 1: in-engine maintenance asks before each table whether the engine is stopping; the
+    tables it did not reach are left as they were, for the next run."""
+    small_lake(tmp_path)
+    config = parse_config({"engine": {"lake": str(tmp_path)}})
+    asked: list[int] = []
+
+    def stopping() -> bool:
+        asked.append(1)
+        return len(asked) > 1
+
+    reports = run_maintenance(config, tables=["consume_results", "outcomes"], stopping=stopping)
+    assert [r.table_name for r in reports] == ["consume_results"]
+    assert DeltaTable(str(tmp_path / "consume_results")).version() == 4
+    assert DeltaTable(str(tmp_path / "outcomes")).version() == 3
