@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     plots.add_argument("--out", required=True, help="folder to write the PNG files to (created if missing)")
     _add_schema_parser(sub)
     _add_catalog_ddl(sub)
+    _add_maintain_parser(sub)
     _add_lake_options(parser)
     return parser
 
@@ -100,6 +101,47 @@ def _schema(args: argparse.Namespace) -> int:
 
     sys.stdout.write(format_schemas([args.table] if args.table else list(TABLES), args.format))
     return EXIT_OK
+
+
+# -- maintain: compaction, log checkpoints, log cleanup, vacuum ---------------------
+
+
+def _add_maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from retry_engine.maintenance import MAINTAINED_TABLES
+
+    maintain = sub.add_parser(
+        "maintain",
+        help="compact small files, checkpoint and clean the Delta log, and vacuum old files of the lake's tables",
+        description="For every table the engine writes and for consume_results (or only --table): compact small "
+        "files (readers and streams see no change), write a log checkpoint, remove expired log files, and delete "
+        "data files no version within the retention references. Prints what it did per table and records it in "
+        "the lake's _maintenance table. Safe while the engine runs.",
+    )
+    maintain.add_argument("--config")
+    maintain.add_argument(
+        "--table", action="append", choices=list(MAINTAINED_TABLES), metavar="NAME",
+        help=f"only this table (repeatable); one of {', '.join(MAINTAINED_TABLES)}",
+    )
+    maintain.add_argument(
+        "--retention", metavar="DURATION",
+        help="keep files replaced within this long, in hours or days (default: [maintenance] retention, 7d)",
+    )
+    maintain.add_argument("--dry-run", action="store_true", help="change nothing; say what would be removed")
+    maintain.add_argument(
+        "--force", action="store_true",
+        help="allow a retention shorter than the config's trigger plus maintenance interval "
+        "(only when no engine or stream reads these tables)",
+    )
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    from retry_engine.maintenance import format_report, run_maintenance
+
+    reports = run_maintenance(
+        _reading_config(args), tables=args.table, retention=args.retention, dry_run=args.dry_run, force=args.force
+    )
+    print(format_report(reports, dry_run=args.dry_run), end="")
+    return EXIT_ERROR if any(r.error for r in reports) else EXIT_OK
 
 
 # -- --lake: on every command that takes --config ----------------------------------
@@ -298,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "zip": _zip,
             "schema": _schema,
             "catalog-ddl": _catalog_ddl,
+            "maintain": _maintain,
         }
         return commands[args.command](args)
     except LakeNotFoundError as exc:

@@ -297,6 +297,123 @@ class DlqSection(_Strict):
     _dur = field_validator("resolved_retention")(classmethod(lambda cls, v: _check_duration(v)))
 
 
+
+# -- [maintenance]: compaction, log checkpoints, log cleanup and vacuum (#14) ----------
+
+# Delta's own default for keeping files a newer version no longer references.
+DEFAULT_MAINTENANCE_RETENTION = "7d"
+DEFAULT_MAINTENANCE_INTERVAL = "1h"
+# No more than a century: delta-rs counts the retention in whole hours.
+MAX_RETENTION_HOURS = 100 * 365 * 24
+_RETENTION = re.compile(r"([0-9]+)(h|d)")
+_HOUR_MS = 3_600_000
+
+
+def parse_retention_hours(value: object, *, name: str = "retention") -> int:
+    """A vacuum retention (``"7d"``, ``"168h"``, ``"0h"`` or ``"0"``) in whole hours.
+
+    delta-rs vacuums with a whole number of hours, so only ``h`` and ``d`` are
+    units; anything else (negative, fractional, minutes, garbage) is a
+    :class:`~retry_engine.errors.ConfigError` naming the value.
+    """
+    text = value.strip() if isinstance(value, str) else None
+    match = _RETENTION.fullmatch(text) if text is not None else None
+    if text == "0":
+        return 0
+    if match is None:
+        raise ConfigError(
+            f"{name} {value!r} is not a retention: give a whole number of hours or days such as '7d' or "
+            "'168h' (Delta vacuums in whole hours; no minutes, fractions or signs)",
+            code="INVALID_RETENTION",
+        )
+    hours = int(match.group(1)) * (24 if match.group(2) == "d" else 1)
+    if hours > MAX_RETENTION_HOURS:
+        raise ConfigError(
+            f"{name} {value!r} is {hours} hours, more than the {MAX_RETENTION_HOURS} (100 years) allowed",
+            code="INVALID_RETENTION",
+        )
+    return hours
+
+
+class MaintenanceSection(_Strict):
+    """``[maintenance]``: the engine's own table maintenance, and `retry-engine maintain`'s retention.
+
+    ``engine_tables`` / ``consume_results`` turn in-engine maintenance on per
+    table class (the tables the engine writes; the input others write). It runs
+    every ``interval`` ("off" to disable) or every ``every_batches`` batches (0
+    to disable), whichever comes first.
+    """
+
+    engine_tables: StrictBool = True
+    consume_results: StrictBool = False
+    interval: str = DEFAULT_MAINTENANCE_INTERVAL
+    every_batches: StrictInt = Field(default=0, ge=0)
+    retention: str = DEFAULT_MAINTENANCE_RETENTION
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: str) -> str:
+        if value != "off":
+            try:
+                parse_duration_ms(value)
+            except DelayLevelError:
+                raise ValueError(
+                    f"interval {value!r} is not a duration: give e.g. '30m' or '1h', or 'off'"
+                ) from None
+        return value
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, value: str) -> str:
+        try:
+            parse_retention_hours(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _scheduled(self) -> MaintenanceSection:
+        if (self.engine_tables or self.consume_results) and self.interval == "off" and self.every_batches == 0:
+            raise ValueError(
+                "maintenance is on (engine_tables or consume_results) but interval = 'off' and every_batches = 0 "
+                "never trigger it: set one of them, or turn both table classes off"
+            )
+        return self
+
+    @property
+    def interval_ms(self) -> int | None:
+        return None if self.interval == "off" else parse_duration_ms(self.interval)
+
+    @property
+    def enabled(self) -> bool:
+        return self.engine_tables or self.consume_results
+
+
+def minimum_retention_ms(engine: EngineSection, maintenance: MaintenanceSection) -> int:
+    """The shortest vacuum retention that is safe for this config.
+
+    A file compaction replaced must outlive the longest trigger interval the
+    config knows (a batch planned before the compaction reads it afterwards)
+    plus the time between two maintenance runs (the next run may vacuum right
+    after a compaction). Without in-engine maintenance only the trigger counts.
+    """
+    trigger = max(parse_duration_ms(engine.trigger_interval), parse_duration_ms(engine.progress_flush_interval))
+    if not maintenance.enabled:
+        return trigger
+    every = [
+        ms for ms in (
+            maintenance.interval_ms,
+            maintenance.every_batches * parse_duration_ms(engine.trigger_interval) if maintenance.every_batches else None,
+        ) if ms is not None
+    ]
+    return trigger + min(every)
+
+
+def minimum_retention_hours(engine: EngineSection, maintenance: MaintenanceSection) -> int:
+    """:func:`minimum_retention_ms` rounded up to the whole hours Delta vacuums with."""
+    return -(-minimum_retention_ms(engine, maintenance) // _HOUR_MS)
+
+
 class EngineConfig(_Strict):
     """The whole configuration file."""
 
@@ -304,10 +421,23 @@ class EngineConfig(_Strict):
     source: SourceSection = Field(default_factory=SourceSection)
     tables: TablesSection = Field(default_factory=TablesSection)
     dlq: DlqSection = Field(default_factory=DlqSection)
+    maintenance: MaintenanceSection = Field(default_factory=MaintenanceSection)
     group_defaults: GroupConfig = Field(default_factory=GroupConfig)
     groups: dict[str, GroupConfig] = Field(default_factory=dict)
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _maintenance_retention(self) -> EngineConfig:
+        hours = parse_retention_hours(self.maintenance.retention)
+        floor = minimum_retention_hours(self.engine, self.maintenance)
+        if hours < floor:
+            raise ValueError(
+                f"[maintenance] retention {self.maintenance.retention!r} is shorter than the {floor}h this config "
+                "needs (longest trigger interval plus the maintenance interval, in whole hours): a stream could "
+                f"still need a file vacuum deletes. Use '{floor}h' or more"
+            )
+        return self
 
     @model_validator(mode="after")
     def _group_names(self) -> EngineConfig:

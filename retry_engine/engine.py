@@ -28,7 +28,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from retry_engine import monitor, native_delta, resume
+from retry_engine import maintenance, monitor, native_delta, resume
 from retry_engine._arrow_ipc import from_ipc
 from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
@@ -345,6 +345,7 @@ def start(
     with _HELD_LOCK:
         _HELD[app_id] = (lease, heartbeat)
     heartbeat.start()
+    maintenance.start(app_id, alive=lambda: bool(query.isActive))
     log.info("engine started: query id %s, checkpoint %s, lake epoch %s", app_id, checkpoint, lease.epoch)
     return query
 
@@ -399,6 +400,8 @@ def _start_query(
                     pending_retries=pending,
                 )
             )
+        # [maintenance]: a driver thread maintains the tables between batches (never during one).
+        writer = maintenance.attach(config, app_id, writer)
         return (
             engine_frame(spark, config, resume_at=resume_at)
             .writeStream.queryName(QUERY_NAME)
@@ -409,6 +412,7 @@ def _start_query(
         )
     except Exception:
         monitor.detach(recorder)
+        maintenance.detach(app_id)
         raise
 
 
@@ -420,6 +424,7 @@ def stop(query: StreamingQuery) -> LeaseLostError | None:
     try:
         query.stop()
     finally:
+        maintenance.detach(str(query.id))
         with _HELD_LOCK:
             held = _HELD.pop(str(query.id), None)
         if held is not None:

@@ -259,3 +259,32 @@ ENGINE_STATE = Table(
         Column("pending_retries", pa.int64(), "Retries decided but not yet released, after that batch."),
     ),
 )
+
+
+# What each `retry-engine maintain` run (or the engine's own maintenance) did to one table,
+# at ``<lake>/_maintenance``. Not in ALL_TABLES: :mod:`retry_engine.maintenance` owns it.
+MAINTENANCE = Table(
+    "maintenance",
+    "Internal: one row per table per maintenance run (compaction, log checkpoint, log cleanup, vacuum).",
+    (
+        Column("run_id", pa.string(), "One id per maintenance run (all its tables share it).", False),
+        Column("run_at", _TS, "When the run started.", False),
+        Column("trigger", pa.string(), "'command' (retry-engine maintain) or 'engine' (in-engine).", False),
+        Column("table_name", pa.string(), "The table maintained (consume_results, retry, dlq, ...).", False),
+        Column("table_path", pa.string(), "Where that table lives.", False),
+        Column("version_before", pa.int64(), "Table version before the run."),
+        Column("version_after", pa.int64(), "Table version after the run."),
+        Column("files_before", pa.int64(), "Data files in the snapshot before the run."),
+        Column("files_after", pa.int64(), "Data files in the snapshot after the run."),
+        Column("bytes_before", pa.int64(), "Bytes of those data files before the run."),
+        Column("bytes_after", pa.int64(), "Bytes of the data files after the run."),
+        Column("files_compacted", pa.int64(), "Small files replaced by compaction."),
+        Column("files_written", pa.int64(), "Files compaction wrote in their place."),
+        Column("checkpoint_version", pa.int64(), "Version of the Delta log checkpoint written."),
+        Column("log_files_before", pa.int64(), "Entries of _delta_log before the run."),
+        Column("log_files_after", pa.int64(), "Entries of _delta_log after the run."),
+        Column("files_vacuumed", pa.int64(), "Unreferenced data files deleted (older than the retention)."),
+        Column("retention_hours", pa.int64(), "The vacuum retention used, in hours.", False),
+        Column("error", pa.string(), "What failed (the run went on with the next step), or null."),
+    ),
+)

@@ -182,8 +182,9 @@ def read_file(
         handle = fs.open_input_file(full)
     except FileNotFoundError as exc:
         raise DeltaSourceError(
-            f"data file {full} added by version {file.version} is gone: a DELETE, UPDATE or overwrite "
-            "removed it from the table and VACUUM (or a person) deleted it before the stream read it; "
+            f"data file {full} added by version {file.version} is gone: a DELETE, UPDATE, overwrite or "
+            "compaction (OPTIMIZE, retry-engine maintain) replaced it and VACUUM (or a person) deleted it "
+            "before the stream read it, the stream being further behind than the vacuum retention; "
             "its rows cannot be read any more. skipChangeCommits / ignoreDeletes (retry-engine config: "
             "[source] skip_change_commits / ignore_deletes) skip the commits that remove data, but not "
             "this add. To go on, start a new checkpoint with startingVersion or startingTimestamp "

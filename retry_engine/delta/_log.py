@@ -424,9 +424,21 @@ class DeltaLog:
         return pa.schema(table.schema().to_arrow())
 
     def snapshot(self, version: int) -> list[FileEntry]:
-        """Files of the snapshot at ``version`` in stream order (only the last one asked is cached)."""
+        """Files of the snapshot at ``version`` in stream order (only the last one asked is cached).
+
+        A version the log no longer holds (log cleanup removed its commits and
+        no checkpoint at or before it is left) is ``DELTA_COMMIT_MISSING``.
+        """
         if self._snapshot is None or self._snapshot[0] != version:
-            table = self.location.open_table(version)
+            try:
+                table = self.location.open_table(version)
+            except DeltaSourceError as exc:
+                earliest = self.earliest_commit()
+                # delta-rs reports an unloadable old version as "no table" or a generic error.
+                unloadable = exc.code in ("DELTA_TABLE_UNREADABLE", "NOT_A_DELTA_TABLE")
+                if unloadable and earliest is not None and earliest > version:
+                    raise self._missing(version, earliest) from exc
+                raise
             check_table_protocol(self.uri, table)
             rows = pa.table(table.get_add_actions(flatten=True)).to_pylist()
             self._snapshot = (version, snapshot_entries(rows, version))
@@ -518,12 +530,35 @@ class DeltaLog:
     def require_commit(self, version: int) -> Commit:
         commit = self.commit(version)
         if commit is None:
-            raise DeltaSourceError(
-                f"commit {version} of {self.uri} is missing from {LOG_DIR} (removed by log cleanup?); "
-                "the stream cannot continue without losing data. Restore the missing log file; a new "
-                "checkpoint does not help (the retry engine resumes after the lake's last batch, which needs "
-                "this commit). To skip the lost commits deliberately, on a lake with no recorded batch, start a new "
-                "checkpoint with [source] starting_version / starting_timestamp at a commit still in the log",
-                code="DELTA_COMMIT_MISSING",
-            )
+            raise self._missing(version, self.earliest_commit())
         return commit
+
+    def earliest_commit(self) -> int | None:
+        """The oldest commit whose JSON is still in the log (log cleanup removes older ones), or None."""
+        if self._fs is None:
+            self._fs = self.location.filesystem()
+        fs, root = self._fs
+        infos = fs.get_file_info(pafs.FileSelector(join_path(root, LOG_DIR), allow_not_found=True))
+        versions = [
+            int(name[: -len(".json")])
+            for name in (posixpath.basename(info.path) for info in infos)
+            if name.endswith(".json") and name[: -len(".json")].isdigit()
+        ]
+        return min(versions) if versions else None
+
+    def _missing(self, version: int, earliest: int | None) -> DeltaSourceError:
+        kept = (
+            f"the log now starts at commit {earliest}" if earliest is not None else "the log holds no commit file"
+        )
+        start = earliest if earliest is not None else "a version still in the log"
+        return DeltaSourceError(
+            f"commit {version} of {self.uri} is missing from {LOG_DIR}: {kept}. The stream is further behind "
+            "than the table's log retention (delta.logRetentionDuration, 30 days unless set), and log cleanup "
+            "(retry-engine maintain, or any Delta writer's checkpointing) removed what it still needed; it "
+            "cannot continue without losing data. Restore the missing log files, or skip the lost commits on "
+            f"purpose: start a new checkpoint with the option startingVersion={start} ([source] "
+            f"starting_version = {start} in the retry engine's config) or startingTimestamp ([source] "
+            "starting_timestamp). A new retry-engine checkpoint alone does not help (it resumes after the "
+            "lake's last batch, which needs these commits)",
+            code="DELTA_COMMIT_MISSING",
+        )

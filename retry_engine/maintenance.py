@@ -1,0 +1,582 @@
+"""Table maintenance: compaction, log checkpoints, log cleanup and vacuum (#14).
+
+Every micro-batch adds a commit and a few small files to each output table,
+and producers do the same to consume_results; nothing else ever tidies them,
+so every reader slows down with age. :func:`maintain_table` does, per table,
+what Delta's own maintenance does:
+
+1. compact small files (delta-rs ``optimize.compact()``): one commit that
+   removes the small files and adds their rows in bigger ones, both with
+   ``dataChange=false``, so a streaming reader (the ``deltars`` source, Delta's
+   own) skips it and never sees a row twice. A concurrent append does not
+   conflict with it; any other conflict (a re-drive rewriting the DLQ, say) is
+   retried on a fresh snapshot, a few times, then reported, never fatal;
+2. write a log checkpoint (``create_checkpoint``), so a reader loads the table
+   from one Parquet file instead of replaying every JSON commit;
+3. clean expired log files (``cleanup_metadata``): only commits before that
+   checkpoint and older than the table's ``delta.logRetentionDuration`` (30
+   days unless set) go;
+4. vacuum data files that no version since ``retention`` references (Delta's
+   "lite" vacuum: only files the log removed; files not in the log at all, such
+   as a running batch's files that are not committed yet, are never touched).
+
+:func:`run_maintenance` does that for the tables the engine owns and for
+consume_results (``retry-engine maintain``), and records what it did in the
+lake's ``_maintenance`` table (:data:`~retry_engine.schemas.MAINTENANCE`).
+:class:`EngineMaintenance` runs it inside a running engine, on a driver thread,
+between batches (``[maintenance]`` in the config).
+
+Spark-free: plain delta-rs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal, TypeVar
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from retry_engine.config import (
+    TABLE_NAMES,
+    EngineConfig,
+    minimum_retention_hours,
+    parse_retention_hours,
+)
+from retry_engine.delta._log import LOG_DIR, TableLocation, join_path
+from retry_engine.delta.tables import ensure_table, open_table
+from retry_engine.errors import ConfigError
+from retry_engine.schemas import MAINTENANCE
+
+log = logging.getLogger(__name__)
+
+MAINTENANCE_DIR = "_maintenance"
+# Tables the engine and its operator tools write: maintained by default, in the engine too.
+ENGINE_TABLES = (
+    "retry",
+    "dlq",
+    "quarantine",
+    "outcomes",
+    "metrics",
+    "progress",
+    "redrive_audit",
+    "redrive_tasks",
+)
+# The input, written by others: `maintain` covers it, the engine only when asked.
+INPUT_TABLES = ("consume_results",)
+MAINTAINED_TABLES = (*INPUT_TABLES, *ENGINE_TABLES)
+# A compaction that lost its commit to a writer that changed the same files is redone on
+# a fresh snapshot this many times (appends never conflict with it).
+COMPACT_ATTEMPTS = 10
+# The in-engine thread looks whether maintenance is due at least this often.
+POLL_SECONDS = 1.0
+
+Trigger = Literal["command", "engine"]
+_T = TypeVar("_T")
+
+
+def maintenance_path(lake: str) -> str:
+    """Where the lake's maintenance record table lives."""
+    return (
+        os.path.join(lake, MAINTENANCE_DIR)
+        if "://" not in lake
+        else f"{lake.rstrip('/')}/{MAINTENANCE_DIR}"
+    )
+
+
+@dataclass(frozen=True)
+class TableReport:
+    """What maintenance did to one table (or, in a dry run, would do)."""
+
+    table_name: str
+    table_path: str
+    version_before: int | None = None
+    version_after: int | None = None
+    files_before: int | None = None
+    files_after: int | None = None
+    bytes_before: int | None = None
+    bytes_after: int | None = None
+    files_compacted: int = 0
+    files_written: int = 0
+    checkpoint_version: int | None = None
+    log_files_before: int | None = None
+    log_files_after: int | None = None
+    files_vacuumed: int = 0
+    error: str | None = None
+
+    @property
+    def missing(self) -> bool:
+        """No table at the path (nothing was done)."""
+        return self.version_before is None and self.error is None
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    version: int
+    files: int
+    bytes: int
+    log_files: int
+
+
+def _snapshot(path: str, table: DeltaTable) -> _Snapshot:
+    actions = pa.table(table.get_add_actions(flatten=True))
+    sizes = actions.column("size_bytes").to_pylist() if actions.num_rows else []
+    return _Snapshot(table.version(), actions.num_rows, int(sum(sizes)), _log_entries(path))
+
+
+def _log_entries(path: str) -> int:
+    """Entries of the table's ``_delta_log`` (commits, checkpoints, ``_last_checkpoint``), local or remote."""
+    fs, root = TableLocation(path).filesystem()
+    infos = fs.get_file_info(pafs.FileSelector(join_path(root, LOG_DIR), allow_not_found=True))
+    return sum(1 for info in infos if info.type == pafs.FileType.File)
+
+
+def _small_files_to_compact(table: DeltaTable) -> int:
+    """Files a compaction would rewrite: partitions holding two or more files under the target size."""
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    target = int(table.metadata().configuration.get("delta.targetFileSize") or 100 * 1024 * 1024)
+    by_partition: dict[tuple[tuple[str, Any], ...], int] = {}
+    for row in actions:
+        if int(row["size_bytes"]) < target:
+            key = tuple(sorted((k, v) for k, v in row.items() if k.startswith("partition.")))
+            by_partition[key] = by_partition.get(key, 0) + 1
+    return sum(n for n in by_partition.values() if n > 1)
+
+
+def _compact(path: str) -> tuple[int, int]:
+    """Compact ``path`` (files removed, files added), retried on a conflicting commit."""
+    for attempt in range(1, COMPACT_ATTEMPTS + 1):
+        try:
+            metrics = DeltaTable(path).optimize.compact()
+            return int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0))
+        except CommitFailedError as exc:
+            # Another writer changed files this compaction read: redo it on the new snapshot.
+            log.warning(
+                "%s: compaction conflicted with another commit (attempt %d): %s", path, attempt, exc
+            )
+    raise CommitFailedError(
+        f"compaction of {path} conflicted {COMPACT_ATTEMPTS} times with other writers"
+    )
+
+
+def maintain_table(
+    name: str,
+    path: str,
+    *,
+    retention_hours: int,
+    dry_run: bool = False,
+    lock: threading.Lock | None = None,
+) -> TableReport:
+    """Compact, checkpoint, clean the log of and vacuum the table ``name`` at ``path``.
+
+    A missing table gives an empty report. A step that fails is logged and
+    named in the report's ``error``; the later steps still run (a failed
+    compaction does not stop the checkpoint). ``dry_run`` changes nothing and
+    reports what compaction and vacuum would remove. ``lock``: held around each
+    step that commits, so a writer holding it never commits at the same time.
+    """
+    table = open_table(path)
+    if table is None:
+        return TableReport(name, path)
+    before = _snapshot(path, table)
+    report = TableReport(
+        name,
+        path,
+        version_before=before.version,
+        files_before=before.files,
+        bytes_before=before.bytes,
+        log_files_before=before.log_files,
+    )
+    if dry_run:
+        doomed = table.vacuum(
+            retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False
+        )
+        return replace(
+            report,
+            version_after=before.version,
+            files_after=before.files,
+            bytes_after=before.bytes,
+            log_files_after=before.log_files,
+            files_compacted=_small_files_to_compact(table),
+            files_vacuumed=len(doomed),
+        )
+    errors: list[str] = []
+    guard = lock if lock is not None else threading.Lock()
+
+    def step(what: str, action: Callable[[], _T]) -> _T | None:
+        try:
+            with guard:
+                return action()
+        except Exception as exc:  # housekeeping: the next step and the next run still go on
+            log.exception("%s: %s failed", path, what)
+            errors.append(f"{what}: {type(exc).__name__}: {exc}")
+            return None
+
+    compacted = step("compaction", lambda: _compact(path))
+    if compacted is not None:
+        report = replace(report, files_compacted=compacted[0], files_written=compacted[1])
+
+    def checkpoint() -> int:
+        fresh = DeltaTable(path)
+        fresh.create_checkpoint()
+        return fresh.version()
+
+    report = replace(report, checkpoint_version=step("checkpoint", checkpoint))
+    step("log cleanup", lambda: DeltaTable(path).cleanup_metadata())
+    vacuumed = step(
+        "vacuum",
+        lambda: DeltaTable(path).vacuum(
+            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False
+        ),
+    )
+    after = _snapshot(path, DeltaTable(path))
+    return replace(
+        report,
+        version_after=after.version,
+        files_after=after.files,
+        bytes_after=after.bytes,
+        log_files_after=after.log_files,
+        files_vacuumed=len(vacuumed or []),
+        error="; ".join(errors) or None,
+    )
+
+
+# --------------------------------------------------------------------------- the lake
+
+
+def select_tables(
+    config: EngineConfig, names: Sequence[str] | None = None
+) -> list[tuple[str, str]]:
+    """``(name, path)`` of the tables to maintain: ``names``, or every maintained table."""
+    wanted = list(names) if names else list(MAINTAINED_TABLES)
+    unknown = [n for n in wanted if n not in MAINTAINED_TABLES]
+    if unknown:
+        other = [n for n in unknown if n in TABLE_NAMES]
+        why = f" ({', '.join(other)} is written by others and not maintained here)" if other else ""
+        raise ConfigError(
+            f"unknown table {unknown[0]!r}{why}; tables maintained are {', '.join(MAINTAINED_TABLES)}",
+            code="UNKNOWN_TABLE",
+        )
+    return [(n, config.table_path(n)) for n in dict.fromkeys(wanted)]
+
+
+def retention_hours(
+    config: EngineConfig, retention: str | None = None, *, force: bool = False
+) -> int:
+    """The vacuum retention in hours: ``retention`` (e.g. ``--retention``), else ``[maintenance] retention``.
+
+    Shorter than :func:`~retry_engine.config.minimum_retention_hours` is refused
+    (:class:`~retry_engine.errors.ConfigError` ``RETENTION_TOO_SHORT``) unless ``force``.
+    """
+    given = retention if retention is not None else config.maintenance.retention
+    hours = parse_retention_hours(given)
+    floor = minimum_retention_hours(config.engine, config.maintenance)
+    if hours < floor and not force:
+        raise ConfigError(
+            f"retention {given!r} ({hours}h) is shorter than the {floor}h this config needs (its longest trigger "
+            "interval plus the maintenance interval): a running stream could still need a file vacuum deletes. "
+            f"Give {floor}h or more, or --force if no engine or reader runs on these tables",
+            code="RETENTION_TOO_SHORT",
+        )
+    return hours
+
+
+def record(
+    lake: str, reports: Sequence[TableReport], *, trigger: Trigger, hours: int, run_at: dt.datetime
+) -> None:
+    """Append one row per maintained table to ``<lake>/_maintenance``."""
+    rows = [
+        {
+            **asdict(r),
+            "run_id": run_id,
+            "run_at": run_at,
+            "trigger": trigger,
+            "retention_hours": hours,
+        }
+        for run_id in [uuid.uuid4().hex]
+        for r in reports
+        if not r.missing
+    ]
+    if not rows:
+        return
+    path = maintenance_path(lake)
+    ensure_table(path, MAINTENANCE.arrow_schema)
+    write_deltalake(
+        path, pa.Table.from_pylist(rows, schema=MAINTENANCE.arrow_schema), mode="append"
+    )
+
+
+def run_maintenance(
+    config: EngineConfig,
+    *,
+    tables: Sequence[str] | None = None,
+    retention: str | None = None,
+    dry_run: bool = False,
+    force: bool = False,
+    trigger: Trigger = "command",
+    lock: threading.Lock | None = None,
+    stopping: Callable[[], bool] = lambda: False,
+) -> list[TableReport]:
+    """Maintain ``tables`` (default: every maintained table) and record it (not in a dry run).
+
+    ``stopping()`` is asked before each table: once true, the remaining tables
+    are left for the next run (an engine that stops does not wait for them).
+    """
+    hours = retention_hours(config, retention, force=force)
+    selected = select_tables(config, tables)
+    run_at = dt.datetime.now(dt.UTC)
+    reports = []
+    for name, path in selected:
+        if stopping():
+            log.info("maintenance stopped before %s; the next run does it", name)
+            break
+        reports.append(
+            maintain_table(name, path, retention_hours=hours, dry_run=dry_run, lock=lock)
+        )
+    if not dry_run:
+        try:
+            record(config.engine.lake, reports, trigger=trigger, hours=hours, run_at=run_at)
+        except Exception:  # the tables are maintained; only the record is missing
+            log.exception("lake %s: could not record the maintenance run", config.engine.lake)
+    return reports
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def format_report(reports: Sequence[TableReport], *, dry_run: bool = False) -> str:
+    """One line per table: files, bytes, versions, log entries, what was compacted and vacuumed."""
+    lines = (
+        ["dry run: nothing changed; compacted / vacuumed say what a run would remove"]
+        if dry_run
+        else []
+    )
+    width = max([len(r.table_name) for r in reports] or [5])
+    for r in reports:
+        if r.missing:
+            lines.append(f"{r.table_name:{width}}  no table at {r.table_path}; skipped")
+            continue
+        if dry_run:
+            line = (
+                f"{r.table_name:{width}}  files {r.files_before}, {_size(r.bytes_before)}, version "
+                f"{r.version_before}, log entries {r.log_files_before}; would compact {r.files_compacted} "
+                f"small files, would vacuum {r.files_vacuumed}"
+            )
+            lines.append(line)
+            continue
+        line = (
+            f"{r.table_name:{width}}  files {r.files_before} -> {r.files_after}, "
+            f"{_size(r.bytes_before)} -> {_size(r.bytes_after)}, version {r.version_before} -> {r.version_after}, "
+            f"log entries {r.log_files_before} -> {r.log_files_after}; compacted {r.files_compacted} "
+            f"into {r.files_written}, vacuumed {r.files_vacuumed}"
+        )
+        if r.checkpoint_version is not None:
+            line += f", checkpoint at {r.checkpoint_version}"
+        if r.error:
+            line += f"; FAILED {r.error}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- in the engine
+
+WriterT = TypeVar("WriterT")
+
+
+@dataclass
+class _Due:
+    """When in-engine maintenance is due: every ``every_batches`` batches or ``interval_ms``, whichever first."""
+
+    every_batches: int
+    interval_ms: int | None
+    batches: int = 0
+    since_ms: float = 0.0
+
+    def due(self, now_ms: float) -> bool:
+        by_batches = self.every_batches > 0 and self.batches >= self.every_batches
+        by_time = self.interval_ms is not None and now_ms - self.since_ms >= self.interval_ms
+        return by_batches or by_time
+
+    def reset(self, now_ms: float) -> None:
+        self.batches, self.since_ms = 0, now_ms
+
+
+def engine_tables_to_maintain(config: EngineConfig) -> list[str]:
+    """The tables in-engine maintenance covers under ``[maintenance]``."""
+    section = config.maintenance
+    return [
+        *(INPUT_TABLES if section.consume_results else ()),
+        *(ENGINE_TABLES if section.engine_tables else ()),
+    ]
+
+
+class EngineMaintenance:
+    """In-engine maintenance: a driver thread that maintains tables between batches.
+
+    :meth:`wrap` wraps the engine's ``foreachBatch`` function: the whole batch
+    runs under a lock, and each maintenance step takes the same lock, so a
+    maintenance commit never lands inside a batch's commit path (a batch waits
+    at most for one step of one table). Commits of other writers (the progress
+    listener, operator tools, producers) can still race it: compaction then
+    retries, and a step that still fails is logged and recorded, never fatal,
+    never stopping the stream.
+
+    Replay: the wrapped function is called again for a replayed batch and only
+    counts it towards ``every_batches``; the batch's own replay rules apply.
+    """
+
+    def __init__(
+        self, config: EngineConfig, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._config = config
+        self._tables = engine_tables_to_maintain(config)
+        self._hours = retention_hours(config)
+        self._clock = clock
+        section = config.maintenance
+        self._due = _Due(section.every_batches, section.interval_ms, since_ms=clock() * 1000)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="retry-engine-maintenance", daemon=True
+        )
+        self._alive: Callable[[], bool] = lambda: True
+        # Reports of every run so far (most recent last), for logs and tests.
+        self.runs: list[list[TableReport]] = []
+
+    @property
+    def tables(self) -> list[str]:
+        return list(self._tables)
+
+    def wrap(self, writer: Callable[[WriterT, int], None]) -> Callable[[WriterT, int], None]:
+        """``writer`` with its batches serialised against maintenance steps, counting batches."""
+
+        def write(frame: WriterT, batch_id: int) -> None:
+            with self._lock:
+                writer(frame, batch_id)
+            self._due.batches += 1
+            if self._due.every_batches and self._due.batches >= self._due.every_batches:
+                self._wake.set()
+
+        return write
+
+    def start(self, alive: Callable[[], bool]) -> None:
+        """Run until :meth:`stop`, or until ``alive()`` turns false (the query stopped)."""
+        self._alive = alive
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def run_now(self) -> list[TableReport]:
+        """One maintenance run of this engine's tables (what the thread does when due)."""
+        self._due.reset(self._clock() * 1000)
+        reports = run_maintenance(
+            self._config,
+            tables=self._tables,
+            trigger="engine",
+            lock=self._lock,
+            stopping=self._stop.is_set,
+        )
+        self.runs.append(reports)
+        for report in reports:
+            if report.error:
+                log.warning("in-engine maintenance of %s: %s", report.table_name, report.error)
+        log.info("in-engine maintenance:\n%s", format_report(reports).rstrip())
+        return reports
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(POLL_SECONDS)
+            self._wake.clear()
+            if self._stop.is_set() or not self._alive():
+                return
+            if not self._due.due(self._clock() * 1000):
+                continue
+            try:
+                self.run_now()
+            except Exception:  # never stops the stream; the next due time tries again
+                log.exception("in-engine maintenance failed")
+
+
+_ENGINES: dict[str, EngineMaintenance] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def attach(
+    config: EngineConfig, query_id: str, writer: Callable[[WriterT, int], None]
+) -> Callable[[WriterT, int], None]:
+    """``writer`` wrapped for in-engine maintenance of query ``query_id``, if ``[maintenance]`` turns it on.
+
+    The thread starts with :func:`start` once the query runs and ends with :func:`detach`.
+    """
+    if not config.maintenance.enabled:
+        return writer
+    engine = EngineMaintenance(config)
+    with _ENGINES_LOCK:
+        _ENGINES[query_id] = engine
+    log.info("in-engine maintenance of %s: %s", ", ".join(engine.tables), _schedule_text(config))
+    return engine.wrap(writer)
+
+
+def start(query_id: str, alive: Callable[[], bool]) -> None:
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(query_id)
+    if engine is not None:
+        engine.start(alive)
+
+
+def detach(query_id: str) -> EngineMaintenance | None:
+    """Stop query ``query_id``'s maintenance thread (waits for a running step to finish)."""
+    with _ENGINES_LOCK:
+        engine = _ENGINES.pop(query_id, None)
+    if engine is not None:
+        engine.stop()
+    return engine
+
+
+def _schedule_text(config: EngineConfig) -> str:
+    section = config.maintenance
+    parts = [f"every {section.interval}"] if section.interval != "off" else []
+    if section.every_batches:
+        parts.append(f"every {section.every_batches} batches")
+    return " or ".join(parts) + f", retention {section.retention}"
+
+
+__all__ = [
+    "ENGINE_TABLES",
+    "INPUT_TABLES",
+    "MAINTAINED_TABLES",
+    "EngineMaintenance",
+    "TableReport",
+    "attach",
+    "detach",
+    "format_report",
+    "maintain_table",
+    "maintenance_path",
+    "record",
+    "retention_hours",
+    "run_maintenance",
+    "select_tables",
+    "start",
+]
