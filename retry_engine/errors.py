@@ -149,3 +149,9 @@ class StateVersionError(StateUnreadableError):
     """Raised when a schedule-stage state value has a layout version this release does not read."""
 
     code = "STATE_VERSION_UNKNOWN"
+
+
+class StateSplitError(RetryEngineError, RuntimeError):
+    """Raised when a sealed state key's published msg ids are missing or damaged, or a seal cannot be placed."""
+
+    code = "STATE_SPLIT_ERROR"
