@@ -94,6 +94,10 @@ _META_ROWS: Final = b"retry_engine.rows"
 # Published id sets kept per Python worker (immutable files, so never stale).
 _CACHED_SEALS: Final = 64
 _ids_cache: OrderedDict[str, pa.Array] = OrderedDict()
+# Listings per (checkpoint, batch id), so decide lists the folder once per batch, not per Arrow batch.
+# Never stale: the seals of batches before b were all written before Spark started batch b.
+_CACHED_LISTINGS: Final = 8
+_listing_cache: OrderedDict[tuple[str, int], dict[tuple[str, int], Seal]] = OrderedDict()
 
 
 @dataclass(frozen=True)
@@ -172,8 +176,18 @@ class SealStore:
 
         A name that is not a seal's (other than a ``.tmp`` left by a killed write)
         raises ``STATE_SPLIT_FILE_INVALID``: a renamed seal would silently stop
-        deduplicating its ids.
+        deduplicating its ids. Cached per worker by (checkpoint, ``batch``).
         """
+        cached = _listing_cache.get((self.checkpoint, batch))
+        if cached is not None:
+            return cached
+        sealed = self._list(batch)
+        _listing_cache[(self.checkpoint, batch)] = sealed
+        while len(_listing_cache) > _CACHED_LISTINGS:
+            _listing_cache.popitem(last=False)
+        return sealed
+
+    def _list(self, batch: int) -> dict[tuple[str, int], Seal]:
         fs, directory = self._dir()
         sealed: dict[tuple[str, int], Seal] = {}
         for info in fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):

@@ -201,10 +201,10 @@ def test_normal_loads_are_not_hashed_and_acknowledgements_keep_their_key(tmp_pat
     work = work_rows([Result.of("F-1").failed(), Result.of("OK-1").ok()], batch_ts=T0, config=CONFIG)
     assert split(work, batch_id=5) is work
     bucket = int(work.column("bucket")[0].as_py())
-    store.publish("G", bucket + 1, 3, ["F-1"])  # another bucket
-    assert split(work, batch_id=5).column("route").to_pylist() == work.column("route").to_pylist()
-    store.publish("G", bucket, 3, ["X"])
-    routed = dict(zip(work.column("consumed_msg_id").to_pylist(), split(work, batch_id=5).column("route").to_pylist(),
+    store.publish("G", bucket + 1, 5, ["F-1"])  # another bucket
+    assert split(work, batch_id=6).column("route").to_pylist() == work.column("route").to_pylist()
+    store.publish("G", bucket, 6, ["X"])
+    routed = dict(zip(work.column("consumed_msg_id").to_pylist(), split(work, batch_id=7).column("route").to_pylist(),
                       strict=True))
     assert routed == {"F-1": _expected_key("F-1", 1), "OK-1": "G"}
 
@@ -221,6 +221,7 @@ def _sealed_checkpoint(tmp_path: Path) -> tuple[Engine, Path, list[Result]]:
     engine.batch(1, results, T0)
     (seal,) = (tmp_path / "ck" / SPLITS_DIR).iterdir()
     _state_splits._ids_cache.clear()  # a worker that never read it
+    _state_splits._listing_cache.clear()
     return engine, seal, results
 
 
