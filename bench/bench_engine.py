@@ -18,10 +18,14 @@
 4. Peak RSS of the JVM (driver and executors: local mode) and of the Python
    workers, sampled every 0.5 s during the whole run.
 5. ``--parts onekey`` (not in the default run): a mass failure, ``--one-key-rows``
-   failures of one group with one store time (one state key before sub-keys),
+   failures of one group with one store time (one state key without splits),
    pending for 1h; prints the largest state value the schedule stage hands
-   Spark, with the state sub-keys and with them turned off (one key), and that
-   size projected to 10 million pending linearly (#12 item 17).
+   Spark with the size-bounded split (``--state-key-max-bytes``) and with every
+   split turned off (one key, that size projected to 10 million pending
+   linearly), and the number of state keys and seals (#12 item 17). Then the
+   10%-failure throughput of the default (no fixed sub-keys, size-bounded
+   split) and of 4 fixed sub-keys, each as a ratio to the raw copy, side by side
+   (alone: ``--parts splitcost``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _data import consume_results, write_table  # noqa: E402
 
 from retry_engine import engine  # noqa: E402
+from retry_engine._state_splits import SPLITS_DIR  # noqa: E402
 from retry_engine.config import EngineConfig, parse_config  # noqa: E402
 from retry_engine.delta import write_stream  # noqa: E402
 from retry_engine.metrics import OUTCOME_METRICS  # noqa: E402
@@ -225,10 +230,10 @@ def raw_copy(spark: Any, src: Path, work: Path, files_per_batch: int) -> Rate:
     return steady_rate(query.recentProgress)
 
 
-def engine_run(spark: Any, src: Path, work: Path, rows: int, files_per_batch: int) -> Rate:
+def engine_run(spark: Any, src: Path, work: Path, rows: int, files_per_batch: int, **engine_keys: Any) -> Rate:
     # Fast levels, so the run also releases retries (their cost is part of the rate).
     config = engine_config(work / "lake", src, max_files_per_trigger=files_per_batch, trigger_interval="200ms",
-                           message_delay_level="1s 1s 1s 1s", state_bucket="10s")
+                           message_delay_level="1s 1s 1s 1s", state_bucket="10s", **engine_keys)
     query = engine.start(spark, config)
     try:
         progress = wait_for_input(query, rows, timeout=1800, config=config)
@@ -420,24 +425,28 @@ class _MeasuredStage(ScheduleStage):
 
 @dataclass(frozen=True)
 class OneKeyStep:
-    subkeys: bool
+    split: bool
     pending: int
     state_keys: int
+    seals: int
     max_value_mb: float
     projected_10m_mb: float
     failed: str = ""
 
 
-def one_key(spark: Any, work: Path, rows: int, chunk_rows: int, *, subkeys: bool) -> OneKeyStep:
-    """``rows`` failures of one group and one store time through the engine; the largest state value stored."""
-    name = "subkeys" if subkeys else "one_key"
+def one_key(spark: Any, work: Path, rows: int, chunk_rows: int, *, split: bool, max_bytes: int) -> OneKeyStep:
+    """``rows`` failures of one group and one store time through the engine; the largest state value stored.
+
+    ``split``: the default engine (size-bounded split at ``max_bytes``); otherwise one key, never split.
+    """
+    name = "split" if split else "one_key"
     config = engine_config(work / f"lake_{name}", trigger_interval="500ms", message_delay_level="1h",
-                           state_bucket="10s", max_files_per_trigger=2)
+                           state_bucket="10s", max_files_per_trigger=2, state_key_max_bytes=max_bytes)
     record_dir = work / f"state_sizes_{name}"
     record_dir.mkdir(parents=True)
     saved = engine.ScheduleStage, engine.state_key_split
     engine.ScheduleStage = functools.partial(_MeasuredStage, record_dir=str(record_dir))  # type: ignore[misc]
-    if not subkeys:
+    if not split:
         engine.state_key_split = lambda *_, **__: StateKeySplit(subkeys=1)  # type: ignore[assignment]
     src = config.table_path("consume_results")
     stored = dt.datetime.now(dt.UTC)
@@ -457,7 +466,7 @@ def one_key(spark: Any, work: Path, rows: int, chunk_rows: int, *, subkeys: bool
             last = max(query.recentProgress, key=lambda p: p["batchId"])
             ops = last.get("stateOperators") or [{}]
         finally:
-            query.stop()
+            engine.stop(query)
     except Exception as exc:  # the run is the measurement: a JVM that runs out of memory is a result
         failed = f"{type(exc).__name__}: {str(exc)[:200]}"
         log(f"one key ({name}) failed: {failed}")
@@ -466,10 +475,25 @@ def one_key(spark: Any, work: Path, rows: int, chunk_rows: int, *, subkeys: bool
     sizes = [int(line) for f in record_dir.glob("*.txt") for line in f.read_text().split()]
     largest = max(sizes, default=0) / 2**20
     pending = rows if not failed else 0
-    step = OneKeyStep(subkeys, pending, int(ops[0].get("numRowsTotal", 0)), largest,
+    seals_dir = Path(config.checkpoint_path) / SPLITS_DIR
+    seals = len([p for p in seals_dir.iterdir() if p.suffix == ".arrow"]) if seals_dir.is_dir() else 0
+    step = OneKeyStep(split, pending, int(ops[0].get("numRowsTotal", 0)), seals, largest,
                       largest * 10_000_000 / rows if not failed else float("nan"), failed)
     log(f"one key: {step}")
     return step
+
+
+def split_cost(spark: Any, work: Path, rows: int, batches: int, repeat: int) -> dict[str, Rate]:
+    """10%-failure throughput of the default engine and of 4 fixed sub-keys, each with a raw copy, alternating."""
+    src = work / "results_10"
+    write_table(src, consume_results(rows, failure_rate=0.1, arrival_rate=ARRIVAL_RATE), files=batches * 4)
+    out: dict[str, Rate] = {}
+    for r in range(repeat):
+        _best(out, "raw copy (10%)", raw_copy(spark, src, work / f"raw_{r}", 4))
+        _best(out, "engine, default (10%)", engine_run(spark, src, work / f"default_{r}", rows, 4))
+        _best(out, "engine, 4 fixed sub-keys (10%)",
+              engine_run(spark, src, work / f"fixed4_{r}", rows, 4, state_subkeys=4))
+    return out
 
 
 # --------------------------------------------------------------------------- report
@@ -543,8 +567,11 @@ def main() -> None:
     parser.add_argument("--backlog-chunk", type=int, default=250_000, help="rows per Delta commit when growing it")
     parser.add_argument("--repeat", type=int, default=2, help="throughput rounds (best of)")
     parser.add_argument("--parts", default="throughput,lateness,backlog",
-                        help="comma-separated parts to run (also: onekey)")
+                        help="comma-separated parts to run (also: onekey, splitcost)")
     parser.add_argument("--one-key-rows", type=int, default=1_000_000, help="failures in the one-key run")
+    parser.add_argument("--one-key-chunk", type=int, default=50_000, help="rows per Delta commit in the one-key run")
+    parser.add_argument("--state-key-max-bytes", type=int, default=64 * 2**20,
+                        help="engine.state_key_max_bytes in the one-key run")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     if args.quick:
@@ -565,8 +592,17 @@ def main() -> None:
         late = lateness(spark, work, args.late_seconds, args.late_rate, args.trigger_ms) if "lateness" in parts else {}
         log(f"lateness: {late}")
         growth = backlog(spark, work, targets, args.backlog_seconds, args.backlog_chunk) if "backlog" in parts else []
-        huge = ([one_key(spark, work, args.one_key_rows, args.backlog_chunk, subkeys=s) for s in (True, False)]
-                if "onekey" in parts else [])
+        huge: list[OneKeyStep] = []
+        cost: dict[str, Rate] = {}
+        if "onekey" in parts:
+            huge.append(one_key(spark, work, args.one_key_rows, args.one_key_chunk, split=True,
+                                max_bytes=args.state_key_max_bytes))
+        if parts & {"onekey", "splitcost"}:
+            cost = split_cost(spark, work / "split_cost", args.rows, args.batches, args.repeat)
+        if "onekey" in parts:
+            # Last: without any split the JVM may run out of memory, which ends the session.
+            huge.append(one_key(spark, work, args.one_key_rows, args.one_key_chunk, split=False,
+                                max_bytes=args.state_key_max_bytes))
     finally:
         memory = sampler.stop()
         try:
@@ -575,15 +611,20 @@ def main() -> None:
             log(f"spark.stop(): {type(exc).__name__}")
     report(args, rates, late, growth, memory, time.monotonic() - began)
     for step in huge:
-        how = "state sub-keys" if step.subkeys else "sub-keys off"
+        how = f"size-bounded split at {args.state_key_max_bytes / 2**20:g} MiB" if step.split else "no split"
         if step.failed:
             print(f"one key, {how}: the engine failed ({step.failed}); largest state value stored before: "
                   f"{step.max_value_mb:,.1f} MiB")
             continue
-        print(f"one key, {how}: {step.pending:,} pending in {step.state_keys} state keys; largest state value "
-              f"{step.max_value_mb:,.1f} MiB (projected to 10M pending: {step.projected_10m_mb:,.0f} MiB; "
-              "Arrow's limit is 2,048 MiB)")
-
+        projected = (f"projected to 10M pending: {step.projected_10m_mb:,.0f} MiB; " if not step.split else
+                     "bounded by the threshold plus one micro-batch's share of a key, whatever the total; ")
+        print(f"one key, {how}: {step.pending:,} pending in {step.state_keys} state keys, {step.seals} seals; "
+              f"largest state value {step.max_value_mb:,.1f} MiB ({projected}Arrow's limit is 2,048 MiB)")
+    if cost:
+        raw = cost["raw copy (10%)"].per_second
+        for name, rate in cost.items():
+            ratio = f" = {rate.per_second / raw:.2f} of the raw copy" if raw and name != "raw copy (10%)" else ""
+            print(f"{name}: {rate.per_second:,.0f} results/s ({rate.batches} batches){ratio}")
 
 if __name__ == "__main__":
     main()

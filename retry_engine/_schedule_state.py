@@ -12,6 +12,9 @@ Versions:
   rows, ``seen`` one ``msg_id`` column.
 * 2 -- the same columns plus, in the metadata, the version and the row count
   (a blob cut short at a batch boundary still parses; the count catches it).
+* 3 -- version 2 plus, in the ``seen`` blob's metadata, the batch id in which the
+  key sealed (:data:`SEALED_KEY`, absent while it has not; see
+  :mod:`retry_engine._state_splits`). Versions 1 and 2 read as not sealed.
 
 A reader of version N reads every version up to N. WORK rows of an older
 release are conformed to today's WORK schema by column name (a column the
@@ -44,10 +47,11 @@ from retry_engine.errors import StateUnreadableError, StateVersionError
 from retry_engine.schemas import RETRY, WORK
 
 STATE_SCHEMA: Final = "pending binary, seen binary, expires_ms long"
-STATE_VERSION: Final = 2
-READABLE_VERSIONS: Final = (1, 2)
+STATE_VERSION: Final = 3
+READABLE_VERSIONS: Final = (1, 2, 3)
 VERSION_KEY: Final = b"retry_engine.state_version"
 ROWS_KEY: Final = b"retry_engine.state_rows"
+SEALED_KEY: Final = b"retry_engine.sealed_batch"
 
 # WORK rows of this kind carry a state value moved aside; they go to the quarantine table only
 # (they are not consume results, so they have no outcome and are not counted as input).
@@ -74,17 +78,23 @@ _REQUIRED_PENDING: Final = tuple(
 
 @dataclass
 class KeyState:
-    """One key's state: retries waiting for their due time, the msg ids it remembers, and until when."""
+    """One key's state: retries waiting for their due time, the msg ids it remembers, and until when.
+
+    ``sealed_batch``: the micro-batch in which the key sealed (published its ids and
+    stopped taking new ones), None while it has not.
+    """
 
     pending: pa.Table = field(default_factory=WORK.arrow_schema.empty_table)
     seen: set[str] = field(default_factory=set)
     expires_ms: int = 0
+    sealed_batch: int | None = None
 
 
 def encode(state: KeyState) -> tuple[bytes, bytes, int]:
     """``state`` as a :data:`STATE_SCHEMA` row, in layout :data:`STATE_VERSION`."""
     seen = pa.table({"msg_id": sorted(state.seen)}, schema=_SEEN_SCHEMA)
-    return _blob(state.pending), _blob(seen), int(state.expires_ms)
+    sealed = {} if state.sealed_batch is None else {SEALED_KEY: str(state.sealed_batch).encode()}
+    return _blob(state.pending), _blob(seen, sealed), int(state.expires_ms)
 
 
 def decode(value: tuple[Any, ...]) -> KeyState:
@@ -108,10 +118,16 @@ def decode(value: tuple[Any, ...]) -> KeyState:
     ids = seen.column("msg_id")
     if not pa.types.is_string(ids.type) and not pa.types.is_large_string(ids.type):
         raise StateUnreadableError(f"the seen blob's msg_id column is {ids.type}, expected string")
+    sealed = (seen.schema.metadata or {}).get(SEALED_KEY)
+    if sealed is not None and not sealed.isdigit():
+        raise StateUnreadableError(
+            f"the seen blob's sealed batch is {sealed.decode(errors='replace')!r}, expected a batch id"
+        )
     return KeyState(
         pending=_conform(pending),
         seen={i for i in ids.to_pylist() if i is not None},
         expires_ms=int(expires_ms),
+        sealed_batch=None if sealed is None else int(sealed),
     )
 
 
@@ -180,8 +196,8 @@ def quarantine_rows(
     return pa.Table.from_pylist(rows, schema=WORK.arrow_schema)
 
 
-def _blob(table: pa.Table) -> bytes:
-    metadata = {VERSION_KEY: str(STATE_VERSION).encode(), ROWS_KEY: str(table.num_rows).encode()}
+def _blob(table: pa.Table, extra: dict[bytes, bytes] | None = None) -> bytes:
+    metadata = {VERSION_KEY: str(STATE_VERSION).encode(), ROWS_KEY: str(table.num_rows).encode(), **(extra or {})}
     return to_ipc(table.replace_schema_metadata(metadata))
 
 
@@ -257,6 +273,7 @@ __all__ = [
     "KIND_STATE_QUARANTINE",
     "QUARANTINE_PART_BYTES",
     "READABLE_VERSIONS",
+    "SEALED_KEY",
     "STATE_SCHEMA",
     "STATE_UNREADABLE",
     "STATE_VERSION",

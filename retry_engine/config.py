@@ -48,10 +48,16 @@ DEFAULT_MAX_FILES_PER_TRIGGER = 1000
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_DEDUP_WINDOW = "10m"
 DEFAULT_STATE_BUCKET = "10s"
-# 4 keeps the engine within 0.9x of one key per bucket on throughput (bench/RESULTS.md run G) while
-# a mass failure's state value is a quarter of its bucket; raise it for larger failure bursts.
-DEFAULT_STATE_SUBKEYS = 4
+# 1: no fixed split of a (group, bucket) key, so normal loads run as fast as one key per bucket;
+# a mass failure is bounded by size instead (state_key_max_bytes). Existing checkpoints keep theirs.
+DEFAULT_STATE_SUBKEYS = 1
 MAX_STATE_SUBKEYS = 1024
+# A state key whose value passes this at the end of a batch seals and splits in two for new msg ids.
+# 64 MiB is a few percent of Arrow's 2 GiB cap on one value; the bounds keep a key from sealing with
+# next to nothing in it (an empty value is ~3.5 KiB) and leave room under the cap for one batch.
+DEFAULT_STATE_KEY_MAX_BYTES = 64 * 1024 * 1024
+MIN_STATE_KEY_MAX_BYTES = 16 * 1024
+MAX_STATE_KEY_MAX_BYTES = 1024 * 1024 * 1024
 # The progress listener appends its buffered events at most this often (one small commit each).
 DEFAULT_PROGRESS_FLUSH_INTERVAL = "5s"
 # The lake lease (B8) expires this long after its owner's last heartbeat (every quarter of it).
@@ -188,6 +194,10 @@ class EngineSection(_Strict):
     state_bucket: Duration = DEFAULT_STATE_BUCKET
     # Sub-keys per (group, bucket) for a NEW checkpoint (an existing one keeps its count).
     state_subkeys: StrictInt = Field(default=DEFAULT_STATE_SUBKEYS, ge=1, le=MAX_STATE_SUBKEYS)
+    # Bytes of one state key's value past which it splits further (any checkpoint, any time).
+    state_key_max_bytes: StrictInt = Field(
+        default=DEFAULT_STATE_KEY_MAX_BYTES, ge=MIN_STATE_KEY_MAX_BYTES, le=MAX_STATE_KEY_MAX_BYTES
+    )
     auto_create_groups: bool = True
     progress_flush_interval: Duration = DEFAULT_PROGRESS_FLUSH_INTERVAL
     lease_timeout: Duration = DEFAULT_LEASE_TIMEOUT

@@ -30,6 +30,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from retry_engine import maintenance, monitor, native_delta, resume
 from retry_engine._arrow_ipc import from_ipc
+from retry_engine._state_splits import current_batch_id
 from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.delays import parse_duration_ms
@@ -84,10 +85,12 @@ def _decide_batches(
     """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # Routing through sealed keys reads only seals of earlier batches (replay-safe).
+        batch_id = current_batch_id()
         for batch in batches:
             for results in _unpacked(batch, floor=floor):
                 if results.num_rows:
-                    yield pack(split(decider(results)))
+                    yield pack(split(decider(results), batch_id=batch_id))
 
     return run
 
@@ -196,7 +199,8 @@ def engine_frame(spark: SparkSession, config: EngineConfig, *, resume_at: resume
     """
     results = _read_results(spark, config, starting_version=None if resume_at is None else resume_at.starting_version)
     floor = None if resume_at is None else resume_at.position_floor
-    # Sub-keys of the schedule stage's state keys (#12 item 17), fixed per checkpoint.
+    # Sub-keys of the schedule stage's state keys (#12 item 17): the base split fixed per
+    # checkpoint, and the keys sealed by size.
     split = state_key_split(
         config.checkpoint_path,
         bucket_ms=config.state_bucket_ms,
@@ -206,7 +210,11 @@ def engine_frame(spark: SparkSession, config: EngineConfig, *, resume_at: resume
     decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
         _decide_batches(Decider(config), split, floor=floor), PACKED_SCHEMA
     )
-    stage = ScheduleStage(dedup_window_ms=parse_duration_ms(config.engine.dedup_window))
+    stage = ScheduleStage(
+        dedup_window_ms=parse_duration_ms(config.engine.dedup_window),
+        seals=split.seals,
+        max_key_bytes=config.engine.state_key_max_bytes,
+    )
     return decided.groupBy("route", "bucket").applyInPandasWithState(
         stage, PACKED_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.ProcessingTimeTimeout
     )

@@ -167,3 +167,9 @@ class ConsumeResultTypeError(InvalidConsumeResultError, TypeError):
     """Raised when consume results to append are not rows, or a column's values do not fit its type."""
 
     code = "COLUMN_TYPE_MISMATCH"
+
+
+class StateSplitError(RetryEngineError, RuntimeError):
+    """Raised when a sealed state key's published msg ids are missing or damaged, or a seal cannot be placed."""
+
+    code = "STATE_SPLIT_ERROR"

@@ -18,9 +18,17 @@ a value that cannot be read is moved aside to the quarantine table (kind
 ``state_quarantine``, reason code ``STATE_UNREADABLE``, its bytes in ``raw``)
 and the key starts afresh instead of failing the batch on every retry.
 
-A key is a (group, bucket) split into :data:`STATE_SUBKEYS` sub-keys by a
-hash of the msg id (:class:`StateKeySplit`), so one mass failure does not make
-one state value of gigabytes; a duplicate still meets its original's record.
+A key is a (group, bucket), first split into the checkpoint's fixed number of
+base sub-keys by a hash of the msg id (:class:`StateKeySplit`, 1 for a new
+checkpoint: no split, so normal loads pay nothing), then split further by
+size: a key whose state value passes ``engine.state_key_max_bytes`` at the end
+of a batch *seals* (publishes the msg ids it knows and takes no new ones) and
+later new msg ids of its (group, bucket) go one level down, to one of two
+keys chosen by more bits of the same hash. A duplicate still meets its
+original's record, whatever split happened in between, and routing is the
+same on replay: :mod:`retry_engine._state_splits` has the argument. So one
+mass failure does not make one state value of gigabytes: a key grows past the
+threshold by at most what one micro-batch brings it.
 
 Rows with ``bucket == NO_STATE_BUCKET`` (acknowledged, dropped, quarantined)
 pass through without touching state, still packed.
@@ -39,7 +47,7 @@ import logging
 import uuid
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 import pandas as pd
@@ -49,18 +57,22 @@ import pyarrow.fs as pafs
 from pyspark.sql.streaming.state import GroupState
 
 from retry_engine._schedule_state import STATE_SCHEMA, KeyState, decode, encode, quarantine_rows
+from retry_engine._state_splits import MAX_LEVEL, SealStore, current_batch_id, level_of, walk
 from retry_engine.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
 from retry_engine.delta._checkpoint import checkpoint_filesystem
-from retry_engine.errors import StateUnreadableError
+from retry_engine.errors import StateSplitError, StateUnreadableError
 from retry_engine.packed import packed_batch, payload_chunks, unpack
 from retry_engine.schemas import WORK
 
 log = logging.getLogger(__name__)
 
-# Sub-keys per (group, bucket) when none is given (engine.state_subkeys): a key's state value is
-# about 1/subkeys of its bucket's pending retries. A checkpoint keeps the count it started with
-# (KEYS_FILE), so changing the setting never re-routes msg ids that are already in state.
-STATE_SUBKEYS: Final = 4
+# Base sub-keys per (group, bucket) when none is given (engine.state_subkeys): 1, no fixed split;
+# size-bounded splits (sealing) bound a mass failure's values instead, at no cost to normal loads.
+# A checkpoint keeps the count it started with (KEYS_FILE), so changing the setting never
+# re-routes msg ids that are already in state.
+STATE_SUBKEYS: Final = 1
+# A key's state value (encoded pending + seen bytes) past which it seals (engine.state_key_max_bytes).
+STATE_KEY_MAX_BYTES: Final = 64 * 1024 * 1024
 # Joins a group and its sub-key in the state key's route; never in a valid group name (`%|a-zA-Z0-9_-`).
 SUBKEY_SEPARATOR: Final = "#"
 KEYS_FILE: Final = "retry_engine_state_keys.json"
@@ -74,11 +86,20 @@ class ScheduleStage:
     """The stateful function; ``dedup_window_ms`` is how long a key remembers a msg id after its
     decision (and after its retry's release; pending retries' ids are remembered until then).
 
+    With ``seals``, a key whose encoded state passes ``max_key_bytes`` at the end of
+    a call seals (:mod:`retry_engine._state_splits`): it publishes the msg ids it
+    knows, named with the current micro-batch id (``batch_id``, or Spark's when
+    None), and records that batch in its state. Replay: the same batch seals the
+    same keys with the same ids; the published file of the first attempt is kept.
+
     Input and output are packed rows (:mod:`retry_engine.packed`): each carries
     WORK rows of this key as an Arrow IPC payload.
     """
 
     dedup_window_ms: int
+    seals: SealStore | None = None
+    max_key_bytes: int = STATE_KEY_MAX_BYTES
+    batch_id: int | None = None
 
     def __call__(
         self, key: tuple[str, int], frames: Iterator[pd.DataFrame], state: GroupState
@@ -101,6 +122,8 @@ class ScheduleStage:
                 log.error("group %s bucket %s: schedule state moved aside to quarantine: %s", route, bucket, exc)
                 out.append(quarantine_rows(key, group_of(route), value, exc, now_ms))
         pending, seen, expires_ms = held.pending, held.seen, held.expires_ms
+        if payloads and held.sealed_batch is not None and self.seals is not None:
+            self._check_seal(self.seals, key, held.sealed_batch)
 
         if payloads:
             new = unpack(payloads)
@@ -151,9 +174,51 @@ class ScheduleStage:
             state.remove()
             return
         next_ms = min(wake_ms)
-        state.update(encode(KeyState(pending, seen, expires_ms)))
+        value = encode(KeyState(pending, seen, expires_ms, held.sealed_batch))
+        if held.sealed_batch is None and self.seals is not None and len(value[0]) + len(value[1]) > self.max_key_bytes:
+            value = self._seal(self.seals, key, KeyState(pending, seen, expires_ms), len(value[0]) + len(value[1])) or value
+        state.update(value)
         # Spark fires the timeout in the first batch whose timestamp is past now + duration.
         state.setTimeoutDuration(max(1, next_ms - now_ms))
+
+    def _seal(
+        self, seals: SealStore, key: tuple[str, int], held: KeyState, size: int
+    ) -> tuple[bytes, bytes, int] | None:
+        """Publish ``held``'s msg ids as key ``key``'s seal; its state value sealed, or None at the deepest level."""
+        route, bucket = key
+        if level_of(route) >= MAX_LEVEL:
+            log.warning(
+                "group %s bucket %s: state value of %d bytes past engine.state_key_max_bytes = %d, but the key "
+                "is at the deepest split level %d and keeps growing", route, bucket, size, self.max_key_bytes, MAX_LEVEL,
+            )
+            return None
+        batch = self.batch_id if self.batch_id is not None else current_batch_id()
+        if batch is None:
+            raise StateSplitError(
+                f"state key ({route!r}, {bucket}) must seal but the Spark task has no streaming.sql.batchId; the "
+                "schedule stage runs only inside a streaming micro-batch",
+                code="STATE_SPLIT_NO_BATCH_ID",
+            )
+        ids = held.seen | set(held.pending.column("consumed_msg_id").to_pylist())
+        path = seals.publish(route, int(bucket), batch, ids)
+        log.info(
+            "group %s bucket %s: state value of %d bytes passed %d: sealed in batch %d, %d msg ids published to %s; "
+            "new msg ids of its bucket go one level down", route, bucket, size, self.max_key_bytes, batch, len(ids), path,
+        )
+        return encode(KeyState(held.pending, held.seen, held.expires_ms, batch))
+
+    @staticmethod
+    def _check_seal(seals: SealStore, key: tuple[str, int], batch: int) -> None:
+        """A sealed key's published ids must still be there: without them decide routes its ids elsewhere."""
+        route, bucket = key
+        if not seals.exists(route, int(bucket), level_of(route), batch):
+            raise StateSplitError(
+                f"state key ({route!r}, {bucket}) sealed in batch {batch} but its published msg ids "
+                f"{seals.seal_path(route, int(bucket), level_of(route), batch)} are gone; restore the file "
+                "from a backup of the checkpoint (without it, re-sent consume results of its msg ids would be "
+                "decided again)",
+                code="STATE_SPLIT_FILE_MISSING",
+            )
 
 
 def group_of(route: str) -> str:
@@ -163,32 +228,60 @@ def group_of(route: str) -> str:
 
 @dataclass(frozen=True)
 class StateKeySplit:
-    """Spreads the rows of one (group, store-time bucket) state key over ``subkeys`` sub-keys.
+    """Gives each stateful row its state key's route: the checkpoint's base sub-key, then the size-bounded levels.
 
     Why: all pending retries of a key are one binary value in Spark's state, which Spark builds
     in JVM direct memory and Arrow caps at 2 GiB; a mass failure (millions of results with one
-    store-time bucket and group) would build one such value (#12 item 17). The sub-key is a
-    stable hash (CRC-32) of the consumed msg id, written into the WORK row's ``route`` as
-    ``group#nn``, so a duplicate of msg id X always meets X's record (B1). Buckets before
-    ``first_split_bucket`` keep the plain key: a checkpoint written by a release without
-    sub-keys holds their state there (None: split every bucket). Rows without state
-    (``bucket == NO_STATE_BUCKET``) are left as they are.
+    store-time bucket and group) would build one such value (#12 item 17).
 
-    Replay: a pure function of the rows and the checkpoint's :data:`KEYS_FILE`, so a replayed
-    batch routes every row to the same key.
+    Base split: ``subkeys`` sub-keys by a stable hash (CRC-32) of the consumed msg id, written
+    into the WORK row's ``route`` as ``group#nn`` (1: the plain group, no split). Buckets before
+    ``first_split_bucket`` keep the plain key: a checkpoint written by a release without sub-keys
+    holds their state there (None: split every bucket). Levels: with ``seals``, a row whose key
+    sealed in an earlier batch walks down to the key that holds or takes its msg id
+    (:func:`retry_engine._state_splits.walk`), so a duplicate of msg id X always meets X's
+    record (B1). Rows without state (``bucket == NO_STATE_BUCKET``: acknowledgements, most of
+    the traffic) are left as they are, and a batch is not hashed at all while no key of its
+    buckets has sealed.
+
+    Replay: a pure function of the rows, the checkpoint's :data:`KEYS_FILE` and the seals of
+    batches before ``batch_id``, so a replayed batch routes every row to the same key.
     """
 
     subkeys: int
     first_split_bucket: int | None = None
+    seals: SealStore | None = field(default=None, compare=False)
 
-    def __call__(self, work: _Rows) -> _Rows:
-        if self.subkeys <= 1 or work.num_rows == 0:
+    def __call__(self, work: _Rows, *, batch_id: int | None = None) -> _Rows:
+        if work.num_rows == 0:
             return work
         buckets = _flat(work.column("bucket"))
-        split = pc.not_equal(buckets, NO_STATE_BUCKET)
+        stateful = pc.fill_null(pc.not_equal(buckets, NO_STATE_BUCKET), False)
+        work = self._base(work, buckets, stateful)
+        if self.seals is None:
+            return work
+        sealed = self.seals.sealed_before(batch_id if batch_id is not None else _NO_BATCH)
+        if not sealed:
+            return work
+        if batch_id is None:
+            raise StateSplitError(
+                f"{self.seals.checkpoint} has sealed state keys, so routing needs the micro-batch id, and the "
+                "Spark task has no streaming.sql.batchId; decide runs only inside a streaming micro-batch",
+                code="STATE_SPLIT_NO_BATCH_ID",
+            )
+        routes = _flat(work.column("route"))
+        walked = walk(routes, buckets, _flat(work.column("consumed_msg_id")), stateful, sealed, self.seals)
+        if walked is routes:
+            return work
+        index = work.schema.get_field_index("route")
+        return work.set_column(index, work.schema.field(index), walked)
+
+    def _base(self, work: _Rows, buckets: pa.Array, stateful: pa.Array) -> _Rows:
+        if self.subkeys <= 1:
+            return work
+        split = stateful
         if self.first_split_bucket is not None:
-            split = pc.and_(split, pc.greater_equal(buckets, self.first_split_bucket))
-        split = pc.fill_null(split, False)
+            split = pc.and_(split, pc.fill_null(pc.greater_equal(buckets, self.first_split_bucket), False))
         rows = pc.indices_nonzero(split)
         if len(rows) == 0:
             return work
@@ -203,6 +296,10 @@ class StateKeySplit:
         return work.set_column(index, work.schema.field(index), pc.replace_with_mask(routes, split, split_routes))
 
 
+# Lists every seal (used only to tell whether any exists when no batch id is known).
+_NO_BATCH: Final = 2**63 - 1
+
+
 def _flat(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
 
@@ -212,6 +309,8 @@ def state_key_split(
 ) -> StateKeySplit:
     """The sub-key rule of ``checkpoint``, recorded in its :data:`KEYS_FILE` on first use.
 
+    The rule carries the checkpoint's seals (:class:`~retry_engine._state_splits.SealStore`),
+    so keys that grow past ``engine.state_key_max_bytes`` split further whatever the base count.
     A new checkpoint (no ``offsets`` yet) splits every bucket into ``subkeys``; a recorded
     count wins over ``subkeys`` (a different one is logged, never applied). An
     existing one, started by a release without sub-keys, splits only buckets that start after
@@ -261,6 +360,7 @@ def state_key_split(
     return StateKeySplit(
         subkeys=recorded_subkeys,
         first_split_bucket=None if since is None else int(since) // bucket_ms + 1,
+        seals=SealStore(checkpoint),
     )
 
 
@@ -304,6 +404,7 @@ def _as_deliveries(rows: pa.Table, now_ms: int) -> pa.Table:
 
 __all__ = [
     "KEYS_FILE",
+    "STATE_KEY_MAX_BYTES",
     "STATE_SCHEMA",
     "STATE_SUBKEYS",
     "SUBKEY_SEPARATOR",

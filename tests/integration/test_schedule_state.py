@@ -122,8 +122,9 @@ def test_a_checkpoint_of_the_previous_release_is_taken_over_without_a_second_ret
     """B1, R8, #12 items 6, 13 and 17: a checkpoint written the way main a97474f wrote it (unversioned
     state, keys without sub-keys) holds a pending retry. Today's engine on that checkpoint keeps the
     plain key for that old bucket, so the same consume result re-sent meets its record (a duplicate,
-    not a second retry) and the pending retry is released exactly once."""
-    lake = Lake.make(tmp_path, engine={"message_delay_level": "15s"})
+    not a second retry) and the pending retry is released exactly once. (With 4 fixed sub-keys, the
+    default before size-bounded splits, so the plain key of the old bucket is not today's key.)"""
+    lake = Lake.make(tmp_path, engine={"message_delay_level": "15s", "state_subkeys": 4})
     old = Result.of("OLD-1").failed()
     monkeypatch.setattr(engine, "ScheduleStage", _MainStage)
     monkeypatch.setattr(engine, "state_key_split", lambda *_, **__: StateKeySplit(subkeys=1))

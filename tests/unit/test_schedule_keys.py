@@ -178,11 +178,12 @@ def test_the_sub_key_rule_is_fixed_per_checkpoint(tmp_path: Path) -> None:
 
 
 def test_a_new_checkpoint_takes_the_configured_sub_key_count(tmp_path: Path) -> None:
-    """#12 item 17: engine.state_subkeys (default 4) is what a new checkpoint records."""
+    """#12 item 17: engine.state_subkeys (default 1: no fixed split, size-bounded splits instead) is what
+    a new checkpoint records."""
     from retry_engine.config import parse_config
 
-    assert parse_config({}).engine.state_subkeys == 4
-    assert state_key_split(str(tmp_path / "d"), bucket_ms=1000, now_ms=0) == StateKeySplit(4, None)
+    assert parse_config({}).engine.state_subkeys == 1
+    assert state_key_split(str(tmp_path / "d"), bucket_ms=1000, now_ms=0) == StateKeySplit(1, None)
     configured = parse_config({"engine": {"state_subkeys": 64}}).engine.state_subkeys
     assert state_key_split(str(tmp_path / "c"), bucket_ms=1000, now_ms=0, subkeys=configured) == StateKeySplit(64, None)
 

@@ -116,7 +116,7 @@ def test_a_state_written_by_the_previous_layout_is_read_and_releases_its_retries
     )
     assert set(released["kind"]) == {"delivery"}
     # What it wrote back is today's layout, and it reads again.
-    assert from_ipc(state.get[0]).schema.metadata[b"retry_engine.state_version"] == b"2"
+    assert from_ipc(state.get[0]).schema.metadata[b"retry_engine.state_version"] == b"3"
     assert decode(state.get).pending.num_rows == 0
 
 
