@@ -75,7 +75,6 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     from retry_engine import engine
     from retry_engine.session import build_session
-    from retry_engine.stopping import local_worker_conf
 
     config = load_config(args.config)
     # Under spark-submit the JVM (and its --master) already exists; don't override it.
@@ -85,7 +84,7 @@ def _run(args: argparse.Namespace) -> int:
         shuffle_partitions=config.engine.shuffle_partitions,
         # Spark turns adaptive execution off for a stateful query anyway, with two WARN lines
         # at every start; engine.spark_conf can still set it.
-        extra_conf={"spark.sql.adaptive.enabled": "false", **local_worker_conf(master), **config.engine.spark_conf},
+        extra_conf={"spark.sql.adaptive.enabled": "false", **config.engine.spark_conf},
     )
     if args.once:
         engine.run_once(spark, config, take_over=args.take_over, discard_pending=args.discard_pending)
@@ -145,14 +144,14 @@ def _running_line(config: EngineConfig, config_file: str | None, *, query_id: st
 
 def _demo(args: argparse.Namespace) -> int:
     from retry_engine.demo import check_messages, run_demo
-    from retry_engine.session import DEFAULT_MASTER, build_session
-    from retry_engine.stopping import StopSignals, exit_code, local_worker_conf, signal_name
+    from retry_engine.session import build_session
+    from retry_engine.stopping import StopSignals, exit_code, signal_name
 
     check_messages(args.messages)
 
     # The Python workers inherit this: keep pandas' FutureWarnings out of the demo's output.
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-    spark = build_session(app_name="retry-engine-demo", log_level="ERROR", extra_conf=local_worker_conf(DEFAULT_MASTER))
+    spark = build_session(app_name="retry-engine-demo", log_level="ERROR")
     try:
         with StopSignals() as signals:
             report = run_demo(

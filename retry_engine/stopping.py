@@ -52,21 +52,6 @@ STOP_NOISE_LOGGERS = (
 STOP_NOISE_PYTHON_LOGGERS = ("py4j.clientserver", "py4j.java_gateway")
 
 
-# PySpark's worker daemon with workers that ignore SIGINT (see that module).
-SIGINT_IGNORING_DAEMON = "retry_engine._spark_daemon"
-
-
-def local_worker_conf(master: str | None) -> dict[str, str]:
-    """Spark settings that keep a terminal's Ctrl-C away from the Python workers of a local session.
-
-    Only for ``local`` masters: on a cluster the executors may not be able to
-    import this package before a task ships it, so their daemon stays PySpark's.
-    """
-    if master is None or not master.startswith("local"):
-        return {}
-    return {"spark.python.daemon.module": SIGINT_IGNORING_DAEMON}
-
-
 def exit_code(signum: int) -> int:
     """The command's exit code after a clean stop requested by ``signum``."""
     return EXIT_STOPPED_BY_SIGINT if signum == signal.SIGINT else EXIT_STOPPED_BY_SIGTERM

@@ -4,7 +4,7 @@ One shared scenario, two starts on one temp lake:
 
 1. start, wait until a first input is committed, append more input, and send
    SIGINT to the engine's whole process group, as Ctrl-C in a terminal does
-   (driver, JVM and Spark's Python workers all receive it);
+   (driver and JVM receive it; Spark's Python workers have process groups of their own);
 2. restart, wait until more input is committed, and send SIGTERM to the
    driver only, as `kill PID` or a service manager does.
 
@@ -112,7 +112,7 @@ def _run_and_stop(
         if after:
             lake.write_results(after)
         if signum == signal.SIGINT:
-            os.killpg(proc.pid, signum)  # the session started for it: driver, JVM, Python workers
+            os.killpg(proc.pid, signum)  # the session started for it: driver and JVM
         else:
             os.kill(proc.pid, signum)
         proc.wait(timeout=STOP_TIMEOUT)

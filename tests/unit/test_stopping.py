@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -16,10 +14,8 @@ from retry_engine.config import parse_config
 from retry_engine.stopping import (
     EXIT_STOPPED_BY_SIGINT,
     EXIT_STOPPED_BY_SIGTERM,
-    SIGINT_IGNORING_DAEMON,
     StopSignals,
     exit_code,
-    local_worker_conf,
 )
 
 
@@ -41,25 +37,6 @@ def test_exit_codes_say_which_signal_stopped_it() -> None:
     # 128 + SIGINT as shells report Ctrl-C; a SIGTERM stop is the normal end of a service.
     assert exit_code(signal.SIGINT) == EXIT_STOPPED_BY_SIGINT == 130
     assert exit_code(signal.SIGTERM) == EXIT_STOPPED_BY_SIGTERM == 0
-
-
-def test_only_local_sessions_get_the_sigint_ignoring_worker_daemon() -> None:
-    assert local_worker_conf("local[2]") == {"spark.python.daemon.module": SIGINT_IGNORING_DAEMON}
-    assert local_worker_conf("spark://host:7077") == {} and local_worker_conf(None) == {}
-
-
-def test_the_worker_daemon_keeps_sigint_ignored_in_workers() -> None:
-    """What PySpark's daemon does in each forked worker, run through the module Spark is given."""
-    script = (
-        f"import signal, {SIGINT_IGNORING_DAEMON} as ours\n"
-        "from pyspark import daemon\n"
-        "daemon.signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "daemon.signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
-        "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, signal.getsignal(signal.SIGHUP) is signal.SIG_IGN,"
-        " daemon.signal.SIGTERM == signal.SIGTERM)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.split() == ["True", "True", "True"], out.stderr
 
 
 def test_the_start_up_line_says_what_runs_where_and_how_to_watch_and_stop_it(tmp_path: Path) -> None:
