@@ -400,9 +400,10 @@ def _start_query(
 def finish_current_batch(query: StreamingQuery, *, timeout_s: float, poll_s: float = 0.05) -> bool:
     """Wait up to ``timeout_s`` for the running micro-batch to end; True if one ended (or none ran).
 
-    Returns as soon as the query is between batches, or a batch finished since
-    the call (an engine that falls behind starts the next batch at once, so
-    there is no gap to wait for: the next one is then stopped while it plans).
+    Returns as soon as the query is between batches (not still initializing),
+    or a batch finished since the call (an engine that falls behind starts the
+    next batch at once, so there is no gap to wait for: the next one is then
+    stopped while it plans).
     Stopping inside a batch is safe too (the commit protocol replays it on the
     next start), but Spark, Hadoop and py4j log the interruption as errors and
     the batch's work is done twice.
@@ -410,7 +411,11 @@ def finish_current_batch(query: StreamingQuery, *, timeout_s: float, poll_s: flo
     deadline = time.monotonic() + timeout_s
     running = _last_batch_id(query)
     while query.isActive:
-        if not query.status.get("isTriggerActive", False) or _last_batch_id(query) != running:
+        status = query.status
+        # While a query initializes, Spark starts its Python source runners; a stop then
+        # leaves a runner unable to connect back, which prints a traceback.
+        starting = str(status.get("message", "")).startswith("Initializing")
+        if (not status.get("isTriggerActive", False) and not starting) or _last_batch_id(query) != running:
             return True
         if time.monotonic() >= deadline:
             return False
