@@ -12,6 +12,7 @@ from typing import Any
 from retry_engine import dlq_commands
 from retry_engine.config import TABLE_NAMES, EngineConfig, load_config
 from retry_engine.errors import RetryEngineError
+from retry_engine.stopping import EXIT_STOPPED_BY_SIGINT
 
 log = logging.getLogger("retry_engine")
 
@@ -24,8 +25,8 @@ EXIT_NOT_RUNNING = 3
 # Output went to a pipe whose reader left (`retry-engine dlq list | head`): 128 + SIGPIPE,
 # what a shell reports for a tool that the broken pipe ended.
 EXIT_BROKEN_PIPE = 141
-# Interrupted by Ctrl-C: 128 + SIGINT, as shells report it.
-EXIT_INTERRUPTED = 130
+# Interrupted by Ctrl-C: 128 + SIGINT, as shells report it (also after a clean stop on Ctrl-C).
+EXIT_INTERRUPTED = EXIT_STOPPED_BY_SIGINT
 
 
 def _parser() -> argparse.ArgumentParser:
