@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import tomllib
 from collections.abc import Sequence
+from typing import Any
 
 from retry_engine import dlq_commands, redrive_commands
 from retry_engine.config import (
@@ -20,15 +20,21 @@ from retry_engine.config import (
     load_config,
 )
 from retry_engine.errors import LakeNotFoundError, RetryEngineError
+from retry_engine.stopping import EXIT_STOPPED_BY_SIGINT
 
 log = logging.getLogger("retry_engine")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-# `status` when the engine query is not running (stopped, failed, stale, never started),
-# like `systemctl status` for an inactive unit.
+# `status` when the engine query is not running and did not stop cleanly (failed, stale,
+# never started), like `systemctl status` for an inactive unit.
 EXIT_NOT_RUNNING = 3
+# Output went to a pipe whose reader left (`retry-engine dlq list | head`): 128 + SIGPIPE,
+# what a shell reports for a tool that the broken pipe ended.
+EXIT_BROKEN_PIPE = 141
+# Interrupted by Ctrl-C: 128 + SIGINT, as shells report it (also after a clean stop on Ctrl-C).
+EXIT_INTERRUPTED = EXIT_STOPPED_BY_SIGINT
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser(
         "status",
         help="is the engine running, last batch, backlog by level, oldest due time, lateness, dead letters "
-        f"(exit {EXIT_OK} running, {EXIT_NOT_RUNNING} not running, {EXIT_ERROR} error)",
+        f"(exit {EXIT_OK} running or stopped cleanly, {EXIT_NOT_RUNNING} failed, stale or never started, "
+        f"{EXIT_ERROR} error)",
     )
     status.add_argument("--config")
     status.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -237,33 +244,70 @@ def _run(args: argparse.Namespace) -> int:
     spark = build_session(
         master=master,
         shuffle_partitions=config.engine.shuffle_partitions,
-        extra_conf=config.engine.spark_conf,
+        # Spark turns adaptive execution off for a stateful query anyway, with two WARN lines
+        # at every start; engine.spark_conf can still set it.
+        extra_conf={"spark.sql.adaptive.enabled": "false", **config.engine.spark_conf},
     )
     if args.once:
         engine.run_once(spark, config, take_over=args.take_over, discard_pending=args.discard_pending)
         return EXIT_OK
-    query = engine.start(spark, config, take_over=args.take_over, discard_pending=args.discard_pending)
-    # SIGTERM takes the Ctrl-C path. Calling query.stop() inside the handler re-enters
-    # the py4j call that awaitTermination is blocked in ("reentrant call" RuntimeError).
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    log.info("retry engine running; tables under %s; Ctrl-C to stop", config.engine.lake)
-    lost = None
-    try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        log.info("stopping")
-    finally:
-        # Releases the lake's lease, so the next engine starts without --take-over.
-        lost = engine.stop(query)
+    return _run_until_stopped(spark, config, args)
+
+
+# How long a stop waits for the running micro-batch before abandoning it (safe either way).
+STOP_FINISH_BATCH_SECONDS = 20.0
+# How often the main thread checks on the query while it waits for a stop signal.
+RUN_POLL_SECONDS = 0.5
+
+
+def _run_until_stopped(spark: Any, config: EngineConfig, args: argparse.Namespace) -> int:
+    """Run the engine until SIGINT/SIGTERM (clean stop, exit 130/0) or until its query fails (exit 1).
+
+    The signal handler only sets a flag; this thread stops the query, so the
+    stop never interrupts a py4j call (see :mod:`retry_engine.stopping`).
+    """
+    from retry_engine import engine
+    from retry_engine.stopping import StopSignals, exit_code, quiet_stop_logs, signal_name
+
+    lake = os.path.abspath(config.engine.lake)
+    with StopSignals() as signals:
+        query = engine.start(spark, config, take_over=args.take_over, discard_pending=args.discard_pending)
+        print(_running_line(config, args.config, query_id=str(query.id)), flush=True)
+        try:
+            while not signals.wait(RUN_POLL_SECONDS) and query.isActive:
+                pass
+        finally:
+            if signals.requested:
+                quiet_stop_logs(spark)
+            lost = engine.stop(query, finish_batch_s=STOP_FINISH_BATCH_SECONDS if signals.requested else 0.0)
+            failure = None if signals.requested else query.exception()
+            spark.stop()
     if lost is not None:
         print(f"retry-engine: {lost}", file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_OK
+    if signals.received is not None:
+        print(f"retry-engine: stopped on {signal_name(signals.received)}; tables under {lake}", flush=True)
+        return exit_code(signals.received)
+    reason = str(failure).splitlines()[0] if failure is not None else "the query stopped"
+    print(f"retry-engine: the engine stopped: {reason}; tables under {lake}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _running_line(config: EngineConfig, config_file: str | None, *, query_id: str) -> str:
+    """The one line that ends start-up: what runs, where its tables are, how to watch it and stop it."""
+    option = f" --config {config_file}" if config_file else ""
+    return (
+        f"retry-engine: running (query {query_id}): consume results from "
+        f"{config.table_path('consume_results')} into retry, dlq and outcomes tables under "
+        f"{os.path.abspath(config.engine.lake)}; watch with `retry-engine status{option}` or "
+        f"`retry-engine plots{option} --out DIR`; stop with Ctrl-C or `kill {os.getpid()}`"
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:
     from retry_engine.demo import check_messages, run_demo
     from retry_engine.session import build_session
+    from retry_engine.stopping import StopSignals, exit_code, signal_name
 
     check_messages(args.messages)
 
@@ -271,9 +315,15 @@ def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     spark = build_session(app_name="retry-engine-demo", log_level="ERROR")
     try:
-        report = run_demo(args.lake, spark=spark, messages=args.messages, echo=lambda line: print(line, flush=True))
+        with StopSignals() as signals:
+            report = run_demo(
+                args.lake, spark=spark, messages=args.messages, echo=lambda line: print(line, flush=True), signals=signals
+            )
     finally:
         spark.stop()
+    if report.stopped_by is not None:
+        print(f"demo: stopped on {signal_name(report.stopped_by)}; tables under {os.path.abspath(args.lake)}", flush=True)
+        return exit_code(report.stopped_by)
     return EXIT_OK if report.settled else EXIT_ERROR
 
 
@@ -303,7 +353,8 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(status_json(result), indent=2))
     else:
         print(format_status(result), end="")
-    return EXIT_OK if result.state == "running" else EXIT_NOT_RUNNING
+    # A clean stop is a normal state to report; stale, failed and never started are not.
+    return EXIT_OK if result.state in ("running", "stopped") else EXIT_NOT_RUNNING
 
 
 def _plots(args: argparse.Namespace) -> int:
@@ -321,7 +372,7 @@ def _zip(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -350,6 +401,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RetryEngineError as exc:
         print(f"retry-engine: {exc}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``retry-engine`` command: exit codes as documented per command.
+
+    Also ends quietly when stdout's reader goes away (``retry-engine dlq list | head``)
+    and on a Ctrl-C that arrives before a long-running command handles it itself.
+    """
+    try:
+        try:
+            return _main(argv)
+        finally:
+            # Flushed here, not at interpreter exit, so a closed pipe is caught below (also
+            # after --help, which argparse ends with SystemExit).
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return _broken_pipe()
+    except KeyboardInterrupt:
+        # E.g. while Spark starts, before `run` installs its own handler.
+        print("retry-engine: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _broken_pipe() -> int:
+    """The reader of stdout has gone: stop quietly.
+
+    What Python's docs advise: point stdout at /dev/null so the interpreter's
+    final flush does not raise BrokenPipeError again at exit.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

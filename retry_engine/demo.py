@@ -27,6 +27,7 @@ from retry_engine.consumer import (
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import ConfigError
 from retry_engine.producer import Message, Producer
+from retry_engine.stopping import StopSignals, quiet_stop_logs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -40,6 +41,9 @@ DEMO_DELAY_LEVELS = "100ms 200ms 300ms 400ms 500ms 600ms 700ms 800ms 900ms 1s 1s
 DEMO_MAX_RECONSUME_TIMES = 3
 DEFAULT_MESSAGES = 20
 DEFAULT_TIMEOUT_SECONDS = 300.0
+PROGRESS_EVERY_SECONDS = 2.0
+# How long a stop waits for each query's running micro-batch before abandoning it (safe either way).
+STOP_FINISH_BATCH_SECONDS = 20.0
 # Every n-th message is poison (always fails), every m-th flaky (fails twice), the rest succeed.
 POISON_EVERY = 5
 FLAKY_EVERY = 3
@@ -93,6 +97,8 @@ class DemoReport:
     counts: dict[str, int] = field(default_factory=dict)
     settled: bool = False
     seconds: float = 0.0
+    # The signal that stopped the demo early (SIGINT, SIGTERM), if one did.
+    stopped_by: int | None = None
 
 
 def _rows(path: str) -> list[dict[str, Any]]:
@@ -117,11 +123,16 @@ def run_demo(
     messages: int = DEFAULT_MESSAGES,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
     echo: Callable[[str], None] = log.info,
+    signals: StopSignals | None = None,
 ) -> DemoReport:
     """Run the demo on tables under ``lake``; ``echo`` receives the progress lines.
 
     ``spark=None`` builds the embedded local session (and leaves it running for
-    the caller to stop). Queries are always stopped before returning.
+    the caller to stop). Queries are always stopped before returning, each
+    after its running batch (up to :data:`STOP_FINISH_BATCH_SECONDS`); the
+    engine's lease is released and the consumer leaves its group. With
+    ``signals`` (entered by the caller), SIGINT/SIGTERM end the demo early:
+    ``report.stopped_by`` says which.
     """
     from retry_engine import engine
     from retry_engine.session import build_session
@@ -138,9 +149,12 @@ def run_demo(
     consumer.subscribe(DEMO_TOPIC).register_message_listener(flaky_listener)
     queries = []
     report = DemoReport(str(lake), paths)
+    engine_query = consumer_query = None
     try:
-        queries.append(engine.start(spark, config))
-        queries.append(consumer.start())
+        engine_query = engine.start(spark, config)
+        queries.append(engine_query)
+        consumer_query = consumer.start()
+        queries.append(consumer_query)
         echo(f"demo: engine and consumer of group {DEMO_GROUP!r} started; producing {messages} messages to {DEMO_TOPIC!r}")
         sent: dict[str, str] = {}
         waves = [range(i, min(i + 10, messages)) for i in range(0, messages, 10)]
@@ -162,10 +176,25 @@ def run_demo(
             if settled:
                 report.settled = True
                 break
-            time.sleep(2.0)
+            if signals is None:
+                time.sleep(PROGRESS_EVERY_SECONDS)
+            elif signals.wait(PROGRESS_EVERY_SECONDS):
+                report.stopped_by = signals.received
+                break
     finally:
-        for q in queries:
-            q.stop()
+        if signals is not None:
+            # The CLI demo ends after this stop: what these loggers say now is the stop's own interrupt.
+            quiet_stop_logs(spark)
+        try:
+            if consumer_query is not None:
+                engine.finish_current_batch(consumer_query, timeout_s=STOP_FINISH_BATCH_SECONDS)
+            consumer.shutdown(consumer_query)
+        finally:
+            if engine_query is not None:
+                engine.stop(engine_query, finish_batch_s=STOP_FINISH_BATCH_SECONDS)
+    if report.stopped_by is not None:
+        report.seconds = time.monotonic() - started
+        return report
     report.counts, report.settled = _progress(config, sent)
     report.seconds = time.monotonic() - started
     _summary(report, echo)

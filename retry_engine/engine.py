@@ -235,7 +235,11 @@ def _counting_inputs(recorder: monitor.ProgressRecorder) -> OnCounts:
 
 # Leases of the engines started in this process, by query id (released by stop()).
 _HELD: dict[str, tuple[LakeLease, Heartbeat]] = {}
+# Their progress recorders, by query id: stop() waits for the terminated event to be written.
+_RECORDERS: dict[str, monitor.ProgressRecorder] = {}
 _HELD_LOCK = threading.Lock()
+# How long stop() waits for the progress recorder to write the terminated event.
+RECORDER_CLOSE_SECONDS = 30.0
 
 
 def _resume_point(
@@ -390,6 +394,8 @@ def _start_query(
     # Registered first so the started event and batch 0 are recorded; it unregisters
     # itself when the query terminates.
     recorder = monitor.attach(spark, config, query_id=app_id)
+    with _HELD_LOCK:
+        _RECORDERS[app_id] = recorder
     # An explicit processing-time trigger makes Spark run (possibly empty) batches on
     # schedule, which is what fires the schedule stage's timeouts. Trigger.AvailableNow
     # would never end: processing-time timeouts always ask for another batch.
@@ -419,27 +425,86 @@ def _start_query(
             .start()
         )
     except Exception:
+        with _HELD_LOCK:
+            _RECORDERS.pop(app_id, None)
         monitor.detach(recorder)
         maintenance.detach(app_id)
         raise
 
 
-def stop(query: StreamingQuery) -> LeaseLostError | None:
-    """Stop the engine query and release its lake lease (the next engine starts without ``--take-over``).
+def finish_current_batch(query: StreamingQuery, *, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Wait up to ``timeout_s`` for the running micro-batch to end; True if one ended (or none ran).
 
-    Returns the error if the engine had stopped because another engine took the lake over.
+    Returns as soon as the query is between batches (not still initializing),
+    or a batch finished since the call (an engine that falls behind starts the
+    next batch at once, so there is no gap to wait for: the next one is then
+    stopped while it plans).
+    Stopping inside a batch is safe too (the commit protocol replays it on the
+    next start), but Spark, Hadoop and py4j log the interruption as errors and
+    the batch's work is done twice.
     """
+    deadline = time.monotonic() + timeout_s
+    running = _last_batch_id(query)
+    while query.isActive:
+        status = query.status
+        # While a query initializes, Spark starts its Python source runners; a stop then
+        # leaves a runner unable to connect back, which prints a traceback.
+        starting = str(status.get("message", "")).startswith("Initializing")
+        if (not status.get("isTriggerActive", False) and not starting) or _last_batch_id(query) != running:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def _last_batch_id(query: StreamingQuery) -> int | None:
+    progress = query.lastProgress
+    return None if progress is None else int(progress["batchId"])
+
+
+def stop(query: StreamingQuery, *, finish_batch_s: float = 0.0) -> LeaseLostError | None:
+    """Stop the engine query, record its end, and release its lake lease.
+
+    ``finish_batch_s``: first wait up to this long for the running micro-batch
+    to finish (:func:`finish_current_batch`); after that the batch is
+    abandoned, which is safe: its outputs are committed by the next start's
+    replay of the same batch id, or were already committed and are skipped.
+
+    Returns after the PROGRESS table holds the query's ``terminated`` event
+    (so ``retry-engine status`` says ``stopped``), the progress recorder's
+    and the lease heartbeat's threads have ended (none is left inside a
+    delta-rs call when the interpreter exits), and the lease is released (the
+    next engine starts without ``--take-over``). Returns the error if the
+    engine had stopped because another engine took the lake over.
+    """
+    app_id = str(query.id)
     try:
+        if finish_batch_s > 0 and not finish_current_batch(query, timeout_s=finish_batch_s):
+            log.info("engine %s: the running batch did not finish within %.0f s; abandoning it (the next start "
+                     "replays it)", app_id, finish_batch_s)
         query.stop()
     finally:
         maintenance.detach(str(query.id))
         with _HELD_LOCK:
-            held = _HELD.pop(str(query.id), None)
+            held = _HELD.pop(app_id, None)
+            recorder = _RECORDERS.pop(app_id, None)
+        # The heartbeat first: seeing the query stopped, it would release the lease itself.
         if held is not None:
-            lease, heartbeat = held
-            heartbeat.stop()
-            lease.release()
+            held[1].stop()
+        if recorder is not None:
+            recorder.finish(run_id=str(query.runId), exception=_exception_text(query), timeout=RECORDER_CLOSE_SECONDS)
+        if held is not None:
+            held[0].release()
     return held[1].lost if held is not None else None
+
+
+def _exception_text(query: StreamingQuery) -> str | None:
+    try:
+        exc = query.exception()
+    except Exception:  # the session is gone: nothing more to learn about the query
+        return None
+    return None if exc is None else str(exc)
 
 
 def run_once(spark: SparkSession, config: EngineConfig, *, take_over: bool = False, discard_pending: bool = False) -> None:

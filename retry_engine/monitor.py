@@ -37,7 +37,9 @@ from pyspark.sql.streaming.listener import (
 from retry_engine.config import EngineConfig
 from retry_engine.delays import parse_duration_ms
 from retry_engine.delta import append_arrow, ensure_table
+from retry_engine.falling_behind import FallingBehind
 from retry_engine.schemas import PROGRESS
+from retry_engine.session import set_jvm_log_level
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +142,11 @@ class ProgressRecorder(StreamingQueryListener):
         query_id: str,
         flush_interval_ms: int,
         on_close: Callable[[ProgressRecorder], None] | None = None,
+        trigger_interval_ms: int | None = None,
     ) -> None:
         self.path = path
+        # With the query's trigger interval, late batches are logged once per episode.
+        self._behind = None if trigger_interval_ms is None else FallingBehind(trigger_interval_ms)
         self.query_id = query_id
         self.flush_interval_ms = flush_interval_ms
         self._on_close = on_close
@@ -150,6 +155,7 @@ class ProgressRecorder(StreamingQueryListener):
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()
+        self._terminated = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"progress-recorder-{query_id[:8]}", daemon=True
         )
@@ -173,6 +179,15 @@ class ProgressRecorder(StreamingQueryListener):
             str(progress.id),
             lambda: progress_row(progress, recorded_at=_now(), input_rows=self._take_input_rows(int(progress.batchId))),
         ))
+        if self._behind is not None and str(progress.id) == self.query_id:
+            self._guard("progress", lambda: self._report_lateness(int(progress.batchId), int(progress.batchDuration)))
+
+    def _report_lateness(self, batch_id: int, duration_ms: int) -> None:
+        assert self._behind is not None
+        change = self._behind.observe(batch_id, duration_ms)
+        if change is not None:
+            message = self._behind.message(change, query_id=self.query_id, batch_id=batch_id, duration_ms=duration_ms)
+            log.log(logging.WARNING if change == "started" else logging.INFO, "%s", message)
 
     def record_input_rows(self, batch_id: int, rows: int) -> None:
         """The writer's count of the consume results of ``batch_id`` (before Spark reports the batch).
@@ -210,6 +225,7 @@ class ProgressRecorder(StreamingQueryListener):
                 ),
             )
             if added:
+                self._terminated.set()
                 self._closing.set()
                 self._wake.set()
 
@@ -226,6 +242,29 @@ class ProgressRecorder(StreamingQueryListener):
         self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    def finish(self, *, run_id: str, exception: str | None = None, timeout: float = 30.0) -> None:
+        """After the query was stopped: wait until its terminated event is written, then close.
+
+        Spark delivers the terminated event asynchronously (listener bus); if it
+        has not arrived within ``timeout`` seconds the row is made here from
+        ``run_id`` and ``exception``, so a stopped engine is never left looking
+        ``running`` to ``retry-engine status``. Returns when the writer thread has
+        ended (none of its delta-rs calls outlives the caller).
+        """
+        if not self._terminated.wait(timeout):
+            log.warning("progress recorder %s: no terminated event from Spark within %.0f s; recording it directly",
+                        self.query_id, timeout)
+            now = _now()
+            # Closing first: a terminated event arriving late is then not recorded twice.
+            self._closing.set()
+            with self._lock:
+                self._rows.append(lifecycle_row(
+                    TERMINATED, query_id=self.query_id, run_id=run_id, event_time=now, recorded_at=now,
+                    exception=exception,
+                ))
+            self._terminated.set()
+        self.close(timeout=timeout)
 
     @property
     def closed(self) -> bool:
@@ -303,10 +342,18 @@ def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> Progr
         query_id=query_id,
         flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),
         on_close=lambda r: spark.streams.removeListener(r),
+        trigger_interval_ms=config.trigger_interval_ms,
     )
+    # The recorder warns once per episode of late batches; Spark's own executor warns after
+    # every late batch (an engine catching up on a backlog would repeat it for minutes).
+    set_jvm_log_level(spark, SPARK_FALLING_BEHIND_LOGGER, "ERROR")
     recorder.start()
     spark.streams.addListener(recorder)
     return recorder
+
+
+# Logs "Current batch is falling behind" after every batch slower than the trigger interval.
+SPARK_FALLING_BEHIND_LOGGER = "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor"
 
 
 def detach(recorder: ProgressRecorder, *, timeout: float = 30.0) -> None:

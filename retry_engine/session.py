@@ -133,3 +133,14 @@ def build_session(
     register(spark)
     log.info("spark session ready: master=%s app=%s", master, app_name)
     return spark
+
+
+def set_jvm_log_level(spark: SparkSession, logger: str, level: str) -> None:
+    """Set one JVM (log4j 2) logger's level, e.g. to silence a warning the engine reports itself.
+
+    ``level`` is a log4j level name (``OFF``, ``ERROR``, ``WARN``...). No-op on a stopped session.
+    """
+    jvm = spark.sparkContext._jvm
+    if jvm is not None:
+        log4j = jvm.org.apache.logging.log4j
+        log4j.core.config.Configurator.setLevel(logger, log4j.Level.getLevel(level))

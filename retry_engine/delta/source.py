@@ -24,7 +24,8 @@ Arrow anyway.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -367,7 +368,29 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         log.debug("%s: source committed through %s", self.options.path, end)
 
     def stop(self) -> None:
+        """Called by PySpark's stream-source runner process (driver side) when its loop ends.
+
+        The loop ends with an ``EOFError`` when the query stops: the JVM hangs
+        up. The runner then reports that error over the closed socket and
+        dies printing a BrokenPipeError traceback on stderr after every clean
+        stop. Then (and only then) this process's last uncaught hang-up error
+        is not printed; any other error is still reported and printed.
+        """
         self._log = None
+        if isinstance(sys.exc_info()[1], EOFError):
+            sys.excepthook = _quiet_after_hangup(sys.excepthook)
+
+
+HANGUP_ERRORS = (EOFError, BrokenPipeError, ConnectionResetError)
+
+
+def _quiet_after_hangup(previous: Callable[..., Any]) -> Callable[..., Any]:
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> Any:
+        if issubclass(kind, HANGUP_ERRORS):
+            return None
+        return previous(kind, value, tb)
+
+    return hook
 
 
 class DeltaBatchReader(_FileReading, DataSourceReader):

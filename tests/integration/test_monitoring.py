@@ -26,7 +26,7 @@ import pytest
 from deltalake import write_deltalake
 
 from retry_engine import engine, monitor, status
-from retry_engine.cli import EXIT_NOT_RUNNING, EXIT_OK, main
+from retry_engine.cli import EXIT_OK, main
 from retry_engine.delta import read_query_id
 from retry_engine.errors import SchemaMismatchError
 from retry_engine.plots import (
@@ -150,7 +150,8 @@ def test_status_while_running(run: Run) -> None:
 
 
 def test_status_text_after_the_run(run: Run, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["status", "--config", str(run.conf)]) == EXIT_NOT_RUNNING
+    # A clean stop exits 0 (#13 part 2: `status` after a stop reports stopped, exit 0).
+    assert main(["status", "--config", str(run.conf)]) == EXIT_OK
     out = capsys.readouterr().out
     last = max(r["batch_id"] for r in run.lake.rows("progress") if r["event"] == "progress")
     assert out.startswith("query       stopped: stopped at ")
@@ -163,7 +164,7 @@ def test_status_text_after_the_run(run: Run, capsys: pytest.CaptureFixture[str])
 
 
 def test_status_json_after_the_run(run: Run, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["status", "--config", str(run.conf), "--json"]) == EXIT_NOT_RUNNING
+    assert main(["status", "--config", str(run.conf), "--json"]) == EXIT_OK
     got = json.loads(capsys.readouterr().out)
     assert got["state"] == "stopped" and got["query_id"] == run.query_id
     assert got["outcomes"] == dict(Counter(o["outcome"] for o in run.lake.rows("outcomes")))

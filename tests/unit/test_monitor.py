@@ -15,7 +15,9 @@ from pyspark.sql.streaming.listener import (
     QueryTerminatedEvent,
 )
 
+from retry_engine.falling_behind import RECOVERED_AFTER
 from retry_engine.monitor import ProgressRecorder, parse_spark_time, progress_row
+from retry_engine.status import query_state
 
 QUERY = "11111111-1111-1111-1111-111111111111"
 OTHER = "99999999-9999-9999-9999-999999999999"
@@ -129,3 +131,56 @@ def test_recorder_uses_the_count_recorded_for_its_batch(tmp_path: Path) -> None:
     rows = recorder._rows
     assert [(r["batch_id"], r["num_input_rows"]) for r in rows] == [(4, 40_000), (5, 10)]
     assert recorder._input_rows == {}
+
+
+def test_falling_behind_is_logged_once_per_episode(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """#13 part 6: one WARNING when batches start taking longer than the trigger, one INFO when they stop.
+
+    Spark's executor would warn after each of the 4 late batches; other queries' batches do not count.
+    """
+    recorder = ProgressRecorder(
+        str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000, trigger_interval_ms=1000
+    )
+    durations = [50, 4000, 3000, 1000, 3500, 2000] + [10] * (RECOVERED_AFTER + 5)
+    with caplog.at_level(logging.INFO, logger="retry_engine.monitor"):
+        for batch_id, duration in enumerate(durations):
+            recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": {**progress_json(batch_id), "batchDuration": duration}}))
+            recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": {**progress_json(batch_id, query=OTHER), "batchDuration": 9000}}))
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == [logging.WARNING, logging.INFO], lines
+    assert f"engine query {QUERY} is falling behind: batch 1 took 4000 ms" in lines[0][1]
+    recovered_at = len(durations) - 5 - 1
+    assert f"caught up at batch {recovered_at}: 4 late batches since batch 1, the slowest took 4000 ms" in lines[1][1]
+    assert OTHER not in caplog.text
+
+
+def test_finish_waits_for_sparks_terminated_event(tmp_path: Path) -> None:
+    """#13 part 2: after a stop, finish() returns once Spark's terminated event is written (status: stopped)."""
+    path = str(tmp_path / "progress")
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    recorder.onQueryStarted(started())
+    recorder.onQueryTerminated(terminated())
+    recorder.finish(run_id=RUN, timeout=30)
+    assert recorder.closed
+    rows = DeltaTable(path).to_pyarrow_table()
+    assert rows["event"].to_pylist() == ["started", "terminated"]
+    assert query_state(rows, now=NOW, trigger_interval_ms=1000, flush_interval_ms=1000)[0] == "stopped"
+
+
+def test_finish_records_the_end_itself_when_spark_does_not(tmp_path: Path) -> None:
+    """#13 part 2: a stop whose terminated event never arrives still leaves status reading stopped, not running."""
+    path = str(tmp_path / "progress")
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    recorder.onQueryStarted(started())
+    recorder.finish(run_id=RUN, timeout=0.2)
+    assert recorder.closed
+    # A terminated event that arrives late is not recorded a second time.
+    recorder.onQueryTerminated(terminated())
+    assert recorder.flush() == 0
+    rows = DeltaTable(path).to_pyarrow_table()
+    assert rows["event"].to_pylist() == ["started", "terminated"]
+    assert rows["run_id"].to_pylist() == [RUN, RUN] and rows["exception"].to_pylist() == [None, None]
+    state, why, _, _ = query_state(rows, now=NOW, trigger_interval_ms=1000, flush_interval_ms=1000)
+    assert state == "stopped", why

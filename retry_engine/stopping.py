@@ -1,0 +1,120 @@
+"""Stopping long-running commands cleanly on Ctrl-C (SIGINT) and SIGTERM.
+
+A signal handler only records the signal (:class:`StopSignals`); the main
+thread notices it between short waits and stops the streaming queries
+itself. PySpark's own SIGINT handler instead cancels every Spark job and
+raises ``KeyboardInterrupt`` inside whatever py4j call the main thread is
+blocked in, which leaves the py4j connection half-read ("reentrant call"),
+prints py4j and Java stack traces, and kills the query before its terminated
+event or lease release can be written.
+
+Nothing here runs inside a micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+# Exit codes after a requested stop. SIGTERM is how service managers (systemd,
+# Kubernetes, docker stop) ask for a stop, so a clean stop on it is success;
+# Ctrl-C exits 128 + SIGINT like shells report an interrupted command.
+EXIT_STOPPED_BY_SIGTERM = 0
+EXIT_STOPPED_BY_SIGINT = 128 + signal.SIGINT
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+# JVM loggers that report the interruption of a stopping query as an error or
+# print its stack (see quiet_stop_logs): the stop is requested, so these are noise.
+STOP_NOISE_LOGGERS = (
+    # query.stop() interrupts the stream thread; an interrupt landing while the
+    # batch's broadcast is stored makes TorrentBroadcast log "Store broadcast ... fail".
+    "org.apache.spark.broadcast.TorrentBroadcast",
+    # ... or while Hadoop's local file system forks `readlink` for a checkpoint rename
+    # (WARN with the InterruptedException's stack).
+    "org.apache.hadoop.util.Shell",
+    # Cancelling the stopped batch's job group finds no job when the batch was between jobs.
+    "org.apache.spark.scheduler.DAGScheduler",
+    # One WARN per task of the cancelled job: "Lost task ... TaskKilled (... SPARK_JOB_CANCELLED ...)".
+    "org.apache.spark.scheduler.TaskSetManager",
+)
+# Python loggers that do the same on the driver: py4j logs, with the whole Java stack, the
+# SPARK_JOB_CANCELLED error that the stop makes a running foreachBatch call raise
+# ("There was an exception while executing the Python Proxy on the Python Side").
+STOP_NOISE_PYTHON_LOGGERS = ("py4j.clientserver", "py4j.java_gateway")
+
+
+def exit_code(signum: int) -> int:
+    """The command's exit code after a clean stop requested by ``signum``."""
+    return EXIT_STOPPED_BY_SIGINT if signum == signal.SIGINT else EXIT_STOPPED_BY_SIGTERM
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class StopSignals:
+    """While entered, SIGINT and SIGTERM only set :attr:`received`; the previous handlers come back on exit.
+
+    Enter it after the SparkSession exists: creating a SparkContext installs
+    PySpark's own SIGINT handler, which this one replaces. Must be entered in
+    the main thread (Python delivers signals there only).
+    """
+
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+        self._signals = signals
+        self._previous: dict[int, Any] = {}
+        self._event = threading.Event()
+        self.received: int | None = None
+
+    def __enter__(self) -> StopSignals:
+        for signum in self._signals:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # Runs in the main thread between bytecodes: no I/O but one log line, no Spark calls.
+        if self.received is None:
+            self.received = signum
+            log.info("%s received: stopping after the current batch", signal_name(signum))
+        else:
+            log.info("%s received: already stopping", signal_name(signum))
+        self._event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds; True as soon as a stop was requested (wakes on the signal)."""
+        return self._event.wait(timeout)
+
+
+def quiet_stop_logs(spark: SparkSession) -> None:
+    """Silence the loggers in :data:`STOP_NOISE_LOGGERS` and :data:`STOP_NOISE_PYTHON_LOGGERS` from now on.
+
+    Call right before stopping queries on purpose, in a process that ends
+    after the stop: these loggers then only report the stop's own
+    interruption. Errors of every other logger still show.
+    """
+    for name in STOP_NOISE_PYTHON_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    from retry_engine.session import set_jvm_log_level
+
+    for name in STOP_NOISE_LOGGERS:
+        set_jvm_log_level(spark, name, "OFF")
