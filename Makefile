@@ -36,7 +36,7 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 check-env: venv
-	@$(PY) -c 'from retry_engine.session import require_java; require_java()' || \
+	@$(PY) -c 'from retry_engine.delta.session import require_java; require_java()' || \
 	  { echo "Java 17 or newer is required (Debian: apt-get install openjdk-17-jre-headless)"; exit 1; }
 
 run: check-env
@@ -67,7 +67,7 @@ bench-io: check-env
 	$(PY) bench/bench_delta_io.py
 
 dist: venv
-	$(PY) -m retry_engine.cli zip --output dist/retry_engine.zip
+	$(PY) -m retry_engine.ops.cli zip --output dist/retry_engine.zip
 
 # Executors run PYSPARK_PYTHON: it must have pyarrow, pandas, deltalake and pydantic.
 # PYTHONPATH: the driver JVM plans the deltars source in Python workers that do not see --py-files.

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from retry_engine.delta import write_stream
-from retry_engine.session import build_session
+from retry_engine.delta.session import build_session
 
 FORMAT = "deltars"
 

@@ -51,13 +51,13 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _data import consume_results, write_table  # noqa: E402
 
-from retry_engine import engine  # noqa: E402
-from retry_engine._state_splits import SPLITS_DIR  # noqa: E402
 from retry_engine.config import EngineConfig, parse_config  # noqa: E402
+from retry_engine.core import engine  # noqa: E402
+from retry_engine.core._state_splits import SPLITS_DIR  # noqa: E402
+from retry_engine.core.metrics import OUTCOME_METRICS  # noqa: E402
+from retry_engine.core.schedule import ScheduleStage, StateKeySplit  # noqa: E402
 from retry_engine.delta import write_stream  # noqa: E402
-from retry_engine.metrics import OUTCOME_METRICS  # noqa: E402
-from retry_engine.schedule import ScheduleStage, StateKeySplit  # noqa: E402
-from retry_engine.session import build_session  # noqa: E402
+from retry_engine.delta.session import build_session  # noqa: E402
 
 ARRIVAL_RATE = 10_000.0  # simulated messages/s of the topic: spreads store times over state buckets
 

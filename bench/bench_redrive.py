@@ -26,9 +26,9 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import write_deltalake
 
+from retry_engine.clients.dlq import Selection
 from retry_engine.config import parse_config
-from retry_engine.dlq import Selection
-from retry_engine.redrive import redrive
+from retry_engine.ops.redrive import redrive
 from retry_engine.schemas import DLQ, MESSAGES
 
 

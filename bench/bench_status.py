@@ -29,8 +29,8 @@ import pyarrow as pa
 from deltalake import write_deltalake
 
 from retry_engine.config import parse_config
+from retry_engine.ops.status import format_status, read_tables, status
 from retry_engine.schemas import DLQ, OUTCOMES, PROGRESS, RETRY
-from retry_engine.status import format_status, read_tables, status
 
 T0 = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from retry_engine.cli import main
+from retry_engine.ops.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["run", *sys.argv[1:]]))

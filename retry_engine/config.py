@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from retry_engine.delays import (
+from retry_engine.core.delays import (
     DEFAULT_DELAY_LEVELS,
     ROCKETMQ_FIRST_RETRY_LEVEL,
     BackoffPolicy,
@@ -35,8 +35,8 @@ from retry_engine.delays import (
     parse_delay_levels,
     parse_duration_ms,
 )
+from retry_engine.core.names import GROUP_MAX_LENGTH, name_problem
 from retry_engine.errors import ConfigError, DelayLevelError
-from retry_engine.names import GROUP_MAX_LENGTH, name_problem
 
 DEFAULT_CONFIG_FILE = Path("conf/retry-engine.toml")
 DEFAULT_LAKE = "./data/lake"

@@ -238,7 +238,7 @@ WORK = Table(
 
 
 # The lake's single-row engine state (lease + last batch), at ``<lake>/_engine_state``.
-# Not in ALL_TABLES: no user reads it; :mod:`retry_engine.lease` owns it.
+# Not in ALL_TABLES: no user reads it; :mod:`retry_engine.core.lease` owns it.
 _TS = c.TS
 ENGINE_STATE = Table(
     "engine_state",
@@ -262,7 +262,7 @@ ENGINE_STATE = Table(
 
 
 # What each `retry-engine maintain` run (or the engine's own maintenance) did to one table,
-# at ``<lake>/_maintenance``. Not in ALL_TABLES: :mod:`retry_engine.maintenance` owns it.
+# at ``<lake>/_maintenance``. Not in ALL_TABLES: :mod:`retry_engine.ops.maintenance` owns it.
 MAINTENANCE = Table(
     "maintenance",
     "Internal: one row per table per maintenance run (compaction, log checkpoint, log cleanup, vacuum).",

@@ -73,7 +73,7 @@ def results_table(results: list[Result], schema: pa.Schema = CONSUME_RESULTS.arr
 def work_rows(results: list[Result], *, batch_ts: dt.datetime, config: Any = None) -> pa.Table:
     """WORK rows as the decision step makes them from ``results`` at micro-batch time ``batch_ts``."""
     from retry_engine.config import parse_config
-    from retry_engine.decide import BATCH_TS, POSITION, Decider
+    from retry_engine.core.decide import BATCH_TS, POSITION, Decider
 
     table = results_table(results)
     n = table.num_rows

@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:  # type: ignore[name-defined]  # noqa: F821
     """One local[2] session for the whole run; created lazily, stopped at teardown."""
-    from retry_engine.session import build_session
+    from retry_engine.delta.session import build_session
 
     session = build_session(app_name="retry-engine-tests", log_level="ERROR")
     logging.getLogger("py4j").setLevel(logging.WARNING)

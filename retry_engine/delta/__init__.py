@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from retry_engine.delta._checkpoint import ensure_query_id, read_query_id
+from retry_engine.delta._options import FORMAT_NAME
+from retry_engine.delta.datasource import DeltaRsDataSource
 from retry_engine.delta.sink import DeltaBatchWriter, DeltaStreamWriter, SinkOptions, write_stream
 from retry_engine.delta.source import (
     DEFAULT_MAX_FILES_PER_TRIGGER,
-    FORMAT_NAME,
     DeltaBatchReader,
-    DeltaRsDataSource,
     DeltaStreamReader,
     SourceOptions,
 )

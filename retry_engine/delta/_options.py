@@ -5,11 +5,15 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping
+from typing import Final
 
 from retry_engine.errors import ConfigError
 
 _BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
                "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+# The name Spark knows the data source by: ``spark.read.format(FORMAT_NAME)``.
+FORMAT_NAME: Final = "deltars"
 
 
 def lower_keys(options: Mapping[str, str]) -> dict[str, str]:

@@ -32,8 +32,7 @@ from pyspark.sql.types import StructType
 from retry_engine.delta._checkpoint import read_query_id
 from retry_engine.delta._files import PartitionedWriter, WrittenFile, delete_quietly
 from retry_engine.delta._log import TableLocation, data_file_path, join_path
-from retry_engine.delta._options import lower_keys, require_path
-from retry_engine.delta.source import FORMAT_NAME
+from retry_engine.delta._options import FORMAT_NAME, lower_keys, require_path
 from retry_engine.delta.tables import ensure_table, not_null_columns
 from retry_engine.errors import ConfigError, DeltaSinkError
 

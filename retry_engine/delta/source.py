@@ -27,11 +27,10 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
-    DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     InputPartition,
@@ -46,7 +45,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from retry_engine._arrow_ipc import ipc_chunks
+from retry_engine.delta._arrow_ipc import ipc_chunks
 from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import Commit, DeltaLog, FileEntry, TableLocation, relative_data_path
 from retry_engine.delta._offsets import (
@@ -69,12 +68,8 @@ from retry_engine.delta._options import (
 from retry_engine.delta._schema import check_stream_schema
 from retry_engine.errors import ConfigError, DeltaSourceError
 
-if TYPE_CHECKING:
-    from retry_engine.delta.sink import DeltaBatchWriter, DeltaStreamWriter
-
 log = logging.getLogger(__name__)
 
-FORMAT_NAME = "deltars"
 DEFAULT_MAX_FILES_PER_TRIGGER = 1000
 # With packedColumn: about this many bytes per packed value (Spark builds each Arrow
 # batch in JVM direct memory, and one binary value is capped at 2 GiB).
@@ -405,43 +400,3 @@ class DeltaBatchReader(_FileReading, DataSourceReader):
         if version is None:
             version = delta_log.latest_version()
         return [FilePartition.of(f, self.options.path) for f in delta_log.snapshot(version)]
-
-
-class DeltaRsDataSource(DataSource):
-    """``format("deltars")``: read and write Delta tables through delta-rs.
-
-    Options: ``path`` (required). Reading: ``maxFilesPerTrigger`` (default
-    1000), ``maxBytesPerTrigger``, ``ignoreDeletes``, ``skipChangeCommits``,
-    ``startingVersion`` (a version or "latest") or ``startingTimestamp`` (a
-    date or timestamp: the first commit at or after it), ``versionAsOf`` (batch),
-    ``sourcePositionColumn``, ``packedColumn`` (rows packed as Arrow IPC
-    batches in one binary column). Writing: ``partitionBy`` (comma-separated),
-    ``txnAppId`` + ``txnVersion`` (idempotent batch writes; streams use the
-    query id from ``checkpointLocation``).
-    """
-
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT_NAME
-
-    def schema(self) -> StructType:
-        """The table's rows (:func:`row_schema`), or with ``packedColumn`` one binary column."""
-        options = SourceOptions.parse(self.options)
-        rows = row_schema(options)
-        return packed_schema(options.packed_column) if options.packed_column else rows
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return DeltaBatchReader(SourceOptions.parse(self.options), schema)
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return DeltaStreamReader(SourceOptions.parse(self.options), schema)
-
-    def writer(self, schema: StructType, overwrite: bool) -> DeltaBatchWriter:
-        from retry_engine.delta.sink import DeltaBatchWriter
-
-        return DeltaBatchWriter(self.options, schema, overwrite)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DeltaStreamWriter:
-        from retry_engine.delta.sink import DeltaStreamWriter
-
-        return DeltaStreamWriter(self.options, schema, overwrite)

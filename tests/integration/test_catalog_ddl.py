@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from retry_engine.catalog import catalog_ddl
 from retry_engine.config import TABLE_NAMES, parse_config
+from retry_engine.ops.catalog import catalog_ddl
 
 # A lake folder name with everything a string literal or identifier could trip over.
 HOSTILE = "it's a `lake`; -- \\ back\\slash ünï \"q\""

@@ -23,8 +23,7 @@ import pytest
 from pyspark.sql import DataFrame
 from pyspark.sql.streaming.query import StreamingQuery
 
-from retry_engine import engine
-from retry_engine.consumer import (
+from retry_engine.clients.consumer import (
     CONSUME_SUCCESS,
     RECONSUME_LATER,
     ConsumeContext,
@@ -32,7 +31,8 @@ from retry_engine.consumer import (
     ReceivedMessage,
     ResultWriter,
 )
-from retry_engine.producer import Message, Producer
+from retry_engine.clients.producer import Message, Producer
+from retry_engine.core import engine
 from tests.lakehouse import Lake, wait_for
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.cluster import StandaloneCluster, build_py_files
+from retry_engine.ops.cluster import StandaloneCluster, build_py_files
 from tests.builders import Result
 from tests.integration.test_engine import redeliver
 from tests.lakehouse import FAST_LEVELS, Lake, wait_for
@@ -68,7 +68,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def test_issue6_engine_on_standalone_cluster_with_py_files_zip(tmp_path: Path) -> None:
     python = _executor_python(tmp_path)
-    hidden = subprocess.run([str(python), "-m", "retry_engine.cli", "--help"], capture_output=True, text=True, cwd=tmp_path)
+    hidden = subprocess.run([str(python), "-m", "retry_engine.ops.cli", "--help"], capture_output=True, text=True, cwd=tmp_path)
     assert "No module named 'retry_engine'" in hidden.stderr, "executors could import the package without the zip"
 
     py_files = build_py_files(tmp_path / "dist" / "retry_engine.zip")

@@ -11,8 +11,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from retry_engine import append_consume_results, engine
-from retry_engine.schema_text import spark_ddl
+from retry_engine import append_consume_results
+from retry_engine.core import engine
+from retry_engine.ops.schema_text import spark_ddl
 from retry_engine.schemas import ALL_TABLES
 from tests.lakehouse import Lake, wait_for
 
@@ -41,7 +42,7 @@ def test_engine_decides_helper_rows_and_logs_its_tables_at_start(
             }
         ),
     )
-    with caplog.at_level(logging.INFO, logger="retry_engine.engine"):
+    with caplog.at_level(logging.INFO, logger="retry_engine.core.engine"):
         query = engine.start(spark, lake.config)
     try:
         wait_for(lambda: len(lake.rows("outcomes")) >= 3, timeout=300, what="an outcome for every helper row")

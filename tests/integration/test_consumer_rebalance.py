@@ -19,10 +19,10 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine.consumer import CONSUME_SUCCESS, Consumer
+from retry_engine.clients.consumer import CONSUME_SUCCESS, Consumer
+from retry_engine.clients.producer import Message, Producer
+from retry_engine.clients.rebalance import Membership
 from retry_engine.delta import ensure_table
-from retry_engine.producer import Message, Producer
-from retry_engine.rebalance import Membership
 from retry_engine.schemas import RETRY
 from tests.lakehouse import Lake, wait_for
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from retry_engine.consumer import Consumer
-from retry_engine.producer import Producer
+from retry_engine.clients.consumer import Consumer
+from retry_engine.clients.producer import Producer
 from tests.lakehouse import Lake
 from tests.streaming import running
 
@@ -50,8 +50,8 @@ def test_r14_a_redriven_message_has_a_delivery_key_of_its_own(spark: Any, tmp_pa
 
 def test_r14_spark_and_python_make_the_same_delivery_keys(spark: Any) -> None:
     """The consumer computes keys in Spark; decide and re-drive in Python: one rule for both."""
-    from retry_engine.consumer import delivery_key_column
-    from retry_engine.names import delivery_key, redrive_count
+    from retry_engine.clients.consumer import delivery_key_column
+    from retry_engine.core.names import delivery_key, redrive_count
 
     values = [None, "", "3", "007", "+2", " 2", "2 ", "\u00b2", "\u0663", "lots", "-1", "123456789", "1234567890", "9" * 5000]
     rows = [

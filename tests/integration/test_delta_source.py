@@ -232,7 +232,7 @@ def test_starting_version_latest_reads_only_new_commits(spark: SparkSession, lak
 
 def test_packed_column_carries_the_same_rows_as_arrow_batches(spark: SparkSession, lake: Path) -> None:
     """``packedColumn``: one Spark row per Arrow batch read; unpacked, the rows and positions of a plain read."""
-    from retry_engine._arrow_ipc import from_ipc
+    from retry_engine.delta._arrow_ipc import from_ipc
 
     src = lake / "src"
     make_table(src, versions=3, partition_by=["day"])

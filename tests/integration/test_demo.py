@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine.demo import DEMO_GROUP, DEMO_MAX_RECONSUME_TIMES, kind_of, run_demo
+from retry_engine.ops.demo import DEMO_GROUP, DEMO_MAX_RECONSUME_TIMES, kind_of, run_demo
 
 pytestmark = pytest.mark.slow
 

@@ -21,13 +21,15 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine import dlq, engine, redrive
-from retry_engine.audit import read_audit
-from retry_engine.cli import EXIT_ERROR, EXIT_OK, main
+from retry_engine.clients import dlq
+from retry_engine.clients.dlq import Selection
+from retry_engine.core import engine
+from retry_engine.core.names import PROP_REDRIVE_COUNT
 from retry_engine.delta import table_version
-from retry_engine.dlq import Selection
 from retry_engine.errors import InvalidNameError, RedriveError, SelectionError
-from retry_engine.names import PROP_REDRIVE_COUNT
+from retry_engine.ops import redrive
+from retry_engine.ops.audit import read_audit
+from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, main
 from retry_engine.schemas import MESSAGES, REDRIVE_AUDIT, RETRY
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
@@ -458,7 +460,7 @@ def test_cli_redrive_killed_midway_then_rerun(lake: Lake, config_file: str) -> N
     """A real interruption: SIGKILL the CLI mid-re-drive, run it again, nothing moves twice."""
     args = ["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--chunk-size", "1", "--rate", "3"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "retry_engine.cli", *args], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "retry_engine.ops.cli", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: len(lake.rows("redrive_audit")) >= 3, timeout=120, what="three chunks audited")
@@ -482,7 +484,7 @@ def test_resolve_and_expire_on_the_engines_dlq_with_spark_listing(spark: Any, la
     """#13 part 5 item 2 (R9, B5): on a DLQ the engine wrote, resolved dead letters leave the Spark and
     pandas listings (unless asked for) and re-drives; purged ones leave the DLQ table at expire, and
     the table still reads the same through delta-rs, pyarrow datasets and Spark."""
-    from retry_engine import resolve
+    from retry_engine.ops import resolve
 
     timeouts = Selection(group="billing", error_pattern="Timeout")  # B-T1, B-T2 and the two exhausted payments
     resolved = resolve.resolve(lake.config, timeouts, reason="re-entered by hand", operator="alice")

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from retry_engine import engine
-from retry_engine.delays import parse_delay_levels
+from retry_engine.core import engine
+from retry_engine.core.delays import parse_delay_levels
 from tests.builders import Result
 from tests.lakehouse import FAST_LEVELS, Lake, wait_for
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine import engine
+from retry_engine.core import engine
 from tests.builders import Result, results_table, with_unvalidated_group
 from tests.lakehouse import Lake, wait_for
 from tests.streaming import running

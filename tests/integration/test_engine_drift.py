@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine import engine
+from retry_engine.core import engine
 from tests.lakehouse import Lake, wait_for
 
 pytestmark = pytest.mark.slow

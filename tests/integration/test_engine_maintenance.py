@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine import engine
-from retry_engine.cli import EXIT_OK, main
+from retry_engine.core import engine
 from retry_engine.delta import register
-from retry_engine.maintenance import ENGINE_TABLES, maintenance_path
+from retry_engine.ops.cli import EXIT_OK, main
+from retry_engine.ops.maintenance import ENGINE_TABLES, maintenance_path
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.cli import main
-from retry_engine.lease import read_state
+from retry_engine.core.lease import read_state
+from retry_engine.ops.cli import main
 from tests.builders import Result
 from tests.lakehouse import FAST_LEVELS, Lake, wait_for
 
@@ -70,7 +70,7 @@ def _spawn(conf: Path, logs: Path, name: str) -> tuple[subprocess.Popen[bytes], 
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "retry_engine.cli", "run", "--config", str(conf)],
+            [sys.executable, "-m", "retry_engine.ops.cli", "run", "--config", str(conf)],
             stdout=stdout, stderr=stderr, env=env, cwd=REPO, start_new_session=True,
         )
     return proc, out, err

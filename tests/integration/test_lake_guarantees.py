@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame
 
-from retry_engine import engine
+from retry_engine.core import engine
+from retry_engine.core.lease import LakeLease, Owner, read_state
+from retry_engine.core.outputs import BatchWriter
 from retry_engine.delta import ensure_query_id
 from retry_engine.errors import LakeOwnedError, LakeResumeError
-from retry_engine.lease import LakeLease, Owner, read_state
-from retry_engine.outputs import BatchWriter
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
 
@@ -162,7 +162,7 @@ def test_cli_run_refuses_an_owned_lake_until_take_over(
     """
     import datetime as dt
 
-    from retry_engine.cli import EXIT_ERROR, EXIT_OK, main
+    from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, main
     from tests.lakehouse import FAST_LEVELS
 
     lake = lake_with(tmp_path, "cli")

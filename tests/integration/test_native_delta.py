@@ -7,10 +7,15 @@ from typing import Any
 
 import pytest
 
-from retry_engine import engine
-from retry_engine.cli import EXIT_ERROR, main
+from retry_engine.core import engine
+from retry_engine.delta.native_delta import (
+    CATALOG_CLASS,
+    CATALOG_KEY,
+    EXTENSION_CLASS,
+    EXTENSIONS_KEY,
+)
 from retry_engine.errors import EnvironmentProblem
-from retry_engine.native_delta import CATALOG_CLASS, CATALOG_KEY, EXTENSION_CLASS, EXTENSIONS_KEY
+from retry_engine.ops.cli import EXIT_ERROR, main
 from tests.lakehouse import Lake
 
 
@@ -56,9 +61,9 @@ def test_native_writer_routes_rows_on_spark_as_the_deltars_writer_does(spark: An
     import pyarrow as pa
 
     from retry_engine.config import parse_config
-    from retry_engine.native_delta import routed_rows
-    from retry_engine.outputs import ROUTED_TABLES, route
-    from retry_engine.packed import pack
+    from retry_engine.core.outputs import ROUTED_TABLES, route
+    from retry_engine.core.packed import pack
+    from retry_engine.delta.native_delta import routed_rows
     from tests.builders import T0, Result, delivered, work_rows
 
     config = parse_config({"engine": {"auto_create_groups": False}, "groups": {"G": {}}})

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine import engine
+from retry_engine.core import engine
+from retry_engine.core.metrics import DELIVERED, LATENESS_MS_MIN, OUTCOME_METRICS
+from retry_engine.core.outputs import BatchWriter, route
+from retry_engine.core.packed import pack
 from retry_engine.delta import append_arrow
-from retry_engine.metrics import DELIVERED, LATENESS_MS_MIN, OUTCOME_METRICS
-from retry_engine.outputs import BatchWriter, route
-from retry_engine.packed import pack
 from retry_engine.schemas import OUTCOMES
 from tests.builders import T0, Result, delivered, work_rows
 from tests.lakehouse import Lake, wait_for
@@ -29,7 +29,7 @@ def _batch(spark: Any) -> tuple[Any, pa.Table]:
         batch_ts=T0,
     )
     rows = pa.concat_tables([work, delivered(work, late_ms=[5, 7])])
-    # As the schedule stage hands them over: packed, a few rows per key (retry_engine.packed).
+    # As the schedule stage hands them over: packed, a few rows per key (retry_engine.core.packed).
     return spark.createDataFrame(pa.Table.from_batches([pack(rows)])).repartition(2), rows
 
 

@@ -26,7 +26,7 @@ import pyarrow.dataset as ds
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine import engine
+from retry_engine.core import engine
 from retry_engine.delta import FORMAT_NAME
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for

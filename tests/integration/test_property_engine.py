@@ -2,7 +2,7 @@
 
 Hypothesis generates consume_results appends over the full value range of
 every column (tests/strategies.py) and runs them through ONE engine started
-for the module (retry_engine.engine.start, deltars format, a tmp lake, short
+for the module (retry_engine.core.engine.start, deltars format, a tmp lake, short
 trigger and delay levels). For every example it checks what SPEC's bad-input
 rule, B1 and R8 promise for every value a column can hold:
 
@@ -51,8 +51,8 @@ from hypothesis import event, given, note, settings
 from hypothesis.control import currently_in_test_context
 from pyspark.sql.streaming.query import StreamingQuery
 
-from retry_engine import engine
-from retry_engine.delays import parse_duration_ms
+from retry_engine.core import engine
+from retry_engine.core.delays import parse_duration_ms
 from tests import strategies
 from tests.lakehouse import Lake
 from tests.strategies import Example

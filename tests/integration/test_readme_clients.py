@@ -40,8 +40,8 @@ def test_readme_producer_and_consumer_examples_run(spark: Any, tmp_path: Path, m
 def test_send_frame_rejects_bad_frames_with_clear_errors(spark: Any, tmp_path: Path) -> None:
     from pyspark.errors import PythonException
 
+    from retry_engine.clients.producer import send_frame
     from retry_engine.errors import SchemaMismatchError
-    from retry_engine.producer import send_frame
 
     path = str(tmp_path / "messages")
     no_body = spark.createDataFrame([("orders",)], "topic string")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from retry_engine.dlq import redrive_count_column
-from retry_engine.names import PROP_REDRIVE_COUNT, parse_redrive_count
+from retry_engine.clients.dlq import redrive_count_column
+from retry_engine.core.names import PROP_REDRIVE_COUNT, parse_redrive_count
 
 # Java's ``$`` matches before any final line terminator (\n, \r\n, \r, \u0085, \u2028).
 VALUES = ["3", "007", "3\n", "3\r\n", "3\r", "3\u0085", "3\u2028", "\n3", "3\x00", " 3", "\u0663"]

@@ -18,10 +18,10 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine import dlq
-from retry_engine.consumer import CONSUME_SUCCESS, Consumer
-from retry_engine.producer import Message, Producer
-from retry_engine.resend import resend
+from retry_engine.clients import dlq
+from retry_engine.clients.consumer import CONSUME_SUCCESS, Consumer
+from retry_engine.clients.producer import Message, Producer
+from retry_engine.ops.resend import resend
 from retry_engine.schemas import DLQ
 from tests.lakehouse import Lake, wait_for
 

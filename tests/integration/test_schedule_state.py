@@ -12,9 +12,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from retry_engine import engine
-from retry_engine._arrow_ipc import from_ipc, to_ipc
-from retry_engine.schedule import KEYS_FILE, ScheduleStage, StateKeySplit
+from retry_engine.core import engine
+from retry_engine.core.schedule import KEYS_FILE, ScheduleStage, StateKeySplit
+from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
 

@@ -19,10 +19,10 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
-from retry_engine import engine
-from retry_engine._arrow_ipc import from_ipc
 from retry_engine.config import parse_config
+from retry_engine.core import engine
 from retry_engine.delta import append_arrow, ensure_table
+from retry_engine.delta._arrow_ipc import from_ipc
 from retry_engine.schemas import CONSUME_RESULTS
 from tests.builders import Result, results_table
 from tests.streaming import running

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame
 
-from retry_engine import engine
-from retry_engine._state_splits import SPLITS_DIR
-from retry_engine.outputs import BatchWriter
+from retry_engine.core import engine
+from retry_engine.core._state_splits import SPLITS_DIR
+from retry_engine.core.outputs import BatchWriter
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.catalog import catalog_ddl, quote_identifier, sql_string, table_location
-from retry_engine.cli import EXIT_ERROR, EXIT_OK, main
 from retry_engine.config import TABLE_NAMES, parse_config
 from retry_engine.errors import ConfigError
+from retry_engine.ops.catalog import catalog_ddl, quote_identifier, sql_string, table_location
+from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, main
 
 
 def test_identifiers_are_back_quoted_with_inner_back_quotes_doubled() -> None:

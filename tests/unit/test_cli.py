@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.cli import EXIT_ERROR, EXIT_OK, main
+from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, main
 
 
 def test_check_config_prints_resolved_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

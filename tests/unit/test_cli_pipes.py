@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine.cli import EXIT_BROKEN_PIPE
+from retry_engine.ops.cli import EXIT_BROKEN_PIPE
 from retry_engine.schemas import DLQ, PROGRESS
 from tests.unit.test_dlq_selection import _dlq_rows as dlq_rows
 
@@ -46,7 +46,7 @@ def run_into_closed_pipe(args: list[str]) -> subprocess.CompletedProcess[str]:
     os.close(read_end)  # the reader is gone before the command writes a byte
     try:
         return subprocess.run(
-            [sys.executable, "-m", "retry_engine.cli", *args],
+            [sys.executable, "-m", "retry_engine.ops.cli", *args],
             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120, check=False,
         )
     finally:
@@ -64,7 +64,7 @@ def test_a_closed_pipe_ends_the_command_quietly(conf: Path, command: list[str]) 
 def test_the_same_commands_print_normally_into_an_open_pipe(conf: Path) -> None:
     """The handling does not swallow output: a reader that stays gets every line."""
     proc = subprocess.run(
-        [sys.executable, "-m", "retry_engine.cli", "check-config", "--config", str(conf)],
+        [sys.executable, "-m", "retry_engine.ops.cli", "check-config", "--config", str(conf)],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert proc.returncode == 0, proc.stderr

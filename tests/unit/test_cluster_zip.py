@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.cli import EXIT_OK, main
-from retry_engine.cluster import build_py_files
+from retry_engine.ops.cli import EXIT_OK, main
+from retry_engine.ops.cluster import build_py_files
 
 
 def test_py_files_zip_has_the_installed_layout(tmp_path: Path) -> None:
@@ -25,4 +25,4 @@ def test_cli_zip_writes_the_zip_where_asked(tmp_path: Path, capsys: pytest.Captu
     target = tmp_path / "out" / "engine.zip"
     assert main(["zip", "--output", str(target)]) == EXIT_OK
     assert capsys.readouterr().out.strip() == str(target)
-    assert "retry_engine/cli.py" in zipfile.ZipFile(target).namelist()
+    assert "retry_engine/ops/cli.py" in zipfile.ZipFile(target).namelist()

@@ -18,12 +18,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine import redrive
-from retry_engine.audit import read_audit
+from retry_engine.clients.dlq import PROP_REDRIVE_FROM, PROP_REDRIVE_ID, Selection
 from retry_engine.config import EngineConfig, parse_config
 from retry_engine.delta import append_arrow
-from retry_engine.dlq import PROP_REDRIVE_FROM, PROP_REDRIVE_ID, Selection
 from retry_engine.errors import RedriveError
+from retry_engine.ops import redrive
+from retry_engine.ops.audit import read_audit
 from retry_engine.schemas import DLQ
 
 DEAD = 24

@@ -19,7 +19,6 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from retry_engine import append_consume_results
-from retry_engine.cli import EXIT_OK, EXIT_USAGE, main
 from retry_engine.config import parse_config
 from retry_engine.errors import (
     ConsumeResultTypeError,
@@ -27,6 +26,7 @@ from retry_engine.errors import (
     RetryEngineError,
     SchemaMismatchError,
 )
+from retry_engine.ops.cli import EXIT_OK, EXIT_USAGE, main
 from retry_engine.schemas import ALL_TABLES, CONSUME_RESULTS, DLQ
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from retry_engine.config import parse_config
-from retry_engine.consumer import (
+from retry_engine.clients.consumer import (
     CONSUME_SUCCESS,
     RECONSUME_LATER,
     ConsumeContext,
@@ -19,6 +18,7 @@ from retry_engine.consumer import (
     consume_batch,
     parse_tags,
 )
+from retry_engine.config import parse_config
 from retry_engine.errors import InvalidNameError, SubscriptionError
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGES
 
@@ -171,7 +171,7 @@ def test_default_checkpoint_does_not_contain_the_group_name() -> None:
 
 
 def test_demo_command_rejects_a_bad_message_count_before_starting_spark(capsys: pytest.CaptureFixture[str]) -> None:
-    from retry_engine.cli import EXIT_ERROR, main
+    from retry_engine.ops.cli import EXIT_ERROR, main
 
     assert main(["demo", "--messages", "0"]) == EXIT_ERROR
     assert "[INVALID_OPTION] demo messages=0 must be a positive int" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from retry_engine.config import parse_config
-from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema, new_msg_id
+from retry_engine.core.decide import BATCH_TS, POSITION, Decider, check_input_schema, new_msg_id
 from retry_engine.errors import SchemaMismatchError
 from retry_engine.schemas import CONSUME_RESULTS
 from tests.builders import T0, Result, results_table

@@ -16,7 +16,14 @@ import pyarrow as pa
 import pytest
 
 from retry_engine.config import EngineConfig, parse_config
-from retry_engine.decide import BATCH_TS, NO_STATE_BUCKET, POSITION, Decider, blank_mask, is_blank
+from retry_engine.core.decide import (
+    BATCH_TS,
+    NO_STATE_BUCKET,
+    POSITION,
+    Decider,
+    blank_mask,
+    is_blank,
+)
 from retry_engine.errors import ConfigError
 from retry_engine.schemas import CONSUME_RESULTS
 from tests.builders import T0, Result, results_table, with_unvalidated_group

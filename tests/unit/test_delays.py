@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from retry_engine.delays import (
+from retry_engine.core.delays import (
     DEFAULT_DELAY_LEVELS,
     ExponentialPolicy,
     LevelPolicy,

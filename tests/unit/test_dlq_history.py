@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine import dlq
-from retry_engine.cli import EXIT_OK, main
+from retry_engine.clients import dlq
+from retry_engine.ops.cli import EXIT_OK, main
 from retry_engine.schemas import CONSUME_RESULTS, DLQ, OUTCOMES, RETRY, Table
 from tests.lakehouse import Lake
 

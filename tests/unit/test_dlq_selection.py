@@ -10,12 +10,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from retry_engine import dlq
-from retry_engine.cli import EXIT_USAGE, main
+from retry_engine.clients import dlq
+from retry_engine.clients.dlq import Selection
 from retry_engine.config import parse_config
-from retry_engine.dlq import Selection
 from retry_engine.errors import ConfigError, InvalidNameError, SelectionError
-from retry_engine.redrive import RateLimiter, default_redrive_id, redrive, redriven_msg_id
+from retry_engine.ops.cli import EXIT_USAGE, main
+from retry_engine.ops.redrive import RateLimiter, default_redrive_id, redrive, redriven_msg_id
 from retry_engine.schemas import DLQ
 
 T0 = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from retry_engine.falling_behind import RECOVERED_AFTER, FallingBehind
+from retry_engine.ops.falling_behind import RECOVERED_AFTER, FallingBehind
 
 INTERVAL = 1000
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, _parser, main
 from retry_engine.config import ENV_LAKE, load_config
+from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, _parser, main
 from retry_engine.schemas import DLQ
 
 REPO = Path(__file__).resolve().parents[2]

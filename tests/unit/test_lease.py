@@ -15,12 +15,19 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from retry_engine import resume
-from retry_engine._arrow_ipc import to_ipc
+from retry_engine.core import resume
+from retry_engine.core.engine import _unpacked
+from retry_engine.core.lease import (
+    BatchRecord,
+    EngineState,
+    Heartbeat,
+    LakeLease,
+    Owner,
+    read_state,
+)
+from retry_engine.delta._arrow_ipc import to_ipc
 from retry_engine.delta._files import position_array, position_prefix
-from retry_engine.engine import _unpacked
 from retry_engine.errors import DeltaSourceError, LakeOwnedError, LakeResumeError, LeaseLostError
-from retry_engine.lease import BatchRecord, EngineState, Heartbeat, LakeLease, Owner, read_state
 
 T0 = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 TIMEOUT_MS = 60_000
@@ -188,8 +195,8 @@ def test_resume_plan_refuses_what_would_lose_or_repeat() -> None:
 
 def test_resume_filter_drops_exactly_the_rows_already_read() -> None:
     """The position floor keeps rows of later files of the resume commit, and of later commits, only."""
-    from retry_engine.decide import BATCH_TS, POSITION
-    from retry_engine.engine import PACKED_INPUT
+    from retry_engine.core.decide import BATCH_TS, POSITION
+    from retry_engine.core.engine import PACKED_INPUT
 
     def payload(version: int, index: int, rows: int) -> bytes:
         positions = position_array(position_prefix(version, index, False), 0, rows)
@@ -216,7 +223,7 @@ def test_once_waits_for_the_table_version_it_saw() -> None:
     """#12 item 20: ``run_once`` stops only at a batch whose source end lies past the version it saw at start."""
     import json
 
-    from retry_engine.engine import _covers
+    from retry_engine.core.engine import _covers
 
     def end(version: int, index: int, starting: bool = False) -> dict[str, object]:
         return {"reservoirVersion": version, "index": index, "isStartingVersion": starting}
@@ -253,7 +260,7 @@ def _append(config: Any, name: str, rows: list[dict[str, Any]]) -> None:
 
 def test_new_checkpoint_refuses_a_lake_whose_outcomes_no_batch_record_covers(tmp_path: Path) -> None:
     """#12 item 8: outcomes written before lake records (an upgrade) must not be decided again by a new checkpoint."""
-    from retry_engine.engine import _resume_point
+    from retry_engine.core.engine import _resume_point
 
     config = _lake_config(tmp_path)
     assert _resume_point(config, None, "q", fresh=True, discard_pending=False) == (None, 0)  # an empty lake
@@ -266,7 +273,7 @@ def test_new_checkpoint_refuses_a_lake_whose_outcomes_no_batch_record_covers(tmp
 
 def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None:
     """A retry outcome whose retry row is missing is pending, whatever the batch record says (B8)."""
-    from retry_engine.engine import _resume_point
+    from retry_engine.core.engine import _resume_point
 
     config = _lake_config(tmp_path)
     before = EngineState(1, owner("A"), T0, True, batch("A", 3, pending=0))

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from retry_engine.core.lease import BatchRecord, LakeLease, Owner, read_state
 from retry_engine.errors import LakeOwnedError, LeaseLostError
-from retry_engine.lease import BatchRecord, LakeLease, Owner, read_state
 
 moto_server = pytest.importorskip("moto.server")
 

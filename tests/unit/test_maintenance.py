@@ -21,7 +21,6 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from retry_engine.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from retry_engine.config import (
     minimum_retention_hours,
     parse_config,
@@ -31,7 +30,8 @@ from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import DeltaLog, TableLocation
 from retry_engine.delta._offsets import ChangeRules, Offset, files_after
 from retry_engine.errors import ConfigError, DeltaSourceError
-from retry_engine.maintenance import (
+from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
+from retry_engine.ops.maintenance import (
     MAINTAINED_TABLES,
     EngineMaintenance,
     _Due,

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from retry_engine import metrics
 from retry_engine.config import parse_config
+from retry_engine.core import metrics
 from retry_engine.schemas import METRICS
 from tests.builders import T0, Result, delivered, work_rows
 

@@ -15,9 +15,9 @@ from pyspark.sql.streaming.listener import (
     QueryTerminatedEvent,
 )
 
-from retry_engine.falling_behind import RECOVERED_AFTER
-from retry_engine.monitor import ProgressRecorder, parse_spark_time, progress_row
-from retry_engine.status import query_state
+from retry_engine.ops.falling_behind import RECOVERED_AFTER
+from retry_engine.ops.monitor import ProgressRecorder, parse_spark_time, progress_row
+from retry_engine.ops.status import query_state
 
 QUERY = "11111111-1111-1111-1111-111111111111"
 OTHER = "99999999-9999-9999-9999-999999999999"
@@ -95,7 +95,7 @@ def test_recorder_writes_its_query_only_and_closes_on_terminated(tmp_path: Path)
 
 def test_a_bad_event_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     recorder = ProgressRecorder(str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000)
-    with caplog.at_level(logging.ERROR, logger="retry_engine.monitor"):
+    with caplog.at_level(logging.ERROR, logger="retry_engine.ops.monitor"):
         recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(0, timestamp="yesterday")}))
     assert "could not record a progress event" in caplog.text and QUERY in caplog.text
     assert recorder.flush() == 0
@@ -106,7 +106,7 @@ def test_a_failed_write_keeps_the_rows_for_the_next_flush(tmp_path: Path, caplog
     blocker.write_text("a file where the table should be")
     recorder = ProgressRecorder(str(blocker / "progress"), query_id=QUERY, flush_interval_ms=60_000)
     recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(0)}))
-    with caplog.at_level(logging.ERROR, logger="retry_engine.monitor"):
+    with caplog.at_level(logging.ERROR, logger="retry_engine.ops.monitor"):
         assert recorder.flush() == 0
     assert "could not append 1 rows" in caplog.text
     recorder.path = str(tmp_path / "progress")
@@ -142,7 +142,7 @@ def test_falling_behind_is_logged_once_per_episode(tmp_path: Path, caplog: pytes
         str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000, trigger_interval_ms=1000
     )
     durations = [50, 4000, 3000, 1000, 3500, 2000] + [10] * (RECOVERED_AFTER + 5)
-    with caplog.at_level(logging.INFO, logger="retry_engine.monitor"):
+    with caplog.at_level(logging.INFO, logger="retry_engine.ops.monitor"):
         for batch_id, duration in enumerate(durations):
             recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": {**progress_json(batch_id), "batchDuration": duration}}))
             recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": {**progress_json(batch_id, query=OTHER), "batchDuration": 9000}}))

@@ -17,21 +17,21 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from retry_engine.clients.consumer import Consumer
+from retry_engine.clients.dlq import Selection
+from retry_engine.clients.producer import Producer
 from retry_engine.config import parse_config
-from retry_engine.consumer import Consumer
-from retry_engine.decide import BATCH_TS, POSITION, Decider
-from retry_engine.delays import parse_duration_ms
-from retry_engine.dlq import Selection
-from retry_engine.errors import ConfigError, DelayLevelError, InvalidNameError
-from retry_engine.names import (
+from retry_engine.core.decide import BATCH_TS, POSITION, Decider
+from retry_engine.core.delays import parse_duration_ms
+from retry_engine.core.names import (
     GROUP_MAX_LENGTH,
     TOPIC_MAX_LENGTH,
     parse_redrive_count,
     validate_group,
     validate_topic,
 )
-from retry_engine.producer import Producer
-from retry_engine.redrive import redrive
+from retry_engine.errors import ConfigError, DelayLevelError, InvalidNameError
+from retry_engine.ops.redrive import redrive
 from tests.builders import T0, Result, results_table
 
 # Line breaks Python's ``$`` (\n) or Java's ``$`` (\r\n, \r, \u2028, \u0085) let through at the end,

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from retry_engine.config import ENV_LAKE, ENV_MASTER, load_config, parse_config
+from retry_engine.core.names import dlq_topic, retry_topic, validate_group, validate_topic
 from retry_engine.errors import ConfigError, InvalidNameError
-from retry_engine.names import dlq_topic, retry_topic, validate_group, validate_topic
 
 
 def test_r3_per_group_topics() -> None:
@@ -73,7 +73,7 @@ def test_b2_custom_level_list_without_policy_key() -> None:
 
 
 def test_r14_delivery_key_adds_the_redrive_count_only_once_redriven() -> None:
-    from retry_engine.names import delivery_key, redrive_count
+    from retry_engine.core.names import delivery_key, redrive_count
 
     assert delivery_key("O", 3) == "O:3" and delivery_key("O", 0, 1) == "O:0:r1"
     assert [redrive_count(p) for p in (None, {}, {"REDRIVE_COUNT": "4"}, {"REDRIVE_COUNT": "-1"})] == [0, 0, 4, 0]
@@ -86,6 +86,6 @@ def test_r14_delivery_key_adds_the_redrive_count_only_once_redriven() -> None:
 )
 def test_r14_one_rule_for_what_a_redrive_count_is(value: str | None, count: int) -> None:
     """Never raises: the property is a user's as much as the engine's (bad input must not stop a batch)."""
-    from retry_engine.names import parse_redrive_count
+    from retry_engine.core.names import parse_redrive_count
 
     assert parse_redrive_count(value) == count

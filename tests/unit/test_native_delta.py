@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from retry_engine.config import parse_config
-from retry_engine.errors import ConfigError
-from retry_engine.native_delta import (
+from retry_engine.delta.native_delta import (
     CATALOG_CLASS,
     CATALOG_KEY,
     EXTENSION_CLASS,
@@ -14,6 +13,7 @@ from retry_engine.native_delta import (
     delta_problems,
     how_to_enable,
 )
+from retry_engine.errors import ConfigError
 
 DELTA_CONF = {EXTENSIONS_KEY: EXTENSION_CLASS, CATALOG_KEY: CATALOG_CLASS}
 

@@ -7,7 +7,7 @@ import datetime as dt
 import pyarrow as pa
 
 from retry_engine.config import parse_config
-from retry_engine.outputs import route
+from retry_engine.core.outputs import route
 from retry_engine.schemas import DLQ, OUTCOMES, QUARANTINE, RETRY
 from tests.builders import T0, Result, delivered, work_rows
 

@@ -1,12 +1,18 @@
-"""Packing WORK rows for their trip through Spark: one row per state key, order kept (retry_engine.packed)."""
+"""Packing WORK rows for their trip through Spark: one row per state key, order kept (retry_engine.core.packed)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from retry_engine._arrow_ipc import from_ipc, ipc_chunks
 from retry_engine.config import parse_config
-from retry_engine.packed import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_ROWS, pack, payload_chunks, unpack
+from retry_engine.core.packed import (
+    MAX_PAYLOAD_BYTES,
+    MAX_PAYLOAD_ROWS,
+    pack,
+    payload_chunks,
+    unpack,
+)
+from retry_engine.delta._arrow_ipc import from_ipc, ipc_chunks
 from retry_engine.schemas import WORK
 from tests.builders import T0, Result, work_rows
 

@@ -10,11 +10,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import ReadAllAvailable
 from pyspark.sql.types import StringType, StructField
 
-from retry_engine._arrow_ipc import from_ipc, to_ipc
-from retry_engine.decide import BATCH_TS
+from retry_engine.core.decide import BATCH_TS
+from retry_engine.core.engine import DECIDE_BATCH_ROWS, PACKED_INPUT, _unpacked
 from retry_engine.delta import append_arrow, ensure_table
+from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
 from retry_engine.delta.source import DeltaStreamReader, SourceOptions, packed_schema, row_schema
-from retry_engine.engine import DECIDE_BATCH_ROWS, PACKED_INPUT, _unpacked
 from retry_engine.schemas import CONSUME_RESULTS
 from tests.builders import Result, results_table
 

@@ -255,8 +255,8 @@ def test_an_engine_start_that_cannot_move_the_files_starts_anyway(
     The tables stay readable by Delta readers in the old layout; the warning
     says the next start moves them.
     """
-    from retry_engine import engine
     from retry_engine.config import parse_config
+    from retry_engine.core import engine
 
     root = _old_lake(tmp_path)
     config = parse_config({"engine": {"lake": str(root)}})

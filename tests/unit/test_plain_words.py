@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.cli import _parser
+from retry_engine.clients.consumer import _qualified
 from retry_engine.config import load_config, parse_config
-from retry_engine.consumer import _qualified
+from retry_engine.delta.session import spark_conf
 from retry_engine.errors import ConfigError
-from retry_engine.session import spark_conf
+from retry_engine.ops.cli import _parser
 from tests.builders import Result
 from tests.unit.test_decide import run
 

@@ -9,13 +9,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from retry_engine.clients.producer import Message, MessageIdGenerator, Producer
 from retry_engine.errors import (
     InvalidMessageError,
     InvalidNameError,
     MessageTypeError,
     SendFailedError,
 )
-from retry_engine.producer import Message, MessageIdGenerator, Producer
 from retry_engine.schemas import MESSAGES
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from retry_engine.producer import Message, Producer
+from retry_engine.clients.producer import Message, Producer
 
 PRODUCER_ID = "orders-service-1"
 

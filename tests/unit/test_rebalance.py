@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.config import parse_config
-from retry_engine.consumer import Consumer
-from retry_engine.errors import SubscriptionError
-from retry_engine.rebalance import (
+from retry_engine.clients.consumer import Consumer
+from retry_engine.clients.rebalance import (
     Assignment,
     Membership,
     Window,
@@ -28,6 +26,8 @@ from retry_engine.rebalance import (
     validate_member_id,
     window_bound,
 )
+from retry_engine.config import parse_config
+from retry_engine.errors import SubscriptionError
 
 T0 = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
 
@@ -243,7 +243,7 @@ def test_queue_counts_come_from_the_subscription_and_the_group() -> None:
 
 def test_a_recorded_assignment_is_replayed_only_if_it_fits(tmp_path: Path) -> None:
     """Replay consumes the recorded share; a record for other queues, or an unreadable one, is planned anew."""
-    from retry_engine.consumer import _RebalancedBatch
+    from retry_engine.clients.consumer import _RebalancedBatch
 
     counts = {"orders": 4, "%RETRY%G": 1}
     fn = _RebalancedBatch(

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine import redrive, redrive_tasks
-from retry_engine.audit import read_audit
-from retry_engine.cli import EXIT_ERROR, EXIT_OK, _parser, main
+from retry_engine.clients.dlq import PROP_REDRIVE_FROM, PROP_REDRIVE_ID, Selection
 from retry_engine.config import EngineConfig, load_config
 from retry_engine.delta import table_version
-from retry_engine.dlq import PROP_REDRIVE_FROM, PROP_REDRIVE_ID, Selection
-from retry_engine.dlq_commands import run as run_dlq
 from retry_engine.errors import RedriveError
+from retry_engine.ops import redrive, redrive_tasks
+from retry_engine.ops.audit import read_audit
+from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, _parser, main
+from retry_engine.ops.dlq_commands import run as run_dlq
 from tests.dead_letters import dead_letter, dlq_lake
 from tests.lakehouse import wait_for
 
@@ -227,7 +227,7 @@ def test_cancel_from_another_process_stops_at_the_next_chunk(
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "retry_engine.cli", *args],
+        [sys.executable, "-m", "retry_engine.ops.cli", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -15,13 +15,13 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine import dlq
-from retry_engine.audit import read_audit
-from retry_engine.cli import EXIT_ERROR, EXIT_OK, main
+from retry_engine.clients import dlq
+from retry_engine.clients.rebalance import Heartbeat, Membership
+from retry_engine.core.names import PROP_REDRIVE_COUNT, PROP_RESEND_MSG_ID, PROP_RESEND_TO
 from retry_engine.errors import SelectionError, SubscriptionError
-from retry_engine.names import PROP_REDRIVE_COUNT, PROP_RESEND_MSG_ID, PROP_RESEND_TO
-from retry_engine.rebalance import Heartbeat, Membership
-from retry_engine.resend import resend, resolve_instance
+from retry_engine.ops.audit import read_audit
+from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, main
+from retry_engine.ops.resend import resend, resolve_instance
 from retry_engine.schemas import DLQ
 from tests.lakehouse import Lake
 
@@ -144,8 +144,8 @@ def test_cli_resend_then_show(lake: Lake, tmp_path: Path, capsys: pytest.Capture
 
 def test_a_redrive_after_a_resend_skips_the_resent_dead_letter(lake: Lake) -> None:
     """#13 part 5, B5: a resend is a move; a later re-drive of the whole DLQ does not move it a second time."""
-    from retry_engine.dlq import Selection
-    from retry_engine.redrive import redrive
+    from retry_engine.clients.dlq import Selection
+    from retry_engine.ops.redrive import redrive
 
     resend(lake.config, "D1", consumer_id="host@1")
     report = redrive(lake.config, Selection(group="billing"), target="retry")

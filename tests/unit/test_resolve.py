@@ -17,13 +17,14 @@ import pandas as pd
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine import dlq, redrive, resolve
-from retry_engine.audit import read_audit
-from retry_engine.cli import EXIT_OK, main
+from retry_engine.clients import dlq
+from retry_engine.clients.dlq import Selection
 from retry_engine.config import EngineConfig, parse_config
 from retry_engine.delta import table_version
-from retry_engine.dlq import Selection
 from retry_engine.errors import ConfigError, RedriveError
+from retry_engine.ops import redrive, resolve
+from retry_engine.ops.audit import read_audit
+from retry_engine.ops.cli import EXIT_OK, main
 from tests.dead_letters import dead_letter, dlq_lake
 
 DEAD = 12

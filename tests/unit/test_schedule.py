@@ -9,8 +9,8 @@ import pandas as pd
 import pyarrow as pa
 
 from retry_engine.config import parse_config
-from retry_engine.packed import pack, unpack
-from retry_engine.schedule import ScheduleStage
+from retry_engine.core.packed import pack, unpack
+from retry_engine.core.schedule import ScheduleStage
 from tests.builders import T0, Result, work_rows
 
 MINUTE_MS = 60_000

@@ -12,9 +12,15 @@ import pyarrow as pa
 import pytest
 
 from retry_engine.config import parse_config
+from retry_engine.core.packed import pack, unpack
+from retry_engine.core.schedule import (
+    KEYS_FILE,
+    ScheduleStage,
+    StateKeySplit,
+    group_of,
+    state_key_split,
+)
 from retry_engine.errors import StateUnreadableError
-from retry_engine.packed import pack, unpack
-from retry_engine.schedule import KEYS_FILE, ScheduleStage, StateKeySplit, group_of, state_key_split
 from tests.builders import T0, Result, work_rows
 from tests.unit.test_schedule import MINUTE_MS, HeldState
 

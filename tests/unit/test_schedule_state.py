@@ -17,19 +17,19 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from retry_engine._arrow_ipc import from_ipc, to_ipc
-from retry_engine._schedule_state import (
+from retry_engine.config import parse_config
+from retry_engine.core._schedule_state import (
     QUARANTINE_PART_BYTES,
     STATE_SCHEMA,
     KeyState,
     decode,
     encode,
 )
-from retry_engine.config import parse_config
+from retry_engine.core.outputs import route
+from retry_engine.core.packed import pack, unpack
+from retry_engine.core.schedule import ScheduleStage
+from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
 from retry_engine.errors import StateUnreadableError, StateVersionError
-from retry_engine.outputs import route
-from retry_engine.packed import pack, unpack
-from retry_engine.schedule import ScheduleStage
 from tests.builders import T0, Result, work_rows
 from tests.unit.test_schedule import MINUTE_MS, HeldState, run
 

@@ -16,7 +16,7 @@ import pytest
 from deltalake import write_deltalake
 
 from retry_engine.config import parse_config
-from retry_engine.decide import BATCH_TS, POSITION, Decider
+from retry_engine.core.decide import BATCH_TS, POSITION, Decider
 from retry_engine.delta import ensure_readable_table
 from retry_engine.delta._schema import schema_drift
 from retry_engine.schemas import CONSUME_RESULTS

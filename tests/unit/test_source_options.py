@@ -187,7 +187,7 @@ def test_an_overwrite_fails_the_stream_naming_every_way_past_it(tmp_path: Path) 
 
 
 def test_a_new_checkpoint_resumes_at_the_lakes_version_and_keeps_the_other_source_keys() -> None:
-    from retry_engine.engine import _source_options
+    from retry_engine.core.engine import _source_options
 
     config = parse_config({"source": {"skip_change_commits": True}})
     assert _source_options(config, 7) == {"skipChangeCommits": "true", "startingVersion": "7"}
@@ -206,7 +206,7 @@ def test_source_starts_that_would_decide_again_are_refused_beside_a_lake_record(
     section: dict[str, object], setting: str
 ) -> None:
     """B8: a [source] start before the lake's resume point would decide results twice: refused, naming both."""
-    from retry_engine.engine import _source_options
+    from retry_engine.core.engine import _source_options
     from retry_engine.errors import LakeResumeError
 
     config = parse_config({"source": section})
@@ -217,7 +217,7 @@ def test_source_starts_that_would_decide_again_are_refused_beside_a_lake_record(
 @pytest.mark.parametrize("start", [12, 40, "latest"])
 def test_a_deliberate_skip_ahead_of_the_lake_record_wins(start: object) -> None:
     """An operator skipping past lost data (e.g. a vacuumed file) starts where they said, not earlier."""
-    from retry_engine.engine import _source_options
+    from retry_engine.core.engine import _source_options
 
     config = parse_config({"source": {"starting_version": start, "ignore_deletes": True}})
     assert _source_options(config, 12) == {"startingVersion": str(start), "ignoreDeletes": "true"}

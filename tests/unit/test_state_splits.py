@@ -19,13 +19,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from retry_engine import _state_splits
-from retry_engine._schedule_state import SEALED_KEY, KeyState, decode, encode
-from retry_engine._state_splits import SPLITS_DIR, Seal, SealStore, level_of, seal_name
 from retry_engine.config import parse_config
+from retry_engine.core import _state_splits
+from retry_engine.core._schedule_state import SEALED_KEY, KeyState, decode, encode
+from retry_engine.core._state_splits import SPLITS_DIR, Seal, SealStore, level_of, seal_name
+from retry_engine.core.packed import pack, unpack
+from retry_engine.core.schedule import ScheduleStage, StateKeySplit
 from retry_engine.errors import ConfigError, StateSplitError, StateUnreadableError
-from retry_engine.packed import pack, unpack
-from retry_engine.schedule import ScheduleStage, StateKeySplit
 from tests.builders import T0, Result, work_rows
 from tests.unit.test_schedule import MINUTE_MS, HeldState, run
 
@@ -329,7 +329,7 @@ def test_a_bad_sealed_mark_makes_the_state_unreadable(bad: bytes) -> None:
     pending, seen, expires = encode(KeyState(sealed_batch=3))
     table = pa.ipc.open_stream(seen).read_all()
     metadata = {**(table.schema.metadata or {}), SEALED_KEY: bad}
-    from retry_engine._arrow_ipc import to_ipc
+    from retry_engine.delta._arrow_ipc import to_ipc
 
     with pytest.raises(StateUnreadableError, match="sealed batch"):
         decode((pending, to_ipc(table.replace_schema_metadata(metadata)), expires))

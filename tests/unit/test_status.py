@@ -11,13 +11,12 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
 from retry_engine.config import load_config
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
-from retry_engine.monitor import PROGRESS_EVENT, STARTED, TERMINATED, lifecycle_row
-from retry_engine.plots import backlog_from_ledger, backlog_from_metrics, dead_letters_by_class
-from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
-from retry_engine.status import (
+from retry_engine.ops.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
+from retry_engine.ops.monitor import PROGRESS_EVENT, STARTED, TERMINATED, lifecycle_row
+from retry_engine.ops.plots import backlog_from_ledger, backlog_from_metrics, dead_letters_by_class
+from retry_engine.ops.status import (
     BacklogEntry,
     DeadLetterEntry,
     LagEntry,
@@ -35,6 +34,7 @@ from retry_engine.status import (
     status,
     status_json,
 )
+from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
 from tests.lakehouse import Lake
 
 GOLDEN = Path(__file__).parent / "golden"

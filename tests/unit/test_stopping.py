@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.cli import _running_line
 from retry_engine.config import parse_config
-from retry_engine.stopping import (
+from retry_engine.ops.cli import _running_line
+from retry_engine.ops.stopping import (
     EXIT_STOPPED_BY_SIGINT,
     EXIT_STOPPED_BY_SIGTERM,
     StopSignals,

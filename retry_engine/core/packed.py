@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine._arrow_ipc import from_ipc, ipc_chunks
+from retry_engine.delta._arrow_ipc import from_ipc, ipc_chunks
 from retry_engine.schemas import WORK
 
 PACKED_SCHEMA: Final = "route string, bucket long, payload binary"

@@ -114,7 +114,7 @@ def quiet_stop_logs(spark: SparkSession) -> None:
     """
     for name in STOP_NOISE_PYTHON_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
-    from retry_engine.session import set_jvm_log_level
+    from retry_engine.delta.session import set_jvm_log_level
 
     for name in STOP_NOISE_LOGGERS:
         set_jvm_log_level(spark, name, "OFF")

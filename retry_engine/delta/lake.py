@@ -76,8 +76,8 @@ def engine_tables(config: EngineConfig) -> list[tuple[str, str, str]]:
     ``role`` is ``reads``, ``writes`` or ``keeps`` (its own state: the lake
     record and lease, and the Spark checkpoint).
     """
-    from retry_engine.lease import state_path
-    from retry_engine.outputs import ROUTED_TABLES
+    from retry_engine.core.lease import state_path
+    from retry_engine.core.outputs import ROUTED_TABLES
 
     # The native writer records no metrics (see README, native Delta mode).
     metrics = () if config.engine.table_format == "delta" else ("metrics",)

@@ -23,12 +23,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from retry_engine.config import EngineConfig
-from retry_engine.decide import RETRY as OUTCOME_RETRY
-from retry_engine.delays import parse_duration_ms
+from retry_engine.core.decide import RETRY as OUTCOME_RETRY
+from retry_engine.core.delays import parse_duration_ms
+from retry_engine.core.metrics import nearest_rank
 from retry_engine.delta.tables import open_table, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
-from retry_engine.metrics import nearest_rank
-from retry_engine.monitor import PROGRESS_EVENT, TERMINATED
+from retry_engine.ops.monitor import PROGRESS_EVENT, TERMINATED
 from retry_engine.schemas import CONSUME_RESULTS, DLQ, METRICS, OUTCOMES, PROGRESS, RETRY, Table
 
 QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]

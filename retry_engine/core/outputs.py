@@ -1,12 +1,12 @@
 """Writing one micro-batch of engine output to its Delta tables, in one Spark job.
 
 The stateful stage emits rows of the internal ``WORK`` schema, packed
-(:mod:`retry_engine.packed`). One ``mapInArrow`` pass over them (the batch's only Spark action) routes every
+(:mod:`retry_engine.core.packed`). One ``mapInArrow`` pass over them (the batch's only Spark action) routes every
 row to its table(s) on the executors (retry, DLQ, quarantine, outcomes),
 writes them as new Parquet files under each table, and sends back to the
 driver the files' add-action fields plus the batch's partial counts and
 lateness samples. The driver then commits one Delta transaction per table,
-and the METRICS rows (:mod:`retry_engine.metrics`) as a fifth, each with
+and the METRICS rows (:mod:`retry_engine.core.metrics`) as a fifth, each with
 Delta's idempotent-write token (``txnAppId`` = the query id, ``txnVersion``
 = the batch id).
 
@@ -16,7 +16,7 @@ tables that missed it get it. Files of an attempt that never commits are
 deleted or, if the process dies first, left unreferenced, which no Delta
 reader sees (vacuum removes them).
 
-Exactly once per lake (B8): with a :class:`~retry_engine.lease.LakeLease`, the
+Exactly once per lake (B8): with a :class:`~retry_engine.core.lease.LakeLease`, the
 batch is first recorded in the lake's engine-state row (the consume_results
 offset it read through, its files per table, the pending retries after it),
 fenced by the lease epoch; that record is the batch's commit point. The
@@ -40,19 +40,19 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 
-from retry_engine import metrics
-from retry_engine._arrow_ipc import from_ipc, to_ipc
-from retry_engine._schedule_state import KIND_STATE_QUARANTINE
 from retry_engine.config import EngineConfig
-from retry_engine.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARANTINED
-from retry_engine.decide import RETRY as RETRY_OUTCOME
+from retry_engine.core import metrics
+from retry_engine.core._schedule_state import KIND_STATE_QUARANTINE
+from retry_engine.core.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARANTINED
+from retry_engine.core.decide import RETRY as RETRY_OUTCOME
+from retry_engine.core.lease import BatchRecord, LakeLease
+from retry_engine.core.packed import unpack
+from retry_engine.core.resume import planned_end
+from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
 from retry_engine.delta._files import PartitionedWriter, WrittenFile
 from retry_engine.delta._log import TableLocation
 from retry_engine.delta.sink import FilesWritten, abort_files, commit_files
 from retry_engine.delta.tables import append_arrow, ensure_table, not_null_columns
-from retry_engine.lease import BatchRecord, LakeLease
-from retry_engine.packed import unpack
-from retry_engine.resume import planned_end
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, QUARANTINE, RETRY, Table
 
 log = logging.getLogger(__name__)

@@ -30,9 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from retry_engine.config import EngineConfig, GroupConfig, error_class_name
-from retry_engine.delays import BackoffPolicy, next_level, schedule_queue_id
-from retry_engine.errors import SchemaMismatchError
-from retry_engine.names import (
+from retry_engine.core.delays import BackoffPolicy, next_level, schedule_queue_id
+from retry_engine.core.names import (
     GROUP_MAX_LENGTH,
     PROP_REDRIVE_COUNT,
     TOPIC_MAX_LENGTH,
@@ -42,6 +41,7 @@ from retry_engine.names import (
     parse_redrive_count,
     retry_topic,
 )
+from retry_engine.errors import SchemaMismatchError
 from retry_engine.schemas import CONSUME_RESULTS, WORK
 
 log = logging.getLogger(__name__)
@@ -441,7 +441,7 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
 
 
 def _redrive_counts(properties: pa.Array) -> list[int]:
-    """The ``REDRIVE_COUNT`` property of each message (:func:`~retry_engine.names.parse_redrive_count`)."""
+    """The ``REDRIVE_COUNT`` property of each message (:func:`~retry_engine.core.names.parse_redrive_count`)."""
     return [parse_redrive_count(v) for v in pc.map_lookup(properties, PROP_REDRIVE_COUNT, "first").to_pylist()]
 
 

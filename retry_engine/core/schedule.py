@@ -13,7 +13,7 @@ pending, and for the window after that retry's release. The key's
 processing-time timeout is set to its earliest due time; a retry is released
 in the first micro-batch whose timestamp is past its ``due_at``, never earlier.
 
-The state value's layout is versioned (:mod:`retry_engine._schedule_state`);
+The state value's layout is versioned (:mod:`retry_engine.core._schedule_state`);
 a value that cannot be read is moved aside to the quarantine table (kind
 ``state_quarantine``, reason code ``STATE_UNREADABLE``, its bytes in ``raw``)
 and the key starts afresh instead of failing the batch on every retry.
@@ -26,7 +26,7 @@ of a batch *seals* (publishes the msg ids it knows and takes no new ones) and
 later new msg ids of its (group, bucket) go one level down, to one of two
 keys chosen by more bits of the same hash. A duplicate still meets its
 original's record, whatever split happened in between, and routing is the
-same on replay: :mod:`retry_engine._state_splits` has the argument. So one
+same on replay: :mod:`retry_engine.core._state_splits` has the argument. So one
 mass failure does not make one state value of gigabytes: a key grows past the
 threshold by at most what one micro-batch brings it.
 
@@ -56,12 +56,18 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyspark.sql.streaming.state import GroupState
 
-from retry_engine._schedule_state import STATE_SCHEMA, KeyState, decode, encode, quarantine_rows
-from retry_engine._state_splits import MAX_LEVEL, SealStore, current_batch_id, level_of, walk
-from retry_engine.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
+from retry_engine.core._schedule_state import (
+    STATE_SCHEMA,
+    KeyState,
+    decode,
+    encode,
+    quarantine_rows,
+)
+from retry_engine.core._state_splits import MAX_LEVEL, SealStore, current_batch_id, level_of, walk
+from retry_engine.core.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
+from retry_engine.core.packed import packed_batch, payload_chunks, unpack
 from retry_engine.delta._checkpoint import checkpoint_filesystem
 from retry_engine.errors import StateSplitError, StateUnreadableError
-from retry_engine.packed import packed_batch, payload_chunks, unpack
 from retry_engine.schemas import WORK
 
 log = logging.getLogger(__name__)
@@ -87,12 +93,12 @@ class ScheduleStage:
     decision (and after its retry's release; pending retries' ids are remembered until then).
 
     With ``seals``, a key whose encoded state passes ``max_key_bytes`` at the end of
-    a call seals (:mod:`retry_engine._state_splits`): it publishes the msg ids it
+    a call seals (:mod:`retry_engine.core._state_splits`): it publishes the msg ids it
     knows, named with the current micro-batch id (``batch_id``, or Spark's when
     None), and records that batch in its state. Replay: the same batch seals the
     same keys with the same ids; the published file of the first attempt is kept.
 
-    Input and output are packed rows (:mod:`retry_engine.packed`): each carries
+    Input and output are packed rows (:mod:`retry_engine.core.packed`): each carries
     WORK rows of this key as an Arrow IPC payload.
     """
 
@@ -239,7 +245,7 @@ class StateKeySplit:
     ``first_split_bucket`` keep the plain key: a checkpoint written by a release without sub-keys
     holds their state there (None: split every bucket). Levels: with ``seals``, a row whose key
     sealed in an earlier batch walks down to the key that holds or takes its msg id
-    (:func:`retry_engine._state_splits.walk`), so a duplicate of msg id X always meets X's
+    (:func:`retry_engine.core._state_splits.walk`), so a duplicate of msg id X always meets X's
     record (B1). Rows without state (``bucket == NO_STATE_BUCKET``: acknowledgements, most of
     the traffic) are left as they are, and a batch is not hashed at all while no key of its
     buckets has sealed.
@@ -309,7 +315,7 @@ def state_key_split(
 ) -> StateKeySplit:
     """The sub-key rule of ``checkpoint``, recorded in its :data:`KEYS_FILE` on first use.
 
-    The rule carries the checkpoint's seals (:class:`~retry_engine._state_splits.SealStore`),
+    The rule carries the checkpoint's seals (:class:`~retry_engine.core._state_splits.SealStore`),
     so keys that grow past ``engine.state_key_max_bytes`` split further whatever the base count.
     A new checkpoint (no ``offsets`` yet) splits every bucket into ``subkeys``; a recorded
     count wins over ``subkeys`` (a different one is logged, never applied). An

@@ -6,7 +6,7 @@ engine catching up on a backlog repeats it for every batch. An *episode*
 starts with the first late batch and ends after :data:`RECOVERED_AFTER`
 on-time batches in a row (so one on-time batch amid late ones does not end
 it). :class:`FallingBehind` is the Spark-free rule; the progress recorder
-(:mod:`retry_engine.monitor`) feeds it every batch and logs what it returns.
+(:mod:`retry_engine.ops.monitor`) feeds it every batch and logs what it returns.
 
 Runs on the driver after a batch (from its progress event), never inside one;
 a replayed batch reports its own duration and counts as one more batch.

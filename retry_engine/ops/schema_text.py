@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pyspark.sql import types as T
 
-from retry_engine.decide import REQUIRED_COLUMNS
+from retry_engine.core.decide import REQUIRED_COLUMNS
 from retry_engine.schemas import ALL_TABLES, CONSUME_RESULTS, Table
 
 SchemaFormat = Literal["arrow", "spark-ddl", "json"]

@@ -35,11 +35,11 @@ from pyspark.sql.streaming.listener import (
 )
 
 from retry_engine.config import EngineConfig
-from retry_engine.delays import parse_duration_ms
+from retry_engine.core.delays import parse_duration_ms
 from retry_engine.delta import append_arrow, ensure_table
-from retry_engine.falling_behind import FallingBehind
+from retry_engine.delta.session import set_jvm_log_level
+from retry_engine.ops.falling_behind import FallingBehind
 from retry_engine.schemas import PROGRESS
-from retry_engine.session import set_jvm_log_level
 
 log = logging.getLogger(__name__)
 

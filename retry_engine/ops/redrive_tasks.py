@@ -11,7 +11,7 @@ rate limit, and stops there: the chunks it moved stay moved (they are in the
 audit table), nothing else is claimed.
 
 What moved is never read from these events: the audit table is the truth
-(see :mod:`retry_engine.audit`); the events add the run's state, its planned
+(see :mod:`retry_engine.ops.audit`); the events add the run's state, its planned
 total and who cancelled it. A run killed without a chance to write its end
 event shows ``interrupted`` once it has been silent for :data:`STALE_AFTER_S`.
 No Spark here.
@@ -33,10 +33,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine.audit import MOVED, read_audit, redrive_rows
 from retry_engine.config import EngineConfig
 from retry_engine.delta.tables import append_arrow, open_table
 from retry_engine.errors import RedriveError
+from retry_engine.ops.audit import MOVED, read_audit, redrive_rows
 from retry_engine.schemas import REDRIVE_TASKS
 
 log = logging.getLogger(__name__)
@@ -423,7 +423,7 @@ def cancel(
 
 
 def _check_id(redrive_id: str) -> None:
-    from retry_engine.redrive import REDRIVE_ID
+    from retry_engine.ops.redrive import REDRIVE_ID
 
     if not isinstance(redrive_id, str) or not REDRIVE_ID.fullmatch(redrive_id):
         raise RedriveError(

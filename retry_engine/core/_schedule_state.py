@@ -14,7 +14,7 @@ Versions:
   (a blob cut short at a batch boundary still parses; the count catches it).
 * 3 -- version 2 plus, in the ``seen`` blob's metadata, the batch id in which the
   key sealed (:data:`SEALED_KEY`, absent while it has not; see
-  :mod:`retry_engine._state_splits`). Versions 1 and 2 read as not sealed.
+  :mod:`retry_engine.core._state_splits`). Versions 1 and 2 read as not sealed.
 
 A reader of version N reads every version up to N. WORK rows of an older
 release are conformed to today's WORK schema by column name (a column the
@@ -40,9 +40,9 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine._arrow_ipc import from_ipc, to_ipc
-from retry_engine.decide import QUARANTINED
-from retry_engine.decide import RETRY as RETRY_OUTCOME
+from retry_engine.core.decide import QUARANTINED
+from retry_engine.core.decide import RETRY as RETRY_OUTCOME
+from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
 from retry_engine.errors import StateUnreadableError, StateVersionError
 from retry_engine.schemas import RETRY, WORK
 

@@ -25,10 +25,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from retry_engine.config import EngineConfig
+from retry_engine.core.outputs import ROUTED_TABLES, route_to
+from retry_engine.core.packed import unpack
 from retry_engine.delta._files import POSITION_ROW_DIGITS
 from retry_engine.errors import EnvironmentProblem
-from retry_engine.outputs import ROUTED_TABLES, route_to
-from retry_engine.packed import unpack
 from retry_engine.schemas import Table
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ def routed_rows(table: Table, batch_id: int) -> Callable[[Iterator[pa.RecordBatc
 class NativeBatchWriter:
     """``foreachBatch`` function writing the engine's output tables with ``format("delta")``.
 
-    Rows go to tables by the same :func:`~retry_engine.outputs.route` as the
+    Rows go to tables by the same :func:`~retry_engine.core.outputs.route` as the
     deltars writer. One Spark job per table (Delta's writer commits each
     ``save`` on its own); the METRICS table is not written in this mode.
     """

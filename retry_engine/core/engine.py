@@ -3,12 +3,12 @@
 consume results (Delta) -> decide (mapInArrow) -> schedule stage
 (applyInPandasWithState, keyed by group and store-time bucket) -> foreachBatch
 writes to the retry, DLQ, quarantine and outcomes tables. Between the steps
-rows travel packed (:mod:`retry_engine.packed`), a few Spark rows per key.
+rows travel packed (:mod:`retry_engine.core.packed`), a few Spark rows per key.
 
 One engine owns a lake at a time (B8): :func:`start` takes the lake's lease
-(:mod:`retry_engine.lease`), commits any batch the lake recorded but did not
+(:mod:`retry_engine.core.lease`), commits any batch the lake recorded but did not
 finish committing, and starts the stream after the lake's last batch when the
-checkpoint is new (:mod:`retry_engine.resume`). :func:`stop` releases the lease.
+checkpoint is new (:mod:`retry_engine.core.resume`). :func:`stop` releases the lease.
 """
 
 from __future__ import annotations
@@ -28,21 +28,27 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from retry_engine import maintenance, monitor, native_delta, resume
-from retry_engine._arrow_ipc import from_ipc
-from retry_engine._state_splits import current_batch_id
 from retry_engine.config import EngineConfig
-from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
-from retry_engine.delays import parse_duration_ms
+from retry_engine.core import resume
+from retry_engine.core._state_splits import current_batch_id
+from retry_engine.core.decide import BATCH_TS, POSITION, Decider, check_input_schema
+from retry_engine.core.delays import parse_duration_ms
+from retry_engine.core.lease import EngineState, Heartbeat, LakeLease, Owner
+from retry_engine.core.outputs import BatchWriter, OnCounts, roll_forward
+from retry_engine.core.packed import PACKED_SCHEMA, pack
+from retry_engine.core.schedule import STATE_SCHEMA, ScheduleStage, StateKeySplit, state_key_split
 from retry_engine.delta import (
     FORMAT_NAME,
     ensure_query_id,
     ensure_readable_table,
+    native_delta,
     report_drift,
     table_version,
 )
+from retry_engine.delta._arrow_ipc import from_ipc
 from retry_engine.delta._checkpoint import remove_orphan_log_temps
 from retry_engine.delta._offsets import Offset
+from retry_engine.delta.lake import describe_engine_tables
 from retry_engine.delta.layout import migrate_partition_folders
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import (
@@ -52,13 +58,9 @@ from retry_engine.errors import (
     LakeResumeError,
     LeaseLostError,
 )
-from retry_engine.lake import describe_engine_tables
-from retry_engine.lease import EngineState, Heartbeat, LakeLease, Owner
-from retry_engine.outputs import BatchWriter, OnCounts, roll_forward
-from retry_engine.packed import PACKED_SCHEMA, pack
-from retry_engine.schedule import STATE_SCHEMA, ScheduleStage, StateKeySplit, state_key_split
+from retry_engine.ops import maintenance, monitor
+from retry_engine.ops.status import pending_retries, read_table_columns
 from retry_engine.schemas import ALL_TABLES, CONSUME_RESULTS, OUTCOMES, RETRY
-from retry_engine.status import pending_retries, read_table_columns
 
 log = logging.getLogger(__name__)
 
@@ -313,9 +315,9 @@ def start(
     query runs and released when it stops.
 
     With ``engine.table_format = "delta"`` this first checks that Spark has the
-    Delta jars and settings (:func:`retry_engine.native_delta.require_delta`).
+    Delta jars and settings (:func:`retry_engine.delta.native_delta.require_delta`).
 
-    A custom ``writer`` receives packed rows (:mod:`retry_engine.packed`); the
+    A custom ``writer`` receives packed rows (:mod:`retry_engine.core.packed`); the
     progress table then records Spark's ``numInputRows``, a count of packed
     source rows, as the batches' input, and the lake records no batches.
     """

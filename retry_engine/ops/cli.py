@@ -10,7 +10,6 @@ import tomllib
 from collections.abc import Sequence
 from typing import Any
 
-from retry_engine import dlq_commands, redrive_commands
 from retry_engine.config import (
     DEFAULT_LAKE,
     ENV_LAKE,
@@ -20,7 +19,8 @@ from retry_engine.config import (
     load_config,
 )
 from retry_engine.errors import LakeNotFoundError, RetryEngineError
-from retry_engine.stopping import EXIT_STOPPED_BY_SIGINT
+from retry_engine.ops import dlq_commands, redrive_commands
+from retry_engine.ops.stopping import EXIT_STOPPED_BY_SIGINT
 
 log = logging.getLogger("retry_engine")
 
@@ -90,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_schema_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from retry_engine.schema_text import SCHEMA_FORMATS, TABLES
+    from retry_engine.ops.schema_text import SCHEMA_FORMATS, TABLES
 
     schema = sub.add_parser(
         "schema",
@@ -104,7 +104,7 @@ def _add_schema_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from retry_engine.schema_text import TABLES, format_schemas
+    from retry_engine.ops.schema_text import TABLES, format_schemas
 
     sys.stdout.write(format_schemas([args.table] if args.table else list(TABLES), args.format))
     return EXIT_OK
@@ -114,7 +114,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _add_maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from retry_engine.maintenance import MAINTAINED_TABLES
+    from retry_engine.ops.maintenance import MAINTAINED_TABLES
 
     maintain = sub.add_parser(
         "maintain",
@@ -142,7 +142,7 @@ def _add_maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _maintain(args: argparse.Namespace) -> int:
-    from retry_engine.maintenance import format_report, run_maintenance
+    from retry_engine.ops.maintenance import format_report, run_maintenance
 
     reports = run_maintenance(
         _reading_config(args), tables=args.table, retention=args.retention, dry_run=args.dry_run, force=args.force
@@ -204,7 +204,7 @@ def _lake_origin(args: argparse.Namespace) -> str:
 
 def _reading_config(args: argparse.Namespace) -> EngineConfig:
     """:func:`_config` for a command that reads a lake: a lake that is not there is an error (exit 2)."""
-    from retry_engine.lake import require_lake
+    from retry_engine.delta.lake import require_lake
 
     config = _config(args)
     require_lake(config, origin=_lake_origin(args))
@@ -224,7 +224,7 @@ def _add_catalog_ddl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _catalog_ddl(args: argparse.Namespace) -> int:
-    from retry_engine.catalog import catalog_ddl
+    from retry_engine.ops.catalog import catalog_ddl
 
     config = _config(args)
     for statement in catalog_ddl(config, catalog=args.catalog, schema=args.schema, table_prefix=args.table_prefix):
@@ -233,9 +233,9 @@ def _catalog_ddl(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from retry_engine import engine
-    from retry_engine.lake import require_lake_folder
-    from retry_engine.session import build_session
+    from retry_engine.core import engine
+    from retry_engine.delta.lake import require_lake_folder
+    from retry_engine.delta.session import build_session
 
     config = _config(args)
     require_lake_folder(config, origin=_lake_origin(args))
@@ -264,10 +264,10 @@ def _run_until_stopped(spark: Any, config: EngineConfig, args: argparse.Namespac
     """Run the engine until SIGINT/SIGTERM (clean stop, exit 130/0) or until its query fails (exit 1).
 
     The signal handler only sets a flag; this thread stops the query, so the
-    stop never interrupts a py4j call (see :mod:`retry_engine.stopping`).
+    stop never interrupts a py4j call (see :mod:`retry_engine.ops.stopping`).
     """
-    from retry_engine import engine
-    from retry_engine.stopping import StopSignals, exit_code, quiet_stop_logs, signal_name
+    from retry_engine.core import engine
+    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs, signal_name
 
     lake = os.path.abspath(config.engine.lake)
     with StopSignals() as signals:
@@ -305,9 +305,9 @@ def _running_line(config: EngineConfig, config_file: str | None, *, query_id: st
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from retry_engine.demo import check_messages, run_demo
-    from retry_engine.session import build_session
-    from retry_engine.stopping import StopSignals, exit_code, signal_name
+    from retry_engine.delta.session import build_session
+    from retry_engine.ops.demo import check_messages, run_demo
+    from retry_engine.ops.stopping import StopSignals, exit_code, signal_name
 
     check_messages(args.messages)
 
@@ -346,7 +346,7 @@ def _redrive_tasks(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from retry_engine.status import format_status, status, status_json
+    from retry_engine.ops.status import format_status, status, status_json
 
     result = status(_reading_config(args))
     if args.json:
@@ -358,7 +358,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _plots(args: argparse.Namespace) -> int:
-    from retry_engine.plots import write_plots
+    from retry_engine.ops.plots import write_plots
 
     for plot in write_plots(_reading_config(args), args.out):
         print(f"{plot.name:13} {plot.path}  ({plot.elements} elements, from {plot.source})")
@@ -366,7 +366,7 @@ def _plots(args: argparse.Namespace) -> int:
 
 
 def _zip(args: argparse.Namespace) -> int:
-    from retry_engine.cluster import build_py_files
+    from retry_engine.ops.cluster import build_py_files
 
     print(build_py_files(args.output))
     return EXIT_OK

@@ -9,7 +9,7 @@
 * ``dead_letters_by_error_class.png``: dead letters per error class, stacked
   by group.
 
-No Spark: tables are read with delta-rs (:func:`retry_engine.status.read_tables`);
+No Spark: tables are read with delta-rs (:func:`retry_engine.ops.status.read_tables`);
 matplotlib runs on the non-interactive Agg backend.
 """
 
@@ -33,9 +33,9 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from retry_engine.config import EngineConfig  # noqa: E402
-from retry_engine.decide import RETRY as OUTCOME_RETRY  # noqa: E402
-from retry_engine.metrics import DELIVERED, nearest_rank  # noqa: E402
-from retry_engine.status import EngineTables, lateness_ms, read_tables  # noqa: E402
+from retry_engine.core.decide import RETRY as OUTCOME_RETRY  # noqa: E402
+from retry_engine.core.metrics import DELIVERED, nearest_rank  # noqa: E402
+from retry_engine.ops.status import EngineTables, lateness_ms, read_tables  # noqa: E402
 
 BACKLOG_FILE = "backlog_by_level.png"
 LATENESS_FILE = "lateness.png"

@@ -8,7 +8,7 @@ schedule backlog of a (group, level) as the running sum of ``retry`` minus
 
 Metric names (the ``metric`` column):
 
-* one per outcome of :mod:`retry_engine.decide` (``acknowledged``, ``retry``,
+* one per outcome of :mod:`retry_engine.core.decide` (``acknowledged``, ``retry``,
   ``dead_letter``, ``dropped``, ``duplicate``, ``quarantined``): consume
   results of the batch with that outcome, by group and original topic;
   ``retry`` rows also by delay level (one row per level), the others with a
@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine.decide import (
+from retry_engine.core.decide import (
     ACKNOWLEDGED,
     DEAD_LETTER,
     DROPPED,

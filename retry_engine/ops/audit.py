@@ -12,7 +12,7 @@ as the next version after the audit version it planned from (see
 :func:`retry_engine.delta.append_arrow`'s ``expect_version``), so two re-drives
 running at once never both claim a dead letter.
 
-Resolutions live here too (:mod:`retry_engine.resolve`): rows whose
+Resolutions live here too (:mod:`retry_engine.ops.resolve`): rows whose
 ``target`` is ``resolve`` or ``purge`` mark a dead letter as handled by hand.
 Their claim is the whole action (nothing is moved), so they count as moved as
 soon as they are committed; :func:`redrive_rows` and :func:`resolution_rows`

@@ -1,7 +1,7 @@
 """Where an engine's stream starts, given the lake's last batch and the checkpoint (B8).
 
 The lake, not the checkpoint, is the source of truth. Its engine-state row
-(:mod:`retry_engine.lease`) records the consume_results offset the last
+(:mod:`retry_engine.core.lease`) records the consume_results offset the last
 committed batch read through. A checkpoint that has planned no batch yet
 ("fresh") starts right after that offset: ``startingVersion`` at its version
 and, when the batch ended inside a commit (``maxFilesPerTrigger``), a
@@ -23,11 +23,11 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from retry_engine.core.lease import EngineState
 from retry_engine.delta._checkpoint import checkpoint_filesystem
 from retry_engine.delta._files import position_prefix
 from retry_engine.delta._offsets import Offset
 from retry_engine.errors import LakeResumeError
-from retry_engine.lease import EngineState
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``retry-engine dlq list/show/stats/redrive``: argument parsing and output for the DLQ commands.
 
-The work is done by :mod:`retry_engine.dlq` and :mod:`retry_engine.redrive`;
-this module turns arguments into a :class:`~retry_engine.dlq.Selection` and
+The work is done by :mod:`retry_engine.clients.dlq` and :mod:`retry_engine.ops.redrive`;
+this module turns arguments into a :class:`~retry_engine.clients.dlq.Selection` and
 results into text. It is CLI code, so it prints.
 """
 
@@ -14,9 +14,10 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-from retry_engine import dlq, redrive
+from retry_engine.clients import dlq
 from retry_engine.config import EngineConfig
 from retry_engine.errors import SelectionError
+from retry_engine.ops import redrive
 
 EXIT_OK = 0
 EXIT_NOT_CONFIRMED = 1
@@ -115,7 +116,7 @@ def _include_resolved(parser: argparse.ArgumentParser) -> None:
 
 
 def add_resolve_parsers(commands: Any) -> None:
-    """``dlq resolve``, ``dlq purge`` and ``dlq expire`` (see :mod:`retry_engine.resolve`)."""
+    """``dlq resolve``, ``dlq purge`` and ``dlq expire`` (see :mod:`retry_engine.ops.resolve`)."""
     for action, text in (
         ("resolve", "mark dead letters as handled, with a reason: hidden from dlq list, never re-driven"),
         ("purge", "resolve dead letters and let dlq expire remove them from the DLQ table at once"),
@@ -325,7 +326,7 @@ def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
 
 
 def _resolve(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
-    from retry_engine import resolve
+    from retry_engine.ops import resolve
 
     if not _has_filter(args) and not args.all:
         print(f"retry-engine: dlq {args.dlq_command} needs a filter (--group, --topic, --error, --reason-code, "
@@ -354,7 +355,7 @@ def _resolve(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
 
 
 def _expire(args: argparse.Namespace, config: EngineConfig, out: TextIO) -> int:
-    from retry_engine import resolve
+    from retry_engine.ops import resolve
 
     report = resolve.expire(config, retention=args.retention, dry_run=args.dry_run)
     if args.format != "table":
@@ -377,7 +378,7 @@ def _not_confirmed(answer: bool | None, err: TextIO) -> int:
 
 
 def _resend(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
-    from retry_engine.resend import resend
+    from retry_engine.ops.resend import resend
 
     report = resend(
         config,

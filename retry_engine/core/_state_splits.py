@@ -2,7 +2,7 @@
 
 A state key is (route, bucket). Its *level* is 0 for the key the checkpoint's
 base split gives (``group`` or ``group#nn``, see
-:class:`~retry_engine.schedule.StateKeySplit`) and L > 0 for the key
+:class:`~retry_engine.core.schedule.StateKeySplit`) and L > 0 for the key
 ``<base route>#L<L>.<j>``: the ``j``-th of the 2^L keys of level L under that
 base key, ``j`` being the top L bits of the msg id's CRC-32 (the base split
 uses the CRC modulo its count, the low bits, so the two are independent for a

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from retry_engine.config import EngineConfig, parse_config, resolve_path
-from retry_engine.decide import (
+from retry_engine.core.decide import (
     BATCH_TS,
     POSITION,
     QUARANTINED,
@@ -392,7 +392,7 @@ def _show(value: Any) -> str:
 def check_values(table: pa.Table, config: EngineConfig) -> None:
     """Raise for the first row the engine would quarantine, with the engine's reason code and the fix.
 
-    Runs the engine's decision step (:func:`~retry_engine.decide.decide_or_quarantine`)
+    Runs the engine's decision step (:func:`~retry_engine.core.decide.decide_or_quarantine`)
     over the rows, so what passes here is exactly what the engine does not
     quarantine for its content (names, ids, status, sizes, UTF-8, times).
     """

@@ -16,18 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from retry_engine.config import EngineConfig, parse_config
-from retry_engine.consumer import (
+from retry_engine.clients.consumer import (
     CONSUME_SUCCESS,
     RECONSUME_LATER,
     ConsumeContext,
     Consumer,
     ReceivedMessage,
 )
+from retry_engine.clients.producer import Message, Producer
+from retry_engine.config import EngineConfig, parse_config
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import ConfigError
-from retry_engine.producer import Message, Producer
-from retry_engine.stopping import StopSignals, quiet_stop_logs
+from retry_engine.ops.stopping import StopSignals, quiet_stop_logs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -134,8 +134,8 @@ def run_demo(
     ``signals`` (entered by the caller), SIGINT/SIGTERM end the demo early:
     ``report.stopped_by`` says which.
     """
-    from retry_engine import engine
-    from retry_engine.session import build_session
+    from retry_engine.core import engine
+    from retry_engine.delta.session import build_session
 
     check_messages(messages)
     config = demo_config(str(lake))

@@ -1,4 +1,4 @@
-"""``retry-engine redrive list/status/cancel``: the re-drive tasks of :mod:`retry_engine.redrive_tasks`.
+"""``retry-engine redrive list/status/cancel``: the re-drive tasks of :mod:`retry_engine.ops.redrive_tasks`.
 
 Re-drives are started with ``retry-engine dlq redrive``; these commands
 watch and stop them, from any machine that can read the lake. CLI code, so
@@ -13,11 +13,11 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-from retry_engine import redrive_tasks
 from retry_engine.config import EngineConfig
-from retry_engine.dlq_commands import FORMATS
-from retry_engine.dlq_commands import _emit as emit
-from retry_engine.redrive import whoami
+from retry_engine.ops import redrive_tasks
+from retry_engine.ops.dlq_commands import FORMATS
+from retry_engine.ops.dlq_commands import _emit as emit
+from retry_engine.ops.redrive import whoami
 
 EXIT_OK = 0
 

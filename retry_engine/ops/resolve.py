@@ -3,7 +3,7 @@
 A dead letter an operator has dealt with (fixed by hand, a duplicate, an
 order cancelled upstream) is *resolved*: marked, never silently deleted. The
 mark is a row in the audit table (the same table re-drives claim dead letters
-in, see :mod:`retry_engine.audit`) with ``target`` = ``resolve`` or ``purge``,
+in, see :mod:`retry_engine.ops.audit`) with ``target`` = ``resolve`` or ``purge``,
 who (``operator``), when (``redriven_at``) and why (``note``: the reason).
 Resolved dead letters are left out of ``dlq list`` (unless asked for) and of
 every later re-drive, forced or not.
@@ -45,7 +45,12 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from retry_engine.audit import (
+from retry_engine.clients.dlq import Selection, read_dlq
+from retry_engine.config import EngineConfig
+from retry_engine.core.delays import parse_duration_ms
+from retry_engine.delta.tables import append_arrow, ensure_table, open_table, table_arrow_schema
+from retry_engine.errors import ConcurrentWriteError, ConfigError, RedriveError
+from retry_engine.ops.audit import (
     AUDIT_TABLE,
     MOVED,
     RESOLVE_ACTIONS,
@@ -55,12 +60,7 @@ from retry_engine.audit import (
     redrive_rows,
     resolution_rows,
 )
-from retry_engine.config import EngineConfig
-from retry_engine.delays import parse_duration_ms
-from retry_engine.delta.tables import append_arrow, ensure_table, open_table, table_arrow_schema
-from retry_engine.dlq import Selection, read_dlq
-from retry_engine.errors import ConcurrentWriteError, ConfigError, RedriveError
-from retry_engine.redrive import MAX_CLAIM_ATTEMPTS, whoami
+from retry_engine.ops.redrive import MAX_CLAIM_ATTEMPTS, whoami
 from retry_engine.schemas import DLQ, REDRIVE_AUDIT
 
 log = logging.getLogger(__name__)

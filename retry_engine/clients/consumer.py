@@ -1,0 +1,970 @@
+"""Consuming topic tables with RocketMQ's push-consumer semantics, as a Spark stream.
+
+A :class:`Consumer` of group G reads the messages table filtered to its
+subscribed topics and, in CLUSTERING mode, the retry table filtered to G's
+rows (RocketMQ's ``copySubscription`` subscribes every clustering consumer to
+``%RETRY%G``). Each delivered row goes to the listener on the executors; what
+the listener returns becomes one row of the consume-result table, which the
+engine turns into retries, dead letters or recorded drops.
+
+* R1: ``CONSUME_SUCCESS`` acknowledges; ``RECONSUME_LATER``, ``None`` and an
+  exception are failures (written as ``RECONSUME_LATER``, null and
+  ``EXCEPTION``).
+* R11: a batch listener sets ``context.ack_index``; messages after it fail.
+* R5/R6: the listener may set ``context.delay_level_when_next_consume`` and
+  ``context.max_reconsume_times`` for the message (or the batch).
+* R9: subscribing to a ``%DLQ%`` topic is refused.
+* R12: results are committed with Delta's idempotent txn (app id = the
+  checkpoint's query id, version = batch id), retried with backoff inside the
+  batch, and finally the batch fails so Spark replays it on restart: exactly
+  one consume result per delivered message.
+* R14: every delivered message carries ``delivery_key`` =
+  ``origin_msg_id:reconsume_times``, plus ``:r<n>`` once re-driven n times.
+* Rebalance (RocketMQ ``AllocateMessageQueueAveragely``): CLUSTERING
+  instances of one group heartbeat into the lake and each consumes only its
+  share of every topic's queues and of ``%RETRY%G``'s queues
+  (:mod:`retry_engine.clients.rebalance`); the share is decided at each micro-batch
+  and recorded in the checkpoint, so a replay consumes the same rows. When an
+  instance gains a queue it also delivers the queue's older rows that no
+  instance of the group has a result for, and skips those that have one.
+  BROADCASTING instances each consume everything.
+* Resend (``dlq resend``, :mod:`retry_engine.ops.resend`): a ``%RETRY%G`` row
+  marked for one instance (``RESEND_TO_CONSUMER``) is delivered by that
+  instance only, whichever instance owns its queue, and never caught up.
+
+Pure parts (the listener calls, :func:`consume_batch`) need no Spark.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import KW_ONLY, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+
+from retry_engine.clients.dlq import redrive_count_column
+from retry_engine.clients.producer import DEFAULT_QUEUE_NUMS
+from retry_engine.clients.rebalance import (
+    DEFAULT_HEARTBEAT_EXPIRY_SECONDS,
+    DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
+    MEMBER_ID_CHARACTERS,
+    Assignment,
+    Membership,
+    Window,
+    plan_assignment,
+    validate_member_id,
+    window_bound,
+)
+from retry_engine.config import EngineConfig
+from retry_engine.core.decide import (
+    BROADCASTING,
+    CLUSTERING,
+    MAX_RECONSUME_TIMES_DEFAULT,
+    SUCCESS,
+    truncate_error,
+)
+from retry_engine.core.names import (
+    PROP_RESEND_MSG_ID,
+    PROP_RESEND_TO,
+    delivery_key,
+    is_dlq_topic,
+    is_retry_topic,
+    redrive_count,
+    retry_topic,
+    validate_group,
+    validate_topic,
+)
+from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, table_version
+from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
+from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+CONSUME_SUCCESS = SUCCESS
+RECONSUME_LATER = "RECONSUME_LATER"
+EXCEPTION = "EXCEPTION"
+ConsumeStatus = Literal["CONSUME_SUCCESS", "RECONSUME_LATER"]
+MessageModel = Literal["CLUSTERING", "BROADCASTING"]
+ConsumeFrom = Literal["earliest", "latest"]
+MESSAGE_MODELS: tuple[MessageModel, ...] = (CLUSTERING, BROADCASTING)  # type: ignore[assignment]
+LISTENER_STATUSES = (CONSUME_SUCCESS, RECONSUME_LATER)
+DELIVERY_KEY = "delivery_key"
+DEFAULT_TRIGGER_INTERVAL = "1 second"
+# RocketMQ re-sends a failed send-back 5 s later; here the batch retries its write with backoff.
+DEFAULT_WRITE_ATTEMPTS = 5
+DEFAULT_WRITE_BACKOFF_SECONDS = 1.0
+MESSAGE_NAMES = tuple(c.name for c in MESSAGE_COLUMNS)
+# Internal column: each delivered row's position in its source table's stream (rebalance windows).
+POSITION = "_delivery_position"
+# Internal column: the queue set a row belongs to (its topic, or %RETRY%G for any row of the retry table).
+QUEUE_SET = "_delivery_queue_set"
+MAX_QUEUE_NUMS = 1024
+# Assignments of the last batches kept in the checkpoint (a replay needs only the last two).
+KEEP_ASSIGNMENTS = 20
+
+
+def delivery_key_column() -> Column:
+    """:func:`retry_engine.core.names.delivery_key` as a Spark expression over message columns (R14)."""
+    from pyspark.sql import functions as F
+
+    base = F.concat_ws(
+        ":", F.coalesce(F.col("origin_msg_id"), F.col("msg_id")), F.coalesce(F.col("reconsume_times"), F.lit(0)).cast("string")
+    )
+    redrives = redrive_count_column()
+    return F.when(redrives > 0, F.concat(base, F.lit(":r"), redrives.cast("string"))).otherwise(base)
+
+
+# -- what the listener sees ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """A delivered message, as RocketMQ's ``MessageExt`` after the client resets the retry topic.
+
+    ``topic`` is the original topic even for a retry (RocketMQ's
+    ``resetRetryAndNamespace``); ``delivered_topic`` is ``%RETRY%G`` then.
+    ``delivery_key`` is stable across redeliveries of the same attempt (R14).
+    """
+
+    msg_id: str
+    topic: str
+    delivered_topic: str
+    body: bytes
+    tags: str | None
+    keys: str | None
+    properties: Mapping[str, str]
+    flag: int
+    born_timestamp: dt.datetime | None
+    born_host: str | None
+    store_timestamp: dt.datetime | None
+    queue_id: int | None
+    reconsume_times: int
+    origin_msg_id: str
+    delivery_key: str
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ReceivedMessage:
+        origin = row["origin_msg_id"] or row["msg_id"]
+        reconsume = row["reconsume_times"] or 0
+        properties = dict(row["properties"] or ())
+        return cls(
+            msg_id=row["msg_id"],
+            topic=row["retry_topic"] or row["topic"],
+            delivered_topic=row["topic"],
+            body=row["body"] or b"",
+            tags=row["tags"],
+            keys=row["keys"],
+            properties=properties,
+            flag=row["flag"] or 0,
+            born_timestamp=row["born_timestamp"],
+            born_host=row["born_host"],
+            store_timestamp=row["store_timestamp"],
+            queue_id=row["queue_id"],
+            reconsume_times=reconsume,
+            origin_msg_id=origin,
+            delivery_key=row.get(DELIVERY_KEY) or delivery_key(origin, reconsume, redrive_count(properties)),
+        )
+
+
+@dataclass
+class ConsumeContext:
+    """What a listener may set (RocketMQ ``ConsumeConcurrentlyContext``).
+
+    ``delay_level_when_next_consume``: > 0 that level, 0 the engine's choice,
+    < 0 straight to the DLQ (R5). ``max_reconsume_times``: this message's
+    attempt limit, None for the consumer's (R6). ``ack_index`` (batch
+    listeners): messages up to this index succeeded, the rest failed; None
+    means all of them (R11).
+    """
+
+    delay_level_when_next_consume: int = 0
+    max_reconsume_times: int | None = None
+    ack_index: int | None = None
+
+
+MessageListener = Callable[[ReceivedMessage, ConsumeContext], Any]
+BatchListener = Callable[[list[ReceivedMessage], ConsumeContext], Any]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    status: str | None
+    error_class: str | None = None
+    error_message: str | None = None
+
+
+def _call(listener: Callable[..., Any], arg: Any, context: ConsumeContext, *, where: str) -> _Outcome:
+    """Run the listener; every return but CONSUME_SUCCESS and every exception is a failure (R1)."""
+    try:
+        returned = listener(arg, context)
+    except Exception as exc:  # the listener's failure is data: recorded as EXCEPTION, then retried
+        log.info("listener raised on %s: %s: %s", where, type(exc).__name__, exc)
+        return _Outcome(EXCEPTION, _qualified(type(exc)), truncate_error(str(exc)))
+    if returned is None:
+        return _Outcome(None, None, "listener returned None")
+    status = getattr(returned, "value", returned)
+    if status in LISTENER_STATUSES:
+        return _Outcome(str(status))
+    return _Outcome(
+        EXCEPTION,
+        "InvalidConsumeStatus",
+        truncate_error(f"listener returned {returned!r}; expected one of {', '.join(LISTENER_STATUSES)} or None"),
+    )
+
+
+def _qualified(cls: type) -> str:
+    module = cls.__module__
+    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+
+
+
+
+# -- one delivered Arrow batch -> consume results (pure, runs on executors) -----------
+
+
+@dataclass(frozen=True)
+class ListenerSpec:
+    """The listener and everything written beside its verdicts."""
+
+    group: str
+    consumer_id: str
+    app_id: str
+    message_model: MessageModel
+    max_reconsume_times: int
+    on_message: MessageListener | None = None
+    on_batch: BatchListener | None = None
+    batch_size: int = 1
+
+
+def result_id(app_id: str, msg_id: str) -> str:
+    """Stable id of the result of delivering ``msg_id`` to this consumer: a replay repeats it."""
+    return hashlib.sha1(f"{app_id}\0{msg_id}".encode()).hexdigest()[:32]
+
+
+def consume_batch(batch: pa.RecordBatch, spec: ListenerSpec) -> pa.RecordBatch:
+    """Deliver every row of ``batch`` to the listener; one consume-result row per row, in order.
+
+    Replay: the listener runs again on the same rows (delivery is at least
+    once, R14); the rows produced carry the same ``result_id``.
+    """
+    rows = batch.to_pylist()
+    messages = [ReceivedMessage.from_row(r) for r in rows]
+    outcomes: list[tuple[_Outcome, ConsumeContext]] = []
+    if spec.on_message is not None:
+        for m in messages:
+            context = ConsumeContext()
+            outcomes.append((_call(spec.on_message, m, context, where=f"message {m.msg_id}"), context))
+    elif spec.on_batch is not None:
+        for start in range(0, len(messages), spec.batch_size):
+            chunk = messages[start : start + spec.batch_size]
+            context = ConsumeContext()
+            outcome = _call(spec.on_batch, chunk, context, where=f"batch of {len(chunk)} from {chunk[0].msg_id}")
+            outcomes.extend(_ack(outcome, context, len(chunk)))
+    else:
+        raise SubscriptionError("no listener registered", code="NO_LISTENER")
+    now = dt.datetime.now(dt.UTC)
+    out = []
+    for row, m, (outcome, context) in zip(rows, messages, outcomes, strict=True):
+        limit = context.max_reconsume_times
+        out.append({
+            "result_id": result_id(spec.app_id, m.msg_id),
+            "consumer_group": spec.group,
+            "consumer_id": spec.consumer_id,
+            "message_model": spec.message_model,
+            "status": outcome.status,
+            "delay_level_when_next_consume": context.delay_level_when_next_consume,
+            "max_reconsume_times": spec.max_reconsume_times if limit is None else limit,
+            "error_class": outcome.error_class,
+            "error_message": outcome.error_message,
+            "consumed_at": now,
+            **{name: row[name] for name in MESSAGE_NAMES},
+        })
+    return pa.RecordBatch.from_pylist(out, schema=CONSUME_RESULTS.arrow_schema)
+
+
+def _ack(outcome: _Outcome, context: ConsumeContext, size: int) -> list[tuple[_Outcome, ConsumeContext]]:
+    """Per-message outcomes of a batch (RocketMQ ``processConsumeResult``, R11)."""
+    if outcome.status != CONSUME_SUCCESS:
+        return [(outcome, context)] * size
+    ack = size - 1 if context.ack_index is None else min(context.ack_index, size - 1)
+    failed = _Outcome(RECONSUME_LATER, None, f"after ack_index {ack} of a batch of {size}")
+    return [(outcome if i <= ack else failed, context) for i in range(size)]
+
+
+def _consume_partition(spec: ListenerSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of the consumer; replayed like :func:`consume_batch`."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows:
+                yield consume_batch(batch, spec)
+
+    return run
+
+
+# -- writing results (driver) --------------------------------------------------------
+
+
+@dataclass
+class ResultWriter:
+    """``foreachBatch`` function: commits one micro-batch of consume results exactly once.
+
+    Each attempt is one Delta transaction tagged (``app_id``, batch id). A
+    failed attempt is retried after ``backoff_seconds`` (doubling); after
+    ``attempts`` failures :class:`ConsumeResultWriteError` fails the batch, and
+    Spark replays it when the consumer restarts (R12). Replay: an already
+    committed batch is skipped by the table's transaction check, so no result
+    is written twice; the listener may run again for an uncommitted one.
+    """
+
+    path: str
+    app_id: str
+    _: KW_ONLY
+    attempts: int = DEFAULT_WRITE_ATTEMPTS
+    backoff_seconds: float = DEFAULT_WRITE_BACKOFF_SECONDS
+    group: str = ""
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark import StorageLevel
+
+        # Keep the listener's verdicts: a write retry must not ask the listener again.
+        batch.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            if batch.isEmpty():
+                return
+            last: Exception | None = None
+            for attempt in range(1, self.attempts + 1):
+                try:
+                    self.commit(batch, batch_id)
+                    return
+                except Exception as exc:  # any failure of the hand-back is retried, then re-raised
+                    last = exc
+                    log.warning(
+                        "group %s batch %d: writing consume results, attempt %d/%d failed: %s",
+                        self.group, batch_id, attempt, self.attempts, str(exc).splitlines()[0] if str(exc) else exc,
+                    )
+                    if attempt < self.attempts:
+                        time.sleep(self.backoff_seconds * 2 ** (attempt - 1))
+            raise ConsumeResultWriteError(
+                f"group {self.group!r}: consume results of batch {batch_id} not written after {self.attempts} "
+                f"attempt(s) to {self.path}; restart the consumer to replay the batch (nothing is lost): {last}"
+            ) from last
+        finally:
+            batch.unpersist()
+
+    def commit(self, batch: DataFrame, batch_id: int) -> None:
+        """One write attempt; a transaction the table already has is skipped."""
+        (
+            batch.write.format(FORMAT_NAME)
+            .mode("append")
+            .option("path", self.path)
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", str(batch_id))
+            .save()
+        )
+
+
+# -- rebalance: this instance's share of the queues, per micro-batch (driver) ------------
+
+
+def _queue_of(count: int) -> Column:
+    """The queue a row belongs to among ``count``: a null or out-of-range ``queue_id`` still lands in one."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.coalesce(F.col("queue_id"), F.lit(0)), F.lit(count))
+
+
+@dataclass
+class _RebalancedBatch:
+    """``foreachBatch`` function of a consumer: picks this instance's rows, runs the listener, writes.
+
+    CLUSTERING: the batch's :class:`~retry_engine.clients.rebalance.Assignment` is
+    planned from the live heartbeats and written to the checkpoint before any
+    row reaches the listener. Replay: the recorded assignment is read back,
+    so the same rows (and the same caught-up rows, read at the recorded table
+    versions) are consumed again; the writer skips a batch already committed.
+    BROADCASTING: every row, no heartbeat.
+    """
+
+    spark: SparkSession
+    group: str
+    spec: ListenerSpec
+    writer: ResultWriter
+    membership: Membership | None
+    queue_counts: dict[str, int]
+    sources: dict[str, str]
+    """topic -> path of the table its rows come from."""
+    topic_filter: Callable[[str], Column]
+    records: str
+    results_path: str
+    on_assignment: Callable[[Assignment], None] = lambda _: None
+    _planned: bool = field(default=False, init=False, repr=False)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark import StorageLevel
+
+        if self.membership is None:
+            self.writer(self._consume(batch), batch_id)
+            return
+        # Read several times (positions, owned rows, catch-up exclusions): read the files once.
+        batch.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            assignment = self._assignment(batch, batch_id)
+            self.on_assignment(assignment)
+            self.writer(self._consume(self._rows(batch, assignment)), batch_id)
+        finally:
+            batch.unpersist()
+
+    # -- planning -----------------------------------------------------------------
+
+    def _record_path(self, batch_id: int) -> str:
+        return os.path.join(self.records, f"{batch_id}.json")
+
+    def _load(self, batch_id: int) -> Assignment | None:
+        """The recorded assignment of ``batch_id``; None if there is none or it does not fit this consumer.
+
+        A record for other topics or queue counts (the subscription changed
+        between a failed batch and its replay) is planned anew: replaying it
+        would skip the new topic's rows of that batch for good.
+        """
+        path = self._record_path(batch_id)
+        try:
+            with open(path) as f:
+                recorded = Assignment.from_json(json.load(f))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("group %s: unreadable assignment record %s (%s); planning batch %d anew",
+                        self.group, path, exc, batch_id)
+            return None
+        if recorded.queue_counts != dict(sorted(self.queue_counts.items())):
+            log.warning("group %s: assignment record of batch %d is for queues %s, not %s; planning anew",
+                        self.group, batch_id, recorded.queue_counts, self.queue_counts)
+            return None
+        return recorded
+
+    def _save(self, assignment: Assignment) -> None:
+        os.makedirs(self.records, exist_ok=True)
+        tmp = self._record_path(assignment.batch_id) + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(assignment.to_json(), f)
+        os.replace(tmp, self._record_path(assignment.batch_id))
+        for name in os.listdir(self.records):
+            stem = name.removesuffix(".json")
+            if stem.isdigit() and int(stem) < assignment.batch_id - KEEP_ASSIGNMENTS:
+                os.remove(os.path.join(self.records, name))
+
+    def _assignment(self, batch: DataFrame, batch_id: int) -> Assignment:
+        recorded = self._load(batch_id)
+        if recorded is not None:
+            log.info("group %s batch %d: replaying recorded assignment %s", self.group, batch_id, recorded.owned)
+            return recorded
+        assert self.membership is not None  # only called for CLUSTERING; not an input check
+        members = self.membership.live()
+        versions = {topic: table_version(path) or 0 for topic, path in self.sources.items()}
+        previous = self._load(batch_id - 1)
+        planned = plan_assignment(
+            batch_id=batch_id,
+            members=members,
+            me=self.membership.member,
+            queue_counts=self.queue_counts,
+            versions=versions,
+            previous=previous,
+            carried_windows=previous.windows if previous is not None else (),
+            restarted=not self._planned,
+        )
+        self._planned = True
+        assignment = replace(planned, windows=self._open_windows(batch, planned.windows))
+        self._save(assignment)
+        if previous is None or previous.owned != assignment.owned:
+            log.info(
+                "group %s batch %d: %s of live %s owns %s (catch-up %s)",
+                self.group, batch_id, self.membership.member, list(assignment.members), assignment.owned,
+                assignment.catch_up,
+            )
+        return assignment
+
+    def _open_windows(self, batch: DataFrame, windows: tuple[Window, ...]) -> tuple[Window, ...]:
+        """Drop the windows this batch's stream is already past (positions only grow)."""
+        from pyspark.sql import functions as F
+
+        if not windows:
+            return windows
+        retry = retry_topic(self.group)
+        lowest = {
+            bool(r["is_retry"]): r["lowest"]
+            for r in batch.groupBy((F.col(QUEUE_SET) == F.lit(retry)).alias("is_retry"))
+            .agg(F.min(POSITION).alias("lowest"))
+            .collect()
+        }
+        return tuple(
+            w for w in windows
+            if lowest.get(w.topic == retry) is None or lowest[w.topic == retry] < window_bound(w.through_version)
+        )
+
+    # -- rows -----------------------------------------------------------------------
+
+    def _in(self, topic: str, queues: tuple[int, ...], *, column: str = QUEUE_SET) -> Column:
+        from pyspark.sql import functions as F
+
+        return (F.col(column) == F.lit(topic)) & _queue_of(self.queue_counts[topic]).isin(list(queues))
+
+    def _snapshot(self, path: str, version: int | None = None) -> DataFrame:
+        """The table at ``version`` (default: latest) as a batch DataFrame."""
+        reader = self.spark.read.format(FORMAT_NAME).option("path", path)
+        if version is not None:
+            reader = reader.option("versionAsOf", str(version))
+        return reader.load()
+
+    def _consumed(self) -> DataFrame:
+        """msg ids the group already has a CLUSTERING result for (read when the plan runs)."""
+        from pyspark.sql import functions as F
+
+        results = self._snapshot(self.results_path)
+        model = F.coalesce(F.col("message_model"), F.lit(CLUSTERING))
+        return (
+            results.filter((F.col("consumer_group") == F.lit(self.group)) & (model == F.lit(CLUSTERING)))
+            .select("msg_id")
+            .distinct()
+        )
+
+    def _resent(self) -> Column:
+        """Rows of %RETRY%G that ``dlq resend`` wrote for one instance (see retry_engine.ops.resend).
+
+        Only the resent row itself: its retries copy the properties but not its id.
+        """
+        from pyspark.sql import functions as F
+
+        properties = F.col("properties")
+        resent = (
+            (F.col(QUEUE_SET) == F.lit(retry_topic(self.group)))
+            & properties[PROP_RESEND_TO].isNotNull()
+            & (F.col("msg_id") == properties[PROP_RESEND_MSG_ID])
+        )
+        return F.coalesce(resent, F.lit(False))
+
+    def _rows(self, batch: DataFrame, assignment: Assignment) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        assert self.membership is not None  # only called for CLUSTERING; not an input check
+        owned = F.lit(False)
+        for topic, queues in assignment.owned.items():
+            if queues:
+                owned = owned | self._in(topic, queues)
+        # A resent row goes to the instance it names, whoever owns its queue; the others skip it.
+        to_me = F.coalesce(F.col("properties")[PROP_RESEND_TO] == F.lit(self.membership.member), F.lit(False))
+        rows = batch.filter((owned & ~self._resent()) | (self._resent() & to_me))
+        consumed = self._consumed() if assignment.windows or assignment.catch_up else None
+        if assignment.windows and consumed is not None:
+            inside = F.lit(False)
+            for w in assignment.windows:
+                inside = inside | (self._in(w.topic, w.queues) & (F.col(POSITION) < F.lit(window_bound(w.through_version))))
+            inside = F.coalesce(inside, F.lit(False))
+            rows = rows.filter(~inside).unionByName(rows.filter(inside).join(consumed, "msg_id", "left_anti"))
+        rows = rows.drop(POSITION, QUEUE_SET)
+        if assignment.catch_up and consumed is not None:
+            rows = rows.unionByName(self._catch_up(batch, assignment, consumed))
+        return rows
+
+    def _catch_up(self, batch: DataFrame, assignment: Assignment, consumed: DataFrame) -> DataFrame:
+        """Rows of the gained queues, as of the recorded versions, that no instance of the group consumed."""
+        from pyspark.sql import functions as F
+
+        parts = []
+        for topic, queues in sorted(assignment.catch_up.items()):
+            table = self._snapshot(self.sources[topic], assignment.catch_up_versions[topic])
+            tagged = table.filter(self.topic_filter(topic)).withColumn(QUEUE_SET, F.lit(topic))
+            # A resent row is never caught up: its instance's own stream delivers it.
+            parts.append(tagged.filter(self._in(topic, queues) & ~self._resent()).select(*MESSAGE_NAMES))
+        rows = parts[0]
+        for part in parts[1:]:
+            rows = rows.unionByName(part)
+        return (
+            rows.join(consumed, "msg_id", "left_anti")
+            .join(batch.select("msg_id"), "msg_id", "left_anti")
+            .dropDuplicates(["msg_id"])
+            .withColumn(DELIVERY_KEY, delivery_key_column())
+            .select(*MESSAGE_NAMES, DELIVERY_KEY)
+        )
+
+    def _consume(self, rows: DataFrame) -> DataFrame:
+        return rows.select(*MESSAGE_NAMES, DELIVERY_KEY).mapInArrow(_consume_partition(self.spec), CONSUME_RESULTS.spark_schema)
+
+
+class _Heartbeater:
+    """Beats every ``interval`` seconds on a daemon thread while the query runs.
+
+    Once the query has stopped (the caller stopped it, or it failed) the
+    instance leaves the group, so its queues move to the others.
+    """
+
+    def __init__(self, membership: Membership, interval: float) -> None:
+        self.membership = membership
+        self.interval = interval
+        self.query: StreamingQuery | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{membership.member}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(self.interval, 1.0) * 2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                query = self.query
+                if query is not None and not query.isActive:
+                    log.info("consumer %s: query stopped; leaving group %s", self.membership.member, self.membership.group)
+                    self.membership.leave()
+                    return
+                self.membership.beat()
+            except Exception as exc:  # a missed beat is retried next interval; the expiry allows several
+                log.warning("consumer %s: heartbeat failed: %s", self.membership.member, exc)
+
+
+# -- the consumer -----------------------------------------------------------------------
+
+
+def parse_tags(expression: str) -> tuple[str, ...] | None:
+    """RocketMQ's tag subscription: ``*`` (all, returns None) or ``TagA || TagB``."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise SubscriptionError(f"tag expression {expression!r} must be '*' or 'TagA || TagB'", code="INVALID_TAGS")
+    if expression.strip() == "*":
+        return None
+    tags = tuple(t.strip() for t in expression.split("||"))
+    if any(not t for t in tags):
+        raise SubscriptionError(f"tag expression {expression!r} has an empty tag", code="INVALID_TAGS")
+    return tags
+
+
+def default_consumer_id() -> str:
+    """``host@pid``, like RocketMQ's client id ``ip@instanceName`` (odd host name characters become ``_``)."""
+    host = re.sub(f"[^{MEMBER_ID_CHARACTERS}]", "_", socket.gethostname())[:200] or "host"
+    return f"{host}@{os.getpid()}"
+
+
+@dataclass
+class Consumer:
+    """A push consumer of group ``group`` over the lake described by ``config``.
+
+    ``subscribe`` topics, register one listener, then ``start`` the streaming
+    query (the caller stops it, best with ``shutdown(query)``). ``checkpoint``
+    defaults to a folder under ``<lake>/_checkpoints`` named by a hash of the
+    group, model and ``instance_name`` (names never become paths).
+
+    CLUSTERING instances of a group share the queues (see
+    :mod:`retry_engine.clients.rebalance`): each is ``consumer_id@instance_name``
+    (give instances in one process distinct ``instance_name`` s), every topic
+    has ``queue_nums`` queues, ``%RETRY%G`` the group's ``retry_queue_nums``;
+    an instance is live while its last heartbeat (every
+    ``heartbeat_interval_seconds``) is younger than ``heartbeat_expiry_seconds``.
+    """
+
+    spark: SparkSession
+    config: EngineConfig
+    _: KW_ONLY
+    group: str
+    message_model: MessageModel = "CLUSTERING"
+    max_reconsume_times: int = MAX_RECONSUME_TIMES_DEFAULT
+    consume_from: ConsumeFrom = "earliest"
+    trigger_interval: str = DEFAULT_TRIGGER_INTERVAL
+    max_files_per_trigger: int | None = None
+    checkpoint: str | None = None
+    instance_name: str = "DEFAULT"
+    consumer_id: str = field(default_factory=default_consumer_id)
+    write_attempts: int = DEFAULT_WRITE_ATTEMPTS
+    write_backoff_seconds: float = DEFAULT_WRITE_BACKOFF_SECONDS
+    queue_nums: int = DEFAULT_QUEUE_NUMS
+    heartbeat_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS
+    heartbeat_expiry_seconds: float = DEFAULT_HEARTBEAT_EXPIRY_SECONDS
+    last_assignment: Assignment | None = field(default=None, init=False, repr=False)
+    _heartbeater: _Heartbeater | None = field(default=None, init=False, repr=False)
+    _subscriptions: dict[str, tuple[str, ...] | None] = field(default_factory=dict, init=False, repr=False)
+    _on_message: MessageListener | None = field(default=None, init=False, repr=False)
+    _on_batch: BatchListener | None = field(default=None, init=False, repr=False)
+    _batch_size: int = field(default=1, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        validate_group(self.group)
+        if is_retry_topic(self.group) or is_dlq_topic(self.group):
+            raise SubscriptionError(f"group name {self.group!r} may not start with %RETRY% or %DLQ%", code="INVALID_GROUP")
+        if self.message_model not in MESSAGE_MODELS:
+            raise SubscriptionError(
+                f"message_model {self.message_model!r} is not one of {', '.join(MESSAGE_MODELS)}", code="INVALID_OPTION"
+            )
+        if self.consume_from not in ("earliest", "latest"):
+            raise SubscriptionError(f"consume_from {self.consume_from!r} is not 'earliest' or 'latest'", code="INVALID_OPTION")
+        limit = self.max_reconsume_times
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < MAX_RECONSUME_TIMES_DEFAULT:
+            raise SubscriptionError(
+                f"max_reconsume_times {limit!r} must be an int >= 0, or -1 for the group's", code="INVALID_OPTION"
+            )
+        if not isinstance(self.write_attempts, int) or self.write_attempts < 1:
+            raise SubscriptionError(f"write_attempts {self.write_attempts!r} must be >= 1", code="INVALID_OPTION")
+        validate_member_id(self.consumer_id, what="consumer_id")
+        validate_member_id(self.instance_name, what="instance_name")
+        validate_member_id(self.member_id, what="consumer_id@instance_name")
+        queues = self.queue_nums
+        if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUE_NUMS:
+            raise SubscriptionError(
+                f"queue_nums {queues!r} must be an int in 1..{MAX_QUEUE_NUMS} (the topics' queue count)",
+                code="INVALID_OPTION",
+            )
+        interval, expiry = self.heartbeat_interval_seconds, self.heartbeat_expiry_seconds
+        for name, value in (("heartbeat_interval_seconds", interval), ("heartbeat_expiry_seconds", expiry)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise SubscriptionError(f"{name} {value!r} must be a positive number", code="INVALID_OPTION")
+        if expiry <= interval:
+            raise SubscriptionError(
+                f"heartbeat_expiry_seconds {expiry!r} must be more than heartbeat_interval_seconds {interval!r}, "
+                "or a live instance would look dead between two beats",
+                code="INVALID_OPTION",
+            )
+
+    # -- subscription ---------------------------------------------------------------
+
+    def subscribe(self, topic: str, tags: str = "*") -> Consumer:
+        """Subscribe to ``topic`` (tags ``*`` or ``A || B``). A DLQ is refused (R9)."""
+        validate_topic(topic)
+        if is_dlq_topic(topic):
+            raise SubscriptionError(
+                f"topic {topic!r} is a dead-letter queue: write-only for consumers (R9); "
+                "read it as a table (an operator action) instead",
+                code="DLQ_NOT_CONSUMABLE",
+            )
+        if is_retry_topic(topic):
+            raise SubscriptionError(
+                f"topic {topic!r} is a retry topic: a CLUSTERING consumer of the group reads it automatically",
+                code="RETRY_TOPIC_NOT_SUBSCRIBABLE",
+            )
+        self._subscriptions[topic] = parse_tags(tags)
+        return self
+
+    @property
+    def subscriptions(self) -> dict[str, tuple[str, ...] | None]:
+        """Topic -> tags (None = all). CLUSTERING adds ``%RETRY%G`` at read time (not listed)."""
+        return dict(self._subscriptions)
+
+    @property
+    def reads_retry(self) -> bool:
+        """RocketMQ ``copySubscription``: only CLUSTERING consumers read ``%RETRY%G`` (R2)."""
+        return self.message_model == CLUSTERING
+
+    @property
+    def member_id(self) -> str:
+        """This instance among the group's (RocketMQ client id ``ip@instanceName``): ``consumer_id@instance_name``."""
+        return f"{self.consumer_id}@{self.instance_name}"
+
+    @property
+    def membership(self) -> Membership:
+        """The group's heartbeat registry, as this instance."""
+        return Membership(self.config.engine.lake, self.group, self.member_id, self.heartbeat_expiry_seconds)
+
+    def queue_counts(self) -> dict[str, int]:
+        """Topic -> queue count: ``queue_nums`` per subscribed topic; the group's ``retry_queue_nums`` for ``%RETRY%G``."""
+        counts = dict.fromkeys(self._subscriptions, self.queue_nums)
+        if self.reads_retry:
+            group = self.config.group(self.group)
+            # A group that does not retry (retry_queue_nums <= 0, R10) may still have re-driven rows: one queue.
+            counts[retry_topic(self.group)] = max(group.retry_queue_nums if group is not None else 1, 1)
+        return counts
+
+    def heartbeat(self) -> None:
+        """Announce this CLUSTERING instance to its group now (``start`` does it too); BROADCASTING: nothing."""
+        if self.message_model == CLUSTERING:
+            self.membership.beat()
+
+    def shutdown(self, query: StreamingQuery | None = None) -> None:
+        """Stop ``query`` (if given) and leave the group: the other instances take its queues at their next batch."""
+        try:
+            if query is not None:
+                query.stop()
+        finally:
+            if self._heartbeater is not None:
+                self._heartbeater.stop()
+                self._heartbeater = None
+            if self.message_model == CLUSTERING:
+                self.membership.leave()
+
+    def register_message_listener(self, listener: MessageListener) -> Consumer:
+        """One call per message: ``listener(message, context) -> status``."""
+        self._check_listener(listener)
+        self._on_message = listener
+        return self
+
+    def register_batch_listener(self, listener: BatchListener, *, batch_size: int) -> Consumer:
+        """One call per up to ``batch_size`` messages (``consumeMessageBatchMaxSize``); ack index honoured."""
+        self._check_listener(listener)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 1024:
+            raise SubscriptionError(f"batch_size {batch_size!r} must be an int in 1..1024", code="INVALID_OPTION")
+        self._on_batch, self._batch_size = listener, batch_size
+        return self
+
+    def _check_listener(self, listener: object) -> None:
+        if not callable(listener):
+            raise SubscriptionError(f"listener must be callable, got {type(listener).__name__}", code="INVALID_LISTENER")
+        if self._on_message is not None or self._on_batch is not None:
+            raise SubscriptionError("a listener is already registered; one per consumer", code="INVALID_LISTENER")
+
+    # -- the stream ------------------------------------------------------------------
+
+    @property
+    def checkpoint_path(self) -> str:
+        if self.checkpoint:
+            return self.checkpoint
+        digest = hashlib.sha1(f"{self.group}\0{self.message_model}\0{self.instance_name}".encode()).hexdigest()[:16]
+        return os.path.join(self.config.engine.lake, "_checkpoints", f"consumer-{digest}")
+
+    def _read(self, path: str, *, position: bool) -> DataFrame:
+        reader = self.spark.readStream.format(FORMAT_NAME).option("path", path)
+        if self.max_files_per_trigger is not None:
+            reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_trigger))
+        if self.consume_from == "latest":
+            reader = reader.option("startingVersion", "latest")
+        if position:
+            reader = reader.option("sourcePositionColumn", POSITION)
+        return reader.load()
+
+    def _topic_filter(self, topic: str) -> Column:
+        """The rows of ``topic`` this subscription delivers (tags), or the group's rows of ``%RETRY%G``."""
+        from pyspark.sql import functions as F
+
+        if topic == retry_topic(self.group):
+            return F.col("consumer_group") == F.lit(self.group)
+        cond = F.col("topic") == F.lit(topic)
+        tags = self._subscriptions[topic]
+        return cond & F.col("tags").isin(*tags) if tags is not None else cond
+
+    def _sources(self) -> dict[str, str]:
+        """Topic -> the table its rows are read from (created if missing)."""
+        if not self._subscriptions:
+            raise SubscriptionError(f"group {self.group!r} has no subscription; call subscribe(topic) first", code="NO_SUBSCRIPTION")
+        messages_path = self.config.table_path("messages")
+        ensure_table(messages_path, MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
+        sources = dict.fromkeys(self._subscriptions, messages_path)
+        if self.reads_retry:
+            retry_path = self.config.table_path("retry")
+            ensure_table(retry_path, RETRY.arrow_schema, partition_by=RETRY.partition_by)
+            sources[retry_topic(self.group)] = retry_path
+        return sources
+
+    def deliveries(self) -> DataFrame:
+        """The streaming DataFrame of delivered messages: message columns plus ``delivery_key``.
+
+        Every row of the subscription, whatever the rebalance: ``start``
+        picks this instance's share of each micro-batch.
+        """
+        return self._deliveries(position=False)
+
+    def _deliveries(self, *, position: bool) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        sources = self._sources()
+        messages_path = self.config.table_path("messages")
+        wanted = F.lit(False)
+        for topic in self._subscriptions:
+            wanted = wanted | self._topic_filter(topic)
+        delivered = self._read(messages_path, position=position).filter(wanted)
+        extra = [F.col(POSITION), F.col("topic").alias(QUEUE_SET)] if position else []
+        delivered = delivered.select(*MESSAGE_NAMES, *extra)
+        if self.reads_retry:
+            retry = retry_topic(self.group)
+            retries = self._read(sources[retry], position=position).filter(self._topic_filter(retry))
+            # Every row of the retry table is in %RETRY%G's queues, whatever its topic column says.
+            extra = [F.col(POSITION), F.lit(retry).alias(QUEUE_SET)] if position else []
+            delivered = delivered.unionByName(retries.select(*MESSAGE_NAMES, *extra))
+        return delivered.withColumn(DELIVERY_KEY, delivery_key_column())
+
+    def result_writer(self) -> ResultWriter:
+        """The default ``foreachBatch`` writer of this consumer (tied to its checkpoint)."""
+        return ResultWriter(
+            self.config.table_path("consume_results"),
+            ensure_query_id(self.checkpoint_path),
+            attempts=self.write_attempts,
+            backoff_seconds=self.write_backoff_seconds,
+            group=self.group,
+        )
+
+    def start(self, *, result_writer: ResultWriter | None = None) -> StreamingQuery:
+        """Start consuming; returns the query (the caller stops it).
+
+        Restarting with the same checkpoint resumes where the last committed
+        batch ended and writes no result twice.
+        """
+        if self._on_message is None and self._on_batch is None:
+            raise SubscriptionError(
+                "register a listener first (register_message_listener or register_batch_listener)", code="NO_LISTENER"
+            )
+        results_path = self.config.table_path("consume_results")
+        ensure_table(results_path, CONSUME_RESULTS.arrow_schema)
+        writer = result_writer or self.result_writer()
+        spec = ListenerSpec(
+            group=self.group,
+            consumer_id=self.consumer_id,
+            app_id=writer.app_id,
+            message_model=self.message_model,
+            max_reconsume_times=self.max_reconsume_times,
+            on_message=self._on_message,
+            on_batch=self._on_batch,
+            batch_size=self._batch_size,
+        )
+        clustering = self.message_model == CLUSTERING
+        batch_function = _RebalancedBatch(
+            spark=self.spark,
+            group=self.group,
+            spec=spec,
+            writer=writer,
+            membership=self.membership if clustering else None,
+            queue_counts=self.queue_counts(),
+            sources=self._sources(),
+            topic_filter=self._topic_filter,
+            records=os.path.join(self.checkpoint_path, "rebalance"),
+            results_path=results_path,
+            on_assignment=self._on_assignment,
+        )
+        deliveries = self._deliveries(position=clustering)
+        if clustering:
+            # Join before the first batch plans, so instances started together split from the start.
+            self.heartbeat()
+            self._heartbeater = _Heartbeater(self.membership, self.heartbeat_interval_seconds)
+        try:
+            query = (
+                deliveries.writeStream.queryName(f"consumer-{hashlib.sha1(self.checkpoint_path.encode()).hexdigest()[:12]}")
+                .foreachBatch(batch_function)
+                .option("checkpointLocation", self.checkpoint_path)
+                .trigger(processingTime=self.trigger_interval)
+                .start()
+            )
+        except BaseException:
+            self.shutdown()
+            raise
+        if self._heartbeater is not None:
+            self._heartbeater.query = query
+            self._heartbeater.start()
+        log.info(
+            "consumer started: group %s (%s) as %s, topics %s, retry %s, checkpoint %s",
+            self.group, self.message_model, self.member_id, sorted(self._subscriptions), self.reads_retry,
+            self.checkpoint_path,
+        )
+        return query
+
+    def _on_assignment(self, assignment: Assignment) -> None:
+        self.last_assignment = assignment

@@ -1,0 +1,1 @@
+"""The engine core: RocketMQ's send-back rules (decide, delays, names), the schedule stage and its state, the streaming query that joins them (engine), and its exactly-once bookkeeping in the lake (lease, resume)."""
