@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from retry_engine.audit import (
@@ -50,6 +49,7 @@ from retry_engine.names import (
     validate_topic,
 )
 from retry_engine.schemas import DLQ
+from retry_engine.storage import open_delta, spark_options
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -298,7 +298,7 @@ def read_dlq(
     filters = None
     if selection is not None and selection.group is not None:
         filters = [("consumer_group", "=", selection.group)]
-    rows = pa.table(DeltaTable(path, version=resolved).to_pyarrow_table(filters=filters)).select(DLQ.names)
+    rows = pa.table(open_delta(path, version=resolved).to_pyarrow_table(filters=filters)).select(DLQ.names)
     rows = rows.cast(DLQ.arrow_schema)
     if selection is not None:
         rows = rows.filter(selection.mask(rows))
@@ -383,7 +383,7 @@ def _dead_letters_spark(
         df = spark.createDataFrame([], DLQ.spark_schema)
     else:
         register(spark)
-        reader = spark.read.format(FORMAT_NAME).option("path", path)
+        reader = spark.read.format(FORMAT_NAME).option("path", path).options(**spark_options(path))
         if resolved is not None:
             reader = reader.option("versionAsOf", str(resolved))
         df = reader.load()

@@ -28,7 +28,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from retry_engine import monitor, native_delta, resume
+from retry_engine import monitor, native_delta, resume, storage
 from retry_engine._arrow_ipc import from_ipc
 from retry_engine.config import EngineConfig
 from retry_engine.decide import BATCH_TS, POSITION, Decider, check_input_schema
@@ -144,6 +144,7 @@ def _read_results(spark: SparkSession, config: EngineConfig, *, starting_version
     return (
         spark.readStream.format(FORMAT_NAME)
         .option("path", source_path)
+        .options(**storage.spark_options(source_path))
         .option("maxFilesPerTrigger", str(config.engine.max_files_per_trigger))
         .option("sourcePositionColumn", POSITION)
         .option("packedColumn", PACKED_INPUT)
@@ -310,6 +311,8 @@ def start(
     if native:
         native_delta.require_delta(spark)
     checkpoint = config.checkpoint_path
+    # Spark writes the checkpoint through Hadoop, not delta-rs: refuse a scheme it lacks up front.
+    storage.require_checkpoint_filesystem(spark, checkpoint)
     fresh = resume.is_fresh(checkpoint)
     app_id = ensure_query_id(checkpoint)
     lease = LakeLease(

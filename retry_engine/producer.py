@@ -51,6 +51,7 @@ from retry_engine.errors import (
 )
 from retry_engine.names import SCHEDULE_TOPIC, is_dlq_topic, is_retry_topic, validate_topic
 from retry_engine.schemas import MESSAGES
+from retry_engine.storage import spark_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -534,6 +535,7 @@ def send_frame(
         .write.format(FORMAT_NAME)
         .mode("append")
         .option("path", messages_path)
+        .options(**spark_options(messages_path))
         .option("partitionBy", ",".join(MESSAGES.partition_by))
     )
     if (txn_app_id is None) != (txn_version is None):
