@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from retry_engine import storage
@@ -160,8 +161,14 @@ class Membership:
         if self._remote:
             # One PUT: an object store never shows half an object, so no rename is needed.
             fs, root = self._store()
-            with fs.open_output_stream(_join(root, self.file.name)) as out:
-                out.write(body.encode())
+            # Through a C++ buffered stream: delta-rs's object stream takes bytes, and pyarrow's
+            # Python-level write hands it an Arrow Buffer (TypeError); the C++ path hands bytes.
+            # The buffer must exceed the data: a write of a buffer's size or more bypasses it.
+            data = body.encode()
+            with fs.open_output_stream(_join(root, self.file.name)) as raw:
+                out = pa.BufferedOutputStream(raw, buffer_size=len(data) + 1)
+                out.write(data)
+                out.close()
             return
         self.folder.mkdir(parents=True, exist_ok=True)
         # Write then rename: a reader never sees half a file.

@@ -30,6 +30,7 @@ from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.metrics import nearest_rank
 from retry_engine.monitor import PROGRESS_EVENT, TERMINATED
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY, Table
+from retry_engine.storage import is_remote
 
 QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]
 
@@ -96,11 +97,16 @@ def read_tables(config: EngineConfig) -> EngineTables:
         tables[name] = found if found is not None else _empty(table, columns)
     if not present:
         raise TablesUnavailableError(
-            f"no engine tables under {os.path.abspath(config.engine.lake)} "
+            f"no engine tables under {_shown(config.engine.lake)} "
             f"(looked for {', '.join(config.table_path(n) for n in _COLUMNS)}); "
             "is engine.lake (or RETRY_ENGINE_LAKE) right, and has the engine run?"
         )
     return EngineTables(**tables, present=frozenset(present))
+
+
+def _shown(lake: str) -> str:
+    """The lake as a message names it: a local folder made absolute, a URI as given."""
+    return lake if is_remote(lake) else os.path.abspath(lake)
 
 
 # -- the summary ----------------------------------------------------------------
