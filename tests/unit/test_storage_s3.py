@@ -255,3 +255,17 @@ def test_an_empty_s3_lake_is_named_as_given(s3_server: S3Server) -> None:
         require_lake(config, origin="the test")
     append_arrow(config.table_path("dlq"), pa.table({"x": [1]}))
     require_lake(config, origin="the test")
+
+
+def test_readme_object_storage_example_is_valid_config(tmp_path: Path) -> None:
+    """#14 part 4: the README's [storage] example loads, is safe, and puts every table under the S3 lake."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", readme, flags=re.S) if "[storage]" in b]
+    conf = tmp_path / "c.toml"
+    conf.write_text(block)
+    config = load_config(conf)
+    assert config.storage == {"aws_region": "eu-west-1"}
+    assert config.table_path("dlq") == "s3://my-bucket/retry-lake/dlq"
+    assert not storage.is_remote(config.checkpoint_path)
