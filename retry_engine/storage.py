@@ -80,7 +80,10 @@ def normalize(options: Mapping[str, Any]) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in options.items():
         if not isinstance(key, str) or not key.strip():
-            raise ConfigError(f"storage option name {key!r} must be a non-empty string", code="INVALID_STORAGE_OPTION")
+            raise ConfigError(
+                f"storage option name {key!r} must be a non-empty string",
+                code="INVALID_STORAGE_OPTION",
+            )
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, str | int | float):
@@ -109,7 +112,9 @@ def _setting(options: Mapping[str, str], env: Mapping[str, str], name: str) -> s
     return env.get(name.upper())
 
 
-def check_commit_safety(uri: str, options: Mapping[str, str], env: Mapping[str, str] | None = None) -> None:
+def check_commit_safety(
+    uri: str, options: Mapping[str, str], env: Mapping[str, str] | None = None
+) -> None:
     """Refuse S3 settings under which two writers could both commit one table version.
 
     delta-rs makes a commit by creating ``_delta_log/<version>.json`` only if
@@ -142,7 +147,12 @@ def check_commit_safety(uri: str, options: Mapping[str, str], env: Mapping[str, 
         )
     conditional = _setting(options, env, CONDITIONAL_PUT)
     copy = _setting(options, env, COPY_IF_NOT_EXISTS)
-    if conditional is not None and conditional.strip().lower() == "disabled" and locking is None and copy is None:
+    if (
+        conditional is not None
+        and conditional.strip().lower() == "disabled"
+        and locking is None
+        and copy is None
+    ):
         raise ConfigError(
             f"{uri}: {CONDITIONAL_PUT} = 'disabled' with no {LOCKING_PROVIDER} leaves no way to commit a table "
             f"version only once on S3. {fixes}",

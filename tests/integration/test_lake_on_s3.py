@@ -50,8 +50,12 @@ TIMEOUT = 240.0
 
 
 def _toml(server: S3Server, lake: str, checkpoint: str | None) -> str:
-    engine_lines = [f'lake = "{lake}"', 'trigger_interval = "200ms"', f'message_delay_level = "{FAST_LEVELS}"',
-                    'state_bucket = "1s"']
+    engine_lines = [
+        f'lake = "{lake}"',
+        'trigger_interval = "200ms"',
+        f'message_delay_level = "{FAST_LEVELS}"',
+        'state_bucket = "1s"',
+    ]
     if checkpoint is not None:
         engine_lines.append(f'checkpoint = "{checkpoint}"')
     storage_lines = [f"{k} = {json.dumps(v)}" for k, v in server.storage_options(SECRET).items()]
@@ -105,10 +109,14 @@ def _settled(run: Run, queries: list[StreamingQuery]) -> bool:
     for q in queries:
         if q.exception() is not None:
             raise AssertionError(f"query {q.name} failed") from q.exception()
-    outcomes = run.rows("outcomes") if storage.is_delta_table(run.config.table_path("outcomes")) else []
+    outcomes = (
+        run.rows("outcomes") if storage.is_delta_table(run.config.table_path("outcomes")) else []
+    )
     acked = {o["msg_id"] for o in outcomes if o["outcome"] == "acknowledged"}
     dead = run.rows("dlq") if storage.is_delta_table(run.config.table_path("dlq")) else []
-    return set(run.ids["ok"]) <= acked and sorted(d["origin_msg_id"] for d in dead) == sorted(run.ids["poison"])
+    return set(run.ids["ok"]) <= acked and sorted(d["origin_msg_id"] for d in dead) == sorted(
+        run.ids["poison"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -129,17 +137,40 @@ def run(spark: Any, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactor
         config = load_config(conf)
         producer = Producer(config.table_path("messages"))
         ids = {
-            kind: list(producer.send_batch([Message("orders", f"{kind}-{i}", keys=kind) for i in range(n)]).msg_ids)
+            kind: list(
+                producer.send_batch(
+                    [Message("orders", f"{kind}-{i}", keys=kind) for i in range(n)]
+                ).msg_ids
+            )
             for kind, n in (("ok", OK), ("poison", POISON))
         }
         result = Run(s3_server, bucket, str(conf), config, root, ids)
         queries.append(engine.start(spark, config))
-        wait_for(lambda: queries[0].exception() or queries[0].lastProgress, timeout=TIMEOUT, what="the engine to start")
-        consumer = Consumer(spark, config, group="G1", trigger_interval="200 milliseconds", write_backoff_seconds=0.05)
-        queries.append(consumer.subscribe("orders").register_message_listener(_poison_listener()).start())
-        wait_for(lambda: _settled(result, queries), timeout=TIMEOUT, what="every message to succeed or reach the DLQ")
+        wait_for(
+            lambda: queries[0].exception() or queries[0].lastProgress,
+            timeout=TIMEOUT,
+            what="the engine to start",
+        )
+        consumer = Consumer(
+            spark,
+            config,
+            group="G1",
+            trigger_interval="200 milliseconds",
+            write_backoff_seconds=0.05,
+        )
+        queries.append(
+            consumer.subscribe("orders").register_message_listener(_poison_listener()).start()
+        )
+        wait_for(
+            lambda: _settled(result, queries),
+            timeout=TIMEOUT,
+            what="every message to succeed or reach the DLQ",
+        )
         result.cli("status", "status", "--config", str(conf), "--json")
-        result.heartbeats = (consumer.membership.member, [b.member for b in consumer.membership.heartbeats()])
+        result.heartbeats = (
+            consumer.membership.member,
+            [b.member for b in consumer.membership.heartbeats()],
+        )
     finally:
         for q in queries[:1]:
             q.stop()
@@ -151,7 +182,18 @@ def run(spark: Any, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactor
     result.cli("check", "check-config", "--config", str(conf))
     result.cli("list", "dlq", "list", "--config", str(conf), "--format", "json")
     result.cli("show", "dlq", "show", "--config", str(conf), ids["poison"][0])
-    result.cli("redrive", "dlq", "redrive", "--config", str(conf), "--group", "G1", "--to", "topic", "--yes")
+    result.cli(
+        "redrive",
+        "dlq",
+        "redrive",
+        "--config",
+        str(conf),
+        "--group",
+        "G1",
+        "--to",
+        "topic",
+        "--yes",
+    )
     result.logs = collect.lines
     yield result
 
@@ -160,11 +202,22 @@ def test_engine_producer_and_consumer_run_with_every_table_on_s3(run: Run) -> No
     """#14 part 4: R6 on an S3 lake: ok messages acknowledged, poison ones dead after one retry; tables on S3."""
     dead = [d for d in run.rows("dlq") if d["consumer_group"] == "G1"]
     assert sorted(d["origin_msg_id"] for d in dead) == sorted(run.ids["poison"])
-    assert {(d["topic"], d["reconsume_times"], d["reason_code"]) for d in dead} == {("%DLQ%G1", 2, "MAX_RECONSUME_TIMES")}
+    assert {(d["topic"], d["reconsume_times"], d["reason_code"]) for d in dead} == {
+        ("%DLQ%G1", 2, "MAX_RECONSUME_TIMES")
+    }
     retried = [r for r in run.rows("retry") if r["consumer_group"] == "G1"]
     assert sorted(r["origin_msg_id"] for r in retried) == sorted(run.ids["poison"])
     objects = run.server.objects(run.bucket)
-    for table in ("messages", "consume_results", "retry", "dlq", "outcomes", "metrics", "progress", "_engine_state"):
+    for table in (
+        "messages",
+        "consume_results",
+        "retry",
+        "dlq",
+        "outcomes",
+        "metrics",
+        "progress",
+        "_engine_state",
+    ):
         assert any(k.startswith(f"lake/{table}/_delta_log/") for k in objects), table
     # The CLUSTERING heartbeat was on S3 while the consumer ran, and left with it (graceful close).
     me, seen = run.heartbeats
@@ -173,7 +226,9 @@ def test_engine_producer_and_consumer_run_with_every_table_on_s3(run: Run) -> No
     state = read_state(run.config.engine.lake)
     assert state is not None and state.last_batch is not None
     # Nothing went to a local folder named after the URI.
-    assert not Path("s3:").exists() and not any(p.name.startswith("s3:") for p in run.root.rglob("*"))
+    assert not Path("s3:").exists() and not any(
+        p.name.startswith("s3:") for p in run.root.rglob("*")
+    )
 
 
 def test_status_dlq_and_redrive_commands_work_against_s3(run: Run) -> None:
@@ -188,8 +243,11 @@ def test_status_dlq_and_redrive_commands_work_against_s3(run: Run) -> None:
     assert code == EXIT_OK and run.ids["poison"][0] in shown and "cannot process" in shown
     code, _, err = run.outputs["redrive"]
     assert code == EXIT_OK, err
-    again = [m for m in run.rows("messages") if m["topic"] == "orders" and m["msg_id"] not in
-             run.ids["ok"] + run.ids["poison"]]
+    again = [
+        m
+        for m in run.rows("messages")
+        if m["topic"] == "orders" and m["msg_id"] not in run.ids["ok"] + run.ids["poison"]
+    ]
     assert len(again) == POISON
     assert len(run.rows("redrive_audit")) == POISON
     # The notebook API over the same lake.
@@ -216,13 +274,17 @@ def test_the_secret_key_is_in_no_log_output_table_or_checkpoint(run: Run) -> Non
     assert SECRET not in os.environ.get("AWS_SECRET_ACCESS_KEY", "")
 
 
-def test_a_checkpoint_on_s3_without_the_hadoop_jars_is_refused(spark: Any, s3_server: S3Server, tmp_path: Path) -> None:
+def test_a_checkpoint_on_s3_without_the_hadoop_jars_is_refused(
+    spark: Any, s3_server: S3Server, tmp_path: Path
+) -> None:
     """#14 part 4: the default checkpoint of an S3 lake is on S3, which Spark cannot write here: a clear error first."""
     bucket = s3_server.new_bucket()
     conf = tmp_path / "engine.toml"
     conf.write_text(_toml(s3_server, f"s3://{bucket}/lake", None))
     config = load_config(conf)
-    with pytest.raises(ConfigError, match=r"CHECKPOINT_FILESYSTEM_MISSING.*s3://.*engine\.checkpoint") as caught:
+    with pytest.raises(
+        ConfigError, match=r"CHECKPOINT_FILESYSTEM_MISSING.*s3://.*engine\.checkpoint"
+    ) as caught:
         engine.start(spark, config)
     assert SECRET not in str(caught.value)
     assert s3_server.objects(bucket) == {}  # refused before the lease or any table was written

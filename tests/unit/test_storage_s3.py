@@ -44,10 +44,16 @@ def _toml(options: dict[str, Any], lake: str) -> str:
 # --------------------------------------------------------------------------- secrets
 
 
-def test_a_secret_storage_option_is_never_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_secret_storage_option_is_never_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """#14 part 4: a credential in [storage] is not in check-config, reprs or error messages; other options are."""
     conf = tmp_path / "engine.toml"
-    options = {"aws_region": "eu-west-3", "AWS_SECRET_ACCESS_KEY": SECRET, "aws_session_token": SECRET + "-tok"}
+    options = {
+        "aws_region": "eu-west-3",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "aws_session_token": SECRET + "-tok",
+    }
     conf.write_text(_toml(options, "s3://bucket/lake"))
 
     assert main(["check-config", "--config", str(conf)]) == EXIT_OK
@@ -60,12 +66,23 @@ def test_a_secret_storage_option_is_never_shown(tmp_path: Path, capsys: pytest.C
     config = load_config(conf)
     # The options do reach delta-rs (keys lower-cased, as delta-rs accepts them).
     assert storage.options_for("s3://bucket/lake/dlq") == {
-        "aws_region": "eu-west-3", "aws_secret_access_key": SECRET, "aws_session_token": SECRET + "-tok",
+        "aws_region": "eu-west-3",
+        "aws_secret_access_key": SECRET,
+        "aws_session_token": SECRET + "-tok",
     }
     shown = [
-        repr(config), str(config),
-        repr(SourceOptions.parse({"path": "s3://bucket/lake/dlq", "storage.aws_secret_access_key": SECRET})),
-        repr(SinkOptions.parse({"path": "s3://bucket/lake/dlq", "storage.AWS_SECRET_ACCESS_KEY": SECRET})),
+        repr(config),
+        str(config),
+        repr(
+            SourceOptions.parse(
+                {"path": "s3://bucket/lake/dlq", "storage.aws_secret_access_key": SECRET}
+            )
+        ),
+        repr(
+            SinkOptions.parse(
+                {"path": "s3://bucket/lake/dlq", "storage.AWS_SECRET_ACCESS_KEY": SECRET}
+            )
+        ),
         repr(TableLocation("s3://bucket/lake/dlq", {"aws_secret_access_key": SECRET})),
         repr(storage.location("s3://bucket/lake/dlq")),
     ]
@@ -73,7 +90,11 @@ def test_a_secret_storage_option_is_never_shown(tmp_path: Path, capsys: pytest.C
         assert SECRET not in text
 
     # Hostile values: a list, a table, a non-table [storage]: the error names the key, never the value.
-    for bad in ({"aws_secret_access_key": [SECRET]}, {"aws_secret_access_key": {"v": SECRET}}, SECRET):
+    for bad in (
+        {"aws_secret_access_key": [SECRET]},
+        {"aws_secret_access_key": {"v": SECRET}},
+        SECRET,
+    ):
         with pytest.raises(ConfigError, match="INVALID_STORAGE_OPTION") as caught:
             parse_config({"engine": {"lake": "s3://bucket/lake"}, "storage": bad})
         assert SECRET not in str(caught.value)
@@ -81,11 +102,17 @@ def test_a_secret_storage_option_is_never_shown(tmp_path: Path, capsys: pytest.C
 
 def test_spark_options_carry_the_lake_options_and_only_for_its_tables() -> None:
     """#14 part 4: the deltars source/sink get the config's options as storage.<key>; local paths get none."""
-    parse_config({"engine": {"lake": "s3://opts-bucket/lake"}, "storage": {"AWS_REGION": "ap-south-1"}})
-    assert storage.spark_options("s3://opts-bucket/lake/retry") == {"storage.aws_region": "ap-south-1"}
+    parse_config(
+        {"engine": {"lake": "s3://opts-bucket/lake"}, "storage": {"AWS_REGION": "ap-south-1"}}
+    )
+    assert storage.spark_options("s3://opts-bucket/lake/retry") == {
+        "storage.aws_region": "ap-south-1"
+    }
     assert storage.spark_options("s3://opts-bucket/other") == {}
     assert storage.spark_options("/tmp/lake/retry") == {}
-    parsed = SourceOptions.parse({"path": "s3://x/t", "STORAGE.AWS_REGION": "eu-north-1", "maxFilesPerTrigger": "3"})
+    parsed = SourceOptions.parse(
+        {"path": "s3://x/t", "STORAGE.AWS_REGION": "eu-north-1", "maxFilesPerTrigger": "3"}
+    )
     assert parsed.storage_options == {"aws_region": "eu-north-1"}
     assert parsed.location.storage_options == {"aws_region": "eu-north-1"}
 
@@ -99,12 +126,17 @@ UNSAFE = [
     ({"aws_conditional_put": "disabled"}, "aws_conditional_put = 'disabled'"),
     ({"conditional_put": "disabled"}, "aws_conditional_put = 'disabled'"),
     ({"aws_s3_locking_provider": "none"}, "aws_s3_locking_provider = 'none'"),
-    ({"aws_s3_locking_provider": "zookeeper", "aws_conditional_put": "disabled"}, "aws_s3_locking_provider"),
+    (
+        {"aws_s3_locking_provider": "zookeeper", "aws_conditional_put": "disabled"},
+        "aws_s3_locking_provider",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("options", "named"), UNSAFE)
-def test_unsafe_commit_settings_are_refused(tmp_path: Path, options: dict[str, Any], named: str) -> None:
+def test_unsafe_commit_settings_are_refused(
+    tmp_path: Path, options: dict[str, Any], named: str
+) -> None:
     """#14 part 4: settings letting two writers commit one version on S3 stop every command, with a stable code."""
     conf = tmp_path / "engine.toml"
     conf.write_text(_toml(options, "s3://bucket/unsafe"))
@@ -115,7 +147,13 @@ def test_unsafe_commit_settings_are_refused(tmp_path: Path, options: dict[str, A
     assert main(["check-config", "--config", str(conf)]) == EXIT_ERROR
     # A table of an otherwise local lake on S3 is checked too.
     with pytest.raises(ConfigError, match="UNSAFE_OBJECT_STORE_COMMITS"):
-        parse_config({"engine": {"lake": str(tmp_path)}, "tables": {"dlq": "s3://bucket/dlq"}, "storage": options})
+        parse_config(
+            {
+                "engine": {"lake": str(tmp_path)},
+                "tables": {"dlq": "s3://bucket/dlq"},
+                "storage": options,
+            }
+        )
 
 
 def test_unsafe_rename_from_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,7 +183,9 @@ def test_safe_commit_settings_are_accepted(options: dict[str, Any]) -> None:
 
 def test_unsafe_settings_do_not_matter_for_a_local_lake(tmp_path: Path) -> None:
     """#14 part 4: on a local disk delta-rs commits with an atomic rename; the S3 settings are unused."""
-    parse_config({"engine": {"lake": str(tmp_path)}, "storage": {"aws_s3_allow_unsafe_rename": "true"}})
+    parse_config(
+        {"engine": {"lake": str(tmp_path)}, "storage": {"aws_s3_allow_unsafe_rename": "true"}}
+    )
 
 
 def test_the_server_refuses_a_second_conditional_create(s3_server: S3Server) -> None:
@@ -154,14 +194,25 @@ def test_the_server_refuses_a_second_conditional_create(s3_server: S3Server) -> 
 
     bucket = s3_server.new_bucket()
     client = s3_server.client()
-    client.put_object(Bucket=bucket, Key="_delta_log/00000000000000000001.json", Body=b"first", IfNoneMatch="*")
+    client.put_object(
+        Bucket=bucket, Key="_delta_log/00000000000000000001.json", Body=b"first", IfNoneMatch="*"
+    )
     with pytest.raises(ClientError, match="PreconditionFailed|412"):
-        client.put_object(Bucket=bucket, Key="_delta_log/00000000000000000001.json", Body=b"second", IfNoneMatch="*")
-    body = client.get_object(Bucket=bucket, Key="_delta_log/00000000000000000001.json")["Body"].read()
+        client.put_object(
+            Bucket=bucket,
+            Key="_delta_log/00000000000000000001.json",
+            Body=b"second",
+            IfNoneMatch="*",
+        )
+    body = client.get_object(Bucket=bucket, Key="_delta_log/00000000000000000001.json")[
+        "Body"
+    ].read()
     assert body == b"first"
 
 
-def test_two_writers_from_one_snapshot_never_both_commit_its_next_version(s3_server: S3Server) -> None:
+def test_two_writers_from_one_snapshot_never_both_commit_its_next_version(
+    s3_server: S3Server,
+) -> None:
     """#14 part 4: both writers read version v; the first commits v+1, the second's commit of v+1 fails."""
     bucket = s3_server.new_bucket()
     lake = f"s3://{bucket}/lake"
@@ -172,9 +223,13 @@ def test_two_writers_from_one_snapshot_never_both_commit_its_next_version(s3_ser
     start = first.version()
     assert second.version() == start
     no_retry = CommitProperties(max_commit_retries=0)
-    write_deltalake(first, pa.table({"writer": ["first"]}), mode="append", commit_properties=no_retry)
+    write_deltalake(
+        first, pa.table({"writer": ["first"]}), mode="append", commit_properties=no_retry
+    )
     with pytest.raises(CommitFailedError):
-        write_deltalake(second, pa.table({"writer": ["second"]}), mode="append", commit_properties=no_retry)
+        write_deltalake(
+            second, pa.table({"writer": ["second"]}), mode="append", commit_properties=no_retry
+        )
     assert storage.open_delta(path).version() == start + 1
     assert sorted(read_table(path).column("writer").to_pylist()) == ["first", "setup"]
     # With delta-rs's normal retries the second writer's append lands as the next version instead: nothing lost.
@@ -192,7 +247,9 @@ def _append_from_another_process(conf: str, writer: int) -> None:
     config = load_config(conf)
     path = config.table_path("outcomes")
     for k in range(APPENDS):
-        append_arrow(path, pa.table({"writer": [writer], "k": [k]}), app_id=f"writer-{writer}", txn_version=k)
+        append_arrow(
+            path, pa.table({"writer": [writer], "k": [k]}), app_id=f"writer-{writer}", txn_version=k
+        )
 
 
 def test_concurrent_writer_processes_lose_no_commit(s3_server: S3Server, tmp_path: Path) -> None:
@@ -206,7 +263,10 @@ def test_concurrent_writer_processes_lose_no_commit(s3_server: S3Server, tmp_pat
 
     # spawn: delta-rs's runtime does not survive fork.
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_append_from_another_process, args=(str(conf), w)) for w in range(WRITERS)]
+    processes = [
+        context.Process(target=_append_from_another_process, args=(str(conf), w))
+        for w in range(WRITERS)
+    ]
     for p in processes:
         p.start()
     for p in processes:
@@ -214,12 +274,18 @@ def test_concurrent_writer_processes_lose_no_commit(s3_server: S3Server, tmp_pat
     assert [p.exitcode for p in processes] == [0] * WRITERS
 
     rows = read_table(path).to_pylist()
-    assert sorted((r["writer"], r["k"]) for r in rows) == [(w, k) for w in range(WRITERS) for k in range(APPENDS)]
+    assert sorted((r["writer"], r["k"]) for r in rows) == [
+        (w, k) for w in range(WRITERS) for k in range(APPENDS)
+    ]
     table = open_table(path)
     assert table is not None and table.version() == WRITERS * APPENDS
     keys = set(s3_server.objects(bucket))
-    commits = sorted(k for k in keys if k.startswith("lake/outcomes/_delta_log/") and k.endswith(".json"))
-    assert commits == [f"lake/outcomes/_delta_log/{v:020d}.json" for v in range(WRITERS * APPENDS + 1)]
+    commits = sorted(
+        k for k in keys if k.startswith("lake/outcomes/_delta_log/") and k.endswith(".json")
+    )
+    assert commits == [
+        f"lake/outcomes/_delta_log/{v:020d}.json" for v in range(WRITERS * APPENDS + 1)
+    ]
     # Replaying a writer (same app id and versions) adds nothing.
     _append_from_another_process(str(conf), 0)
     assert read_table(path).num_rows == WRITERS * APPENDS
@@ -238,9 +304,13 @@ def test_consumer_heartbeats_live_on_the_object_store(s3_server: S3Server) -> No
     second.beat()
     assert first.live() == ["host-a", "host-b"]
     # A stray object (hostile bytes) in the group's folder is skipped, not fatal.
-    group_prefix = next(iter(k for k in s3_server.objects(bucket) if k.startswith(f"lake/{CONSUMERS_FOLDER}/")))
+    group_prefix = next(
+        iter(k for k in s3_server.objects(bucket) if k.startswith(f"lake/{CONSUMERS_FOLDER}/"))
+    )
     folder = group_prefix.rsplit("/", 1)[0]
-    s3_server.client().put_object(Bucket=bucket, Key=f"{folder}/junk.json", Body=b"\xff\xfe not json")
+    s3_server.client().put_object(
+        Bucket=bucket, Key=f"{folder}/junk.json", Body=b"\xff\xfe not json"
+    )
     assert Membership(lake, "G1", "host-c").live() == ["host-a", "host-b", "host-c"]
     second.leave()
     assert first.live() == ["host-a"]
@@ -250,8 +320,12 @@ def test_consumer_heartbeats_live_on_the_object_store(s3_server: S3Server) -> No
 def test_an_empty_s3_lake_is_named_as_given(s3_server: S3Server) -> None:
     """#14 part 4: `status`/`dlq` on a lake URI with no tables say so, naming the URI (not a local folder)."""
     bucket = s3_server.new_bucket()
-    config = parse_config({"engine": {"lake": f"s3://{bucket}/nothing"}, "storage": s3_server.storage_options()})
-    with pytest.raises(LakeNotFoundError, match=rf"no lake at s3://{bucket}/nothing: it holds no engine table"):
+    config = parse_config(
+        {"engine": {"lake": f"s3://{bucket}/nothing"}, "storage": s3_server.storage_options()}
+    )
+    with pytest.raises(
+        LakeNotFoundError, match=rf"no lake at s3://{bucket}/nothing: it holds no engine table"
+    ):
         require_lake(config, origin="the test")
     append_arrow(config.table_path("dlq"), pa.table({"x": [1]}))
     require_lake(config, origin="the test")
