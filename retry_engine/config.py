@@ -434,8 +434,35 @@ class EngineConfig(_Strict):
     maintenance: MaintenanceSection = Field(default_factory=MaintenanceSection)
     group_defaults: GroupConfig = Field(default_factory=GroupConfig)
     groups: dict[str, GroupConfig] = Field(default_factory=dict)
+    # delta-rs storage options for a lake on object storage (see retry_engine.delta.storage); never shown (credentials).
+    # Values are checked by storage.normalize, whose errors never show a secret (pydantic's would).
+    storage: dict[str, Any] = Field(default_factory=dict, repr=False)
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("storage", mode="before")
+    @classmethod
+    def _storage(cls, value: Any) -> dict[str, Any]:
+        from retry_engine.delta.storage import normalize
+
+        if not isinstance(value, Mapping):
+            # Not echoed: it may be a credential pasted in the wrong place.
+            raise ConfigError(
+                f"[storage] must be a table of delta-rs storage options (key = value), got a {type(value).__name__}",
+                code="INVALID_STORAGE_OPTION",
+            )
+        return dict(normalize(value))
+
+    @model_validator(mode="after")
+    def _register_storage(self) -> EngineConfig:
+        # Every delta-rs call of this process finds the options by path (retry_engine.delta.storage);
+        # unsafe commit settings are refused here, before anything opens a table.
+        from retry_engine.delta.storage import register
+
+        options = {key: str(value) for key, value in self.storage.items()}
+        for path in {self.engine.lake, *(p for p in self.tables.model_dump().values() if p)}:
+            register(path, options)
+        return self
 
     @model_validator(mode="after")
     def _maintenance_retention(self) -> EngineConfig:
@@ -533,6 +560,11 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Engine
     try:
         return EngineConfig.model_validate(dict(data))
     except ValidationError as exc:
+        for err in exc.errors():
+            # A validator's own ConfigError (e.g. UNSAFE_OBJECT_STORE_COMMITS) keeps its code.
+            cause = (err.get("ctx") or {}).get("error")
+            if isinstance(cause, ConfigError):
+                raise ConfigError(f"{source}: {str(cause).split('] ', 1)[-1]}", code=cause.code) from None
         raise ConfigError(_format_validation_error(exc, EngineConfig, source)) from None
     except DelayLevelError:
         raise

@@ -26,3 +26,12 @@ def lake(tmp_path: Path) -> Path:
     root = tmp_path / "lake"
     root.mkdir()
     return root
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:  # type: ignore[name-defined]  # noqa: F821
+    """moto's S3 API server on 127.0.0.1 for the whole run (started on first use, stopped at teardown)."""
+    from tests.s3 import moto_server
+
+    with moto_server() as server:
+        yield server

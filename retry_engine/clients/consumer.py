@@ -84,7 +84,7 @@ from retry_engine.core.names import (
     validate_group,
     validate_topic,
 )
-from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, table_version
+from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, storage, table_version
 from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
 
@@ -372,6 +372,7 @@ class ResultWriter:
             batch.write.format(FORMAT_NAME)
             .mode("append")
             .option("path", self.path)
+            .options(**storage.spark_options(self.path))
             .option("txnAppId", self.app_id)
             .option("txnVersion", str(batch_id))
             .save()
@@ -525,7 +526,7 @@ class _RebalancedBatch:
 
     def _snapshot(self, path: str, version: int | None = None) -> DataFrame:
         """The table at ``version`` (default: latest) as a batch DataFrame."""
-        reader = self.spark.read.format(FORMAT_NAME).option("path", path)
+        reader = self.spark.read.format(FORMAT_NAME).option("path", path).options(**storage.spark_options(path))
         if version is not None:
             reader = reader.option("versionAsOf", str(version))
         return reader.load()
@@ -831,10 +832,13 @@ class Consumer:
         if self.checkpoint:
             return self.checkpoint
         digest = hashlib.sha1(f"{self.group}\0{self.message_model}\0{self.instance_name}".encode()).hexdigest()[:16]
+        if storage.is_remote(self.config.engine.lake) and self.config.engine.checkpoint:
+            # A lake on object storage: Spark checkpoints stay on a Hadoop file system, next to the engine's.
+            return os.path.join(os.path.dirname(self.config.engine.checkpoint.rstrip("/")), f"consumer-{digest}")
         return os.path.join(self.config.engine.lake, "_checkpoints", f"consumer-{digest}")
 
     def _read(self, path: str, *, position: bool) -> DataFrame:
-        reader = self.spark.readStream.format(FORMAT_NAME).option("path", path)
+        reader = self.spark.readStream.format(FORMAT_NAME).option("path", path).options(**storage.spark_options(path))
         if self.max_files_per_trigger is not None:
             reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_trigger))
         if self.consume_from == "latest":
@@ -913,6 +917,8 @@ class Consumer:
             raise SubscriptionError(
                 "register a listener first (register_message_listener or register_batch_listener)", code="NO_LISTENER"
             )
+        # Spark writes the checkpoint through Hadoop, not delta-rs: refuse a scheme it lacks up front.
+        storage.require_checkpoint_filesystem(self.spark, self.checkpoint_path)
         results_path = self.config.table_path("consume_results")
         ensure_table(results_path, CONSUME_RESULTS.arrow_schema)
         writer = result_writer or self.result_writer()

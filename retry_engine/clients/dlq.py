@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from retry_engine.config import EngineConfig
@@ -39,6 +38,7 @@ from retry_engine.core.names import (
     validate_group,
     validate_topic,
 )
+from retry_engine.delta.storage import open_delta, spark_options
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import SelectionError
 from retry_engine.ops.audit import (
@@ -307,7 +307,7 @@ def read_dlq(
     filters = None
     if selection is not None and selection.group is not None:
         filters = [("consumer_group", "=", selection.group)]
-    rows = pa.table(DeltaTable(path, version=resolved).to_pyarrow_table(filters=filters)).select(DLQ.names)
+    rows = pa.table(open_delta(path, version=resolved).to_pyarrow_table(filters=filters)).select(DLQ.names)
     rows = rows.cast(DLQ.arrow_schema)
     if selection is not None:
         rows = rows.filter(selection.mask(rows))
@@ -392,7 +392,7 @@ def _dead_letters_spark(
         df = spark.createDataFrame([], DLQ.spark_schema)
     else:
         register(spark)
-        reader = spark.read.format(FORMAT_NAME).option("path", path)
+        reader = spark.read.format(FORMAT_NAME).option("path", path).options(**spark_options(path))
         if resolved is not None:
             reader = reader.option("versionAsOf", str(resolved))
         df = reader.load()

@@ -41,6 +41,7 @@ from retry_engine.config import DEFAULT_MAX_BODY_BYTES
 from retry_engine.core.decide import new_msg_id
 from retry_engine.core.names import SCHEDULE_TOPIC, is_dlq_topic, is_retry_topic, validate_topic
 from retry_engine.delta import FORMAT_NAME, append_arrow, ensure_table
+from retry_engine.delta.storage import spark_options
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import (
     ConcurrentWriteError,
@@ -534,6 +535,7 @@ def send_frame(
         .write.format(FORMAT_NAME)
         .mode("append")
         .option("path", messages_path)
+        .options(**spark_options(messages_path))
         .option("partitionBy", ",".join(MESSAGES.partition_by))
     )
     if (txn_app_id is None) != (txn_version is None):

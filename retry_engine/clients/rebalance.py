@@ -29,6 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from retry_engine.delta import storage
 from retry_engine.errors import SubscriptionError
 
 log = logging.getLogger(__name__)
@@ -120,14 +124,53 @@ class Membership:
         return Path(self.lake) / CONSUMERS_FOLDER / f"group-{_digest(self.group)}"
 
     @property
+    def _remote(self) -> bool:
+        return storage.is_remote(self.lake)
+
+    def _store(self) -> tuple[pafs.FileSystem, str]:
+        """The group's folder on the lake's object store (with the lake's storage options)."""
+        group_uri = f"{self.lake.rstrip('/')}/{CONSUMERS_FOLDER}/group-{_digest(self.group)}"
+        return storage.filesystem(group_uri)
+
+    def _remote_heartbeats(self) -> list[Heartbeat]:
+        fs, root = self._store()
+        out = []
+        infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        for info in sorted(infos, key=lambda i: i.path):
+            if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
+                continue
+            try:
+                with fs.open_input_stream(info.path) as stream:
+                    text = stream.read().decode(errors="replace")
+            except (FileNotFoundError, OSError) as exc:  # left between list and read, or unreadable
+                log.info("group %s: heartbeat %s unreadable: %s", self.group, info.path, exc)
+                continue
+            beat = _parse_heartbeat(text, info.path, self.group)
+            if beat is not None:
+                out.append(beat)
+        return out
+
+    @property
     def file(self) -> Path:
         return self.folder / f"{_digest(self.member)}.json"
 
     def beat(self, now: dt.datetime | None = None) -> None:
         """Record that this instance is alive at ``now`` (default: the wall clock)."""
         at = now or dt.datetime.now(dt.UTC)
-        self.folder.mkdir(parents=True, exist_ok=True)
         body = json.dumps({"group": self.group, "member": self.member, "heartbeat_at": at.isoformat()})
+        if self._remote:
+            # One PUT: an object store never shows half an object, so no rename is needed.
+            fs, root = self._store()
+            # Through a C++ buffered stream: delta-rs's object stream takes bytes, and pyarrow's
+            # Python-level write hands it an Arrow Buffer (TypeError); the C++ path hands bytes.
+            # The buffer must exceed the data: a write of a buffer's size or more bypasses it.
+            data = body.encode()
+            with fs.open_output_stream(_join(root, self.file.name)) as raw:
+                out = pa.BufferedOutputStream(raw, buffer_size=len(data) + 1)
+                out.write(data)
+                out.close()
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
         # Write then rename: a reader never sees half a file.
         fd, tmp = tempfile.mkstemp(prefix=".beat-", dir=self.folder)
         try:
@@ -140,10 +183,19 @@ class Membership:
 
     def leave(self) -> None:
         """Graceful close: the others take this instance's queues at their next batch."""
+        if self._remote:
+            fs, root = self._store()
+            try:
+                fs.delete_file(_join(root, self.file.name))
+            except FileNotFoundError:
+                pass
+            return
         self.file.unlink(missing_ok=True)
 
     def heartbeats(self) -> list[Heartbeat]:
         """Every readable heartbeat of the group, live or not."""
+        if self._remote:
+            return self._remote_heartbeats()
         out = []
         for path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
             beat = _read_heartbeat(path, self.group)
@@ -163,17 +215,31 @@ class Membership:
         return sorted(members | {self.member})
 
 
+def _join(root: str, name: str) -> str:
+    return f"{root.rstrip('/')}/{name}" if root else name
+
+
 def _read_heartbeat(path: Path, group: str) -> Heartbeat | None:
     try:
-        data: Any = json.loads(path.read_text())
+        # Bytes that are not UTF-8 make the JSON unreadable below (a warning), not an exception here.
+        text = path.read_bytes().decode(errors="replace")
+    except FileNotFoundError:  # left (graceful close) between glob and read
+        return None
+    except OSError as exc:
+        log.warning("group %s: skipping unreadable heartbeat file %s: %s", group, path, exc)
+        return None
+    return _parse_heartbeat(text, str(path), group)
+
+
+def _parse_heartbeat(text: str, path: str, group: str) -> Heartbeat | None:
+    try:
+        data: Any = json.loads(text)
         member, group_of_file = data["member"], data["group"]
         at = dt.datetime.fromisoformat(data["heartbeat_at"])
         if at.tzinfo is None:
             raise ValueError("heartbeat_at has no time zone")
         validate_member_id(member)
-    except FileNotFoundError:  # left (graceful close) between glob and read
-        return None
-    except (OSError, ValueError, KeyError, TypeError, SubscriptionError) as exc:
+    except (ValueError, KeyError, TypeError, SubscriptionError) as exc:
         log.warning("group %s: skipping unreadable heartbeat file %s: %s", group, path, exc)
         return None
     if group_of_file != group:

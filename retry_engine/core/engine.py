@@ -43,6 +43,7 @@ from retry_engine.delta import (
     ensure_readable_table,
     native_delta,
     report_drift,
+    storage,
     table_version,
 )
 from retry_engine.delta._arrow_ipc import from_ipc
@@ -151,6 +152,7 @@ def _read_results(spark: SparkSession, config: EngineConfig, *, starting_version
     return (
         spark.readStream.format(FORMAT_NAME)
         .option("path", source_path)
+        .options(**storage.spark_options(source_path))
         .option("maxFilesPerTrigger", str(config.engine.max_files_per_trigger))
         .option("sourcePositionColumn", POSITION)
         .option("packedColumn", PACKED_INPUT)
@@ -326,6 +328,8 @@ def start(
     if native:
         native_delta.require_delta(spark)
     checkpoint = config.checkpoint_path
+    # Spark writes the checkpoint through Hadoop, not delta-rs: refuse a scheme it lacks up front.
+    storage.require_checkpoint_filesystem(spark, checkpoint)
     fresh = resume.is_fresh(checkpoint)
     app_id = ensure_query_id(checkpoint)
     lease = LakeLease(

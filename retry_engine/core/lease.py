@@ -31,10 +31,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
+from retry_engine.delta.storage import create_delta, open_delta, write_delta
 from retry_engine.errors import LakeOwnedError, LeaseLostError
 from retry_engine.schemas import ENGINE_STATE
 
@@ -149,7 +150,7 @@ class EngineState:
 
 def _load(path: str) -> tuple[DeltaTable | None, EngineState | None]:
     try:
-        table = DeltaTable(path)
+        table = open_delta(path)
     except TableNotFoundError:
         return None, None
     rows = table.to_pyarrow_table().to_pylist()
@@ -289,7 +290,7 @@ class LakeLease:
     def _open(self) -> tuple[DeltaTable | None, EngineState | None]:
         table, state = _load(self.path)
         if table is None:
-            table = DeltaTable.create(self.path, ENGINE_STATE.arrow_schema, mode="ignore")
+            table = create_delta(self.path, ENGINE_STATE.arrow_schema, mode="ignore")
             table, state = _load(self.path)
         return table, state
 
@@ -324,7 +325,7 @@ class LakeLease:
     def _swap(self, table: DeltaTable | None, state: EngineState, epoch: int) -> bool:
         """Overwrite the row from ``table``'s snapshot; False if another commit got there first."""
         try:
-            write_deltalake(
+            write_delta(
                 table if table is not None else self.path,
                 state.to_arrow(),
                 mode="overwrite",
@@ -339,7 +340,7 @@ class LakeLease:
         return True
 
     def _maintain(self) -> None:
-        table = DeltaTable(self.path)
+        table = open_delta(self.path)
         try:
             table.create_checkpoint()
             table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)

@@ -37,7 +37,6 @@ from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 
 from retry_engine.config import EngineConfig
@@ -48,6 +47,7 @@ from retry_engine.core.decide import RETRY as RETRY_OUTCOME
 from retry_engine.core.lease import BatchRecord, LakeLease
 from retry_engine.core.packed import unpack
 from retry_engine.core.resume import planned_end
+from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
 from retry_engine.delta._files import PartitionedWriter, WrittenFile
 from retry_engine.delta._log import TableLocation
@@ -126,6 +126,8 @@ class _Target:
     schema: pa.Schema
     partition_by: tuple[str, ...]
     not_null: tuple[str, ...]
+    # The executors cannot see the driver's storage registry; not in repr (credentials).
+    storage_options: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ class WriteTask:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         writers = {
             t.name: PartitionedWriter(
-                *TableLocation(t.uri).filesystem(),
+                *TableLocation(t.uri, t.storage_options).filesystem(),
                 t.schema,
                 partition_by=t.partition_by,
                 not_null=t.not_null,
@@ -208,7 +210,7 @@ def roll_forward(config: EngineConfig, batch: BatchRecord) -> list[str]:
         if table is None or not entries:
             continue
         if commit_files(
-            TableLocation(config.table_path(name)),
+            storage.location(config.table_path(name)),
             [FilesWritten(tuple(WrittenFile(**e) for e in entries))],
             mode="append",
             partition_by=table.partition_by,
@@ -250,7 +252,12 @@ class BatchWriter:
         for table in (*ROUTED_TABLES, METRICS):
             uri = self.config.table_path(table.name)
             delta = ensure_table(uri, table.arrow_schema, partition_by=table.partition_by)
-            targets.append(_Target(table.name, uri, table.arrow_schema, table.partition_by, not_null_columns(delta)))
+            targets.append(
+                _Target(
+                    table.name, uri, table.arrow_schema, table.partition_by, not_null_columns(delta),
+                    storage.options_for(uri),
+                )
+            )
         self._targets = tuple(targets)
 
     def _already_committed(self, batch_id: int) -> set[str]:
@@ -263,7 +270,7 @@ class BatchWriter:
             return set()
         done = set()
         for target in self._targets:
-            version = DeltaTable(target.uri).transaction_version(self.app_id)
+            version = storage.open_delta(target.uri).transaction_version(self.app_id)
             if version is not None and version >= batch_id:
                 done.add(target.name)
         return done
@@ -303,13 +310,13 @@ class BatchWriter:
         except BaseException:
             # Fenced (LeaseLostError) or the record failed: no commit will reference these files.
             for name, written in files.items():
-                abort_files(TableLocation(self.config.table_path(name)), [FilesWritten(tuple(written))])
+                abort_files(storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))])
             raise
         if not recorded:
             # Replay of a batch the lake already records: its recorded files were
             # committed at start (roll_forward); this attempt's files are dropped.
             for name, written in files.items():
-                abort_files(TableLocation(self.config.table_path(name)), [FilesWritten(tuple(written))])
+                abort_files(storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))])
         else:
             self._commit(batch_id, files, recorded=self.lease is not None)
         if METRICS.name not in skip:
@@ -355,7 +362,7 @@ class BatchWriter:
         """
         pending = [t for t in self._targets if t.name in files]
         for i, target in enumerate(pending):
-            location = TableLocation(target.uri)
+            location = storage.location(target.uri)
             try:
                 commit_files(
                     location,
@@ -370,7 +377,7 @@ class BatchWriter:
                     raise
                 # This table's files and every later table's are not referenced by any commit.
                 for later in pending[i:]:
-                    abort_files(TableLocation(later.uri), [FilesWritten(tuple(files[later.name]))])
+                    abort_files(storage.location(later.uri), [FilesWritten(tuple(files[later.name]))])
                 raise
 
 

@@ -52,7 +52,8 @@ class TableLocation:
     """
 
     uri: str
-    storage_options: Mapping[str, str] | None = None
+    # Not in repr: the options may hold credentials (see retry_engine.delta.storage).
+    storage_options: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_local(self) -> bool:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import os
 import re
 
-from deltalake import DeltaTable
-
 from retry_engine.config import TABLE_NAMES, EngineConfig
+from retry_engine.delta.storage import is_delta_table
 from retry_engine.errors import LakeNotFoundError
 
 # file:///x is a local folder; s3://, abfss://, gs://... are not checked as folders.
@@ -41,7 +40,7 @@ def require_lake(config: EngineConfig, *, origin: str) -> None:
     environment variable, a config file), for the message.
     """
     tables = lake_tables(config)
-    if any(DeltaTable.is_deltatable(path) for path in tables.values()):
+    if any(is_delta_table(path) for path in tables.values()):
         return
     lake = config.engine.lake
     where = _local_form(lake) if is_local(lake) else lake

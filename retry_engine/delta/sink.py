@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
@@ -29,6 +29,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
+from retry_engine.delta import storage
 from retry_engine.delta._checkpoint import read_query_id
 from retry_engine.delta._files import PartitionedWriter, WrittenFile, delete_quietly
 from retry_engine.delta._log import TableLocation, data_file_path, join_path
@@ -54,6 +55,13 @@ class SinkOptions:
     txn_app_id: str | None = None
     txn_version: int | None = None
     checkpoint_location: str | None = None
+    # ``storage.<key>`` options (not in repr: they may hold credentials); None: the registered ones.
+    storage_options: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def location(self) -> TableLocation:
+        """The table with its storage options (these, or on the driver the ones registered for ``path``)."""
+        return storage.location(self.path, self.storage_options)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -65,8 +73,14 @@ class SinkOptions:
         partition_by = tuple(c.strip() for c in opts.get("partitionby", "").split(",") if c.strip())
         if len(set(partition_by)) != len(partition_by):
             raise ConfigError(f"option partitionBy={opts['partitionby']!r} repeats a column", code="INVALID_OPTION")
+        path = require_path(opts)
+        storage_options = storage.from_spark_options(opts)
+        if storage_options is not None:
+            # Also for this process's path-only helpers (ensure_table, open_table).
+            storage.register(path, storage_options)
         return cls(
-            path=require_path(opts),
+            path=path,
+            storage_options=storage_options,
             partition_by=partition_by,
             txn_app_id=app_id,
             txn_version=int(raw_version) if raw_version else None,
@@ -191,7 +205,7 @@ class _DeltaWriter:
 
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
         self.options = SinkOptions.parse(options)
-        self.location = TableLocation(self.options.path)
+        self.location = self.options.location
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         self.mode: WriteMode = "overwrite" if overwrite else "append"
         missing = [c for c in self.options.partition_by if c not in self.arrow_schema.names]

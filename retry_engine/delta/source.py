@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -45,6 +45,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
+from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import ipc_chunks
 from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import Commit, DeltaLog, FileEntry, TableLocation, relative_data_path
@@ -90,6 +91,13 @@ class SourceOptions:
     version_as_of: int | None = None
     position_column: str | None = None
     packed_column: str | None = None
+    # ``storage.<key>`` options (not in repr: they may hold credentials); None: the registered ones.
+    storage_options: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def location(self) -> TableLocation:
+        """The table with its storage options (these, or on the driver the ones registered for ``path``)."""
+        return storage.location(self.path, self.storage_options)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -117,8 +125,14 @@ class SourceOptions:
         raw_as_of = opts.get("versionasof", "").strip()
         if raw_as_of and not (raw_as_of.isascii() and raw_as_of.isdigit()):
             raise ConfigError(f"option versionAsOf={raw_as_of!r} must be a version number >= 0", code="INVALID_OPTION")
+        path = require_path(opts)
+        storage_options = storage.from_spark_options(opts)
+        if storage_options is not None:
+            # Also for this process's path-only helpers (ensure_table, open_table).
+            storage.register(path, storage_options)
         return cls(
-            path=require_path(opts),
+            path=path,
+            storage_options=storage_options,
             max_files_per_trigger=parse_positive_int(opts, "maxFilesPerTrigger"),
             max_bytes_per_trigger=parse_bytes(opts, "maxBytesPerTrigger"),
             ignore_deletes=parse_bool(opts, "ignoreDeletes"),
@@ -187,7 +201,7 @@ def arrow_target(schema: StructType) -> pa.Schema:
 
 def row_schema(options: SourceOptions) -> StructType:
     """The table's schema (at ``versionAsOf`` if given), plus the position column if asked."""
-    arrow = DeltaLog(TableLocation(options.path)).arrow_schema(options.version_as_of)
+    arrow = DeltaLog(options.location).arrow_schema(options.version_as_of)
     schema = from_arrow_schema(arrow, prefer_timestamp_ntz=True)
     if options.position_column:
         if options.position_column in schema.fieldNames():
@@ -226,7 +240,7 @@ class _FileReading:
             return
         if not isinstance(partition, FilePartition):
             raise DeltaSourceError(f"unexpected input partition {partition!r}", code="DELTA_PARTITION_INVALID")
-        fs, root = TableLocation(self.options.path).filesystem()
+        fs, root = self.options.location.filesystem()
         batches = read_file(
             fs,
             root,
@@ -268,7 +282,7 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
     @property
     def delta_log(self) -> DeltaLog:
         if self._log is None:
-            self._log = DeltaLog(TableLocation(self.options.path))
+            self._log = DeltaLog(self.options.location)
             self._reservoir_id = self._log.table_id()
         return self._log
 
@@ -395,7 +409,7 @@ class DeltaBatchReader(_FileReading, DataSourceReader):
         self._init_schemas(options, schema)
 
     def partitions(self) -> Sequence[InputPartition]:
-        delta_log = DeltaLog(TableLocation(self.options.path))
+        delta_log = DeltaLog(self.options.location)
         version = self.options.version_as_of
         if version is None:
             version = delta_log.latest_version()

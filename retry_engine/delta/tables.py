@@ -16,15 +16,16 @@ from retry_engine.delta._schema import (
     check_write_schema,
     schema_drift,
 )
+from retry_engine.delta.storage import create_delta, open_delta
 from retry_engine.errors import ConcurrentWriteError, ConfigError
 
 log = logging.getLogger(__name__)
 
 
 def open_table(path: str) -> DeltaTable | None:
-    """The table at ``path``, or None if there is none."""
+    """The table at ``path`` (a folder or URI, with its storage options), or None if there is none."""
     try:
-        return DeltaTable(path)
+        return open_delta(path)
     except TableNotFoundError:
         return None
 
@@ -60,7 +61,7 @@ def ensure_table(path: str, arrow_schema: pa.Schema, *, partition_by: Sequence[s
                 f"partition column {missing[0]!r} is not a column of the data {arrow_schema.names}",
                 code="INVALID_OPTION",
             )
-        table = DeltaTable.create(path, arrow_schema, mode="ignore", partition_by=list(partition_by) or None)
+        table = create_delta(path, arrow_schema, mode="ignore", partition_by=list(partition_by) or None)
         log.info("created Delta table %s partitioned by %s", path, list(partition_by))
     check_write_schema(path, table_arrow_schema(table), arrow_schema)
     check_partition_columns(path, table.metadata().partition_columns, partition_by)
@@ -100,7 +101,7 @@ def report_drift(
 
 def read_table(path: str, *, version: int | None = None) -> pa.Table:
     """The whole table at ``path`` (at ``version`` if given) as one Arrow table."""
-    return pa.table(DeltaTable(path, version=version).to_pyarrow_table())
+    return pa.table(open_delta(path, version=version).to_pyarrow_table())
 
 
 # A conflict on a checked append means another writer committed in between; each
@@ -184,7 +185,7 @@ def _append_at(
         )
     if latest > expect_version:
         raise ConcurrentWriteError(f"{path}: the table moved from version {expect_version} to {latest}; read it again")
-    checked = DeltaTable(path, version=expect_version)
+    checked = open_delta(path, version=expect_version)
     check_write_schema(path, table_arrow_schema(checked), table.schema)
     check_partition_columns(path, checked.metadata().partition_columns, partition_by)
     if _already_done(path, checked, app_id, txn_version):

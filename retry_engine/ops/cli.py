@@ -332,7 +332,16 @@ def _check(args: argparse.Namespace) -> int:
     for table in TABLE_NAMES:
         print(f"{table:16} {config.table_path(table)}")
     print(f"{'checkpoint':16} {config.checkpoint_path}")
+    _print_storage(config)
     return EXIT_OK
+
+
+def _print_storage(config: EngineConfig) -> None:
+    """The ``[storage]`` options, secrets shown as ``***`` (check-config output is pasted into tickets)."""
+    from retry_engine.delta.storage import redacted
+
+    for key, value in sorted(redacted({k: str(v) for k, v in config.storage.items()}).items()):
+        print(f"{'storage':16} {key} = {value}")
 
 
 def _dlq(args: argparse.Namespace) -> int:

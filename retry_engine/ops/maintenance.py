@@ -43,7 +43,7 @@ from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from retry_engine.config import (
@@ -53,6 +53,7 @@ from retry_engine.config import (
     parse_retention_hours,
 )
 from retry_engine.delta._log import LOG_DIR, TableLocation, join_path
+from retry_engine.delta.storage import open_delta, write_delta
 from retry_engine.delta.tables import ensure_table, open_table
 from retry_engine.errors import ConfigError
 from retry_engine.schemas import MAINTENANCE
@@ -156,7 +157,7 @@ def _compact(path: str) -> tuple[int, int]:
     """Compact ``path`` (files removed, files added), retried on a conflicting commit."""
     for attempt in range(1, COMPACT_ATTEMPTS + 1):
         try:
-            metrics = DeltaTable(path).optimize.compact()
+            metrics = open_delta(path).optimize.compact()
             return int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0))
         except CommitFailedError as exc:
             # Another writer changed files this compaction read: redo it on the new snapshot.
@@ -226,19 +227,19 @@ def maintain_table(
         report = replace(report, files_compacted=compacted[0], files_written=compacted[1])
 
     def checkpoint() -> int:
-        fresh = DeltaTable(path)
+        fresh = open_delta(path)
         fresh.create_checkpoint()
         return fresh.version()
 
     report = replace(report, checkpoint_version=step("checkpoint", checkpoint))
-    step("log cleanup", lambda: DeltaTable(path).cleanup_metadata())
+    step("log cleanup", lambda: open_delta(path).cleanup_metadata())
     vacuumed = step(
         "vacuum",
-        lambda: DeltaTable(path).vacuum(
+        lambda: open_delta(path).vacuum(
             retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False
         ),
     )
-    after = _snapshot(path, DeltaTable(path))
+    after = _snapshot(path, open_delta(path))
     return replace(
         report,
         version_after=after.version,
@@ -310,7 +311,7 @@ def record(
         return
     path = maintenance_path(lake)
     ensure_table(path, MAINTENANCE.arrow_schema)
-    write_deltalake(
+    write_delta(
         path, pa.Table.from_pylist(rows, schema=MAINTENANCE.arrow_schema), mode="append"
     )
 

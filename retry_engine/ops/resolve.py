@@ -42,12 +42,13 @@ from typing import Literal
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from retry_engine.clients.dlq import Selection, read_dlq
 from retry_engine.config import EngineConfig
 from retry_engine.core.delays import parse_duration_ms
+from retry_engine.delta.storage import open_delta
 from retry_engine.delta.tables import append_arrow, ensure_table, open_table, table_arrow_schema
 from retry_engine.errors import ConcurrentWriteError, ConfigError, RedriveError
 from retry_engine.ops.audit import (
@@ -375,7 +376,7 @@ def _remove(path: str, group: str, ids: set[str]) -> int:
     """
     wanted = pa.array(sorted(ids), pa.string())
     for attempt in range(1, MAX_DELETE_ATTEMPTS + 1):
-        table = DeltaTable(path)
+        table = open_delta(path)
         rows = pa.table(table.to_pyarrow_table(filters=[("consumer_group", "=", group)]))
         rows = rows.select(table_arrow_schema(table).names).cast(table_arrow_schema(table))
         gone = pc.is_in(rows.column("msg_id"), wanted)

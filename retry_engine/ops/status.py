@@ -26,6 +26,7 @@ from retry_engine.config import EngineConfig
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.metrics import nearest_rank
+from retry_engine.delta.storage import is_remote
 from retry_engine.delta.tables import open_table, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.monitor import PROGRESS_EVENT, TERMINATED
@@ -112,11 +113,16 @@ def read_tables(config: EngineConfig) -> EngineTables:
         tables[name] = found if found is not None else _empty(table, columns)
     if not present:
         raise TablesUnavailableError(
-            f"no engine tables under {os.path.abspath(config.engine.lake)} "
+            f"no engine tables under {_shown(config.engine.lake)} "
             f"(looked for {', '.join(config.table_path(n) for n in _COLUMNS)}); "
             "is engine.lake (or RETRY_ENGINE_LAKE) right, and has the engine run?"
         )
     return EngineTables(**tables, present=frozenset(present))
+
+
+def _shown(lake: str) -> str:
+    """The lake as a message names it: a local folder made absolute, a URI as given."""
+    return lake if is_remote(lake) else os.path.abspath(lake)
 
 
 # -- the summary ----------------------------------------------------------------

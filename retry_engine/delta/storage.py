@@ -1,0 +1,307 @@
+"""Where the lake's tables live and how every delta-rs call reaches them (local folders or object storage).
+
+A table is a path or a URI (``s3://bucket/lake/dlq``). Object stores need
+storage options (endpoint, region, ``allow_http``, the commit mechanism,
+maybe credentials): the ``[storage]`` table of the config. Every table and
+file the package opens goes through this module, which finds the options of
+a URI in a process-wide registry filled when a config is validated
+(:func:`register`, called for the lake and every ``[tables]`` path).
+
+Code on Spark executors cannot see that registry (another process): the
+driver passes the options along, as ``storage.<key>`` options of the
+``deltars`` source and sink (:func:`spark_options`) or inside the pickled
+write task.
+
+Secrets (keys, tokens, passwords) are kept out of ``repr``, logs, error
+messages and ``check-config``: :func:`redacted` is the only form ever shown.
+
+Commit safety (:func:`check_commit_safety`): two writers must never both
+commit one table version. delta-rs commits on S3 with a conditional put
+(``If-None-Match: *``, what AWS S3, MinIO, R2 and moto's server support) or,
+when ``aws_s3_locking_provider = "dynamodb"``, through a DynamoDB lock;
+configurations that turn both off are refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from retry_engine.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    from deltalake import DeltaTable
+    from pyspark.sql import SparkSession
+
+    from retry_engine.delta._log import TableLocation
+
+log = logging.getLogger(__name__)
+
+# A URI with a scheme other than file: (s3://, s3a://, gs://, abfss://, az://, memory://).
+_REMOTE = re.compile(r"^(?!file:)[A-Za-z][A-Za-z0-9+.-]*://")
+# Option keys whose values are never shown: AWS/Azure/GCS keys, tokens, passwords, SAS.
+_SECRET = re.compile(r"secret|token|password|passwd|key|sas|credential|signature", re.IGNORECASE)
+REDACTED = "***"
+# Prefix of storage options among the ``deltars`` source and sink options.
+SPARK_OPTION_PREFIX = "storage."
+
+# delta-rs settings that decide how a commit is made on S3 (case-insensitive, with or without ``aws_``).
+UNSAFE_RENAME = "aws_s3_allow_unsafe_rename"
+CONDITIONAL_PUT = "aws_conditional_put"
+COPY_IF_NOT_EXISTS = "aws_copy_if_not_exists"
+LOCKING_PROVIDER = "aws_s3_locking_provider"
+SAFE_LOCKING_PROVIDERS = ("dynamodb",)
+S3_SCHEMES = ("s3", "s3a")
+
+
+def is_remote(uri: str) -> bool:
+    """Whether ``uri`` names object storage (any scheme but ``file:``), not a local path."""
+    return _REMOTE.match(uri) is not None
+
+
+def scheme(uri: str) -> str:
+    """The URI's scheme, lower case; ``""`` for a local path."""
+    return uri.split("://", 1)[0].lower() if is_remote(uri) else ""
+
+
+def is_secret(key: str) -> bool:
+    """Whether the value of storage option ``key`` must never be shown."""
+    return _SECRET.search(key) is not None
+
+
+def normalize(options: Mapping[str, Any]) -> dict[str, str]:
+    """Options with lower-case keys and string values (delta-rs keys are case-insensitive)."""
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError(
+                f"storage option name {key!r} must be a non-empty string",
+                code="INVALID_STORAGE_OPTION",
+            )
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            text = str(value)
+        else:
+            shown = REDACTED if is_secret(key) else repr(value)
+            raise ConfigError(
+                f"storage option {key} = {shown} must be a string, number or boolean",
+                code="INVALID_STORAGE_OPTION",
+            )
+        out[key.strip().lower()] = text
+    return out
+
+
+def redacted(options: Mapping[str, str]) -> dict[str, str]:
+    """``options`` fit to print: every secret value replaced by ``***``."""
+    return {key: REDACTED if is_secret(key) else value for key, value in options.items()}
+
+
+def _setting(options: Mapping[str, str], env: Mapping[str, str], name: str) -> str | None:
+    """A delta-rs S3 setting from the options (``aws_x`` or ``x``), else the environment (``AWS_X``)."""
+    short = name.removeprefix("aws_")
+    for key in (name, short):
+        if key in options:
+            return options[key]
+    return env.get(name.upper())
+
+
+def check_commit_safety(
+    uri: str, options: Mapping[str, str], env: Mapping[str, str] | None = None
+) -> None:
+    """Refuse S3 settings under which two writers could both commit one table version.
+
+    delta-rs makes a commit by creating ``_delta_log/<version>.json`` only if
+    absent. On S3 that needs a conditional put (the default) or a DynamoDB
+    lock; unsafe renames or a disabled conditional put without a lock let a
+    second writer overwrite the first one's commit, silently losing it.
+    Raises :class:`~retry_engine.errors.ConfigError` (code
+    ``UNSAFE_OBJECT_STORE_COMMITS``) naming the setting and the fix.
+    """
+    if scheme(uri) not in S3_SCHEMES:
+        return
+    env = os.environ if env is None else env
+    fixes = (
+        f'Remove it; delta-rs then commits with S3 conditional writes (set {CONDITIONAL_PUT} = "etag" for stores '
+        f'that need it), or set {LOCKING_PROVIDER} = "dynamodb" to commit through a DynamoDB lock'
+    )
+    unsafe = _setting(options, env, UNSAFE_RENAME)
+    if unsafe is not None and unsafe.strip().lower() not in ("false", "0", ""):
+        raise ConfigError(
+            f"{uri}: {UNSAFE_RENAME} = {unsafe!r} lets two writers commit the same table version on S3 "
+            f"(one commit is lost). {fixes}",
+            code="UNSAFE_OBJECT_STORE_COMMITS",
+        )
+    locking = _setting(options, env, LOCKING_PROVIDER)
+    if locking is not None and locking.strip().lower() not in SAFE_LOCKING_PROVIDERS:
+        raise ConfigError(
+            f"{uri}: {LOCKING_PROVIDER} = {locking!r} is not a locking provider delta-rs knows "
+            f"(valid: {', '.join(SAFE_LOCKING_PROVIDERS)}); without one, commits rely on conditional writes. {fixes}",
+            code="UNSAFE_OBJECT_STORE_COMMITS",
+        )
+    conditional = _setting(options, env, CONDITIONAL_PUT)
+    copy = _setting(options, env, COPY_IF_NOT_EXISTS)
+    if (
+        conditional is not None
+        and conditional.strip().lower() == "disabled"
+        and locking is None
+        and copy is None
+    ):
+        raise ConfigError(
+            f"{uri}: {CONDITIONAL_PUT} = 'disabled' with no {LOCKING_PROVIDER} leaves no way to commit a table "
+            f"version only once on S3. {fixes}",
+            code="UNSAFE_OBJECT_STORE_COMMITS",
+        )
+
+
+# --------------------------------------------------------------------------- the registry
+
+_REGISTRY: dict[str, dict[str, str]] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _root(uri: str) -> str:
+    return uri.rstrip("/") + "/"
+
+
+def register(uri: str, options: Mapping[str, str]) -> None:
+    """Use ``options`` for every table at or under ``uri`` in this process (a later call for ``uri`` wins).
+
+    Local paths need no options and are not registered. Raises
+    :class:`~retry_engine.errors.ConfigError` if the options are unsafe for
+    commits (:func:`check_commit_safety`).
+    """
+    if not is_remote(uri):
+        return
+    clean = normalize(options)
+    check_commit_safety(uri, clean)
+    with _REGISTRY_LOCK:
+        _REGISTRY[_root(uri)] = clean
+
+
+def options_for(uri: str) -> dict[str, str] | None:
+    """The storage options registered for ``uri`` (the longest registered prefix), or None."""
+    if not is_remote(uri):
+        return None
+    target = _root(uri)
+    with _REGISTRY_LOCK:
+        matches = [root for root in _REGISTRY if target.startswith(root)]
+        return dict(_REGISTRY[max(matches, key=len)]) if matches else None
+
+
+# --------------------------------------------------------------------------- delta-rs, through here
+
+
+def location(uri: str, options: Mapping[str, str] | None = None) -> TableLocation:
+    """The table at ``uri`` with its storage options: ``options`` if given, else the registered ones."""
+    from retry_engine.delta._log import TableLocation
+
+    return TableLocation(uri, options if options is not None else options_for(uri))
+
+
+def open_delta(uri: str, *, version: int | None = None) -> DeltaTable:
+    """``DeltaTable(uri)`` with the storage options of ``uri``; raises delta-rs's ``TableNotFoundError`` if none."""
+    from deltalake import DeltaTable
+
+    return DeltaTable(uri, version=version, storage_options=options_for(uri))
+
+
+def is_delta_table(uri: str) -> bool:
+    """Whether a Delta table exists at ``uri``."""
+    from deltalake import DeltaTable
+
+    return DeltaTable.is_deltatable(uri, storage_options=options_for(uri))
+
+
+def create_delta(uri: str, schema: pa.Schema, **kwargs: Any) -> DeltaTable:
+    """``DeltaTable.create`` with the storage options of ``uri``."""
+    from deltalake import DeltaTable
+
+    return DeltaTable.create(uri, schema, storage_options=options_for(uri), **kwargs)
+
+
+def write_delta(target: str | DeltaTable, data: Any, **kwargs: Any) -> None:
+    """``write_deltalake`` with the storage options of ``target`` (a handle already carries its own)."""
+    from deltalake import write_deltalake
+
+    if isinstance(target, str):
+        write_deltalake(target, data, storage_options=options_for(target), **kwargs)
+    else:
+        write_deltalake(target, data, **kwargs)
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem over ``uri`` and the root within it (see :meth:`TableLocation.filesystem`)."""
+    return location(uri).filesystem()
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+def spark_options(uri: str) -> dict[str, str]:
+    """The storage options of ``uri`` as ``deltars`` reader/writer options (``storage.<key>``)."""
+    return {f"{SPARK_OPTION_PREFIX}{key}": value for key, value in (options_for(uri) or {}).items()}
+
+
+def from_spark_options(options: Mapping[str, str]) -> dict[str, str] | None:
+    """The ``storage.<key>`` options among a ``deltars`` source's or sink's (lower-case keys), or None."""
+    found = {
+        key[len(SPARK_OPTION_PREFIX) :]: value
+        for key, value in options.items()
+        if key.lower().startswith(SPARK_OPTION_PREFIX) and len(key) > len(SPARK_OPTION_PREFIX)
+    }
+    return normalize(found) if found else None
+
+
+def require_checkpoint_filesystem(spark: SparkSession, checkpoint: str) -> None:
+    """Raise :class:`~retry_engine.errors.ConfigError` unless Spark's Hadoop can write the checkpoint's scheme.
+
+    The Spark checkpoint is written by Spark itself through Hadoop's file
+    systems, not by delta-rs: an ``s3://`` / ``s3a://`` checkpoint needs the
+    hadoop-aws jars on Spark's class path. Without them Spark fails deep in the
+    first batch; this says so before the query starts.
+    """
+    if not is_remote(checkpoint):
+        return
+    jvm: Any = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    wanted = scheme(checkpoint)
+    try:
+        jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass(wanted, conf)
+    except Exception as exc:  # py4j wraps Hadoop's UnsupportedFileSystemException
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"the Spark checkpoint {checkpoint} is on {wanted}://, which this Spark cannot write ({first[:200]}). "
+            "The checkpoint stays on a file system Spark has: set engine.checkpoint (or the consumer's checkpoint) "
+            "to a local or HDFS path, or add the Hadoop connector for it (for s3a://: the hadoop-aws and AWS SDK "
+            "jars) to Spark",
+            code="CHECKPOINT_FILESYSTEM_MISSING",
+        ) from None
+
+
+__all__ = [
+    "REDACTED",
+    "SPARK_OPTION_PREFIX",
+    "check_commit_safety",
+    "create_delta",
+    "filesystem",
+    "from_spark_options",
+    "is_delta_table",
+    "is_remote",
+    "is_secret",
+    "location",
+    "normalize",
+    "open_delta",
+    "options_for",
+    "redacted",
+    "register",
+    "require_checkpoint_filesystem",
+    "spark_options",
+    "write_delta",
+]

@@ -1,0 +1,345 @@
+"""The lake on object storage without Spark (#14 part 4): options, secrets, commit safety, on moto's S3 server.
+
+Every table is opened through :mod:`retry_engine.delta.storage` with the config's
+``[storage]`` options; credentials are never shown; S3 settings under which
+two writers could commit one table version are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import CommitProperties
+
+from retry_engine.clients.rebalance import CONSUMERS_FOLDER, Membership
+from retry_engine.config import load_config, parse_config
+from retry_engine.delta import storage
+from retry_engine.delta._log import TableLocation
+from retry_engine.delta.lake import require_lake
+from retry_engine.delta.sink import SinkOptions
+from retry_engine.delta.source import SourceOptions
+from retry_engine.delta.tables import append_arrow, ensure_table, open_table, read_table
+from retry_engine.errors import ConfigError, LakeNotFoundError
+from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, main
+from tests.s3 import S3Server
+
+SECRET = "s3cr3t-" + uuid.uuid4().hex
+
+
+def _toml(options: dict[str, Any], lake: str) -> str:
+    lines = ["[engine]", f'lake = "{lake}"', 'checkpoint = "/tmp/ckpt"', "", "[storage]"]
+    for key, value in options.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+def test_a_secret_storage_option_is_never_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#14 part 4: a credential in [storage] is not in check-config, reprs or error messages; other options are."""
+    conf = tmp_path / "engine.toml"
+    options = {
+        "aws_region": "eu-west-3",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "aws_session_token": SECRET + "-tok",
+    }
+    conf.write_text(_toml(options, "s3://bucket/lake"))
+
+    assert main(["check-config", "--config", str(conf)]) == EXIT_OK
+    out = capsys.readouterr()
+    assert "storage          aws_region = eu-west-3" in out.out
+    assert "storage          aws_secret_access_key = ***" in out.out
+    assert "storage          aws_session_token = ***" in out.out
+    assert SECRET not in out.out + out.err
+
+    config = load_config(conf)
+    # The options do reach delta-rs (keys lower-cased, as delta-rs accepts them).
+    assert storage.options_for("s3://bucket/lake/dlq") == {
+        "aws_region": "eu-west-3",
+        "aws_secret_access_key": SECRET,
+        "aws_session_token": SECRET + "-tok",
+    }
+    shown = [
+        repr(config),
+        str(config),
+        repr(
+            SourceOptions.parse(
+                {"path": "s3://bucket/lake/dlq", "storage.aws_secret_access_key": SECRET}
+            )
+        ),
+        repr(
+            SinkOptions.parse(
+                {"path": "s3://bucket/lake/dlq", "storage.AWS_SECRET_ACCESS_KEY": SECRET}
+            )
+        ),
+        repr(TableLocation("s3://bucket/lake/dlq", {"aws_secret_access_key": SECRET})),
+        repr(storage.location("s3://bucket/lake/dlq")),
+    ]
+    for text in shown:
+        assert SECRET not in text
+
+    # Hostile values: a list, a table, a non-table [storage]: the error names the key, never the value.
+    for bad in (
+        {"aws_secret_access_key": [SECRET]},
+        {"aws_secret_access_key": {"v": SECRET}},
+        SECRET,
+    ):
+        with pytest.raises(ConfigError, match="INVALID_STORAGE_OPTION") as caught:
+            parse_config({"engine": {"lake": "s3://bucket/lake"}, "storage": bad})
+        assert SECRET not in str(caught.value)
+
+
+def test_spark_options_carry_the_lake_options_and_only_for_its_tables() -> None:
+    """#14 part 4: the deltars source/sink get the config's options as storage.<key>; local paths get none."""
+    parse_config(
+        {"engine": {"lake": "s3://opts-bucket/lake"}, "storage": {"AWS_REGION": "ap-south-1"}}
+    )
+    assert storage.spark_options("s3://opts-bucket/lake/retry") == {
+        "storage.aws_region": "ap-south-1"
+    }
+    assert storage.spark_options("s3://opts-bucket/other") == {}
+    assert storage.spark_options("/tmp/lake/retry") == {}
+    parsed = SourceOptions.parse(
+        {"path": "s3://x/t", "STORAGE.AWS_REGION": "eu-north-1", "maxFilesPerTrigger": "3"}
+    )
+    assert parsed.storage_options == {"aws_region": "eu-north-1"}
+    assert parsed.location.storage_options == {"aws_region": "eu-north-1"}
+
+
+# --------------------------------------------------------------------------- commit safety
+
+
+UNSAFE = [
+    ({"aws_s3_allow_unsafe_rename": "true"}, "aws_s3_allow_unsafe_rename"),
+    ({"AWS_S3_ALLOW_UNSAFE_RENAME": True}, "aws_s3_allow_unsafe_rename"),
+    ({"aws_conditional_put": "disabled"}, "aws_conditional_put = 'disabled'"),
+    ({"conditional_put": "disabled"}, "aws_conditional_put = 'disabled'"),
+    ({"aws_s3_locking_provider": "none"}, "aws_s3_locking_provider = 'none'"),
+    (
+        {"aws_s3_locking_provider": "zookeeper", "aws_conditional_put": "disabled"},
+        "aws_s3_locking_provider",
+    ),
+]
+
+
+@pytest.mark.parametrize(("options", "named"), UNSAFE)
+def test_unsafe_commit_settings_are_refused(
+    tmp_path: Path, options: dict[str, Any], named: str
+) -> None:
+    """#14 part 4: settings letting two writers commit one version on S3 stop every command, with a stable code."""
+    conf = tmp_path / "engine.toml"
+    conf.write_text(_toml(options, "s3://bucket/unsafe"))
+    with pytest.raises(ConfigError, match=rf"\[UNSAFE_OBJECT_STORE_COMMITS\].*{named}") as caught:
+        load_config(conf)
+    assert caught.value.code == "UNSAFE_OBJECT_STORE_COMMITS"
+    assert "conditional writes" in str(caught.value) and "dynamodb" in str(caught.value)
+    assert main(["check-config", "--config", str(conf)]) == EXIT_ERROR
+    # A table of an otherwise local lake on S3 is checked too.
+    with pytest.raises(ConfigError, match="UNSAFE_OBJECT_STORE_COMMITS"):
+        parse_config(
+            {
+                "engine": {"lake": str(tmp_path)},
+                "tables": {"dlq": "s3://bucket/dlq"},
+                "storage": options,
+            }
+        )
+
+
+def test_unsafe_rename_from_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """#14 part 4: delta-rs also reads AWS_S3_ALLOW_UNSAFE_RENAME from the environment; so does the check."""
+    monkeypatch.setenv("AWS_S3_ALLOW_UNSAFE_RENAME", "true")
+    with pytest.raises(ConfigError, match="UNSAFE_OBJECT_STORE_COMMITS"):
+        parse_config({"engine": {"lake": "s3://bucket/env"}})
+    monkeypatch.setenv("AWS_S3_ALLOW_UNSAFE_RENAME", "false")
+    parse_config({"engine": {"lake": "s3://bucket/env"}})
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"aws_conditional_put": "etag"},
+        {"aws_s3_locking_provider": "dynamodb"},
+        {"aws_s3_locking_provider": "DynamoDB", "aws_conditional_put": "disabled"},
+        {"aws_s3_allow_unsafe_rename": "false"},
+    ],
+)
+def test_safe_commit_settings_are_accepted(options: dict[str, Any]) -> None:
+    """#14 part 4: delta-rs's default (conditional put), etag and a DynamoDB lock are safe."""
+    config = parse_config({"engine": {"lake": "s3://bucket/safe"}, "storage": options})
+    assert config.storage == {k.lower(): str(v) for k, v in options.items()}
+
+
+def test_unsafe_settings_do_not_matter_for_a_local_lake(tmp_path: Path) -> None:
+    """#14 part 4: on a local disk delta-rs commits with an atomic rename; the S3 settings are unused."""
+    parse_config(
+        {"engine": {"lake": str(tmp_path)}, "storage": {"aws_s3_allow_unsafe_rename": "true"}}
+    )
+
+
+def test_the_server_refuses_a_second_conditional_create(s3_server: S3Server) -> None:
+    """The S3 API under test honours If-None-Match (what delta-rs commits with), so the races below are real."""
+    from botocore.exceptions import ClientError
+
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
+    client.put_object(
+        Bucket=bucket, Key="_delta_log/00000000000000000001.json", Body=b"first", IfNoneMatch="*"
+    )
+    with pytest.raises(ClientError, match="PreconditionFailed|412"):
+        client.put_object(
+            Bucket=bucket,
+            Key="_delta_log/00000000000000000001.json",
+            Body=b"second",
+            IfNoneMatch="*",
+        )
+    body = client.get_object(Bucket=bucket, Key="_delta_log/00000000000000000001.json")[
+        "Body"
+    ].read()
+    assert body == b"first"
+
+
+def test_two_writers_from_one_snapshot_never_both_commit_its_next_version(
+    s3_server: S3Server,
+) -> None:
+    """#14 part 4: both writers read version v; the first commits v+1, the second's commit of v+1 fails."""
+    bucket = s3_server.new_bucket()
+    lake = f"s3://{bucket}/lake"
+    parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
+    path = f"{lake}/retry"
+    append_arrow(path, pa.table({"writer": ["setup"]}))
+    first, second = storage.open_delta(path), storage.open_delta(path)
+    start = first.version()
+    assert second.version() == start
+    no_retry = CommitProperties(max_commit_retries=0)
+    write_deltalake(
+        first, pa.table({"writer": ["first"]}), mode="append", commit_properties=no_retry
+    )
+    with pytest.raises(CommitFailedError):
+        write_deltalake(
+            second, pa.table({"writer": ["second"]}), mode="append", commit_properties=no_retry
+        )
+    assert storage.open_delta(path).version() == start + 1
+    assert sorted(read_table(path).column("writer").to_pylist()) == ["first", "setup"]
+    # With delta-rs's normal retries the second writer's append lands as the next version instead: nothing lost.
+    write_deltalake(second, pa.table({"writer": ["second"]}), mode="append")
+    assert storage.open_delta(path).version() == start + 2
+    assert sorted(read_table(path).column("writer").to_pylist()) == ["first", "second", "setup"]
+
+
+WRITERS = 3
+APPENDS = 4
+
+
+def _append_from_another_process(conf: str, writer: int) -> None:
+    """One writer process: loads the config (its own registry), appends APPENDS idempotent transactions."""
+    config = load_config(conf)
+    path = config.table_path("outcomes")
+    for k in range(APPENDS):
+        append_arrow(
+            path, pa.table({"writer": [writer], "k": [k]}), app_id=f"writer-{writer}", txn_version=k
+        )
+
+
+def test_concurrent_writer_processes_lose_no_commit(s3_server: S3Server, tmp_path: Path) -> None:
+    """#14 part 4: processes appending to one S3 table at once: every commit lands once, versions have no gap."""
+    bucket = s3_server.new_bucket()
+    conf = tmp_path / "engine.toml"
+    conf.write_text(_toml(s3_server.storage_options(), f"s3://{bucket}/lake"))
+    config = load_config(conf)
+    path = config.table_path("outcomes")
+    ensure_table(path, pa.schema([("writer", pa.int64()), ("k", pa.int64())]))
+
+    # spawn: delta-rs's runtime does not survive fork.
+    context = multiprocessing.get_context("spawn")
+    processes = [
+        context.Process(target=_append_from_another_process, args=(str(conf), w))
+        for w in range(WRITERS)
+    ]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join(timeout=180)
+    assert [p.exitcode for p in processes] == [0] * WRITERS
+
+    rows = read_table(path).to_pylist()
+    assert sorted((r["writer"], r["k"]) for r in rows) == [
+        (w, k) for w in range(WRITERS) for k in range(APPENDS)
+    ]
+    table = open_table(path)
+    assert table is not None and table.version() == WRITERS * APPENDS
+    keys = set(s3_server.objects(bucket))
+    commits = sorted(
+        k for k in keys if k.startswith("lake/outcomes/_delta_log/") and k.endswith(".json")
+    )
+    assert commits == [
+        f"lake/outcomes/_delta_log/{v:020d}.json" for v in range(WRITERS * APPENDS + 1)
+    ]
+    # Replaying a writer (same app id and versions) adds nothing.
+    _append_from_another_process(str(conf), 0)
+    assert read_table(path).num_rows == WRITERS * APPENDS
+
+
+# --------------------------------------------------------------------------- the lake's other files
+
+
+def test_consumer_heartbeats_live_on_the_object_store(s3_server: S3Server) -> None:
+    """#14 part 4: CLUSTERING instances of one group find each other through the S3 lake."""
+    bucket = s3_server.new_bucket()
+    lake = f"s3://{bucket}/lake"
+    parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
+    first, second = Membership(lake, "G1", "host-a"), Membership(lake, "G1", "host-b")
+    first.beat()
+    second.beat()
+    assert first.live() == ["host-a", "host-b"]
+    # A stray object (hostile bytes) in the group's folder is skipped, not fatal.
+    group_prefix = next(
+        iter(k for k in s3_server.objects(bucket) if k.startswith(f"lake/{CONSUMERS_FOLDER}/"))
+    )
+    folder = group_prefix.rsplit("/", 1)[0]
+    s3_server.client().put_object(
+        Bucket=bucket, Key=f"{folder}/junk.json", Body=b"\xff\xfe not json"
+    )
+    assert Membership(lake, "G1", "host-c").live() == ["host-a", "host-b", "host-c"]
+    second.leave()
+    assert first.live() == ["host-a"]
+    assert not any(k.startswith("s3:") for k in (p.name for p in Path(".").iterdir()))
+
+
+def test_an_empty_s3_lake_is_named_as_given(s3_server: S3Server) -> None:
+    """#14 part 4: `status`/`dlq` on a lake URI with no tables say so, naming the URI (not a local folder)."""
+    bucket = s3_server.new_bucket()
+    config = parse_config(
+        {"engine": {"lake": f"s3://{bucket}/nothing"}, "storage": s3_server.storage_options()}
+    )
+    with pytest.raises(
+        LakeNotFoundError, match=rf"no lake at s3://{bucket}/nothing: it holds no engine table"
+    ):
+        require_lake(config, origin="the test")
+    append_arrow(config.table_path("dlq"), pa.table({"x": [1]}))
+    require_lake(config, origin="the test")
+
+
+def test_readme_object_storage_example_is_valid_config(tmp_path: Path) -> None:
+    """#14 part 4: the README's [storage] example loads, is safe, and puts every table under the S3 lake."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", readme, flags=re.S) if "[storage]" in b]
+    conf = tmp_path / "c.toml"
+    conf.write_text(block)
+    config = load_config(conf)
+    assert config.storage == {"aws_region": "eu-west-1"}
+    assert config.table_path("dlq") == "s3://my-bucket/retry-lake/dlq"
+    assert not storage.is_remote(config.checkpoint_path)
