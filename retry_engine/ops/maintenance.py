@@ -52,8 +52,8 @@ from retry_engine.config import (
     minimum_retention_hours,
     parse_retention_hours,
 )
-from retry_engine.delta._log import LOG_DIR, TableLocation, join_path
-from retry_engine.delta.storage import open_delta, write_delta
+from retry_engine.delta._log import LOG_DIR, join_path
+from retry_engine.delta.storage import filesystem, open_delta, write_delta
 from retry_engine.delta.tables import ensure_table, open_table
 from retry_engine.errors import ConfigError
 from retry_engine.schemas import MAINTENANCE
@@ -136,7 +136,7 @@ def _snapshot(path: str, table: DeltaTable) -> _Snapshot:
 
 def _log_entries(path: str) -> int:
     """Entries of the table's ``_delta_log`` (commits, checkpoints, ``_last_checkpoint``), local or remote."""
-    fs, root = TableLocation(path).filesystem()
+    fs, root = filesystem(path)
     infos = fs.get_file_info(pafs.FileSelector(join_path(root, LOG_DIR), allow_not_found=True))
     return sum(1 for info in infos if info.type == pafs.FileType.File)
 

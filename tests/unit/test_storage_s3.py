@@ -343,3 +343,30 @@ def test_readme_object_storage_example_is_valid_config(tmp_path: Path) -> None:
     assert config.storage == {"aws_region": "eu-west-1"}
     assert config.table_path("dlq") == "s3://my-bucket/retry-lake/dlq"
     assert not storage.is_remote(config.checkpoint_path)
+
+
+def test_maintain_compacts_checkpoints_and_records_on_the_object_store(s3_server: S3Server) -> None:
+    """#14 parts 1 and 4: `maintain` on an S3 lake opens every table with the lake's [storage] options.
+
+    Three small appends become one file (dataChange=false, the rows unchanged), the log gets a
+    checkpoint, and the run is recorded in the lake's _maintenance table on the server.
+    """
+    from retry_engine.ops.maintenance import maintenance_path, run_maintenance
+
+    bucket = s3_server.new_bucket()
+    config = parse_config({"engine": {"lake": f"s3://{bucket}/lake"}, "storage": s3_server.storage_options()})
+    dlq = config.table_path("dlq")
+    for n in range(3):
+        append_arrow(dlq, pa.table({"msg_id": [f"m{n}"], "n": [n]}))
+
+    (report,) = run_maintenance(config, tables=["dlq"])
+
+    assert report.error is None, report.error
+    assert (report.files_before, report.files_after, report.files_compacted) == (3, 1, 3)
+    assert report.checkpoint_version == report.version_after
+    table = storage.open_delta(dlq)
+    assert sorted(table.to_pyarrow_table().column("msg_id").to_pylist()) == ["m0", "m1", "m2"]
+    assert len(table.file_uris()) == 1
+    assert any(k.startswith("lake/dlq/_delta_log/") and k.endswith(".checkpoint.parquet") for k in s3_server.objects(bucket))
+    recorded = read_table(maintenance_path(config.engine.lake))
+    assert recorded is not None and recorded.column("table_name").to_pylist() == ["dlq"]
