@@ -32,6 +32,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
+from retry_engine.delta import storage
 from retry_engine.delta._files import (
     HIVE_NULL,
     FileToRead,
@@ -105,7 +106,9 @@ def misplaced_files(table: DeltaTable) -> list[FileEntry]:
     return [e for e in entries if not folder_matches(e.path, e.partition_values, columns)]
 
 
-def migrate_partition_folders(uri: str, *, storage_options: Mapping[str, str] | None = None) -> LayoutMigration:
+def migrate_partition_folders(
+    uri: str, *, storage_options: Mapping[str, str] | None = None
+) -> LayoutMigration:
     """Move every misplaced data file of the Delta table at ``uri`` into its Hive folder.
 
     Does nothing (and commits nothing) when the table does not exist, is not
@@ -115,8 +118,9 @@ def migrate_partition_folders(uri: str, *, storage_options: Mapping[str, str] | 
     :data:`MAX_MIGRATION_ATTEMPTS` attempts; the table is then unchanged
     (still readable by every Delta reader) and the migration can run again.
     """
-    location = TableLocation(uri, storage_options)
-    options = dict(storage_options) if storage_options else None
+    # Default to the lake's registered options: an S3 table opened without them asks IMDS for credentials.
+    location = storage.location(uri, storage_options)
+    options = dict(location.storage_options) if location.storage_options else None
     last: CommitFailedError | None = None
     for attempt in range(1, MAX_MIGRATION_ATTEMPTS + 1):
         try:
@@ -132,7 +136,11 @@ def migrate_partition_folders(uri: str, *, storage_options: Mapping[str, str] | 
         except CommitFailedError as exc:
             _delete_written(location, written)
             last = exc
-            log.info("%s: partition folder migration conflicted with another writer (attempt %d); again", uri, attempt)
+            log.info(
+                "%s: partition folder migration conflicted with another writer (attempt %d); again",
+                uri,
+                attempt,
+            )
             continue
         except BaseException:
             # Nothing references the copies; delete them rather than leave them for VACUUM.
@@ -142,7 +150,10 @@ def migrate_partition_folders(uri: str, *, storage_options: Mapping[str, str] | 
         log.warning(
             "%s: moved %d data file(s) (%d rows) of an older partition layout into Hive folders "
             "(version %d, no data change; the old files stay for time travel until VACUUM)",
-            uri, len(misplaced), rows, version,
+            uri,
+            len(misplaced),
+            rows,
+            version,
         )
         return LayoutMigration(uri, len(misplaced), rows, version)
     raise ConcurrentWriteError(
@@ -152,7 +163,9 @@ def migrate_partition_folders(uri: str, *, storage_options: Mapping[str, str] | 
     ) from last
 
 
-def _rewrite(location: TableLocation, table: DeltaTable, files: Sequence[FileEntry]) -> list[WrittenFile]:
+def _rewrite(
+    location: TableLocation, table: DeltaTable, files: Sequence[FileEntry]
+) -> list[WrittenFile]:
     """Copy the rows of ``files`` into new files under Hive folders (not yet committed)."""
     fs, root = location.filesystem()
     schema = table_arrow_schema(table)
@@ -166,7 +179,9 @@ def _rewrite(location: TableLocation, table: DeltaTable, files: Sequence[FileEnt
     )
     try:
         for entry in files:
-            source = FileToRead(entry.path, entry.partition_values, entry.version, entry.index, True)
+            source = FileToRead(
+                entry.path, entry.partition_values, entry.version, entry.index, True
+            )
             for batch in read_file(fs, root, source, schema, table_uri=location.table_uri):
                 writer.write(batch)
         return writer.close()

@@ -354,7 +354,9 @@ def test_maintain_compacts_checkpoints_and_records_on_the_object_store(s3_server
     from retry_engine.ops.maintenance import maintenance_path, run_maintenance
 
     bucket = s3_server.new_bucket()
-    config = parse_config({"engine": {"lake": f"s3://{bucket}/lake"}, "storage": s3_server.storage_options()})
+    config = parse_config(
+        {"engine": {"lake": f"s3://{bucket}/lake"}, "storage": s3_server.storage_options()}
+    )
     dlq = config.table_path("dlq")
     for n in range(3):
         append_arrow(dlq, pa.table({"msg_id": [f"m{n}"], "n": [n]}))
@@ -367,6 +369,44 @@ def test_maintain_compacts_checkpoints_and_records_on_the_object_store(s3_server
     table = storage.open_delta(dlq)
     assert sorted(table.to_pyarrow_table().column("msg_id").to_pylist()) == ["m0", "m1", "m2"]
     assert len(table.file_uris()) == 1
-    assert any(k.startswith("lake/dlq/_delta_log/") and k.endswith(".checkpoint.parquet") for k in s3_server.objects(bucket))
+    assert any(
+        k.startswith("lake/dlq/_delta_log/") and k.endswith(".checkpoint.parquet")
+        for k in s3_server.objects(bucket)
+    )
     recorded = read_table(maintenance_path(config.engine.lake))
     assert recorded is not None and recorded.column("table_name").to_pylist() == ["dlq"]
+
+
+def test_an_engine_start_moves_old_partition_folders_on_the_object_store(
+    s3_server: S3Server,
+) -> None:
+    """#13 part 3 on #14 part 4: the layout migration at start opens S3 tables with the lake's options.
+
+    Regression: the engine start called ``migrate_partition_folders(uri)`` with no options, so
+    delta-rs asked the EC2 metadata service for credentials and the start failed on every S3 lake.
+    The table is main's old layout (``consumer_5Fgroup=...`` folders) uploaded as it is.
+    """
+    from retry_engine.delta.layout import migrate_partition_folders, misplaced_files
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "main_layout" / "dlq"
+    bucket = s3_server.new_bucket()
+    client = s3_server.client()
+    for file in sorted(p for p in fixture.rglob("*") if p.is_file()):
+        client.put_object(
+            Bucket=bucket,
+            Key=f"lake/dlq/{file.relative_to(fixture).as_posix()}",
+            Body=file.read_bytes(),
+        )
+    config = parse_config(
+        {"engine": {"lake": f"s3://{bucket}/lake"}, "storage": s3_server.storage_options()}
+    )
+    dlq = config.table_path("dlq")
+    before = sorted(storage.open_delta(dlq).to_pyarrow_table().column("msg_id").to_pylist())
+
+    done = migrate_partition_folders(dlq)
+
+    assert done.files_moved == 2 and done.rows_moved == len(before)
+    table = storage.open_delta(dlq)
+    assert misplaced_files(table) == []
+    assert sorted(table.to_pyarrow_table().column("msg_id").to_pylist()) == before
+    assert all("/dlq/consumer_group=" in uri and "_5F" not in uri for uri in table.file_uris())
