@@ -234,8 +234,9 @@ class Producer:
     token ``(producer_id, sequence)`` is checked in the table, so a send
     repeated after a crash or restart, by any process, writes nothing and
     returns the same message ids. A send whose sequence is at or below the
-    highest one committed for ``producer_id`` counts as already sent: number
-    sends in the order you send them. Without ``producer_id`` the token is
+    highest one committed for ``producer_id`` and not in the table is refused
+    (``SEQUENCE_OUT_OF_ORDER``), never reported as sent: number sends in the
+    order you send them. Without ``producer_id`` the token is
     this instance's; it covers only the retries inside one call.
     """
 
@@ -340,6 +341,7 @@ class Producer:
             elapsed_ms = (time.monotonic() - started) * 1000
             if attempt > 1 and elapsed_ms >= self.send_timeout_ms:
                 if self._landed(version):
+                    self._require_in_order(table, version)
                     return SendResult(ids, attempt - 1, False)
                 raise SendFailedError(
                     f"send of {len(ids)} message(s) (first {ids[0]}) timed out after {elapsed_ms:.0f} ms "
@@ -349,6 +351,8 @@ class Producer:
                 ) from last_error
             try:
                 written = self._write(table, version)
+                if not written:
+                    self._require_in_order(table, version)
             except RETRYABLE_ERRORS as exc:
                 last_error = exc
                 log.warning(
@@ -360,6 +364,7 @@ class Producer:
                 continue
             return SendResult(ids, attempt, written)
         if self._landed(version):
+            self._require_in_order(table, version)
             return SendResult(ids, total, False)
         raise SendFailedError(
             f"send of {len(ids)} message(s) (first {ids[0]}) failed {total} time(s) "
@@ -391,6 +396,33 @@ class Producer:
             log.info("send %s/%d: its attempts failed but the table holds it (at %d): sent", self.app_id, version, done)
             return True
         return False
+
+    def _require_in_order(self, table: pa.Table, version: int) -> None:
+        """After the table said it holds ``version``: with a ``producer_id``, check it really is this send.
+
+        Delta keeps only the highest transaction version of an app id, so a
+        sequence below it reads as committed whether or not it ever was. The
+        ids of a numbered send are derived from its token: if its first message
+        is not in the table, the sequence came out of order and was never
+        written. That is refused (``SEQUENCE_OUT_OF_ORDER``, as Kafka's idempotent
+        producer refuses a sequence gap), never reported as sent.
+        """
+        if self.producer_id is None:
+            return
+        topic, first = table.column("topic")[0].as_py(), table.column("msg_id")[0].as_py()
+        held = open_table(self.path)
+        rows = None if held is None else held.to_pyarrow_table(
+            columns=["msg_id"], filters=[("topic", "=", topic), ("msg_id", "=", first)]
+        )
+        if rows is not None and rows.num_rows:
+            return
+        highest = None if held is None else held.transaction_version(self.app_id)
+        raise InvalidMessageError(
+            f"producer {self.producer_id!r}: sequence {version} is at or below the highest committed sequence "
+            f"{highest}, but no send with sequence {version} is in the table; number the sends of one "
+            "producer_id in the order they are sent. Nothing was written",
+            code="SEQUENCE_OUT_OF_ORDER",
+        )
 
     def _rows(self, messages: Sequence[Message], sequence: int | None) -> pa.Table:
         now = dt.datetime.now(dt.UTC)

@@ -217,12 +217,31 @@ def test_bad_sequence_is_a_clear_error(tmp_path: Path, sequence: Any) -> None:
 
 
 def test_sequence_bounds_are_delta_transaction_versions(tmp_path: Path) -> None:
-    """#12 item 21: 0 and 2**63-1 are valid; after 2**63-1 every lower sequence counts as already sent."""
+    """#12 item 21: 0 and 2**63-1 are valid; after 2**63-1 a lower sequence that was sent is recognised."""
     producer = Producer(str(tmp_path / "m"), producer_id="p1")
-    assert producer.send("orders", b"x", sequence=0).written
+    first = producer.send("orders", b"x", sequence=0)
+    assert first.written
     assert producer.send("orders", b"y", sequence=2**63 - 1).written
-    assert not producer.send("orders", b"z", sequence=5).written
+    again = producer.send("orders", b"x", sequence=0)
+    assert (again.written, again.msg_ids) == (False, first.msg_ids)
     assert sorted(r["body"] for r in rows(tmp_path / "m")) == [b"x", b"y"]
+
+
+def test_a_sequence_sent_out_of_order_is_refused_not_reported_sent(tmp_path: Path) -> None:
+    """#12 item 21, R13, bad-input rule: Delta keeps only a producer's highest sequence, so 2 sent
+    after 3 once read as "already sent" and the message was silently lost. It is refused now, and
+    writes nothing; a restarted process re-sending 1 and 3 (both in the table) is still told so."""
+    path = str(tmp_path / "m")
+    producer = Producer(path, producer_id="p1")
+    assert producer.send("orders", b"one", sequence=1).written
+    assert producer.send("orders", b"three", sequence=3).written
+
+    with pytest.raises(InvalidMessageError, match=r"\[SEQUENCE_OUT_OF_ORDER\] .*sequence 2 .*highest committed sequence 3"):
+        producer.send("orders", b"two", sequence=2)
+
+    restarted = Producer(path, producer_id="p1")
+    assert [restarted.send("orders", b, sequence=n).written for n, b in ((1, b"one"), (3, b"three"))] == [False, False]
+    assert sorted(r["body"] for r in rows(path)) == [b"one", b"three"]
 
 
 def test_sequence_without_producer_id_is_refused(tmp_path: Path) -> None:
