@@ -81,14 +81,14 @@ cluster-test: check-env
 
 crash-test: check-env
 	RETRY_ENGINE_CRASH_KILLS=$(CRASH_KILLS) RETRY_ENGINE_CRASH_SEED=$(CRASH_SEED) \
-	  $(PY) -m pytest -s tests/integration/test_engine_crash.py $(PYTEST_ARGS)
+	  $(PY) -m pytest -s --timeout=0 tests/integration/test_engine_crash.py $(PYTEST_ARGS)
 
 # The property test of tests/integration/test_property_engine.py: CI runs its "ci" profile
 # (15 examples, fixed seed); this runs "soak" (hundreds, a new seed each time, printed on failure).
 SOAK_PROFILE ?= soak
 
 soak: check-env
-	HYPOTHESIS_PROFILE=$(SOAK_PROFILE) $(PY) -m pytest -x tests/integration/test_property_engine.py $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$(SOAK_PROFILE) $(PY) -m pytest -x --timeout=0 tests/integration/test_property_engine.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) data build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
