@@ -279,6 +279,8 @@ class FileEntry:
     is_last: bool
     """True for the last data file of its version (or of the snapshot)."""
     modification_time: int = 0
+    num_records: int | None = None
+    """Rows of the file from its ``numRecords`` statistic; None when the writer wrote none."""
 
     @property
     def key(self) -> tuple[int, int]:
@@ -304,6 +306,24 @@ def partition_value_string(value: Any) -> str | None:
     return str(value)
 
 
+def _records(value: object) -> int | None:
+    """A row count from a log statistic, or None when it is missing or not a count (any writer's stats)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _stats_records(stats: object) -> int | None:
+    """``numRecords`` of an add action's ``stats`` JSON string; None when absent or malformed."""
+    if not isinstance(stats, str) or '"numRecords"' not in stats:
+        return None
+    try:
+        parsed = json.loads(stats)
+    except ValueError:
+        return None
+    return _records(parsed.get("numRecords")) if isinstance(parsed, dict) else None
+
+
 def snapshot_entries(table_rows: list[dict[str, Any]], version: int) -> list[FileEntry]:
     """Snapshot files (rows of ``get_add_actions(flatten=True)``) in stream order.
 
@@ -322,6 +342,7 @@ def snapshot_entries(table_rows: list[dict[str, Any]], version: int) -> list[Fil
             is_starting_version=True,
             is_last=i == len(rows) - 1,
             modification_time=int(r["modification_time"]),
+            num_records=_records(r.get("num_records")),
         )
         for i, r in enumerate(rows)
     ]
@@ -380,6 +401,7 @@ def commit_entries(commit: Commit, *, uri: str, ignore_deletes: bool, skip_chang
             is_starting_version=False,
             is_last=i == last,
             modification_time=int(a.get("modificationTime") or 0),
+            num_records=_stats_records(a.get("stats")),
         )
         for i, a in enumerate(commit.adds)
     ]

@@ -105,9 +105,11 @@ class Admission:
 
     max_files: int | None = None
     max_bytes: int | None = None
+    max_rows: int | None = None
+    """Rows by the files' ``numRecords`` statistics (a file without them counts as none)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_files", "max_bytes"):
+        for name in ("max_files", "max_bytes", "max_rows"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value}")
@@ -174,15 +176,21 @@ def end_offset(files: Iterator[FileEntry], start: Offset, *, until_version: int,
     over too. Returns ``start`` when there is nothing new.
     """
     last: FileEntry | None = None
-    count = size = 0
+    count = size = rows = 0
     for entry in files:
-        if last is not None and admission.max_bytes is not None and size + entry.size > admission.max_bytes:
+        records = entry.num_records or 0
+        if last is not None and (
+            (admission.max_bytes is not None and size + entry.size > admission.max_bytes)
+            or (admission.max_rows is not None and rows + records > admission.max_rows)
+        ):
             return Offset.after_file(last, start.reservoir_id)
-        last, count, size = entry, count + 1, size + entry.size
+        last, count, size, rows = entry, count + 1, size + entry.size, rows + records
         # Stop as soon as the batch is full: later commits are not read yet, so a
         # commit the stream cannot follow fails the batch that reaches it, not earlier ones.
-        if (admission.max_files is not None and count >= admission.max_files) or (
-            admission.max_bytes is not None and size >= admission.max_bytes
+        if (
+            (admission.max_files is not None and count >= admission.max_files)
+            or (admission.max_bytes is not None and size >= admission.max_bytes)
+            or (admission.max_rows is not None and rows >= admission.max_rows)
         ):
             return Offset.after_file(last, start.reservoir_id)
     caught_up = Offset.after_version(until_version, start.reservoir_id)

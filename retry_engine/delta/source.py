@@ -4,8 +4,9 @@ Streaming follows Delta's own source. A new query reads the snapshot of the
 latest version (or starts at ``startingVersion``), then tails later commits,
 emitting only data-changing ``add`` files; offsets are
 ``{"reservoirVersion", "index", "isStartingVersion"}`` (see ``_offsets``).
-Admission control (``maxFilesPerTrigger`` / ``maxBytesPerTrigger``) always
-admits at least one file, and ``Trigger.AvailableNow`` stops at the version
+Admission control (``maxFilesPerTrigger`` / ``maxBytesPerTrigger``, and
+``maxRowsPerTrigger`` by the files' ``numRecords`` statistics, which Delta's
+source lacks) always admits at least one file, and ``Trigger.AvailableNow`` stops at the version
 that was latest when the query started.
 
 Replay: ``partitions(start, end)`` is a pure function of the two offsets and
@@ -83,6 +84,7 @@ class SourceOptions:
     path: str
     max_files_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
+    max_rows_per_trigger: int | None = None
     ignore_deletes: bool = False
     skip_change_commits: bool = False
     starting_version: int | Literal["latest"] | None = None
@@ -135,6 +137,7 @@ class SourceOptions:
             storage_options=storage_options,
             max_files_per_trigger=parse_positive_int(opts, "maxFilesPerTrigger"),
             max_bytes_per_trigger=parse_bytes(opts, "maxBytesPerTrigger"),
+            max_rows_per_trigger=parse_positive_int(opts, "maxRowsPerTrigger"),
             ignore_deletes=parse_bool(opts, "ignoreDeletes"),
             skip_change_commits=parse_bool(opts, "skipChangeCommits"),
             starting_version=starting,
@@ -160,10 +163,11 @@ class SourceOptions:
 
     def admission(self, limit: ReadLimit) -> Admission:
         """Spark's limit for this batch; with both options set, whichever is hit first (as in Delta)."""
+        rows = self.max_rows_per_trigger
         if isinstance(limit, ReadMaxFiles):
-            return Admission(max_files=limit.max_files, max_bytes=self.max_bytes_per_trigger)
+            return Admission(max_files=limit.max_files, max_bytes=self.max_bytes_per_trigger, max_rows=rows)
         if isinstance(limit, ReadMaxBytes):
-            return Admission(max_files=self.max_files_per_trigger, max_bytes=limit.max_bytes)
+            return Admission(max_files=self.max_files_per_trigger, max_bytes=limit.max_bytes, max_rows=rows)
         if not isinstance(limit, ReadAllAvailable):
             log.warning("%s: read limit %r is not supported; reading everything available", self.path, limit)
         return Admission()
