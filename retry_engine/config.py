@@ -47,6 +47,9 @@ DEFAULT_MAX_FILES_PER_TRIGGER = 1000
 # Consume results per micro-batch at most (by the files' numRecords): what one batch can add to
 # one state key, and the Python workers' peak memory, are bounded by it when catching up a backlog.
 DEFAULT_MAX_ROWS_PER_TRIGGER = 1_000_000
+# Parquet bytes of consume results per micro-batch at most (Delta's maxBytesPerTrigger): the same
+# bound for rows with large bodies, which the row count alone does not bound.
+DEFAULT_MAX_BYTES_PER_TRIGGER = 64 * 1024 * 1024
 # RocketMQ's broker default maxMessageSize.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_DEDUP_WINDOW = "10m"
@@ -192,6 +195,7 @@ class EngineSection(_Strict):
     shuffle_partitions: int = Field(default=DEFAULT_SHUFFLE_PARTITIONS, ge=1)
     max_files_per_trigger: int = Field(default=DEFAULT_MAX_FILES_PER_TRIGGER, ge=1)
     max_rows_per_trigger: StrictInt = Field(default=DEFAULT_MAX_ROWS_PER_TRIGGER, ge=1, le=2**31 - 1)
+    max_bytes_per_trigger: StrictInt = Field(default=DEFAULT_MAX_BYTES_PER_TRIGGER, ge=1, le=2**63 - 1)
     message_delay_level: str = DEFAULT_DELAY_LEVELS
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1)
     dedup_window: Duration = DEFAULT_DEDUP_WINDOW

@@ -155,6 +155,7 @@ def _read_results(spark: SparkSession, config: EngineConfig, *, starting_version
         .options(**storage.spark_options(source_path))
         .option("maxFilesPerTrigger", str(config.engine.max_files_per_trigger))
         .option("maxRowsPerTrigger", str(config.engine.max_rows_per_trigger))
+        .option("maxBytesPerTrigger", str(config.engine.max_bytes_per_trigger))
         .option("sourcePositionColumn", POSITION)
         .option("packedColumn", PACKED_INPUT)
         .options(**_source_options(config, starting_version))

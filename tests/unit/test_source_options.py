@@ -284,3 +284,11 @@ def test_engine_max_rows_per_trigger_is_validated(value: object) -> None:
     with pytest.raises(ConfigError, match=r"engine\.max_rows_per_trigger"):
         parse_config({"engine": {"max_rows_per_trigger": value}})
     assert parse_config({}).engine.max_rows_per_trigger == 1_000_000
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "64m", 2**63])
+def test_engine_max_bytes_per_trigger_is_validated(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"engine\.max_bytes_per_trigger"):
+        parse_config({"engine": {"max_bytes_per_trigger": value}})
+    assert parse_config({}).engine.max_bytes_per_trigger == 64 * 2**20
+    assert load_config(CONF, env={}).engine.max_bytes_per_trigger == 64 * 2**20
