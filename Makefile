@@ -45,12 +45,8 @@ run: check-env
 demo: check-env
 	$(VENV)/bin/retry-engine demo --lake ./data/demo
 
-# Two lanes (see tests/conftest.py): the tests on this process's SparkSession in one worker,
-# everything else (unit tests, engines in processes of their own) in the other.
-XDIST_ARGS ?= -n 2 --dist loadgroup
-
 test: check-env
-	$(PY) -m pytest $(XDIST_ARGS) $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: check-env
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
