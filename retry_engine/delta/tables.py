@@ -45,7 +45,9 @@ def not_null_columns(table: DeltaTable) -> tuple[str, ...]:
     return tuple(f.name for f in table_arrow_schema(table) if not f.nullable)
 
 
-def ensure_table(path: str, arrow_schema: pa.Schema, *, partition_by: Sequence[str] = ()) -> DeltaTable:
+def ensure_table(
+    path: str, arrow_schema: pa.Schema, *, partition_by: Sequence[str] = ()
+) -> DeltaTable:
     """Create the table at ``path`` if missing; else check ``arrow_schema`` fits it.
 
     Raises :class:`~retry_engine.errors.SchemaMismatchError` naming the first
@@ -61,7 +63,9 @@ def ensure_table(path: str, arrow_schema: pa.Schema, *, partition_by: Sequence[s
                 f"partition column {missing[0]!r} is not a column of the data {arrow_schema.names}",
                 code="INVALID_OPTION",
             )
-        table = create_delta(path, arrow_schema, mode="ignore", partition_by=list(partition_by) or None)
+        table = create_delta(
+            path, arrow_schema, mode="ignore", partition_by=list(partition_by) or None
+        )
         log.info("created Delta table %s partitioned by %s", path, list(partition_by))
     check_write_schema(path, table_arrow_schema(table), arrow_schema)
     check_partition_columns(path, table.metadata().partition_columns, partition_by)
@@ -95,7 +99,9 @@ def report_drift(
     """
     drifts = schema_drift(table_schema, arrow_schema, ignore=ignore)
     for drift in drifts:
-        log.warning("%s drifts from the schema the engine expects; tolerated: %s", path, drift.describe())
+        log.warning(
+            "%s drifts from the schema the engine expects; tolerated: %s", path, drift.describe()
+        )
     return drifts
 
 
@@ -142,21 +148,43 @@ def append_arrow(
     version (the re-drive audit): re-read, re-decide, try again.
     """
     if (app_id is None) != (txn_version is None):
-        raise ConfigError("app_id and txn_version go together; pass both or neither", code="INVALID_OPTION")
+        raise ConfigError(
+            "app_id and txn_version go together; pass both or neither", code="INVALID_OPTION"
+        )
     if expect_version is not None:
-        return _append_at(path, table, expect_version, app_id=app_id, txn_version=txn_version, partition_by=partition_by)
+        return _append_at(
+            path,
+            table,
+            expect_version,
+            app_id=app_id,
+            txn_version=txn_version,
+            partition_by=partition_by,
+        )
     last_error: CommitFailedError | None = None
     for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
         checked = _checked_handle(path, table.schema, partition_by)
         if _already_done(path, checked, app_id, txn_version):
             return False
         try:
-            _write(checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=False)
+            _write(
+                checked,
+                table,
+                app_id=app_id,
+                txn_version=txn_version,
+                partition_by=partition_by,
+                strict=False,
+            )
         except CommitFailedError as exc:
             if app_id is None:
                 raise
             last_error = exc
-            log.info("%s: commit of %s/%s conflicted (attempt %d); checking again", path, app_id, txn_version, attempt)
+            log.info(
+                "%s: commit of %s/%s conflicted (attempt %d); checking again",
+                path,
+                app_id,
+                txn_version,
+                attempt,
+            )
             continue
         return True
     raise ConcurrentWriteError(
@@ -175,8 +203,15 @@ def _append_at(
     partition_by: Sequence[str],
 ) -> bool:
     """Append as version ``expect_version + 1`` or not at all (see :func:`append_arrow`)."""
-    if isinstance(expect_version, bool) or not isinstance(expect_version, int) or expect_version < 0:
-        raise ConfigError(f"expect_version must be a table version (an int >= 0), got {expect_version!r}", code="INVALID_OPTION")
+    if (
+        isinstance(expect_version, bool)
+        or not isinstance(expect_version, int)
+        or expect_version < 0
+    ):
+        raise ConfigError(
+            f"expect_version must be a table version (an int >= 0), got {expect_version!r}",
+            code="INVALID_OPTION",
+        )
     latest = table_version(path)
     if latest is None or latest < expect_version:
         raise ConfigError(
@@ -184,14 +219,23 @@ def _append_at(
             code="INVALID_OPTION",
         )
     if latest > expect_version:
-        raise ConcurrentWriteError(f"{path}: the table moved from version {expect_version} to {latest}; read it again")
+        raise ConcurrentWriteError(
+            f"{path}: the table moved from version {expect_version} to {latest}; read it again"
+        )
     checked = open_delta(path, version=expect_version)
     check_write_schema(path, table_arrow_schema(checked), table.schema)
     check_partition_columns(path, checked.metadata().partition_columns, partition_by)
     if _already_done(path, checked, app_id, txn_version):
         return False
     try:
-        _write(checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=True)
+        _write(
+            checked,
+            table,
+            app_id=app_id,
+            txn_version=txn_version,
+            partition_by=partition_by,
+            strict=True,
+        )
     except CommitFailedError as exc:
         raise ConcurrentWriteError(
             f"{path}: another writer committed after version {expect_version}; read the table again: {exc}"
@@ -209,12 +253,20 @@ def _checked_handle(path: str, schema: pa.Schema, partition_by: Sequence[str]) -
     return existing
 
 
-def _already_done(path: str, checked: DeltaTable, app_id: str | None, txn_version: int | None) -> bool:
+def _already_done(
+    path: str, checked: DeltaTable, app_id: str | None, txn_version: int | None
+) -> bool:
     if app_id is None or txn_version is None:
         return False
     done = checked.transaction_version(app_id)
     if done is not None and done >= txn_version:
-        log.info("%s: transaction %s/%d already in the table (at %d); append skipped", path, app_id, txn_version, done)
+        log.info(
+            "%s: transaction %s/%d already in the table (at %d); append skipped",
+            path,
+            app_id,
+            txn_version,
+            done,
+        )
         return True
     return False
 
@@ -233,11 +285,17 @@ def _write(
     ``strict``: no commit retries, so a commit that finds a newer version fails
     instead of being rebased onto it (appends never conflict with appends).
     """
-    transactions = [Transaction(app_id, txn_version)] if app_id is not None and txn_version is not None else None
+    transactions = (
+        [Transaction(app_id, txn_version)]
+        if app_id is not None and txn_version is not None
+        else None
+    )
     write_deltalake(
         checked,
         table,
         mode="append",
         partition_by=list(partition_by) or None,
-        commit_properties=CommitProperties(app_transactions=transactions, max_commit_retries=0 if strict else None),
+        commit_properties=CommitProperties(
+            app_transactions=transactions, max_commit_retries=0 if strict else None
+        ),
     )

@@ -311,9 +311,7 @@ def record(
         return
     path = maintenance_path(lake)
     ensure_table(path, MAINTENANCE.arrow_schema)
-    write_delta(
-        path, pa.Table.from_pylist(rows, schema=MAINTENANCE.arrow_schema), mode="append"
-    )
+    write_delta(path, pa.Table.from_pylist(rows, schema=MAINTENANCE.arrow_schema), mode="append")
 
 
 def run_maintenance(

@@ -165,28 +165,47 @@ class ProgressRecorder(StreamingQueryListener):
 
     # -- listener callbacks: cheap, never raise -----------------------------------
     def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's name)
-        self._guard("started", lambda: self._add_if_ours(
-            str(event.id),
-            lambda: lifecycle_row(
-                STARTED, query_id=str(event.id), run_id=str(event.runId), query_name=event.name,
-                event_time=parse_spark_time(event.timestamp), recorded_at=_now(),
+        self._guard(
+            "started",
+            lambda: self._add_if_ours(
+                str(event.id),
+                lambda: lifecycle_row(
+                    STARTED,
+                    query_id=str(event.id),
+                    run_id=str(event.runId),
+                    query_name=event.name,
+                    event_time=parse_spark_time(event.timestamp),
+                    recorded_at=_now(),
+                ),
             ),
-        ))
+        )
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
         progress = event.progress
-        self._guard("progress", lambda: self._add_if_ours(
-            str(progress.id),
-            lambda: progress_row(progress, recorded_at=_now(), input_rows=self._take_input_rows(int(progress.batchId))),
-        ))
+        self._guard(
+            "progress",
+            lambda: self._add_if_ours(
+                str(progress.id),
+                lambda: progress_row(
+                    progress,
+                    recorded_at=_now(),
+                    input_rows=self._take_input_rows(int(progress.batchId)),
+                ),
+            ),
+        )
         if self._behind is not None and str(progress.id) == self.query_id:
-            self._guard("progress", lambda: self._report_lateness(int(progress.batchId), int(progress.batchDuration)))
+            self._guard(
+                "progress",
+                lambda: self._report_lateness(int(progress.batchId), int(progress.batchDuration)),
+            )
 
     def _report_lateness(self, batch_id: int, duration_ms: int) -> None:
         assert self._behind is not None
         change = self._behind.observe(batch_id, duration_ms)
         if change is not None:
-            message = self._behind.message(change, query_id=self.query_id, batch_id=batch_id, duration_ms=duration_ms)
+            message = self._behind.message(
+                change, query_id=self.query_id, batch_id=batch_id, duration_ms=duration_ms
+            )
             log.log(logging.WARNING if change == "started" else logging.INFO, "%s", message)
 
     def record_input_rows(self, batch_id: int, rows: int) -> None:
@@ -206,13 +225,19 @@ class ProgressRecorder(StreamingQueryListener):
         return rows
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
-        self._guard("idle", lambda: self._add_if_ours(
-            str(event.id),
-            lambda: lifecycle_row(
-                IDLE, query_id=str(event.id), run_id=str(event.runId),
-                event_time=parse_spark_time(event.timestamp), recorded_at=_now(),
+        self._guard(
+            "idle",
+            lambda: self._add_if_ours(
+                str(event.id),
+                lambda: lifecycle_row(
+                    IDLE,
+                    query_id=str(event.id),
+                    run_id=str(event.runId),
+                    event_time=parse_spark_time(event.timestamp),
+                    recorded_at=_now(),
+                ),
             ),
-        ))
+        )
 
     def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
         def record() -> None:
@@ -220,8 +245,13 @@ class ProgressRecorder(StreamingQueryListener):
             added = self._add_if_ours(
                 str(event.id),
                 lambda: lifecycle_row(
-                    TERMINATED, query_id=str(event.id), run_id=str(event.runId), event_time=now,
-                    recorded_at=now, exception=event.exception, error_class=event.errorClassOnException,
+                    TERMINATED,
+                    query_id=str(event.id),
+                    run_id=str(event.runId),
+                    event_time=now,
+                    recorded_at=now,
+                    exception=event.exception,
+                    error_class=event.errorClassOnException,
                 ),
             )
             if added:
@@ -253,16 +283,25 @@ class ProgressRecorder(StreamingQueryListener):
         ended (none of its delta-rs calls outlives the caller).
         """
         if not self._terminated.wait(timeout):
-            log.warning("progress recorder %s: no terminated event from Spark within %.0f s; recording it directly",
-                        self.query_id, timeout)
+            log.warning(
+                "progress recorder %s: no terminated event from Spark within %.0f s; recording it directly",
+                self.query_id,
+                timeout,
+            )
             now = _now()
             # Closing first: a terminated event arriving late is then not recorded twice.
             self._closing.set()
             with self._lock:
-                self._rows.append(lifecycle_row(
-                    TERMINATED, query_id=self.query_id, run_id=run_id, event_time=now, recorded_at=now,
-                    exception=exception,
-                ))
+                self._rows.append(
+                    lifecycle_row(
+                        TERMINATED,
+                        query_id=self.query_id,
+                        run_id=run_id,
+                        event_time=now,
+                        recorded_at=now,
+                        exception=exception,
+                    )
+                )
             self._terminated.set()
         self.close(timeout=timeout)
 
@@ -300,7 +339,11 @@ class ProgressRecorder(StreamingQueryListener):
         except Exception:
             log.exception(
                 "progress recorder %s: could not append %d rows to %s (batch ids %s..%s); will retry",
-                self.query_id, len(rows), self.path, rows[0].get("batch_id"), rows[-1].get("batch_id"),
+                self.query_id,
+                len(rows),
+                self.path,
+                rows[0].get("batch_id"),
+                rows[-1].get("batch_id"),
             )
             with self._lock:
                 self._rows = rows + self._rows
@@ -308,7 +351,9 @@ class ProgressRecorder(StreamingQueryListener):
                 if excess > 0:
                     del self._rows[:excess]
                     self.rows_dropped += excess
-                    log.warning("progress recorder %s: dropped %d oldest rows", self.query_id, excess)
+                    log.warning(
+                        "progress recorder %s: dropped %d oldest rows", self.query_id, excess
+                    )
             return 0
         self.rows_written += len(rows)
         return len(rows)
@@ -325,7 +370,9 @@ class ProgressRecorder(StreamingQueryListener):
                 self._on_close(self)
                 self.unregistered = True
             except Exception:
-                log.exception("progress recorder %s: could not unregister the listener", self.query_id)
+                log.exception(
+                    "progress recorder %s: could not unregister the listener", self.query_id
+                )
         log.info("progress recorder %s closed: %d rows written", self.query_id, self.rows_written)
 
 
@@ -353,7 +400,9 @@ def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> Progr
 
 
 # Logs "Current batch is falling behind" after every batch slower than the trigger interval.
-SPARK_FALLING_BEHIND_LOGGER = "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor"
+SPARK_FALLING_BEHIND_LOGGER = (
+    "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor"
+)
 
 
 def detach(recorder: ProgressRecorder, *, timeout: float = 30.0) -> None:

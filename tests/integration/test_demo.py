@@ -15,7 +15,9 @@ pytestmark = pytest.mark.slow
 
 def test_demo_produces_retries_and_dead_letters(spark: Any, tmp_path: Path) -> None:
     lines: list[str] = []
-    report = run_demo(tmp_path / "demo", spark=spark, messages=10, timeout_seconds=300, echo=lines.append)
+    report = run_demo(
+        tmp_path / "demo", spark=spark, messages=10, timeout_seconds=300, echo=lines.append
+    )
     assert report.settled, "\n".join(lines)
     retries = DeltaTable(report.paths["retry"]).to_pyarrow_table().to_pylist()
     dead = DeltaTable(report.paths["dlq"]).to_pyarrow_table().to_pylist()

@@ -71,7 +71,11 @@ def _spawn(conf: Path, logs: Path, name: str) -> tuple[subprocess.Popen[bytes], 
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "retry_engine.ops.cli", "run", "--config", str(conf)],
-            stdout=stdout, stderr=stderr, env=env, cwd=REPO, start_new_session=True,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
         )
     return proc, out, err
 
@@ -97,18 +101,31 @@ def _status(conf: Path) -> tuple[int, str]:
 
 
 def _run_and_stop(
-    lake: Lake, conf: Path, logs: Path, *, name: str, signum: int, write: list[Result], decided: list[Result],
+    lake: Lake,
+    conf: Path,
+    logs: Path,
+    *,
+    name: str,
+    signum: int,
+    write: list[Result],
+    decided: list[Result],
     after: list[Result],
 ) -> Stopped:
     """Start the engine, append ``write``, wait for ``decided`` to be decided, append ``after``, send ``signum``."""
     proc, out, err = _spawn(conf, logs, name)
     try:
-        wait_for(lambda: proc.poll() is not None or RUNNING_MARK in out.read_text(errors="replace"),
-                 timeout=STARTUP_TIMEOUT, what=f"{name}: the engine's running line")
+        wait_for(
+            lambda: proc.poll() is not None or RUNNING_MARK in out.read_text(errors="replace"),
+            timeout=STARTUP_TIMEOUT,
+            what=f"{name}: the engine's running line",
+        )
         assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
         lake.write_results(write)
-        wait_for(lambda: {r.values["result_id"] for r in decided} <= set(_outcomes(lake)),
-                 timeout=STARTUP_TIMEOUT, what=f"{name}: a committed batch with the first input")
+        wait_for(
+            lambda: {r.values["result_id"] for r in decided} <= set(_outcomes(lake)),
+            timeout=STARTUP_TIMEOUT,
+            what=f"{name}: a committed batch with the first input",
+        )
         if after:
             lake.write_results(after)
         if signum == signal.SIGINT:
@@ -121,8 +138,15 @@ def _run_and_stop(
             _kill_group(proc)
     code, status_out = _status(conf)
     state = read_state(str(lake.root))
-    return Stopped(signal.Signals(signum).name, proc.returncode, out.read_text(errors="replace"),
-                   err.read_text(errors="replace"), code, status_out, state is not None and state.released)
+    return Stopped(
+        signal.Signals(signum).name,
+        proc.returncode,
+        out.read_text(errors="replace"),
+        err.read_text(errors="replace"),
+        code,
+        status_out,
+        state is not None and state.released,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -136,16 +160,36 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
     )
     # Acknowledged rows and first failures: each gets exactly one outcome, whenever it is read.
     rows = {
-        name: [Result.of(f"{name}-ok-{i}").ok() for i in range(3)] + [Result.of(f"{name}-fail-{i}").failed() for i in range(2)]
+        name: [Result.of(f"{name}-ok-{i}").ok() for i in range(3)]
+        + [Result.of(f"{name}-fail-{i}").failed() for i in range(2)]
         for name in ("A", "B", "C")
     }
-    written = {r.values["result_id"]: ("acknowledged" if "-ok-" in r.values["msg_id"] else "retry")
-               for batch in rows.values() for r in batch}
-    sigint = _run_and_stop(lake, conf, root, name="sigint", signum=signal.SIGINT, write=rows["A"], decided=rows["A"],
-                           after=rows["B"])
+    written = {
+        r.values["result_id"]: ("acknowledged" if "-ok-" in r.values["msg_id"] else "retry")
+        for batch in rows.values()
+        for r in batch
+    }
+    sigint = _run_and_stop(
+        lake,
+        conf,
+        root,
+        name="sigint",
+        signum=signal.SIGINT,
+        write=rows["A"],
+        decided=rows["A"],
+        after=rows["B"],
+    )
     # B, appended right before the SIGINT, must be decided by the restart: wait for it with C.
-    sigterm = _run_and_stop(lake, conf, root, name="sigterm", signum=signal.SIGTERM, write=rows["C"],
-                            decided=rows["B"] + rows["C"], after=[])
+    sigterm = _run_and_stop(
+        lake,
+        conf,
+        root,
+        name="sigterm",
+        signum=signal.SIGTERM,
+        write=rows["C"],
+        decided=rows["B"] + rows["C"],
+        after=[],
+    )
     return Scenario(lake, conf, sigint, sigterm, written)
 
 
@@ -156,12 +200,20 @@ def test_a_signal_stops_the_engine_cleanly(scenario: Scenario, which: str, code:
     assert stopped.returncode == code, context
     lines = stopped.stdout.splitlines()
     lake = scenario.lake.root
-    assert lines[-1] == f"retry-engine: stopped on {stopped.signal_name}; tables under {lake}", context
-    assert sum("stopped on" in line for line in (stopped.stdout + stopped.stderr).splitlines()) == 1, context
+    assert lines[-1] == f"retry-engine: stopped on {stopped.signal_name}; tables under {lake}", (
+        context
+    )
+    assert (
+        sum("stopped on" in line for line in (stopped.stdout + stopped.stderr).splitlines()) == 1
+    ), context
     # Start-up ends with one line: what runs, where, how to watch it and how to stop it (#13 part 6).
     running = [line for line in lines if line.startswith(RUNNING_MARK)]
     assert len(running) == 1, context
-    assert str(lake) in running[0] and "retry-engine status --config" in running[0] and "Ctrl-C" in running[0]
+    assert (
+        str(lake) in running[0]
+        and "retry-engine status --config" in running[0]
+        and "Ctrl-C" in running[0]
+    )
     for noise in NOISE:
         assert noise not in stopped.stdout + stopped.stderr, f"{noise!r} in the output\n{context}"
 
@@ -186,7 +238,9 @@ def test_each_run_ends_with_a_terminated_event_without_exception(scenario: Scena
 
 
 @pytest.mark.parametrize("which", ["sigint", "sigterm"])
-def test_the_lease_is_released_so_a_restart_needs_no_take_over(scenario: Scenario, which: str) -> None:
+def test_the_lease_is_released_so_a_restart_needs_no_take_over(
+    scenario: Scenario, which: str
+) -> None:
     """B8: a stopped engine gives the lake up at once, not after the lease timeout."""
     assert getattr(scenario, which).lease_released
 

@@ -39,12 +39,17 @@ def test_exit_codes_say_which_signal_stopped_it() -> None:
     assert exit_code(signal.SIGTERM) == EXIT_STOPPED_BY_SIGTERM == 0
 
 
-def test_the_start_up_line_says_what_runs_where_and_how_to_watch_and_stop_it(tmp_path: Path) -> None:
+def test_the_start_up_line_says_what_runs_where_and_how_to_watch_and_stop_it(
+    tmp_path: Path,
+) -> None:
     """#13 part 6: start-up ends with one line; the integration test checks it is the last one."""
     config = parse_config({"engine": {"lake": str(tmp_path / "lake")}})
     line = _running_line(config, "conf/x.toml", query_id="q-1")
     assert "\n" not in line and "query q-1" in line
     assert f"{tmp_path}/lake/consume_results" in line and f"under {tmp_path}/lake;" in line
-    assert "`retry-engine status --config conf/x.toml`" in line and "`retry-engine plots --config conf/x.toml --out DIR`" in line
+    assert (
+        "`retry-engine status --config conf/x.toml`" in line
+        and "`retry-engine plots --config conf/x.toml --out DIR`" in line
+    )
     assert f"Ctrl-C or `kill {os.getpid()}`" in line
     assert "--config" not in _running_line(config, None, query_id="q-1")
