@@ -262,7 +262,9 @@ class BatchWriter:
         targets = []
         for table in (*ROUTED_TABLES, METRICS):
             uri = self.config.table_path(table.name)
-            delta = ensure_table(uri, table.arrow_schema, partition_by=table.partition_by)
+            delta = ensure_table(
+                uri, table.arrow_schema, partition_by=table.partition_by, add_missing=True
+            )
             targets.append(
                 _Target(
                     table.name,

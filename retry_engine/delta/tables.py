@@ -16,8 +16,8 @@ from retry_engine.delta._schema import (
     check_write_schema,
     schema_drift,
 )
-from retry_engine.delta.storage import create_delta, open_delta
-from retry_engine.errors import ConcurrentWriteError, ConfigError
+from retry_engine.delta.storage import add_columns, create_delta, open_delta
+from retry_engine.errors import ConcurrentWriteError, ConfigError, SchemaMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,11 @@ def not_null_columns(table: DeltaTable) -> tuple[str, ...]:
 
 
 def ensure_table(
-    path: str, arrow_schema: pa.Schema, *, partition_by: Sequence[str] = ()
+    path: str,
+    arrow_schema: pa.Schema,
+    *,
+    partition_by: Sequence[str] = (),
+    add_missing: bool = False,
 ) -> DeltaTable:
     """Create the table at ``path`` if missing; else check ``arrow_schema`` fits it.
 
@@ -54,6 +58,13 @@ def ensure_table(
     column that is missing, extra or of another type (nullability is not
     compared), or when ``partition_by`` is given and differs from the table's.
     Idempotent: concurrent creators end with one table.
+
+    ``add_missing``: for the engine's own tables, whose schema is the
+    release's. Nullable columns of ``arrow_schema`` that the table lacks
+    (added by a later release) are added to it first, logged one INFO line per
+    column; existing rows read them as null. A missing NOT NULL column, an
+    extra column or another type still raise: old rows cannot satisfy the
+    first, and the others are not additive.
     """
     table = open_table(path)
     if table is None:
@@ -67,9 +78,61 @@ def ensure_table(
             path, arrow_schema, mode="ignore", partition_by=list(partition_by) or None
         )
         log.info("created Delta table %s partitioned by %s", path, list(partition_by))
+    elif add_missing:
+        table = _add_missing_columns(path, table, arrow_schema)
     check_write_schema(path, table_arrow_schema(table), arrow_schema)
     check_partition_columns(path, table.metadata().partition_columns, partition_by)
     return table
+
+
+# Another engine (or an operator tool) upgrading the same table at once makes the column
+# commit conflict; each conflict re-reads the schema, which then usually has the columns.
+MAX_ADD_COLUMN_ATTEMPTS = 10
+
+
+def _add_missing_columns(path: str, table: DeltaTable, arrow_schema: pa.Schema) -> DeltaTable:
+    """The table after adding the nullable columns of ``arrow_schema`` it lacks (see :func:`ensure_table`)."""
+    last_error: CommitFailedError | None = None
+    for attempt in range(1, MAX_ADD_COLUMN_ATTEMPTS + 1):
+        have = table_arrow_schema(table)
+        missing = [f for f in arrow_schema if f.name not in have.names]
+        if not missing:
+            return table
+        # Types and extra columns first: a table that fails them is left unchanged.
+        check_write_schema(path, have, pa.schema([f for f in arrow_schema if f.name in have.names]))
+        not_null = [f for f in missing if not f.nullable]
+        if not_null:
+            f = not_null[0]
+            raise SchemaMismatchError(
+                f"{path}: the table lacks column {f.name!r} ({f.type}, NOT NULL) that this release writes; a NOT "
+                f"NULL column cannot be added to a table whose rows have no value for it. Table columns: "
+                f"{have.names}. Rewrite the table with the new schema, or run the release that wrote it",
+                code="COLUMN_MISSING_IN_TABLE",
+            )
+        try:
+            add_columns(path, missing, version=table.version())
+        except CommitFailedError as exc:
+            last_error = exc
+            log.info(
+                "%s: adding columns %s conflicted with another commit (attempt %d); checking again",
+                path,
+                [f.name for f in missing],
+                attempt,
+            )
+            table = open_delta(path)
+            continue
+        for f in missing:
+            log.info(
+                "%s: added column %r (%s, nullable) of this release's schema; existing rows read it as null",
+                path,
+                f.name,
+                f.type,
+            )
+        return open_delta(path)
+    raise ConcurrentWriteError(
+        f"{path}: adding columns {[f.name for f in missing]} conflicted {MAX_ADD_COLUMN_ATTEMPTS} times in a row "
+        f"with other commits: {last_error}",
+    ) from last_error
 
 
 def ensure_readable_table(

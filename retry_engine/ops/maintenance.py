@@ -310,7 +310,7 @@ def record(
     if not rows:
         return
     path = maintenance_path(lake)
-    ensure_table(path, MAINTENANCE.arrow_schema)
+    ensure_table(path, MAINTENANCE.arrow_schema, add_missing=True)
     write_delta(path, pa.Table.from_pylist(rows, schema=MAINTENANCE.arrow_schema), mode="append")
 
 

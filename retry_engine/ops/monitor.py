@@ -383,7 +383,7 @@ def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> Progr
     listener unregisters itself after the query terminates (or on ``detach``).
     """
     path = config.table_path("progress")
-    ensure_table(path, PROGRESS.arrow_schema)
+    ensure_table(path, PROGRESS.arrow_schema, add_missing=True)
     recorder = ProgressRecorder(
         path,
         query_id=query_id,

@@ -372,7 +372,7 @@ def _redrive(
             if expect is None and any(not was_pending for _, was_pending in plan.chunks[:budget]):
                 # Claims are commits against a checked audit version: create the table (only now,
                 # so a re-drive that moves nothing leaves no trace), then look again.
-                ensure_table(audit_path, REDRIVE_AUDIT.arrow_schema)
+                ensure_table(audit_path, REDRIVE_AUDIT.arrow_schema, add_missing=True)
                 continue
             if not tracker.started and budget:
                 tracker.start(moved=plan.moved_before, total=plan.moved_before + plan.total)
