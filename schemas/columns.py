@@ -204,6 +204,11 @@ EXCEPTION = Column(
 ERROR_CLASS_ON_EXCEPTION = Column(
     "error_class_on_exception", pa.string(), "Spark's error class of that exception, if any."
 )
+STOP_REASON = REASON.variant(
+    doc="Why the query terminated (terminated events only): stopped (on request: a signal, engine.stop, the "
+    "API), finished (run --once done), failed (died with an exception) or lease_lost (another engine took the "
+    "lake over); null for other events and for rows written before the column existed."
+)
 
 # -- internal: rows between the decision step and the writers ------------------
 KIND = Column(

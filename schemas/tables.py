@@ -220,6 +220,7 @@ PROGRESS = Table(
         c.SOURCE_END_OFFSET,
         c.EXCEPTION,
         c.ERROR_CLASS_ON_EXCEPTION,
+        c.STOP_REASON,
     ),
 )
 

@@ -392,6 +392,7 @@ def start(
 
     def lost(exc: LeaseLostError) -> None:
         log.error("engine %s stops: %s", app_id, exc)
+        _stopping(app_id, monitor.LEASE_LOST)
         query.stop()
 
     heartbeat = Heartbeat(
@@ -513,8 +514,26 @@ def _last_batch_id(query: StreamingQuery) -> int | None:
     return None if progress is None else int(progress["batchId"])
 
 
-def stop(query: StreamingQuery, *, finish_batch_s: float = 0.0) -> LeaseLostError | None:
+def _stopping(app_id: str, reason: monitor.StopReason) -> None:
+    """Tell the query's progress recorder why it is about to be stopped (before ``query.stop()``)."""
+    with _HELD_LOCK:
+        recorder = _RECORDERS.get(app_id)
+    if recorder is not None:
+        recorder.stopping(reason)
+
+
+def stop(
+    query: StreamingQuery,
+    *,
+    finish_batch_s: float = 0.0,
+    reason: monitor.StopReason = monitor.STOPPED,
+) -> LeaseLostError | None:
     """Stop the engine query, record its end, and release its lake lease.
+
+    ``reason``: why, as the ``terminated`` event records it (``stopped`` on
+    request, ``finished`` after ``run --once``); a query that died with an
+    exception is recorded as ``failed``, one stopped after its lease was lost
+    as ``lease_lost``, whatever ``reason`` says.
 
     ``finish_batch_s``: first wait up to this long for the running micro-batch
     to finish (:func:`finish_current_batch`); after that the batch is
@@ -529,6 +548,7 @@ def stop(query: StreamingQuery, *, finish_batch_s: float = 0.0) -> LeaseLostErro
     engine had stopped because another engine took the lake over.
     """
     app_id = str(query.id)
+    _stopping(app_id, reason)
     try:
         if finish_batch_s > 0 and not finish_current_batch(query, timeout_s=finish_batch_s):
             log.info(
@@ -581,10 +601,12 @@ def run_once(
     """
     through = table_version(config.table_path("consume_results"))
     query = start(spark, config, take_over=take_over, discard_pending=discard_pending)
+    reason = monitor.STOPPED
     try:
         wait_until_idle(query, through_version=0 if through is None else through)
+        reason = monitor.FINISHED
     finally:
-        stop(query)
+        stop(query, reason=reason)
 
 
 def _covers(end: Any, version: int) -> bool:

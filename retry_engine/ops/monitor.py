@@ -21,7 +21,7 @@ import datetime as dt
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -38,6 +38,7 @@ from retry_engine.config import EngineConfig
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.delta import append_arrow, ensure_table
 from retry_engine.delta.session import set_jvm_log_level
+from retry_engine.errors import ConfigError
 from retry_engine.ops.falling_behind import FallingBehind
 from retry_engine.schemas import PROGRESS
 
@@ -47,6 +48,18 @@ STARTED = "started"
 PROGRESS_EVENT = "progress"
 IDLE = "idle"
 TERMINATED = "terminated"
+
+# Why a query terminated (the ``reason`` of its terminated event).
+StopReason = Literal["stopped", "finished", "failed", "lease_lost"]
+# Stopped on request: a signal, engine.stop(), or the API's query.stop().
+STOPPED: StopReason = "stopped"
+# `run --once` processed the input it was started for.
+FINISHED: StopReason = "finished"
+# The query died with an exception.
+FAILED: StopReason = "failed"
+# Another engine took the lake over (this one was fenced and stopped).
+LEASE_LOST: StopReason = "lease_lost"
+STOP_REASONS: tuple[StopReason, ...] = (STOPPED, FINISHED, FAILED, LEASE_LOST)
 
 # Rows kept when the table cannot be written; beyond this the oldest are dropped (and logged).
 MAX_BUFFERED_ROWS = 10_000
@@ -108,8 +121,18 @@ def lifecycle_row(
     query_name: str | None = None,
     exception: str | None = None,
     error_class: str | None = None,
+    reason: StopReason | None = None,
 ) -> dict[str, Any]:
-    """The PROGRESS row of a started, idle or terminated event (pure: no I/O)."""
+    """The PROGRESS row of a started, idle or terminated event (pure: no I/O).
+
+    A terminated event's ``reason`` is :func:`stop_reason` of ``reason`` and
+    ``exception``; the other events have none.
+    """
+    if reason is not None and event != TERMINATED:
+        raise ConfigError(
+            f"a {event} event has no stop reason (got {reason!r}); only {TERMINATED} events do",
+            code="INVALID_OPTION",
+        )
     row: dict[str, Any] = dict.fromkeys(PROGRESS.names)
     row.update(
         query_id=query_id,
@@ -120,8 +143,20 @@ def lifecycle_row(
         recorded_at=recorded_at,
         exception=exception,
         error_class_on_exception=error_class,
+        reason=stop_reason(reason, exception) if event == TERMINATED else None,
     )
     return row
+
+
+def stop_reason(requested: StopReason | None, exception: str | None) -> StopReason:
+    """Why a query terminated: failed if it has an exception, else what its stopper said, else stopped.
+
+    A query stopped without a word from the engine was stopped on request
+    (``query.stop()`` through the API).
+    """
+    if exception is not None:
+        return FAILED
+    return STOPPED if requested is None else requested
 
 
 def _now() -> dt.datetime:
@@ -162,6 +197,7 @@ class ProgressRecorder(StreamingQueryListener):
         self.rows_written = 0
         self.rows_dropped = 0
         self.unregistered = False
+        self._stop_reason: StopReason | None = None
 
     # -- listener callbacks: cheap, never raise -----------------------------------
     def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's name)
@@ -252,6 +288,7 @@ class ProgressRecorder(StreamingQueryListener):
                     recorded_at=now,
                     exception=event.exception,
                     error_class=event.errorClassOnException,
+                    reason=self.stop_requested,
                 ),
             )
             if added:
@@ -260,6 +297,29 @@ class ProgressRecorder(StreamingQueryListener):
                 self._wake.set()
 
         self._guard("terminated", record)
+
+    def stopping(self, reason: StopReason) -> None:
+        """Say why the query is about to be stopped; call before ``query.stop()``.
+
+        The terminated event records it (or ``failed`` if the query died with an
+        exception). The first reason given wins: when another engine takes the
+        lake over, the heartbeat says ``lease_lost`` and the stop that follows
+        does not change it.
+        """
+        if reason not in STOP_REASONS:
+            raise ConfigError(
+                f"stop reason {reason!r} is not one of {', '.join(STOP_REASONS)}",
+                code="INVALID_OPTION",
+            )
+        with self._lock:
+            if self._stop_reason is None:
+                self._stop_reason = reason
+
+    @property
+    def stop_requested(self) -> StopReason | None:
+        """The reason given to :meth:`stopping`, if any."""
+        with self._lock:
+            return self._stop_reason
 
     # -- buffer and writer thread -----------------------------------------------
     def start(self) -> None:
@@ -278,7 +338,8 @@ class ProgressRecorder(StreamingQueryListener):
 
         Spark delivers the terminated event asynchronously (listener bus); if it
         has not arrived within ``timeout`` seconds the row is made here from
-        ``run_id`` and ``exception``, so a stopped engine is never left looking
+        ``run_id``, ``exception`` and the reason given to :meth:`stopping`, so a
+        stopped engine is never left looking
         ``running`` to ``retry-engine status``. Returns when the writer thread has
         ended (none of its delta-rs calls outlives the caller).
         """
@@ -291,17 +352,17 @@ class ProgressRecorder(StreamingQueryListener):
             now = _now()
             # Closing first: a terminated event arriving late is then not recorded twice.
             self._closing.set()
+            row = lifecycle_row(
+                TERMINATED,
+                query_id=self.query_id,
+                run_id=run_id,
+                event_time=now,
+                recorded_at=now,
+                exception=exception,
+                reason=self.stop_requested,
+            )
             with self._lock:
-                self._rows.append(
-                    lifecycle_row(
-                        TERMINATED,
-                        query_id=self.query_id,
-                        run_id=run_id,
-                        event_time=now,
-                        recorded_at=now,
-                        exception=exception,
-                    )
-                )
+                self._rows.append(row)
             self._terminated.set()
         self.close(timeout=timeout)
 
@@ -376,6 +437,11 @@ class ProgressRecorder(StreamingQueryListener):
         log.info("progress recorder %s closed: %d rows written", self.query_id, self.rows_written)
 
 
+def ensure_progress_table(path: str) -> None:
+    """Create the PROGRESS table at ``path``, or add the columns this release added to it (see ``ensure_table``)."""
+    ensure_table(path, PROGRESS.arrow_schema, add_missing=True)
+
+
 def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> ProgressRecorder:
     """Create the PROGRESS table if needed and record query ``query_id``'s events.
 
@@ -383,7 +449,7 @@ def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> Progr
     listener unregisters itself after the query terminates (or on ``detach``).
     """
     path = config.table_path("progress")
-    ensure_table(path, PROGRESS.arrow_schema, add_missing=True)
+    ensure_progress_table(path)
     recorder = ProgressRecorder(
         path,
         query_id=query_id,

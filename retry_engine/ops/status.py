@@ -29,7 +29,14 @@ from retry_engine.core.metrics import nearest_rank
 from retry_engine.delta.storage import is_remote
 from retry_engine.delta.tables import open_table, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
-from retry_engine.ops.monitor import PROGRESS_EVENT, TERMINATED
+from retry_engine.ops.monitor import (
+    FINISHED,
+    LEASE_LOST,
+    PROGRESS_EVENT,
+    STOPPED,
+    TERMINATED,
+    StopReason,
+)
 from retry_engine.schemas import CONSUME_RESULTS, DLQ, METRICS, OUTCOMES, PROGRESS, RETRY, Table
 
 QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]
@@ -55,6 +62,9 @@ _COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
     "consume_results": (CONSUME_RESULTS, ("consumer_group",)),
 }
 
+# Columns a lake written by an older release lacks until the engine's next start adds them.
+_ADDED_LATER: dict[str, tuple[str, ...]] = {"progress": ("reason",)}
+
 
 @dataclass(frozen=True)
 class EngineTables:
@@ -74,22 +84,30 @@ def _empty(table: Table, columns: tuple[str, ...]) -> pa.Table:
     return schema.empty_table()
 
 
-def read_table_columns(path: str, table: Table, columns: tuple[str, ...]) -> pa.Table | None:
+def read_table_columns(
+    path: str, table: Table, columns: tuple[str, ...], *, added_later: tuple[str, ...] = ()
+) -> pa.Table | None:
     """``columns`` of the Delta table at ``path``, or None when there is no table there.
 
-    Raises :class:`SchemaMismatchError` naming the first missing column.
+    ``added_later``: columns a table written by an older release lacks until
+    the engine's next start adds them; they read as null. Raises
+    :class:`SchemaMismatchError` naming the first other missing column.
     """
     delta = open_table(path)
     if delta is None:
         return None
     names = set(table_arrow_schema(delta).names)
     missing = [c for c in columns if c not in names]
-    if missing:
+    required = [c for c in missing if c not in added_later]
+    if required:
         raise SchemaMismatchError(
-            f"table {table.name} at {path} has no column {missing[0]!r}; "
+            f"table {table.name} at {path} has no column {required[0]!r}; "
             f"{table.name} needs {', '.join(columns)}"
         )
-    return pa.table(delta.to_pyarrow_table(columns=list(columns)))
+    read = pa.table(delta.to_pyarrow_table(columns=[c for c in columns if c in names]))
+    for name in missing:
+        read = read.append_column(table[name].field, pa.nulls(read.num_rows, table[name].type))
+    return read.select(list(columns))
 
 
 def _read_consume_results(path: str, table: Table, columns: tuple[str, ...]) -> pa.Table | None:
@@ -110,8 +128,12 @@ def read_tables(config: EngineConfig) -> EngineTables:
     tables: dict[str, pa.Table] = {}
     present: set[str] = set()
     for name, (table, columns) in _COLUMNS.items():
-        reader = _read_consume_results if table is CONSUME_RESULTS else read_table_columns
-        found = reader(config.table_path(name), table, columns)
+        if table is CONSUME_RESULTS:
+            found = _read_consume_results(config.table_path(name), table, columns)
+        else:
+            found = read_table_columns(
+                config.table_path(name), table, columns, added_later=_ADDED_LATER.get(name, ())
+            )
         present.update([name] if found is not None else [])
         tables[name] = found if found is not None else _empty(table, columns)
     if not present:
@@ -193,6 +215,8 @@ class Status:
     checked_at: dt.datetime
     state: QueryState
     state_reason: str
+    # Why the query terminated (stopped and failed only; None on older releases' terminated events).
+    stop_reason: StopReason | None
     query_id: str | None
     last_event_at: dt.datetime | None
     last_batch: LastBatch | None
@@ -253,15 +277,16 @@ def query_state(
             state_memory_bytes=row["state_memory_bytes"],
         )
     if last["event"] == TERMINATED:
+        reason = _stop_reason_text(last["reason"])
         if last["exception"]:
             first_line = str(last["exception"]).splitlines()[0][:200]
             return (
                 "failed",
-                f"terminated at {_iso(last['event_time'])} with: {first_line}",
+                f"terminated at {_iso(last['event_time'])}{reason} with: {first_line}",
                 last,
                 last_batch,
             )
-        return "stopped", f"stopped at {_iso(last['event_time'])}", last, last_batch
+        return "stopped", f"stopped at {_iso(last['event_time'])}{reason}", last, last_batch
     limit = stale_after_ms(
         trigger_interval_ms=trigger_interval_ms,
         flush_interval_ms=flush_interval_ms,
@@ -281,6 +306,22 @@ def query_state(
         last,
         last_batch,
     )
+
+
+# What a stop reason means, after the reason itself in `status` (failed shows its exception instead).
+_STOP_REASON_MEANING: dict[str, str] = {
+    STOPPED: "on request",
+    FINISHED: "run --once processed its input",
+    LEASE_LOST: "another engine took the lake over",
+}
+
+
+def _stop_reason_text(reason: str | None) -> str:
+    """`` (reason: stopped, on request)``; empty for a terminated event of an older release (no reason)."""
+    if reason is None:
+        return ""
+    meaning = _STOP_REASON_MEANING.get(reason)
+    return f" (reason: {reason}, {meaning})" if meaning else f" (reason: {reason})"
 
 
 def pending_retries(outcomes: pa.Table, retry: pa.Table) -> pa.Table:
@@ -432,6 +473,7 @@ def summarise(
         checked_at=now,
         state=state,
         state_reason=reason,
+        stop_reason=last["reason"] if last and state in ("stopped", "failed") else None,
         query_id=last["query_id"] if last else None,
         last_event_at=last["recorded_at"] if last else None,
         last_batch=last_batch,

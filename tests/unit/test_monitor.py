@@ -7,17 +7,29 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.streaming.listener import (
     QueryProgressEvent,
     QueryStartedEvent,
     QueryTerminatedEvent,
 )
 
+from retry_engine.errors import ConfigError
 from retry_engine.ops.falling_behind import RECOVERED_AFTER
-from retry_engine.ops.monitor import ProgressRecorder, parse_spark_time, progress_row
+from retry_engine.ops.monitor import (
+    STARTED,
+    TERMINATED,
+    ProgressRecorder,
+    StopReason,
+    ensure_progress_table,
+    lifecycle_row,
+    parse_spark_time,
+    progress_row,
+)
 from retry_engine.ops.status import query_state
+from retry_engine.schemas import PROGRESS
 
 QUERY = "11111111-1111-1111-1111-111111111111"
 OTHER = "99999999-9999-9999-9999-999999999999"
@@ -257,3 +269,164 @@ def test_finish_records_the_end_itself_when_spark_does_not(tmp_path: Path) -> No
     ]
     state, why, _, _ = query_state(rows, now=NOW, trigger_interval_ms=1000, flush_interval_ms=1000)
     assert state == "stopped", why
+
+
+# -- why the query terminated (#13 part 2) ------------------------------------------
+
+
+def recorded(path: str) -> list[dict[str, Any]]:
+    return list(DeltaTable(path).to_pyarrow_table().sort_by("recorded_at").to_pylist())
+
+
+@pytest.mark.parametrize(
+    "told, exception, reason",
+    [
+        (None, None, "stopped"),  # stopped through the API (query.stop()) without a word
+        ("stopped", None, "stopped"),
+        ("finished", None, "finished"),
+        ("lease_lost", None, "lease_lost"),
+        ("finished", "boom", "failed"),  # an exception always means failed
+        (None, "boom", "failed"),
+    ],
+)
+def test_the_terminated_event_records_why_the_query_stopped(
+    tmp_path: Path, told: StopReason | None, exception: str | None, reason: str
+) -> None:
+    path = str(tmp_path / "progress")
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    recorder.onQueryStarted(started())
+    recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(0)}))
+    if told is not None:
+        recorder.stopping(told)
+    recorder.onQueryTerminated(terminated(exception))
+    recorder.finish(run_id=RUN, timeout=30)
+    rows = recorded(path)
+    assert [(r["event"], r["reason"]) for r in rows] == [
+        ("started", None),
+        ("progress", None),
+        ("terminated", reason),
+    ]
+
+
+def test_finish_records_the_reason_it_was_told_when_spark_sends_no_terminated_event(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "progress")
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    recorder.stopping("finished")
+    recorder.finish(run_id=RUN, timeout=0.2)
+    assert [(r["event"], r["reason"]) for r in recorded(path)] == [("terminated", "finished")]
+
+
+def test_the_first_reason_wins_and_an_unknown_one_is_refused(tmp_path: Path) -> None:
+    recorder = ProgressRecorder(
+        str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"stop reason 'bored' is not one of stopped, finished, failed, lease_lost",
+    ):
+        recorder.stopping("bored")  # type: ignore[arg-type]
+    recorder.stopping("lease_lost")  # the heartbeat, on losing the lake ...
+    recorder.stopping("stopped")  # ... then the stop that follows
+    assert recorder.stop_requested == "lease_lost"
+
+
+def test_only_a_terminated_event_has_a_reason() -> None:
+    with pytest.raises(ConfigError, match="a started event has no stop reason"):
+        lifecycle_row(
+            STARTED, query_id=QUERY, run_id=RUN, event_time=NOW, recorded_at=NOW, reason="stopped"
+        )
+    assert (
+        lifecycle_row(TERMINATED, query_id=QUERY, run_id=RUN, event_time=NOW, recorded_at=NOW)[
+            "reason"
+        ]
+        == "stopped"
+    )
+
+
+class StoppableQuery:
+    """What engine.stop() uses of a StreamingQuery; stop() delivers Spark's terminated event."""
+
+    id = QUERY
+    runId = RUN  # noqa: N815 (Spark's name)
+    isActive = False  # noqa: N815
+
+    def __init__(self, recorder: ProgressRecorder) -> None:
+        self.recorder = recorder
+
+    def stop(self) -> None:
+        self.recorder.onQueryTerminated(terminated())
+
+    def exception(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    "before, reason, want",
+    [
+        (None, "finished", "finished"),
+        (None, "stopped", "stopped"),
+        ("lease_lost", "stopped", "lease_lost"),
+    ],
+)
+def test_engine_stop_tells_the_recorder_why_before_it_stops_the_query(
+    tmp_path: Path, before: StopReason | None, reason: StopReason, want: str
+) -> None:
+    """The code that stops the query says why first: run --once says finished, a signal stopped (engine.stop)."""
+    from retry_engine.core import engine
+
+    path = str(tmp_path / "progress")
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    if before is not None:
+        recorder.stopping(before)  # the lease heartbeat stopped the query first
+    engine._RECORDERS[QUERY] = recorder
+    try:
+        assert engine.stop(StoppableQuery(recorder), reason=reason) is None  # type: ignore[arg-type]
+    finally:
+        engine._RECORDERS.pop(QUERY, None)
+    assert recorder.closed
+    assert [(r["event"], r["reason"]) for r in recorded(path)] == [("terminated", want)]
+
+
+def test_an_old_progress_table_gains_the_reason_column_and_the_engines_rows_are_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """#13 part 2, upgrade: a lake whose progress table predates `reason` (a real Delta table of the old
+    schema); the engine's start adds the column, its terminated row with a reason is written, old rows
+    read back with reason null."""
+    path = str(tmp_path / "progress")
+    old_schema = pa.schema([f for f in PROGRESS.arrow_schema if f.name != "reason"])
+    old_rows = [
+        {
+            k: v
+            for k, v in lifecycle_row(
+                kind, query_id=QUERY, run_id="old-run", event_time=NOW, recorded_at=NOW
+            ).items()
+            if k != "reason"
+        }
+        for kind in (STARTED, TERMINATED)
+    ]
+    write_deltalake(path, pa.Table.from_pylist(old_rows, schema=old_schema))
+
+    with caplog.at_level(logging.INFO, logger="retry_engine.delta.tables"):
+        ensure_progress_table(path)  # what monitor.attach does at the engine's start
+    assert "added column 'reason' (string, nullable)" in caplog.text
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    recorder.onQueryStarted(started())
+    recorder.stopping("stopped")
+    recorder.onQueryTerminated(terminated())
+    recorder.finish(run_id=RUN, timeout=30)
+
+    assert recorder.rows_written == 2 and recorder.rows_dropped == 0
+    rows = recorded(path)
+    assert [(r["run_id"], r["event"], r["reason"]) for r in rows] == [
+        ("old-run", "started", None),
+        ("old-run", "terminated", None),
+        (RUN, "started", None),
+        (RUN, "terminated", "stopped"),
+    ]

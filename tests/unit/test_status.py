@@ -14,15 +14,24 @@ from deltalake import write_deltalake
 from retry_engine.config import load_config
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
-from retry_engine.ops.monitor import PROGRESS_EVENT, STARTED, TERMINATED, lifecycle_row
+from retry_engine.ops.monitor import (
+    PROGRESS_EVENT,
+    STARTED,
+    TERMINATED,
+    StopReason,
+    lifecycle_row,
+)
 from retry_engine.ops.plots import backlog_from_ledger, backlog_from_metrics, dead_letters_by_class
 from retry_engine.ops.status import (
+    _COLUMNS,
     BacklogEntry,
     DeadLetterEntry,
+    EngineTables,
     LagEntry,
     LastBatch,
     LatenessEntry,
     Status,
+    _empty,
     backlog,
     dead_letters,
     format_status,
@@ -33,6 +42,7 @@ from retry_engine.ops.status import (
     stale_after_ms,
     status,
     status_json,
+    summarise,
 )
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
 from tests.lakehouse import Lake
@@ -45,8 +55,24 @@ def ms(n: int) -> dt.timedelta:
     return dt.timedelta(milliseconds=n)
 
 
-def event(kind: str, at: dt.datetime, *, run: str = "run-1", **values: Any) -> dict[str, Any]:
-    row = lifecycle_row(kind, query_id="q-1", run_id=run, event_time=at, recorded_at=at)
+def event(
+    kind: str,
+    at: dt.datetime,
+    *,
+    run: str = "run-1",
+    exception: str | None = None,
+    reason: StopReason | None = None,
+    **values: Any,
+) -> dict[str, Any]:
+    row = lifecycle_row(
+        kind,
+        query_id="q-1",
+        run_id=run,
+        event_time=at,
+        recorded_at=at,
+        exception=exception,
+        reason=reason,
+    )
     row.update(values)
     return row
 
@@ -99,15 +125,64 @@ def test_query_state_follows_the_latest_run() -> None:
     assert judge(live, T + ms(1_000)) == ("running", "last event 700 ms ago (stale after 30500 ms)")
     assert judge(live, T + ms(31_000))[0] == "stale"
     stopped = progress(event(STARTED, T), batch(0, T + ms(100)), event(TERMINATED, T + ms(400)))
-    assert judge(stopped, T + ms(500)) == ("stopped", "stopped at 2026-11-22T12:00:00.400Z")
+    assert judge(stopped, T + ms(500)) == (
+        "stopped",
+        "stopped at 2026-11-22T12:00:00.400Z (reason: stopped, on request)",
+    )
     failed = progress(event(TERMINATED, T + ms(400), exception="java.lang.OOM: heap\n\tat x"))
     assert judge(failed, T + ms(500)) == (
         "failed",
-        "terminated at 2026-11-22T12:00:00.400Z with: java.lang.OOM: heap",
+        "terminated at 2026-11-22T12:00:00.400Z (reason: failed) with: java.lang.OOM: heap",
     )
     # A restart after a stop is a new run: the old terminated event no longer counts.
     restarted = progress(*stopped.to_pylist(), event(STARTED, T + ms(600), run="run-2"))
     assert judge(restarted, T + ms(700))[0] == "running"
+
+
+@pytest.mark.parametrize(
+    "reason, shown",
+    [
+        (
+            "finished",
+            "stopped at 2026-11-22T12:00:00.400Z (reason: finished, run --once processed its input)",
+        ),
+        (
+            "lease_lost",
+            "stopped at 2026-11-22T12:00:00.400Z (reason: lease_lost, another engine took the lake over)",
+        ),
+        # A terminated event written before the column existed: no reason to show.
+        (None, "stopped at 2026-11-22T12:00:00.400Z"),
+    ],
+)
+def test_a_stop_shows_its_reason(reason: StopReason | None, shown: str) -> None:
+    """#13 part 2: `status` says why the query stopped where it shows the stop; JSON has it as stop_reason."""
+    terminated = event(TERMINATED, T + ms(400))
+    terminated["reason"] = reason
+    lake = EngineTables(
+        progress=progress(event(STARTED, T), terminated),
+        **{
+            name: _empty(table, columns)
+            for name, (table, columns) in _COLUMNS.items()
+            if name != "progress"
+        },
+        present=frozenset({"progress"}),
+    )
+    result = summarise(lake, now=T + ms(500), trigger_interval_ms=200, flush_interval_ms=500)
+    assert (result.state, result.state_reason, result.stop_reason) == ("stopped", shown, reason)
+    assert format_status(result).startswith(f"query       stopped: {shown}\n")
+    assert status_json(result)["stop_reason"] == reason
+
+
+def test_a_running_query_has_no_stop_reason() -> None:
+    table = progress(
+        event(STARTED, T),
+        event(TERMINATED, T + ms(100), reason="finished"),
+        event(STARTED, T + ms(200), run="run-2"),
+    )
+    state, _, last, _ = query_state(
+        table, now=T + ms(300), trigger_interval_ms=200, flush_interval_ms=500
+    )
+    assert state == "running" and last is not None and last["reason"] is None
 
 
 def test_last_batch_is_the_latest_progress_of_the_latest_run() -> None:
@@ -306,6 +381,7 @@ def sample_status() -> Status:
         checked_at=T + ms(1_500),
         state="running",
         state_reason="last event 700 ms ago (stale after 30500 ms)",
+        stop_reason=None,
         query_id="0f6c3f4e-6d0a-4a47-9a51-5a8f0c1b2d3e",
         last_event_at=T + ms(800),
         last_batch=LastBatch(42, "run-1", T + ms(600), 187, 1200, 6417.1, 35, 1_052_856),
@@ -381,6 +457,25 @@ def test_a_table_without_a_needed_column_is_named(tmp_path: Path) -> None:
         read_table_columns(path, PROGRESS, tuple(PROGRESS.names))
     assert issubclass(TablesUnavailableError, RuntimeError) and issubclass(
         SchemaMismatchError, ValueError
+    )
+
+
+def test_status_reads_a_progress_table_of_an_older_release_without_the_reason_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#13 part 2, upgrade: before the new engine's first start adds `reason`, `status` still works."""
+    lake = Lake.make(tmp_path)
+    old_schema = pa.schema([f for f in PROGRESS.arrow_schema if f.name != "reason"])
+    rows = [event(STARTED, T), event(TERMINATED, T + ms(400))]
+    write_deltalake(lake.path("progress"), pa.Table.from_pylist(rows, schema=old_schema))
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
+    assert main(["status", "--config", str(conf), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["state"], shown["state_reason"], shown["stop_reason"]) == (
+        "stopped",
+        "stopped at 2026-11-22T12:00:00.400Z",
+        None,
     )
 
 
