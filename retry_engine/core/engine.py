@@ -591,22 +591,37 @@ def run_once(
     *,
     take_over: bool = False,
     discard_pending: bool = False,
-) -> None:
+    wait: Callable[[float], bool] | None = None,
+    finish_batch_s: float = 0.0,
+) -> bool:
     """Process every consume result in the table when this is called, then stop.
 
     "In the table" means through the table version seen here, whatever the
     checkpoint replays first (a planned batch left by a stop runs before any
     new input). Retries that are not yet due stay in the checkpointed schedule
     stage and are released by a later run.
+
+    ``wait``: see :func:`wait_until_idle`; when it reports a stop request the
+    query is stopped early, after its running batch (up to ``finish_batch_s``).
+    Returns True when the input was processed (terminated event ``finished``),
+    False when stopped on request (``stopped``). The query is stopped from
+    the calling thread either way.
     """
     through = table_version(config.table_path("consume_results"))
     query = start(spark, config, take_over=take_over, discard_pending=discard_pending)
-    reason = monitor.STOPPED
+    finished: bool | None = None
     try:
-        wait_until_idle(query, through_version=0 if through is None else through)
-        reason = monitor.FINISHED
+        finished = wait_until_idle(
+            query, through_version=0 if through is None else through, wait=wait
+        )
     finally:
-        stop(query, reason=reason)
+        requested = finished is False
+        stop(
+            query,
+            finish_batch_s=finish_batch_s if requested else 0.0,
+            reason=monitor.FINISHED if finished else monitor.STOPPED,
+        )
+    return finished
 
 
 def _covers(end: Any, version: int) -> bool:
@@ -621,9 +636,18 @@ def _covers(end: Any, version: int) -> bool:
     return not offset.is_starting_version and offset.version > version
 
 
+def _sleep(seconds: float) -> bool:
+    time.sleep(seconds)
+    return False
+
+
 def wait_until_idle(
-    query: StreamingQuery, *, through_version: int | None = None, poll_seconds: float = 0.2
-) -> None:
+    query: StreamingQuery,
+    *,
+    through_version: int | None = None,
+    poll_seconds: float = 0.2,
+    wait: Callable[[float], bool] | None = None,
+) -> bool:
     """Block until the query has processed the consume results through table version ``through_version``.
 
     That is, until a finished batch's source end offset lies past that
@@ -635,7 +659,12 @@ def wait_until_idle(
     ``processAllAvailable`` never returns here: processing-time timeouts make
     Spark plan a batch on every trigger, so the query is never "idle" in its
     sense.
+
+    ``wait(seconds)`` sleeps between polls and returns True when a stop was
+    requested (e.g. :meth:`StopSignals.wait <retry_engine.ops.stopping.StopSignals.wait>`);
+    the wait then ends, returning False. Returns True once the input is processed.
     """
+    pause = wait or _sleep
     while True:
         if query.exception() is not None:
             raise query.exception()  # type: ignore[misc]
@@ -647,9 +676,10 @@ def wait_until_idle(
         if progress is not None:
             if through_version is None:
                 if progress["numInputRows"] == 0:
-                    return
+                    return True
             elif progress["sources"] and _covers(
                 progress["sources"][0].get("endOffset"), through_version
             ):
-                return
-        time.sleep(poll_seconds)
+                return True
+        if pause(poll_seconds):
+            return False

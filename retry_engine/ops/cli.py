@@ -278,7 +278,6 @@ def _catalog_ddl(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from retry_engine.core import engine
     from retry_engine.delta.lake import require_lake_folder
     from retry_engine.delta.session import build_session
 
@@ -294,10 +293,7 @@ def _run(args: argparse.Namespace) -> int:
         extra_conf={"spark.sql.adaptive.enabled": "false", **config.engine.spark_conf},
     )
     if args.once:
-        engine.run_once(
-            spark, config, take_over=args.take_over, discard_pending=args.discard_pending
-        )
-        return EXIT_OK
+        return _run_once(spark, config, args)
     return _run_until_stopped(spark, config, args)
 
 
@@ -307,6 +303,47 @@ STOP_FINISH_BATCH_SECONDS = 20.0
 RUN_POLL_SECONDS = 0.5
 
 
+def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace) -> int:
+    """``run --once``: exit 0 when the input is processed; on SIGINT/SIGTERM a clean stop (exit 130/0).
+
+    As in :func:`_run_until_stopped`, the signal handler only sets a flag and
+    this thread stops the query (:func:`retry_engine.core.engine.run_once` polls
+    the flag between its checks), so the terminated event and the lease
+    release are written either way.
+    """
+    from retry_engine.core import engine
+    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs
+
+    with StopSignals() as signals:
+
+        def stop_requested(timeout: float) -> bool:
+            if not signals.wait(timeout):
+                return False
+            # The command ends after this stop: these loggers would only report its interruption.
+            quiet_stop_logs(spark)
+            return True
+
+        finished = engine.run_once(
+            spark,
+            config,
+            take_over=args.take_over,
+            discard_pending=args.discard_pending,
+            wait=stop_requested,
+            finish_batch_s=STOP_FINISH_BATCH_SECONDS,
+        )
+    if finished or signals.received is None:
+        return EXIT_OK
+    print(_stopped_line(signals.received, config), flush=True)
+    return exit_code(signals.received)
+
+
+def _stopped_line(signum: int, config: EngineConfig) -> str:
+    """The one line a command prints after a clean stop on a signal."""
+    from retry_engine.ops.stopping import signal_name
+
+    return f"retry-engine: stopped on {signal_name(signum)}; tables under {os.path.abspath(config.engine.lake)}"
+
+
 def _run_until_stopped(spark: Any, config: EngineConfig, args: argparse.Namespace) -> int:
     """Run the engine until SIGINT/SIGTERM (clean stop, exit 130/0) or until its query fails (exit 1).
 
@@ -314,7 +351,7 @@ def _run_until_stopped(spark: Any, config: EngineConfig, args: argparse.Namespac
     stop never interrupts a py4j call (see :mod:`retry_engine.ops.stopping`).
     """
     from retry_engine.core import engine
-    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs, signal_name
+    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs
 
     lake = os.path.abspath(config.engine.lake)
     with StopSignals() as signals:
@@ -337,10 +374,7 @@ def _run_until_stopped(spark: Any, config: EngineConfig, args: argparse.Namespac
         print(f"retry-engine: {lost}", file=sys.stderr)
         return EXIT_ERROR
     if signals.received is not None:
-        print(
-            f"retry-engine: stopped on {signal_name(signals.received)}; tables under {lake}",
-            flush=True,
-        )
+        print(_stopped_line(signals.received, config), flush=True)
         return exit_code(signals.received)
     reason = str(failure).splitlines()[0] if failure is not None else "the query stopped"
     print(f"retry-engine: the engine stopped: {reason}; tables under {lake}", file=sys.stderr)

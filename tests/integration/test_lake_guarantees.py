@@ -226,6 +226,9 @@ def test_cli_run_refuses_an_owned_lake_until_take_over(
     )
     state = read_state(str(tmp_path / "lake"))
     assert state is not None and state.epoch == 2 and state.released
+    # #13 part 2: the run ended because its input was processed, and says so.
+    terminated = [r for r in lake.rows("progress") if r["event"] == "terminated"]
+    assert [(r["reason"], r["exception"]) for r in terminated] == [("finished", None)]
 
 
 def test_new_checkpoint_resumes_inside_a_commit_the_last_batch_read_in_part(
