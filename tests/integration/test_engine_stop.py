@@ -32,7 +32,7 @@ import pytest
 from retry_engine.core.lease import read_state
 from retry_engine.ops.cli import main
 from tests.builders import Result
-from tests.lakehouse import FAST_LEVELS, Lake, wait_for
+from tests.lakehouse import FAST_LEVELS, STOP_NOISE, Lake, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -40,17 +40,6 @@ REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT = 300.0
 STOP_TIMEOUT = 120.0
 RUNNING_MARK = "retry-engine: running (query "
-# "ERROR ": any error logged, by Python's logging or log4j (Spark's `ERROR TorrentBroadcast: Store
-# broadcast ... fail` was printed at every stop, #13 part 6).
-NOISE = (
-    "Traceback",
-    "py4j",
-    "at org.apache",
-    "Exception in thread",
-    "terminate called",
-    "TorrentBroadcast",
-    "ERROR ",
-)
 
 
 @dataclass
@@ -224,7 +213,7 @@ def test_a_signal_stops_the_engine_cleanly(scenario: Scenario, which: str, code:
         and "retry-engine status --config" in running[0]
         and "Ctrl-C" in running[0]
     )
-    for noise in NOISE:
+    for noise in STOP_NOISE:
         assert noise not in stopped.stdout + stopped.stderr, f"{noise!r} in the output\n{context}"
 
 
