@@ -28,7 +28,9 @@ MESSAGE_COLUMNS = (
 
 # What both engine output tables carry about the failure that produced the row.
 FAILURE_CONTEXT = (c.ERROR_CLASS, c.ERROR_MESSAGE, c.DELIVERY_KEY, c.SOURCE_RESULT_ID)
-_GROUP_PARTITION = c.CONSUMER_GROUP.variant(doc="Consumer group G (partition column).", nullable=False)
+_GROUP_PARTITION = c.CONSUMER_GROUP.variant(
+    doc="Consumer group G (partition column).", nullable=False
+)
 
 MESSAGES = Table(
     "messages",
@@ -41,19 +43,22 @@ MESSAGES = Table(
 CONSUME_RESULTS = Table(
     "consume_results",
     "One row per delivered message a consumer processed: the message as delivered plus the result.",
-    tuple(col.variant(nullable=True) for col in (
-        c.RESULT_ID,
-        c.CONSUMER_GROUP,
-        c.CONSUMER_ID,
-        c.MESSAGE_MODEL,
-        c.STATUS,
-        c.DELAY_LEVEL_WHEN_NEXT_CONSUME,
-        c.MAX_RECONSUME_TIMES,
-        c.ERROR_CLASS,
-        c.ERROR_MESSAGE,
-        c.CONSUMED_AT,
-        *MESSAGE_COLUMNS,
-    )),
+    tuple(
+        col.variant(nullable=True)
+        for col in (
+            c.RESULT_ID,
+            c.CONSUMER_GROUP,
+            c.CONSUMER_ID,
+            c.MESSAGE_MODEL,
+            c.STATUS,
+            c.DELAY_LEVEL_WHEN_NEXT_CONSUME,
+            c.MAX_RECONSUME_TIMES,
+            c.ERROR_CLASS,
+            c.ERROR_MESSAGE,
+            c.CONSUMED_AT,
+            *MESSAGE_COLUMNS,
+        )
+    ),
 )
 
 RETRY = Table(
@@ -109,7 +114,9 @@ OUTCOMES = Table(
         c.RESULT_ID,
         c.CONSUMER_GROUP,
         c.RETRY_TOPIC.variant(doc="Original topic of the consumed message."),
-        c.MSG_ID.variant(doc="msg_id of the consumed message (null if it was missing).", nullable=True),
+        c.MSG_ID.variant(
+            doc="msg_id of the consumed message (null if it was missing).", nullable=True
+        ),
         c.ORIGIN_MSG_ID,
         c.RECONSUME_TIMES,
         c.OUTCOME,
@@ -132,7 +139,9 @@ METRICS = Table(
         c.BATCH_TIME,
         c.CONSUMER_GROUP,
         c.RETRY_TOPIC.variant(doc="Original topic of the messages counted."),
-        c.DELAY_LEVEL.variant(doc="Delay level of the retries counted; null when not about one level."),
+        c.DELAY_LEVEL.variant(
+            doc="Delay level of the retries counted; null when not about one level."
+        ),
         c.METRIC,
         c.VALUE,
     ),
@@ -154,9 +163,13 @@ REDRIVE_AUDIT = Table(
         c.RETRY_TOPIC.variant(doc="Original topic of the dead letter."),
         c.DLQ_MSG_ID,
         c.ORIGIN_MSG_ID,
-        c.REASON_CODE.variant(doc="Why the message was dead-lettered (the dead letter's reason_code)."),
+        c.REASON_CODE.variant(
+            doc="Why the message was dead-lettered (the dead letter's reason_code)."
+        ),
         c.REDRIVEN_MSG_ID,
-        c.TOPIC.variant(doc="Topic the new message was written to (the original topic or %RETRY%G)."),
+        c.TOPIC.variant(
+            doc="Topic the new message was written to (the original topic or %RETRY%G)."
+        ),
         c.TARGET_TABLE,
         c.RECONSUME_TIMES.variant(doc="reconsume_times of the new message."),
         c.REDRIVEN_AT,
@@ -190,7 +203,9 @@ PROGRESS = Table(
         c.RUN_ID,
         c.QUERY_NAME,
         c.EVENT,
-        c.BATCH_ID.variant(doc="Micro-batch id (progress events; null for the others).", nullable=True),
+        c.BATCH_ID.variant(
+            doc="Micro-batch id (progress events; null for the others).", nullable=True
+        ),
         c.EVENT_TIME,
         c.RECORDED_AT,
         c.BATCH_DURATION_MS,
@@ -205,11 +220,21 @@ PROGRESS = Table(
         c.SOURCE_END_OFFSET,
         c.EXCEPTION,
         c.ERROR_CLASS_ON_EXCEPTION,
+        c.STOP_REASON,
     ),
 )
 
 ALL_TABLES = (
-    MESSAGES, CONSUME_RESULTS, RETRY, DLQ, QUARANTINE, OUTCOMES, METRICS, PROGRESS, REDRIVE_AUDIT, REDRIVE_TASKS,
+    MESSAGES,
+    CONSUME_RESULTS,
+    RETRY,
+    DLQ,
+    QUARANTINE,
+    OUTCOMES,
+    METRICS,
+    PROGRESS,
+    REDRIVE_AUDIT,
+    REDRIVE_TASKS,
 )
 
 
@@ -218,7 +243,8 @@ def _union(*parts: tuple[Column, ...] | Table) -> tuple[Column, ...]:
     for part in parts:
         for col in part.columns if isinstance(part, Table) else part:
             seen.setdefault(
-                col.name, col if col.name in ("kind", "route", "bucket") else col.variant(nullable=True)
+                col.name,
+                col if col.name in ("kind", "route", "bucket") else col.variant(nullable=True),
             )
     return tuple(seen.values())
 
@@ -244,19 +270,34 @@ ENGINE_STATE = Table(
     "engine_state",
     "Internal, one row: who owns the lake (lease with an epoch) and the engine's last batch (B8).",
     (
-        Column("epoch", pa.int64(), "Lease epoch; every take-over bumps it, fencing older owners.", False),
+        Column(
+            "epoch",
+            pa.int64(),
+            "Lease epoch; every take-over bumps it, fencing older owners.",
+            False,
+        ),
         Column("owner_host", pa.string(), "Host of the engine holding the lease."),
         Column("owner_pid", pa.int64(), "Process id of the engine holding the lease."),
-        Column("owner_query_id", pa.string(), "Query id (checkpoint) of the engine holding the lease."),
-        Column("owner_checkpoint", pa.string(), "Checkpoint location of the engine holding the lease."),
+        Column(
+            "owner_query_id", pa.string(), "Query id (checkpoint) of the engine holding the lease."
+        ),
+        Column(
+            "owner_checkpoint", pa.string(), "Checkpoint location of the engine holding the lease."
+        ),
         Column("since", _TS, "When the current owner acquired the lease."),
-        Column("heartbeat", _TS, "The owner's last heartbeat; the lease expires a timeout after it."),
+        Column(
+            "heartbeat", _TS, "The owner's last heartbeat; the lease expires a timeout after it."
+        ),
         Column("released", pa.bool_(), "True once the owner stopped gracefully.", False),
         Column("batch_query_id", pa.string(), "Query id of the last batch the lake records."),
-        Column("batch_id", pa.int64(), "Batch id of that batch (txnVersion of its output commits)."),
+        Column(
+            "batch_id", pa.int64(), "Batch id of that batch (txnVersion of its output commits)."
+        ),
         Column("source_end", pa.string(), "consume_results offset (JSON) that batch read through."),
         Column("batch_files", pa.string(), "JSON: the data files of that batch per output table."),
-        Column("pending_retries", pa.int64(), "Retries decided but not yet released, after that batch."),
+        Column(
+            "pending_retries", pa.int64(), "Retries decided but not yet released, after that batch."
+        ),
     ),
 )
 
@@ -267,10 +308,22 @@ MAINTENANCE = Table(
     "maintenance",
     "Internal: one row per table per maintenance run (compaction, log checkpoint, log cleanup, vacuum).",
     (
-        Column("run_id", pa.string(), "One id per maintenance run (all its tables share it).", False),
+        Column(
+            "run_id", pa.string(), "One id per maintenance run (all its tables share it).", False
+        ),
         Column("run_at", _TS, "When the run started.", False),
-        Column("trigger", pa.string(), "'command' (retry-engine maintain) or 'engine' (in-engine).", False),
-        Column("table_name", pa.string(), "The table maintained (consume_results, retry, dlq, ...).", False),
+        Column(
+            "trigger",
+            pa.string(),
+            "'command' (retry-engine maintain) or 'engine' (in-engine).",
+            False,
+        ),
+        Column(
+            "table_name",
+            pa.string(),
+            "The table maintained (consume_results, retry, dlq, ...).",
+            False,
+        ),
         Column("table_path", pa.string(), "Where that table lives.", False),
         Column("version_before", pa.int64(), "Table version before the run."),
         Column("version_after", pa.int64(), "Table version after the run."),
@@ -283,7 +336,11 @@ MAINTENANCE = Table(
         Column("checkpoint_version", pa.int64(), "Version of the Delta log checkpoint written."),
         Column("log_files_before", pa.int64(), "Entries of _delta_log before the run."),
         Column("log_files_after", pa.int64(), "Entries of _delta_log after the run."),
-        Column("files_vacuumed", pa.int64(), "Unreferenced data files deleted (older than the retention)."),
+        Column(
+            "files_vacuumed",
+            pa.int64(),
+            "Unreferenced data files deleted (older than the retention).",
+        ),
         Column("retention_hours", pa.int64(), "The vacuum retention used, in hours.", False),
         Column("error", pa.string(), "What failed (the run went on with the next step), or null."),
     ),

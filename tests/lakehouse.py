@@ -16,6 +16,20 @@ from retry_engine.config import EngineConfig, parse_config
 from retry_engine.schemas import CONSUME_RESULTS
 from tests.builders import Result, results_table
 
+# What a command stopped on a signal must never print (#13 part 2): a Python traceback, py4j or Java
+# stacks, an abort at exit, and no error at all ("ERROR ": Python's logging and log4j alike;
+# Spark's `ERROR TorrentBroadcast: Store broadcast ... fail` was printed at every stop).
+STOP_NOISE = (
+    "Traceback",
+    "py4j",
+    "at org.apache",
+    "Exception in thread",
+    "SPARK_JOB_CANCELLED",
+    "terminate called",
+    "TorrentBroadcast",
+    "ERROR ",
+)
+
 # 18 fast levels so the full RocketMQ ladder (levels 3..18) runs in seconds.
 FAST_LEVELS = " ".join(f"{100 + 10 * i}ms" for i in range(18))
 
@@ -39,7 +53,9 @@ class Lake:
     def path(self, table: str) -> str:
         return self.config.table_path(table)
 
-    def write_results(self, results: list[Result], schema: pa.Schema = CONSUME_RESULTS.arrow_schema) -> None:
+    def write_results(
+        self, results: list[Result], schema: pa.Schema = CONSUME_RESULTS.arrow_schema
+    ) -> None:
         write_deltalake(self.path("consume_results"), results_table(results, schema), mode="append")
 
     def rows(self, table: str) -> list[dict[str, Any]]:
@@ -49,7 +65,9 @@ class Lake:
             return []
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition"
+) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

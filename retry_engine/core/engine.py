@@ -109,7 +109,9 @@ def _unpacked(batch: pa.RecordBatch, *, floor: str | None = None) -> Iterator[pa
         yield batch if floor is None else batch.filter(_at_or_after(batch.column(POSITION), floor))
         return
     stamp = batch.schema.field(BATCH_TS)
-    for payload, ts in zip(batch.column(PACKED_INPUT).to_pylist(), batch.column(BATCH_TS).to_pylist(), strict=True):
+    for payload, ts in zip(
+        batch.column(PACKED_INPUT).to_pylist(), batch.column(BATCH_TS).to_pylist(), strict=True
+    ):
         table = from_ipc(payload)
         if floor is not None:
             table = table.filter(_at_or_after(table.column(POSITION), floor))
@@ -121,7 +123,9 @@ def _at_or_after(positions: pa.Array | pa.ChunkedArray, floor: str) -> pa.Array 
     return pc.greater_equal(positions, pa.scalar(floor, pa.string()))
 
 
-def _read_results(spark: SparkSession, config: EngineConfig, *, starting_version: int | None = None) -> DataFrame:
+def _read_results(
+    spark: SparkSession, config: EngineConfig, *, starting_version: int | None = None
+) -> DataFrame:
     """The consume-result stream through the configured table format (``engine.table_format``).
 
     Fails at start only when the table lacks a required column; other drift
@@ -176,7 +180,9 @@ def _source_options(config: EngineConfig, starting_version: int | None) -> dict[
     if starting_version is None:
         return options
     requested = options.get("startingVersion")
-    if "startingTimestamp" in options or (requested not in (None, "latest") and int(requested) < starting_version):
+    if "startingTimestamp" in options or (
+        requested not in (None, "latest") and int(requested) < starting_version
+    ):
         setting = (
             f"starting_timestamp = {options['startingTimestamp']!r}"
             if "startingTimestamp" in options
@@ -186,24 +192,30 @@ def _source_options(config: EngineConfig, starting_version: int | None) -> dict[
             f"the lake {config.engine.lake} records its last batch, so this new checkpoint resumes at "
             f"consume_results version {starting_version}; [source] {setting} would decide consume results "
             f"the lake already decided. Remove it, or set starting_version to {starting_version} or later "
-            "(or \"latest\") to skip ahead on purpose",
+            '(or "latest") to skip ahead on purpose',
             code="LAKE_RESUME_CONFLICT",
         )
     if requested is not None:
         log.warning(
             "[source] starting_version = %s: skipping consume_results from version %d (where the lake's record "
-            "resumes) on purpose", requested, starting_version,
+            "resumes) on purpose",
+            requested,
+            starting_version,
         )
         return options
     return {**options, "startingVersion": str(starting_version)}
 
 
-def engine_frame(spark: SparkSession, config: EngineConfig, *, resume_at: resume.ResumePoint | None = None) -> DataFrame:
+def engine_frame(
+    spark: SparkSession, config: EngineConfig, *, resume_at: resume.ResumePoint | None = None
+) -> DataFrame:
     """The engine's streaming DataFrame of packed WORK rows, before the writers.
 
     ``resume_at``: a new checkpoint resuming after the lake's last batch.
     """
-    results = _read_results(spark, config, starting_version=None if resume_at is None else resume_at.starting_version)
+    results = _read_results(
+        spark, config, starting_version=None if resume_at is None else resume_at.starting_version
+    )
     floor = None if resume_at is None else resume_at.position_floor
     # Sub-keys of the schedule stage's state keys (#12 item 17): the base split fixed per
     # checkpoint, and the keys sealed by size.
@@ -249,7 +261,12 @@ RECORDER_CLOSE_SECONDS = 30.0
 
 
 def _resume_point(
-    config: EngineConfig, before: EngineState | None, query_id: str, *, fresh: bool, discard_pending: bool
+    config: EngineConfig,
+    before: EngineState | None,
+    query_id: str,
+    *,
+    fresh: bool,
+    discard_pending: bool,
 ) -> tuple[resume.ResumePoint | None, int]:
     """Start-up under the lease: where the stream starts, and the pending retries the lake counts for it.
 
@@ -270,14 +287,22 @@ def _resume_point(
     pending_in_lake = None
     if fresh and last is not None and last.query_id != query_id:
         # The lake's own tables, not only the record: retries decided but never released.
-        outcomes = read_table_columns(config.table_path(OUTCOMES.name), OUTCOMES, ("outcome", "output_msg_id"))
+        outcomes = read_table_columns(
+            config.table_path(OUTCOMES.name), OUTCOMES, ("outcome", "output_msg_id")
+        )
         released = read_table_columns(config.table_path(RETRY.name), RETRY, ("msg_id",))
         if outcomes is not None:
-            pending_in_lake = pending_retries(outcomes, released if released is not None else RETRY_MSG_IDS.empty_table()).num_rows
+            pending_in_lake = pending_retries(
+                outcomes, released if released is not None else RETRY_MSG_IDS.empty_table()
+            ).num_rows
     source = open_table(config.table_path("consume_results"))
     point = resume.plan(
-        before, query_id=query_id, checkpoint=checkpoint, fresh=fresh,
-        source_table_id=None if source is None else str(source.metadata().id), discard_pending=discard_pending,
+        before,
+        query_id=query_id,
+        checkpoint=checkpoint,
+        fresh=fresh,
+        source_table_id=None if source is None else str(source.metadata().id),
+        discard_pending=discard_pending,
         pending_in_lake=pending_in_lake,
     )
     if point is not None:
@@ -326,7 +351,11 @@ def start(
     source rows, as the batches' input, and the lake records no batches.
     """
     native = config.engine.table_format == "delta"
-    log.info("retry engine starting on lake %s; tables:\n%s", config.engine.lake, describe_engine_tables(config))
+    log.info(
+        "retry engine starting on lake %s; tables:\n%s",
+        config.engine.lake,
+        describe_engine_tables(config),
+    )
     if native:
         native_delta.require_delta(spark)
     checkpoint = config.checkpoint_path
@@ -335,38 +364,52 @@ def start(
     fresh = resume.is_fresh(checkpoint)
     app_id = ensure_query_id(checkpoint)
     lease = LakeLease(
-        config.engine.lake, Owner.this_process(query_id=app_id, checkpoint=checkpoint), timeout_ms=config.lease_timeout_ms
+        config.engine.lake,
+        Owner.this_process(query_id=app_id, checkpoint=checkpoint),
+        timeout_ms=config.lease_timeout_ms,
     )
     before = lease.acquire(take_over=take_over)
     try:
         for path in remove_orphan_log_temps(checkpoint):
-            log.warning("removed %s, left by an engine killed while writing its checkpoint log", path)
+            log.warning(
+                "removed %s, left by an engine killed while writing its checkpoint log", path
+            )
         if not native:
             _migrate_partition_layout(config)
-        point, pending = _resume_point(config, before, app_id, fresh=fresh, discard_pending=discard_pending)
+        point, pending = _resume_point(
+            config, before, app_id, fresh=fresh, discard_pending=discard_pending
+        )
         if native and point is not None:
             raise LakeResumeError(
                 f"a new checkpoint {checkpoint} would resume after the lake's last batch {point.after_batch}, which "
                 'engine.table_format = "delta" does not support yet; use the previous checkpoint or "deltars"',
                 code="LAKE_RESUME_UNSUPPORTED",
             )
-        query = _start_query(spark, config, app_id, writer, lease=lease, pending=pending, resume_at=point)
+        query = _start_query(
+            spark, config, app_id, writer, lease=lease, pending=pending, resume_at=point
+        )
     except BaseException:
         lease.release()
         raise
 
     def lost(exc: LeaseLostError) -> None:
         log.error("engine %s stops: %s", app_id, exc)
+        _stopping(app_id, monitor.LEASE_LOST)
         query.stop()
 
     heartbeat = Heartbeat(
-        lease, interval_s=config.lease_timeout_ms / 4000, alive=lambda: bool(query.isActive), on_lost=lost
+        lease,
+        interval_s=config.lease_timeout_ms / 4000,
+        alive=lambda: bool(query.isActive),
+        on_lost=lost,
     )
     with _HELD_LOCK:
         _HELD[app_id] = (lease, heartbeat)
     heartbeat.start()
     maintenance.start(app_id, alive=lambda: bool(query.isActive))
-    log.info("engine started: query id %s, checkpoint %s, lake epoch %s", app_id, checkpoint, lease.epoch)
+    log.info(
+        "engine started: query id %s, checkpoint %s, lake epoch %s", app_id, checkpoint, lease.epoch
+    )
     return query
 
 
@@ -458,7 +501,9 @@ def finish_current_batch(query: StreamingQuery, *, timeout_s: float, poll_s: flo
         # While a query initializes, Spark starts its Python source runners; a stop then
         # leaves a runner unable to connect back, which prints a traceback.
         starting = str(status.get("message", "")).startswith("Initializing")
-        if (not status.get("isTriggerActive", False) and not starting) or _last_batch_id(query) != running:
+        if (not status.get("isTriggerActive", False) and not starting) or _last_batch_id(
+            query
+        ) != running:
             return True
         if time.monotonic() >= deadline:
             return False
@@ -471,8 +516,26 @@ def _last_batch_id(query: StreamingQuery) -> int | None:
     return None if progress is None else int(progress["batchId"])
 
 
-def stop(query: StreamingQuery, *, finish_batch_s: float = 0.0) -> LeaseLostError | None:
+def _stopping(app_id: str, reason: monitor.StopReason) -> None:
+    """Tell the query's progress recorder why it is about to be stopped (before ``query.stop()``)."""
+    with _HELD_LOCK:
+        recorder = _RECORDERS.get(app_id)
+    if recorder is not None:
+        recorder.stopping(reason)
+
+
+def stop(
+    query: StreamingQuery,
+    *,
+    finish_batch_s: float = 0.0,
+    reason: monitor.StopReason = monitor.STOPPED,
+) -> LeaseLostError | None:
     """Stop the engine query, record its end, and release its lake lease.
+
+    ``reason``: why, as the ``terminated`` event records it (``stopped`` on
+    request, ``finished`` after ``run --once``); a query that died with an
+    exception is recorded as ``failed``, one stopped after its lease was lost
+    as ``lease_lost``, whatever ``reason`` says.
 
     ``finish_batch_s``: first wait up to this long for the running micro-batch
     to finish (:func:`finish_current_batch`); after that the batch is
@@ -487,10 +550,15 @@ def stop(query: StreamingQuery, *, finish_batch_s: float = 0.0) -> LeaseLostErro
     engine had stopped because another engine took the lake over.
     """
     app_id = str(query.id)
+    _stopping(app_id, reason)
     try:
         if finish_batch_s > 0 and not finish_current_batch(query, timeout_s=finish_batch_s):
-            log.info("engine %s: the running batch did not finish within %.0f s; abandoning it (the next start "
-                     "replays it)", app_id, finish_batch_s)
+            log.info(
+                "engine %s: the running batch did not finish within %.0f s; abandoning it (the next start "
+                "replays it)",
+                app_id,
+                finish_batch_s,
+            )
         query.stop()
     finally:
         maintenance.detach(str(query.id))
@@ -501,7 +569,11 @@ def stop(query: StreamingQuery, *, finish_batch_s: float = 0.0) -> LeaseLostErro
         if held is not None:
             held[1].stop()
         if recorder is not None:
-            recorder.finish(run_id=str(query.runId), exception=_exception_text(query), timeout=RECORDER_CLOSE_SECONDS)
+            recorder.finish(
+                run_id=str(query.runId),
+                exception=_exception_text(query),
+                timeout=RECORDER_CLOSE_SECONDS,
+            )
         if held is not None:
             held[0].release()
     return held[1].lost if held is not None else None
@@ -515,20 +587,43 @@ def _exception_text(query: StreamingQuery) -> str | None:
     return None if exc is None else str(exc)
 
 
-def run_once(spark: SparkSession, config: EngineConfig, *, take_over: bool = False, discard_pending: bool = False) -> None:
+def run_once(
+    spark: SparkSession,
+    config: EngineConfig,
+    *,
+    take_over: bool = False,
+    discard_pending: bool = False,
+    wait: Callable[[float], bool] | None = None,
+    finish_batch_s: float = 0.0,
+) -> bool:
     """Process every consume result in the table when this is called, then stop.
 
     "In the table" means through the table version seen here, whatever the
     checkpoint replays first (a planned batch left by a stop runs before any
     new input). Retries that are not yet due stay in the checkpointed schedule
     stage and are released by a later run.
+
+    ``wait``: see :func:`wait_until_idle`; when it reports a stop request the
+    query is stopped early, after its running batch (up to ``finish_batch_s``).
+    Returns True when the input was processed (terminated event ``finished``),
+    False when stopped on request (``stopped``). The query is stopped from
+    the calling thread either way.
     """
     through = table_version(config.table_path("consume_results"))
     query = start(spark, config, take_over=take_over, discard_pending=discard_pending)
+    finished: bool | None = None
     try:
-        wait_until_idle(query, through_version=0 if through is None else through)
+        finished = wait_until_idle(
+            query, through_version=0 if through is None else through, wait=wait
+        )
     finally:
-        stop(query)
+        requested = finished is False
+        stop(
+            query,
+            finish_batch_s=finish_batch_s if requested else 0.0,
+            reason=monitor.FINISHED if finished else monitor.STOPPED,
+        )
+    return finished
 
 
 def _covers(end: Any, version: int) -> bool:
@@ -543,7 +638,18 @@ def _covers(end: Any, version: int) -> bool:
     return not offset.is_starting_version and offset.version > version
 
 
-def wait_until_idle(query: StreamingQuery, *, through_version: int | None = None, poll_seconds: float = 0.2) -> None:
+def _sleep(seconds: float) -> bool:
+    time.sleep(seconds)
+    return False
+
+
+def wait_until_idle(
+    query: StreamingQuery,
+    *,
+    through_version: int | None = None,
+    poll_seconds: float = 0.2,
+    wait: Callable[[float], bool] | None = None,
+) -> bool:
     """Block until the query has processed the consume results through table version ``through_version``.
 
     That is, until a finished batch's source end offset lies past that
@@ -555,17 +661,27 @@ def wait_until_idle(query: StreamingQuery, *, through_version: int | None = None
     ``processAllAvailable`` never returns here: processing-time timeouts make
     Spark plan a batch on every trigger, so the query is never "idle" in its
     sense.
+
+    ``wait(seconds)`` sleeps between polls and returns True when a stop was
+    requested (e.g. :meth:`StopSignals.wait <retry_engine.ops.stopping.StopSignals.wait>`);
+    the wait then ends, returning False. Returns True once the input is processed.
     """
+    pause = wait or _sleep
     while True:
         if query.exception() is not None:
             raise query.exception()  # type: ignore[misc]
         if not query.isActive:
-            raise EngineStoppedError(f"the engine query {query.id} stopped before it had processed table version {through_version}")
+            raise EngineStoppedError(
+                f"the engine query {query.id} stopped before it had processed table version {through_version}"
+            )
         progress = query.lastProgress
         if progress is not None:
             if through_version is None:
                 if progress["numInputRows"] == 0:
-                    return
-            elif progress["sources"] and _covers(progress["sources"][0].get("endOffset"), through_version):
-                return
-        time.sleep(poll_seconds)
+                    return True
+            elif progress["sources"] and _covers(
+                progress["sources"][0].get("endOffset"), through_version
+            ):
+                return True
+        if pause(poll_seconds):
+            return False

@@ -99,7 +99,8 @@ def route_to(work: pa.Table, table: Table, batch_id: int) -> pa.Table:
         DLQ.name: lambda: pc.and_(is_outcome, pc.equal(outcome, DEAD_LETTER)),
         # A schedule state moved aside (kind state_quarantine) is quarantined but is no outcome.
         QUARANTINE.name: lambda: pc.or_(
-            pc.and_(is_outcome, pc.equal(outcome, QUARANTINED)), pc.equal(kind, KIND_STATE_QUARANTINE)
+            pc.and_(is_outcome, pc.equal(outcome, QUARANTINED)),
+            pc.equal(kind, KIND_STATE_QUARANTINE),
         ),
         OUTCOMES.name: lambda: is_outcome,
     }
@@ -171,7 +172,9 @@ class WriteTask:
                 writer.discard()
             raise
         rows: list[tuple[str, str, bytes]] = [
-            (_FILE, name, json.dumps(asdict(f)).encode()) for name, written in files.items() for f in written
+            (_FILE, name, json.dumps(asdict(f)).encode())
+            for name, written in files.items()
+            for f in written
         ]
         if counts:
             rows.append((_COUNTS, "", to_ipc(metrics.merge_counts(counts))))
@@ -181,7 +184,11 @@ class WriteTask:
         if rows:
             kinds, tables, payloads = zip(*rows, strict=True)
             yield pa.RecordBatch.from_arrays(
-                [pa.array(kinds, pa.string()), pa.array(tables, pa.string()), pa.array(payloads, pa.binary())],
+                [
+                    pa.array(kinds, pa.string()),
+                    pa.array(tables, pa.string()),
+                    pa.array(payloads, pa.binary()),
+                ],
                 names=["kind", "table", "payload"],
             )
 
@@ -189,7 +196,9 @@ class WriteTask:
 def pending_change(counts: pa.Table) -> int:
     """How a batch changes the number of pending retries: retry outcomes in, deliveries out."""
     change = 0
-    for metric, value in zip(counts.column("metric").to_pylist(), counts.column("value").to_pylist(), strict=True):
+    for metric, value in zip(
+        counts.column("metric").to_pylist(), counts.column("value").to_pylist(), strict=True
+    ):
         if metric == RETRY_OUTCOME:
             change += int(value)
         elif metric == metrics.DELIVERED:
@@ -221,7 +230,9 @@ def roll_forward(config: EngineConfig, batch: BatchRecord) -> list[str]:
     if done:
         log.warning(
             "batch %s/%d was recorded in the lake but not committed to %s: committed now",
-            batch.query_id, batch.batch_id, done,
+            batch.query_id,
+            batch.batch_id,
+            done,
         )
     return done
 
@@ -251,10 +262,16 @@ class BatchWriter:
         targets = []
         for table in (*ROUTED_TABLES, METRICS):
             uri = self.config.table_path(table.name)
-            delta = ensure_table(uri, table.arrow_schema, partition_by=table.partition_by)
+            delta = ensure_table(
+                uri, table.arrow_schema, partition_by=table.partition_by, add_missing=True
+            )
             targets.append(
                 _Target(
-                    table.name, uri, table.arrow_schema, table.partition_by, not_null_columns(delta),
+                    table.name,
+                    uri,
+                    table.arrow_schema,
+                    table.partition_by,
+                    not_null_columns(delta),
                     storage.options_for(uri),
                 )
             )
@@ -279,8 +296,13 @@ class BatchWriter:
         """Write batch ``batch_id``. Replayed: tables that committed it skip it, the others get it."""
         skip = self._already_committed(batch_id)
         if skip:
-            log.info("batch %d: already committed to %s; those tables skip it", batch_id, sorted(skip))
-        task = WriteTask(batch_id, tuple(t for t in self._targets if t.name not in skip and t.name != METRICS.name))
+            log.info(
+                "batch %d: already committed to %s; those tables skip it", batch_id, sorted(skip)
+            )
+        task = WriteTask(
+            batch_id,
+            tuple(t for t in self._targets if t.name not in skip and t.name != METRICS.name),
+        )
         # The one Spark job of the batch: runs the stateful stage and the writes.
         result = batch.mapInArrow(task, TASK_RESULT_SCHEMA).toArrow()
         self._last_batch = batch_id if self._last_batch is None else max(self._last_batch, batch_id)
@@ -310,22 +332,35 @@ class BatchWriter:
         except BaseException:
             # Fenced (LeaseLostError) or the record failed: no commit will reference these files.
             for name, written in files.items():
-                abort_files(storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))])
+                abort_files(
+                    storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))]
+                )
             raise
         if not recorded:
             # Replay of a batch the lake already records: its recorded files were
             # committed at start (roll_forward); this attempt's files are dropped.
             for name, written in files.items():
-                abort_files(storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))])
+                abort_files(
+                    storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))]
+                )
         else:
             self._commit(batch_id, files, recorded=self.lease is not None)
         if METRICS.name not in skip:
-            rows = metrics.metric_rows(counts, samples, batch_id=batch_id, batch_time=dt.datetime.now(dt.UTC))
+            rows = metrics.metric_rows(
+                counts, samples, batch_id=batch_id, batch_time=dt.datetime.now(dt.UTC)
+            )
             if rows.num_rows:
-                append_arrow(self.config.table_path(METRICS.name), rows, app_id=self.app_id, txn_version=batch_id)
+                append_arrow(
+                    self.config.table_path(METRICS.name),
+                    rows,
+                    app_id=self.app_id,
+                    txn_version=batch_id,
+                )
         summary = metrics.outcome_summary(merged)
         if summary:
-            log.info("batch %d: %s", batch_id, ", ".join(f"{g}/{t}/{o}={n}" for g, t, o, n in summary))
+            log.info(
+                "batch %d: %s", batch_id, ", ".join(f"{g}/{t}/{o}={n}" for g, t, o, n in summary)
+            )
         if self.on_counts is not None:
             self.on_counts(batch_id, summary)
 
@@ -354,7 +389,9 @@ class BatchWriter:
         self.pending_retries = pending
         return True
 
-    def _commit(self, batch_id: int, files: dict[str, list[WrittenFile]], *, recorded: bool = False) -> None:
+    def _commit(
+        self, batch_id: int, files: dict[str, list[WrittenFile]], *, recorded: bool = False
+    ) -> None:
         """One idempotent transaction per routed table.
 
         On error, uncommitted files are deleted, unless the batch is ``recorded``
@@ -377,8 +414,17 @@ class BatchWriter:
                     raise
                 # This table's files and every later table's are not referenced by any commit.
                 for later in pending[i:]:
-                    abort_files(storage.location(later.uri), [FilesWritten(tuple(files[later.name]))])
+                    abort_files(
+                        storage.location(later.uri), [FilesWritten(tuple(files[later.name]))]
+                    )
                 raise
 
 
-__all__ = ["TASK_RESULT_SCHEMA", "BatchWriter", "WriteTask", "pending_change", "roll_forward", "route"]
+__all__ = [
+    "TASK_RESULT_SCHEMA",
+    "BatchWriter",
+    "WriteTask",
+    "pending_change",
+    "roll_forward",
+    "route",
+]

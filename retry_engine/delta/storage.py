@@ -28,7 +28,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from retry_engine.errors import ConfigError
@@ -226,6 +226,18 @@ def create_delta(uri: str, schema: pa.Schema, **kwargs: Any) -> DeltaTable:
     return DeltaTable.create(uri, schema, storage_options=options_for(uri), **kwargs)
 
 
+def add_columns(uri: str, fields: Sequence[pa.Field], *, version: int) -> None:
+    """Add nullable ``fields`` to the table at ``uri`` as of ``version`` (with the storage options of ``uri``).
+
+    The commit is made against that version: if anyone committed since, delta-rs
+    raises ``CommitFailedError`` ("Metadata changed") instead of rebasing, so
+    the caller re-reads the schema and decides again.
+    """
+    from deltalake.schema import Field
+
+    open_delta(uri, version=version).alter.add_columns([Field.from_arrow(f) for f in fields])
+
+
 def write_delta(target: str | DeltaTable, data: Any, **kwargs: Any) -> None:
     """``write_deltalake`` with the storage options of ``target`` (a handle already carries its own)."""
     from deltalake import write_deltalake
@@ -288,6 +300,7 @@ def require_checkpoint_filesystem(spark: SparkSession, checkpoint: str) -> None:
 __all__ = [
     "REDACTED",
     "SPARK_OPTION_PREFIX",
+    "add_columns",
     "check_commit_safety",
     "create_delta",
     "filesystem",

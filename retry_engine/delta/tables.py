@@ -16,8 +16,8 @@ from retry_engine.delta._schema import (
     check_write_schema,
     schema_drift,
 )
-from retry_engine.delta.storage import create_delta, open_delta
-from retry_engine.errors import ConcurrentWriteError, ConfigError
+from retry_engine.delta.storage import add_columns, create_delta, open_delta
+from retry_engine.errors import ConcurrentWriteError, ConfigError, SchemaMismatchError
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +45,26 @@ def not_null_columns(table: DeltaTable) -> tuple[str, ...]:
     return tuple(f.name for f in table_arrow_schema(table) if not f.nullable)
 
 
-def ensure_table(path: str, arrow_schema: pa.Schema, *, partition_by: Sequence[str] = ()) -> DeltaTable:
+def ensure_table(
+    path: str,
+    arrow_schema: pa.Schema,
+    *,
+    partition_by: Sequence[str] = (),
+    add_missing: bool = False,
+) -> DeltaTable:
     """Create the table at ``path`` if missing; else check ``arrow_schema`` fits it.
 
     Raises :class:`~retry_engine.errors.SchemaMismatchError` naming the first
     column that is missing, extra or of another type (nullability is not
     compared), or when ``partition_by`` is given and differs from the table's.
     Idempotent: concurrent creators end with one table.
+
+    ``add_missing``: for the engine's own tables, whose schema is the
+    release's. Nullable columns of ``arrow_schema`` that the table lacks
+    (added by a later release) are added to it first, logged one INFO line per
+    column; existing rows read them as null. A missing NOT NULL column, an
+    extra column or another type still raise: old rows cannot satisfy the
+    first, and the others are not additive.
     """
     table = open_table(path)
     if table is None:
@@ -61,11 +74,65 @@ def ensure_table(path: str, arrow_schema: pa.Schema, *, partition_by: Sequence[s
                 f"partition column {missing[0]!r} is not a column of the data {arrow_schema.names}",
                 code="INVALID_OPTION",
             )
-        table = create_delta(path, arrow_schema, mode="ignore", partition_by=list(partition_by) or None)
+        table = create_delta(
+            path, arrow_schema, mode="ignore", partition_by=list(partition_by) or None
+        )
         log.info("created Delta table %s partitioned by %s", path, list(partition_by))
+    elif add_missing:
+        table = _add_missing_columns(path, table, arrow_schema)
     check_write_schema(path, table_arrow_schema(table), arrow_schema)
     check_partition_columns(path, table.metadata().partition_columns, partition_by)
     return table
+
+
+# Another engine (or an operator tool) upgrading the same table at once makes the column
+# commit conflict; each conflict re-reads the schema, which then usually has the columns.
+MAX_ADD_COLUMN_ATTEMPTS = 10
+
+
+def _add_missing_columns(path: str, table: DeltaTable, arrow_schema: pa.Schema) -> DeltaTable:
+    """The table after adding the nullable columns of ``arrow_schema`` it lacks (see :func:`ensure_table`)."""
+    last_error: CommitFailedError | None = None
+    for attempt in range(1, MAX_ADD_COLUMN_ATTEMPTS + 1):
+        have = table_arrow_schema(table)
+        missing = [f for f in arrow_schema if f.name not in have.names]
+        if not missing:
+            return table
+        # Types and extra columns first: a table that fails them is left unchanged.
+        check_write_schema(path, have, pa.schema([f for f in arrow_schema if f.name in have.names]))
+        not_null = [f for f in missing if not f.nullable]
+        if not_null:
+            f = not_null[0]
+            raise SchemaMismatchError(
+                f"{path}: the table lacks column {f.name!r} ({f.type}, NOT NULL) that this release writes; a NOT "
+                f"NULL column cannot be added to a table whose rows have no value for it. Table columns: "
+                f"{have.names}. Rewrite the table with the new schema, or run the release that wrote it",
+                code="COLUMN_MISSING_IN_TABLE",
+            )
+        try:
+            add_columns(path, missing, version=table.version())
+        except CommitFailedError as exc:
+            last_error = exc
+            log.info(
+                "%s: adding columns %s conflicted with another commit (attempt %d); checking again",
+                path,
+                [f.name for f in missing],
+                attempt,
+            )
+            table = open_delta(path)
+            continue
+        for f in missing:
+            log.info(
+                "%s: added column %r (%s, nullable) of this release's schema; existing rows read it as null",
+                path,
+                f.name,
+                f.type,
+            )
+        return open_delta(path)
+    raise ConcurrentWriteError(
+        f"{path}: adding columns {[f.name for f in missing]} conflicted {MAX_ADD_COLUMN_ATTEMPTS} times in a row "
+        f"with other commits: {last_error}",
+    ) from last_error
 
 
 def ensure_readable_table(
@@ -95,7 +162,9 @@ def report_drift(
     """
     drifts = schema_drift(table_schema, arrow_schema, ignore=ignore)
     for drift in drifts:
-        log.warning("%s drifts from the schema the engine expects; tolerated: %s", path, drift.describe())
+        log.warning(
+            "%s drifts from the schema the engine expects; tolerated: %s", path, drift.describe()
+        )
     return drifts
 
 
@@ -142,21 +211,43 @@ def append_arrow(
     version (the re-drive audit): re-read, re-decide, try again.
     """
     if (app_id is None) != (txn_version is None):
-        raise ConfigError("app_id and txn_version go together; pass both or neither", code="INVALID_OPTION")
+        raise ConfigError(
+            "app_id and txn_version go together; pass both or neither", code="INVALID_OPTION"
+        )
     if expect_version is not None:
-        return _append_at(path, table, expect_version, app_id=app_id, txn_version=txn_version, partition_by=partition_by)
+        return _append_at(
+            path,
+            table,
+            expect_version,
+            app_id=app_id,
+            txn_version=txn_version,
+            partition_by=partition_by,
+        )
     last_error: CommitFailedError | None = None
     for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
         checked = _checked_handle(path, table.schema, partition_by)
         if _already_done(path, checked, app_id, txn_version):
             return False
         try:
-            _write(checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=False)
+            _write(
+                checked,
+                table,
+                app_id=app_id,
+                txn_version=txn_version,
+                partition_by=partition_by,
+                strict=False,
+            )
         except CommitFailedError as exc:
             if app_id is None:
                 raise
             last_error = exc
-            log.info("%s: commit of %s/%s conflicted (attempt %d); checking again", path, app_id, txn_version, attempt)
+            log.info(
+                "%s: commit of %s/%s conflicted (attempt %d); checking again",
+                path,
+                app_id,
+                txn_version,
+                attempt,
+            )
             continue
         return True
     raise ConcurrentWriteError(
@@ -175,8 +266,15 @@ def _append_at(
     partition_by: Sequence[str],
 ) -> bool:
     """Append as version ``expect_version + 1`` or not at all (see :func:`append_arrow`)."""
-    if isinstance(expect_version, bool) or not isinstance(expect_version, int) or expect_version < 0:
-        raise ConfigError(f"expect_version must be a table version (an int >= 0), got {expect_version!r}", code="INVALID_OPTION")
+    if (
+        isinstance(expect_version, bool)
+        or not isinstance(expect_version, int)
+        or expect_version < 0
+    ):
+        raise ConfigError(
+            f"expect_version must be a table version (an int >= 0), got {expect_version!r}",
+            code="INVALID_OPTION",
+        )
     latest = table_version(path)
     if latest is None or latest < expect_version:
         raise ConfigError(
@@ -184,14 +282,23 @@ def _append_at(
             code="INVALID_OPTION",
         )
     if latest > expect_version:
-        raise ConcurrentWriteError(f"{path}: the table moved from version {expect_version} to {latest}; read it again")
+        raise ConcurrentWriteError(
+            f"{path}: the table moved from version {expect_version} to {latest}; read it again"
+        )
     checked = open_delta(path, version=expect_version)
     check_write_schema(path, table_arrow_schema(checked), table.schema)
     check_partition_columns(path, checked.metadata().partition_columns, partition_by)
     if _already_done(path, checked, app_id, txn_version):
         return False
     try:
-        _write(checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=True)
+        _write(
+            checked,
+            table,
+            app_id=app_id,
+            txn_version=txn_version,
+            partition_by=partition_by,
+            strict=True,
+        )
     except CommitFailedError as exc:
         raise ConcurrentWriteError(
             f"{path}: another writer committed after version {expect_version}; read the table again: {exc}"
@@ -209,12 +316,20 @@ def _checked_handle(path: str, schema: pa.Schema, partition_by: Sequence[str]) -
     return existing
 
 
-def _already_done(path: str, checked: DeltaTable, app_id: str | None, txn_version: int | None) -> bool:
+def _already_done(
+    path: str, checked: DeltaTable, app_id: str | None, txn_version: int | None
+) -> bool:
     if app_id is None or txn_version is None:
         return False
     done = checked.transaction_version(app_id)
     if done is not None and done >= txn_version:
-        log.info("%s: transaction %s/%d already in the table (at %d); append skipped", path, app_id, txn_version, done)
+        log.info(
+            "%s: transaction %s/%d already in the table (at %d); append skipped",
+            path,
+            app_id,
+            txn_version,
+            done,
+        )
         return True
     return False
 
@@ -233,11 +348,17 @@ def _write(
     ``strict``: no commit retries, so a commit that finds a newer version fails
     instead of being rebased onto it (appends never conflict with appends).
     """
-    transactions = [Transaction(app_id, txn_version)] if app_id is not None and txn_version is not None else None
+    transactions = (
+        [Transaction(app_id, txn_version)]
+        if app_id is not None and txn_version is not None
+        else None
+    )
     write_deltalake(
         checked,
         table,
         mode="append",
         partition_by=list(partition_by) or None,
-        commit_properties=CommitProperties(app_transactions=transactions, max_commit_retries=0 if strict else None),
+        commit_properties=CommitProperties(
+            app_transactions=transactions, max_commit_retries=0 if strict else None
+        ),
     )

@@ -42,7 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the engine as a streaming job until stopped")
-    run.add_argument("--config", help="TOML config file (default: conf/retry-engine.toml if present)")
+    run.add_argument(
+        "--config", help="TOML config file (default: conf/retry-engine.toml if present)"
+    )
     run.add_argument(
         "--once",
         action="store_true",
@@ -59,12 +61,21 @@ def _parser() -> argparse.ArgumentParser:
         help="let a new checkpoint start on a lake whose previous checkpoint holds pending retries "
         "(those retries are never delivered)",
     )
-    demo = sub.add_parser("demo", help="run engine, producer and a flaky consumer on a local folder for about a minute")
-    demo.add_argument("--lake", default="./data/demo", help="folder for the demo's tables (default: ./data/demo)")
+    demo = sub.add_parser(
+        "demo",
+        help="run engine, producer and a flaky consumer on a local folder for about a minute",
+    )
+    demo.add_argument(
+        "--lake", default="./data/demo", help="folder for the demo's tables (default: ./data/demo)"
+    )
     demo.add_argument("--messages", type=int, default=20, help="messages to produce (default: 20)")
-    zip_ = sub.add_parser("zip", help="build the --py-files zip that spark-submit ships to executors")
+    zip_ = sub.add_parser(
+        "zip", help="build the --py-files zip that spark-submit ships to executors"
+    )
     zip_.add_argument("--output", default="dist/retry_engine.zip")
-    check = sub.add_parser("check-config", help="validate a config file and print the resolved paths")
+    check = sub.add_parser(
+        "check-config", help="validate a config file and print the resolved paths"
+    )
     check.add_argument("--config")
     dlq_commands.add_parser(sub)
     redrive_commands.add_parser(sub)
@@ -76,9 +87,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--config")
     status.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    plots = sub.add_parser("plots", help="write PNG charts: backlog by level, lateness, dead letters by error class")
+    plots = sub.add_parser(
+        "plots", help="write PNG charts: backlog by level, lateness, dead letters by error class"
+    )
     plots.add_argument("--config")
-    plots.add_argument("--out", required=True, help="folder to write the PNG files to (created if missing)")
+    plots.add_argument(
+        "--out", required=True, help="folder to write the PNG files to (created if missing)"
+    )
     _add_schema_parser(sub)
     _add_catalog_ddl(sub)
     _add_maintain_parser(sub)
@@ -97,9 +112,18 @@ def _add_schema_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="print the tables' columns and types (what a writer of consume_results must give)",
         description="Print every table's schema, or one table's. consume_results lists its required columns.",
     )
-    schema.add_argument("table", nargs="?", choices=list(TABLES), metavar="TABLE", help=f"one of {', '.join(TABLES)}")
     schema.add_argument(
-        "--format", choices=SCHEMA_FORMATS, default="arrow", help="arrow (default), spark-ddl or json"
+        "table",
+        nargs="?",
+        choices=list(TABLES),
+        metavar="TABLE",
+        help=f"one of {', '.join(TABLES)}",
+    )
+    schema.add_argument(
+        "--format",
+        choices=SCHEMA_FORMATS,
+        default="arrow",
+        help="arrow (default), spark-ddl or json",
     )
 
 
@@ -126,16 +150,23 @@ def _add_maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     maintain.add_argument("--config")
     maintain.add_argument(
-        "--table", action="append", choices=list(MAINTAINED_TABLES), metavar="NAME",
+        "--table",
+        action="append",
+        choices=list(MAINTAINED_TABLES),
+        metavar="NAME",
         help=f"only this table (repeatable); one of {', '.join(MAINTAINED_TABLES)}",
     )
     maintain.add_argument(
-        "--retention", metavar="DURATION",
+        "--retention",
+        metavar="DURATION",
         help="keep files replaced within this long, in hours or days (default: [maintenance] retention, 7d)",
     )
-    maintain.add_argument("--dry-run", action="store_true", help="change nothing; say what would be removed")
     maintain.add_argument(
-        "--force", action="store_true",
+        "--dry-run", action="store_true", help="change nothing; say what would be removed"
+    )
+    maintain.add_argument(
+        "--force",
+        action="store_true",
         help="allow a retention shorter than the config's trigger plus maintenance interval "
         "(only when no engine or stream reads these tables)",
     )
@@ -145,7 +176,11 @@ def _maintain(args: argparse.Namespace) -> int:
     from retry_engine.ops.maintenance import format_report, run_maintenance
 
     reports = run_maintenance(
-        _reading_config(args), tables=args.table, retention=args.retention, dry_run=args.dry_run, force=args.force
+        _reading_config(args),
+        tables=args.table,
+        retention=args.retention,
+        dry_run=args.dry_run,
+        force=args.force,
     )
     print(format_report(reports, dry_run=args.dry_run), end="")
     return EXIT_ERROR if any(r.error for r in reports) else EXIT_OK
@@ -156,7 +191,9 @@ def _maintain(args: argparse.Namespace) -> int:
 
 def _lake_arg(text: str) -> str:
     if not text.strip():
-        raise argparse.ArgumentTypeError("the lake path is empty; give the folder (or s3://... URI) that holds the tables")
+        raise argparse.ArgumentTypeError(
+            "the lake path is empty; give the folder (or s3://... URI) that holds the tables"
+        )
     return text
 
 
@@ -197,7 +234,11 @@ def _lake_origin(args: argparse.Namespace) -> str:
         with open(path, "rb") as handle:
             lake = tomllib.load(handle).get("engine", {}).get("lake")
         if isinstance(lake, str):
-            relative = "" if os.path.isabs(os.path.expanduser(lake)) else ", relative to that file's folder"
+            relative = (
+                ""
+                if os.path.isabs(os.path.expanduser(lake))
+                else ", relative to that file's folder"
+            )
             return f"engine.lake = {lake!r} in {path}{relative}"
     return f"the default engine.lake ({DEFAULT_LAKE!r}, relative to the working directory)"
 
@@ -220,20 +261,23 @@ def _add_catalog_ddl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     ddl.add_argument("--config")
     ddl.add_argument("--catalog", help="catalog of the tables (Unity Catalog); needs --schema")
     ddl.add_argument("--schema", help="schema (database) of the tables")
-    ddl.add_argument("--table-prefix", default="", help="put this before every table name, e.g. retry_engine_")
+    ddl.add_argument(
+        "--table-prefix", default="", help="put this before every table name, e.g. retry_engine_"
+    )
 
 
 def _catalog_ddl(args: argparse.Namespace) -> int:
     from retry_engine.ops.catalog import catalog_ddl
 
     config = _config(args)
-    for statement in catalog_ddl(config, catalog=args.catalog, schema=args.schema, table_prefix=args.table_prefix):
+    for statement in catalog_ddl(
+        config, catalog=args.catalog, schema=args.schema, table_prefix=args.table_prefix
+    ):
         print(statement)
     return EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:
-    from retry_engine.core import engine
     from retry_engine.delta.lake import require_lake_folder
     from retry_engine.delta.session import build_session
 
@@ -249,8 +293,7 @@ def _run(args: argparse.Namespace) -> int:
         extra_conf={"spark.sql.adaptive.enabled": "false", **config.engine.spark_conf},
     )
     if args.once:
-        engine.run_once(spark, config, take_over=args.take_over, discard_pending=args.discard_pending)
-        return EXIT_OK
+        return _run_once(spark, config, args)
     return _run_until_stopped(spark, config, args)
 
 
@@ -260,6 +303,47 @@ STOP_FINISH_BATCH_SECONDS = 20.0
 RUN_POLL_SECONDS = 0.5
 
 
+def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace) -> int:
+    """``run --once``: exit 0 when the input is processed; on SIGINT/SIGTERM a clean stop (exit 130/0).
+
+    As in :func:`_run_until_stopped`, the signal handler only sets a flag and
+    this thread stops the query (:func:`retry_engine.core.engine.run_once` polls
+    the flag between its checks), so the terminated event and the lease
+    release are written either way.
+    """
+    from retry_engine.core import engine
+    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs
+
+    with StopSignals() as signals:
+
+        def stop_requested(timeout: float) -> bool:
+            if not signals.wait(timeout):
+                return False
+            # The command ends after this stop: these loggers would only report its interruption.
+            quiet_stop_logs(spark)
+            return True
+
+        finished = engine.run_once(
+            spark,
+            config,
+            take_over=args.take_over,
+            discard_pending=args.discard_pending,
+            wait=stop_requested,
+            finish_batch_s=STOP_FINISH_BATCH_SECONDS,
+        )
+    if finished or signals.received is None:
+        return EXIT_OK
+    print(_stopped_line(signals.received, config), flush=True)
+    return exit_code(signals.received)
+
+
+def _stopped_line(signum: int, config: EngineConfig) -> str:
+    """The one line a command prints after a clean stop on a signal."""
+    from retry_engine.ops.stopping import signal_name
+
+    return f"retry-engine: stopped on {signal_name(signum)}; tables under {os.path.abspath(config.engine.lake)}"
+
+
 def _run_until_stopped(spark: Any, config: EngineConfig, args: argparse.Namespace) -> int:
     """Run the engine until SIGINT/SIGTERM (clean stop, exit 130/0) or until its query fails (exit 1).
 
@@ -267,11 +351,13 @@ def _run_until_stopped(spark: Any, config: EngineConfig, args: argparse.Namespac
     stop never interrupts a py4j call (see :mod:`retry_engine.ops.stopping`).
     """
     from retry_engine.core import engine
-    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs, signal_name
+    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs
 
     lake = os.path.abspath(config.engine.lake)
     with StopSignals() as signals:
-        query = engine.start(spark, config, take_over=args.take_over, discard_pending=args.discard_pending)
+        query = engine.start(
+            spark, config, take_over=args.take_over, discard_pending=args.discard_pending
+        )
         print(_running_line(config, args.config, query_id=str(query.id)), flush=True)
         try:
             while not signals.wait(RUN_POLL_SECONDS) and query.isActive:
@@ -279,14 +365,16 @@ def _run_until_stopped(spark: Any, config: EngineConfig, args: argparse.Namespac
         finally:
             if signals.requested:
                 quiet_stop_logs(spark)
-            lost = engine.stop(query, finish_batch_s=STOP_FINISH_BATCH_SECONDS if signals.requested else 0.0)
+            lost = engine.stop(
+                query, finish_batch_s=STOP_FINISH_BATCH_SECONDS if signals.requested else 0.0
+            )
             failure = None if signals.requested else query.exception()
             spark.stop()
     if lost is not None:
         print(f"retry-engine: {lost}", file=sys.stderr)
         return EXIT_ERROR
     if signals.received is not None:
-        print(f"retry-engine: stopped on {signal_name(signals.received)}; tables under {lake}", flush=True)
+        print(_stopped_line(signals.received, config), flush=True)
         return exit_code(signals.received)
     reason = str(failure).splitlines()[0] if failure is not None else "the query stopped"
     print(f"retry-engine: the engine stopped: {reason}; tables under {lake}", file=sys.stderr)
@@ -317,12 +405,19 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         with StopSignals() as signals:
             report = run_demo(
-                args.lake, spark=spark, messages=args.messages, echo=lambda line: print(line, flush=True), signals=signals
+                args.lake,
+                spark=spark,
+                messages=args.messages,
+                echo=lambda line: print(line, flush=True),
+                signals=signals,
             )
     finally:
         spark.stop()
     if report.stopped_by is not None:
-        print(f"demo: stopped on {signal_name(report.stopped_by)}; tables under {os.path.abspath(args.lake)}", flush=True)
+        print(
+            f"demo: stopped on {signal_name(report.stopped_by)}; tables under {os.path.abspath(args.lake)}",
+            flush=True,
+        )
         return exit_code(report.stopped_by)
     return EXIT_OK if report.settled else EXIT_ERROR
 

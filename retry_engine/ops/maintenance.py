@@ -310,10 +310,8 @@ def record(
     if not rows:
         return
     path = maintenance_path(lake)
-    ensure_table(path, MAINTENANCE.arrow_schema)
-    write_delta(
-        path, pa.Table.from_pylist(rows, schema=MAINTENANCE.arrow_schema), mode="append"
-    )
+    ensure_table(path, MAINTENANCE.arrow_schema, add_missing=True)
+    write_delta(path, pa.Table.from_pylist(rows, schema=MAINTENANCE.arrow_schema), mode="append")
 
 
 def run_maintenance(

@@ -21,7 +21,7 @@ import datetime as dt
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -38,6 +38,7 @@ from retry_engine.config import EngineConfig
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.delta import append_arrow, ensure_table
 from retry_engine.delta.session import set_jvm_log_level
+from retry_engine.errors import ConfigError
 from retry_engine.ops.falling_behind import FallingBehind
 from retry_engine.schemas import PROGRESS
 
@@ -47,6 +48,18 @@ STARTED = "started"
 PROGRESS_EVENT = "progress"
 IDLE = "idle"
 TERMINATED = "terminated"
+
+# Why a query terminated (the ``reason`` of its terminated event).
+StopReason = Literal["stopped", "finished", "failed", "lease_lost"]
+# Stopped on request: a signal, engine.stop(), or the API's query.stop().
+STOPPED: StopReason = "stopped"
+# `run --once` processed the input it was started for.
+FINISHED: StopReason = "finished"
+# The query died with an exception.
+FAILED: StopReason = "failed"
+# Another engine took the lake over (this one was fenced and stopped).
+LEASE_LOST: StopReason = "lease_lost"
+STOP_REASONS: tuple[StopReason, ...] = (STOPPED, FINISHED, FAILED, LEASE_LOST)
 
 # Rows kept when the table cannot be written; beyond this the oldest are dropped (and logged).
 MAX_BUFFERED_ROWS = 10_000
@@ -108,8 +121,18 @@ def lifecycle_row(
     query_name: str | None = None,
     exception: str | None = None,
     error_class: str | None = None,
+    reason: StopReason | None = None,
 ) -> dict[str, Any]:
-    """The PROGRESS row of a started, idle or terminated event (pure: no I/O)."""
+    """The PROGRESS row of a started, idle or terminated event (pure: no I/O).
+
+    A terminated event's ``reason`` is :func:`stop_reason` of ``reason`` and
+    ``exception``; the other events have none.
+    """
+    if reason is not None and event != TERMINATED:
+        raise ConfigError(
+            f"a {event} event has no stop reason (got {reason!r}); only {TERMINATED} events do",
+            code="INVALID_OPTION",
+        )
     row: dict[str, Any] = dict.fromkeys(PROGRESS.names)
     row.update(
         query_id=query_id,
@@ -120,8 +143,20 @@ def lifecycle_row(
         recorded_at=recorded_at,
         exception=exception,
         error_class_on_exception=error_class,
+        reason=stop_reason(reason, exception) if event == TERMINATED else None,
     )
     return row
+
+
+def stop_reason(requested: StopReason | None, exception: str | None) -> StopReason:
+    """Why a query terminated: failed if it has an exception, else what its stopper said, else stopped.
+
+    A query stopped without a word from the engine was stopped on request
+    (``query.stop()`` through the API).
+    """
+    if exception is not None:
+        return FAILED
+    return STOPPED if requested is None else requested
 
 
 def _now() -> dt.datetime:
@@ -162,31 +197,51 @@ class ProgressRecorder(StreamingQueryListener):
         self.rows_written = 0
         self.rows_dropped = 0
         self.unregistered = False
+        self._stop_reason: StopReason | None = None
 
     # -- listener callbacks: cheap, never raise -----------------------------------
     def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's name)
-        self._guard("started", lambda: self._add_if_ours(
-            str(event.id),
-            lambda: lifecycle_row(
-                STARTED, query_id=str(event.id), run_id=str(event.runId), query_name=event.name,
-                event_time=parse_spark_time(event.timestamp), recorded_at=_now(),
+        self._guard(
+            "started",
+            lambda: self._add_if_ours(
+                str(event.id),
+                lambda: lifecycle_row(
+                    STARTED,
+                    query_id=str(event.id),
+                    run_id=str(event.runId),
+                    query_name=event.name,
+                    event_time=parse_spark_time(event.timestamp),
+                    recorded_at=_now(),
+                ),
             ),
-        ))
+        )
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
         progress = event.progress
-        self._guard("progress", lambda: self._add_if_ours(
-            str(progress.id),
-            lambda: progress_row(progress, recorded_at=_now(), input_rows=self._take_input_rows(int(progress.batchId))),
-        ))
+        self._guard(
+            "progress",
+            lambda: self._add_if_ours(
+                str(progress.id),
+                lambda: progress_row(
+                    progress,
+                    recorded_at=_now(),
+                    input_rows=self._take_input_rows(int(progress.batchId)),
+                ),
+            ),
+        )
         if self._behind is not None and str(progress.id) == self.query_id:
-            self._guard("progress", lambda: self._report_lateness(int(progress.batchId), int(progress.batchDuration)))
+            self._guard(
+                "progress",
+                lambda: self._report_lateness(int(progress.batchId), int(progress.batchDuration)),
+            )
 
     def _report_lateness(self, batch_id: int, duration_ms: int) -> None:
         assert self._behind is not None
         change = self._behind.observe(batch_id, duration_ms)
         if change is not None:
-            message = self._behind.message(change, query_id=self.query_id, batch_id=batch_id, duration_ms=duration_ms)
+            message = self._behind.message(
+                change, query_id=self.query_id, batch_id=batch_id, duration_ms=duration_ms
+            )
             log.log(logging.WARNING if change == "started" else logging.INFO, "%s", message)
 
     def record_input_rows(self, batch_id: int, rows: int) -> None:
@@ -206,13 +261,19 @@ class ProgressRecorder(StreamingQueryListener):
         return rows
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802
-        self._guard("idle", lambda: self._add_if_ours(
-            str(event.id),
-            lambda: lifecycle_row(
-                IDLE, query_id=str(event.id), run_id=str(event.runId),
-                event_time=parse_spark_time(event.timestamp), recorded_at=_now(),
+        self._guard(
+            "idle",
+            lambda: self._add_if_ours(
+                str(event.id),
+                lambda: lifecycle_row(
+                    IDLE,
+                    query_id=str(event.id),
+                    run_id=str(event.runId),
+                    event_time=parse_spark_time(event.timestamp),
+                    recorded_at=_now(),
+                ),
             ),
-        ))
+        )
 
     def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802
         def record() -> None:
@@ -220,8 +281,14 @@ class ProgressRecorder(StreamingQueryListener):
             added = self._add_if_ours(
                 str(event.id),
                 lambda: lifecycle_row(
-                    TERMINATED, query_id=str(event.id), run_id=str(event.runId), event_time=now,
-                    recorded_at=now, exception=event.exception, error_class=event.errorClassOnException,
+                    TERMINATED,
+                    query_id=str(event.id),
+                    run_id=str(event.runId),
+                    event_time=now,
+                    recorded_at=now,
+                    exception=event.exception,
+                    error_class=event.errorClassOnException,
+                    reason=self.stop_requested,
                 ),
             )
             if added:
@@ -230,6 +297,29 @@ class ProgressRecorder(StreamingQueryListener):
                 self._wake.set()
 
         self._guard("terminated", record)
+
+    def stopping(self, reason: StopReason) -> None:
+        """Say why the query is about to be stopped; call before ``query.stop()``.
+
+        The terminated event records it (or ``failed`` if the query died with an
+        exception). The first reason given wins: when another engine takes the
+        lake over, the heartbeat says ``lease_lost`` and the stop that follows
+        does not change it.
+        """
+        if reason not in STOP_REASONS:
+            raise ConfigError(
+                f"stop reason {reason!r} is not one of {', '.join(STOP_REASONS)}",
+                code="INVALID_OPTION",
+            )
+        with self._lock:
+            if self._stop_reason is None:
+                self._stop_reason = reason
+
+    @property
+    def stop_requested(self) -> StopReason | None:
+        """The reason given to :meth:`stopping`, if any."""
+        with self._lock:
+            return self._stop_reason
 
     # -- buffer and writer thread -----------------------------------------------
     def start(self) -> None:
@@ -248,21 +338,31 @@ class ProgressRecorder(StreamingQueryListener):
 
         Spark delivers the terminated event asynchronously (listener bus); if it
         has not arrived within ``timeout`` seconds the row is made here from
-        ``run_id`` and ``exception``, so a stopped engine is never left looking
+        ``run_id``, ``exception`` and the reason given to :meth:`stopping`, so a
+        stopped engine is never left looking
         ``running`` to ``retry-engine status``. Returns when the writer thread has
         ended (none of its delta-rs calls outlives the caller).
         """
         if not self._terminated.wait(timeout):
-            log.warning("progress recorder %s: no terminated event from Spark within %.0f s; recording it directly",
-                        self.query_id, timeout)
+            log.warning(
+                "progress recorder %s: no terminated event from Spark within %.0f s; recording it directly",
+                self.query_id,
+                timeout,
+            )
             now = _now()
             # Closing first: a terminated event arriving late is then not recorded twice.
             self._closing.set()
+            row = lifecycle_row(
+                TERMINATED,
+                query_id=self.query_id,
+                run_id=run_id,
+                event_time=now,
+                recorded_at=now,
+                exception=exception,
+                reason=self.stop_requested,
+            )
             with self._lock:
-                self._rows.append(lifecycle_row(
-                    TERMINATED, query_id=self.query_id, run_id=run_id, event_time=now, recorded_at=now,
-                    exception=exception,
-                ))
+                self._rows.append(row)
             self._terminated.set()
         self.close(timeout=timeout)
 
@@ -300,7 +400,11 @@ class ProgressRecorder(StreamingQueryListener):
         except Exception:
             log.exception(
                 "progress recorder %s: could not append %d rows to %s (batch ids %s..%s); will retry",
-                self.query_id, len(rows), self.path, rows[0].get("batch_id"), rows[-1].get("batch_id"),
+                self.query_id,
+                len(rows),
+                self.path,
+                rows[0].get("batch_id"),
+                rows[-1].get("batch_id"),
             )
             with self._lock:
                 self._rows = rows + self._rows
@@ -308,7 +412,9 @@ class ProgressRecorder(StreamingQueryListener):
                 if excess > 0:
                     del self._rows[:excess]
                     self.rows_dropped += excess
-                    log.warning("progress recorder %s: dropped %d oldest rows", self.query_id, excess)
+                    log.warning(
+                        "progress recorder %s: dropped %d oldest rows", self.query_id, excess
+                    )
             return 0
         self.rows_written += len(rows)
         return len(rows)
@@ -325,8 +431,15 @@ class ProgressRecorder(StreamingQueryListener):
                 self._on_close(self)
                 self.unregistered = True
             except Exception:
-                log.exception("progress recorder %s: could not unregister the listener", self.query_id)
+                log.exception(
+                    "progress recorder %s: could not unregister the listener", self.query_id
+                )
         log.info("progress recorder %s closed: %d rows written", self.query_id, self.rows_written)
+
+
+def ensure_progress_table(path: str) -> None:
+    """Create the PROGRESS table at ``path``, or add the columns this release added to it (see ``ensure_table``)."""
+    ensure_table(path, PROGRESS.arrow_schema, add_missing=True)
 
 
 def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> ProgressRecorder:
@@ -336,7 +449,7 @@ def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> Progr
     listener unregisters itself after the query terminates (or on ``detach``).
     """
     path = config.table_path("progress")
-    ensure_table(path, PROGRESS.arrow_schema)
+    ensure_progress_table(path)
     recorder = ProgressRecorder(
         path,
         query_id=query_id,
@@ -353,7 +466,9 @@ def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> Progr
 
 
 # Logs "Current batch is falling behind" after every batch slower than the trigger interval.
-SPARK_FALLING_BEHIND_LOGGER = "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor"
+SPARK_FALLING_BEHIND_LOGGER = (
+    "org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor"
+)
 
 
 def detach(recorder: ProgressRecorder, *, timeout: float = 30.0) -> None:

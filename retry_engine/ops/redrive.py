@@ -162,7 +162,10 @@ class RateLimiter:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if rate is not None and not rate > 0:
-            raise ConfigError(f"rate must be a positive number of messages per second, got {rate!r}", code="INVALID_OPTION")
+            raise ConfigError(
+                f"rate must be a positive number of messages per second, got {rate!r}",
+                code="INVALID_OPTION",
+            )
         self.rate = rate
         self._clock = clock
         self._sleep = sleep
@@ -222,7 +225,9 @@ def redrive(
     exception it raises stops the re-drive (a re-run resumes it).
     """
     if target not in TARGETS:
-        raise ConfigError(f"target {target!r} is not one of {', '.join(TARGETS)}", code="INVALID_OPTION")
+        raise ConfigError(
+            f"target {target!r} is not one of {', '.join(TARGETS)}", code="INVALID_OPTION"
+        )
     return _redrive(
         config,
         selection,
@@ -273,7 +278,9 @@ def _redrive(
     on_progress: Callable[[ChunkProgress], None] | None,
 ) -> RedriveReport:
     if target not in TARGET_TABLES:
-        raise ConfigError(f"target {target!r} is not one of {', '.join(TARGET_TABLES)}", code="INVALID_OPTION")
+        raise ConfigError(
+            f"target {target!r} is not one of {', '.join(TARGET_TABLES)}", code="INVALID_OPTION"
+        )
     if chunk_size < 1:
         raise ConfigError(f"chunk_size must be at least 1, got {chunk_size}", code="INVALID_OPTION")
     if max_chunks is not None and max_chunks < 1:
@@ -282,35 +289,69 @@ def _redrive(
     if redrive_id is None:
         if selection is None:
             raise ConfigError("resuming needs a redrive id", code="INVALID_OPTION")
-        redrive_id = default_redrive_id(selection, target=target, reset_reconsume_times=reset_reconsume_times)
+        redrive_id = default_redrive_id(
+            selection, target=target, reset_reconsume_times=reset_reconsume_times
+        )
         if force:
             redrive_id = f"{redrive_id}-{uuid.uuid4().hex[:8]}"
     elif not isinstance(redrive_id, str) or not REDRIVE_ID.fullmatch(redrive_id):
-        raise ConfigError(f"redrive id {redrive_id!r} must be {REDRIVE_ID.pattern} (whole)", code="INVALID_OPTION")
+        raise ConfigError(
+            f"redrive id {redrive_id!r} must be {REDRIVE_ID.pattern} (whole)", code="INVALID_OPTION"
+        )
     operator = operator or whoami()
     audit_path = config.table_path(AUDIT_TABLE)
 
     def plan_now(exclude: set[str]) -> _Plan:
         return _plan(
-            config, selection, redrive_id=redrive_id, target=target, reset=reset_reconsume_times, force=force,
-            chunk_size=chunk_size, operator=operator, note=note, exclude=exclude,
+            config,
+            selection,
+            redrive_id=redrive_id,
+            target=target,
+            reset=reset_reconsume_times,
+            force=force,
+            chunk_size=chunk_size,
+            operator=operator,
+            note=note,
+            exclude=exclude,
         )
 
     if dry_run:
         plan = plan_now(set())
         limit = len(plan.chunks) if max_chunks is None else min(max_chunks, len(plan.chunks))
         chunks = plan.chunks[:limit]
-        table = pa.concat_tables([c for c, _ in chunks]) if chunks else REDRIVE_AUDIT.arrow_schema.empty_table()
+        table = (
+            pa.concat_tables([c for c, _ in chunks])
+            if chunks
+            else REDRIVE_AUDIT.arrow_schema.empty_table()
+        )
         resumed = sum(c.num_rows for c, was_pending in chunks if was_pending)
-        log.info("re-drive %s dry run: %d would move (%d resumed), %d skipped", redrive_id, table.num_rows, resumed, plan.skipped)
+        log.info(
+            "re-drive %s dry run: %d would move (%d resumed), %d skipped",
+            redrive_id,
+            table.num_rows,
+            resumed,
+            plan.skipped,
+        )
         return RedriveReport(
-            redrive_id=redrive_id, target=target, dry_run=True, matched=plan.matched, skipped=plan.skipped, resolved=plan.resolved,
-            resumed=resumed, moved=0, remaining=plan.total - table.num_rows, plan=table.to_pandas(),
+            redrive_id=redrive_id,
+            target=target,
+            dry_run=True,
+            matched=plan.matched,
+            skipped=plan.skipped,
+            resolved=plan.resolved,
+            resumed=resumed,
+            moved=0,
+            remaining=plan.total - table.num_rows,
+            plan=table.to_pandas(),
         )
 
     # Other processes see the run in the tasks table, and can cancel it there (redrive_tasks).
     tracker = RunTracker(
-        config, redrive_id, operator=operator, target=target, selection=None if selection is None else selection.describe()
+        config,
+        redrive_id,
+        operator=operator,
+        target=target,
+        selection=None if selection is None else selection.describe(),
     )
     # Chunks this run handled (claimed, or resumed), over every look at the audit table.
     done: list[pa.Table] = []
@@ -322,12 +363,16 @@ def _redrive(
     try:
         while True:
             plan = plan_now(done_ids)
-            budget = len(plan.chunks) if max_chunks is None else max(min(max_chunks - len(done), len(plan.chunks)), 0)
+            budget = (
+                len(plan.chunks)
+                if max_chunks is None
+                else max(min(max_chunks - len(done), len(plan.chunks)), 0)
+            )
             expect = plan.audit_version
             if expect is None and any(not was_pending for _, was_pending in plan.chunks[:budget]):
                 # Claims are commits against a checked audit version: create the table (only now,
                 # so a re-drive that moves nothing leaves no trace), then look again.
-                ensure_table(audit_path, REDRIVE_AUDIT.arrow_schema)
+                ensure_table(audit_path, REDRIVE_AUDIT.arrow_schema, add_missing=True)
                 continue
             if not tracker.started and budget:
                 tracker.start(moved=plan.moved_before, total=plan.moved_before + plan.total)
@@ -340,11 +385,22 @@ def _redrive(
                     k = int(chunk.column("chunk")[0].as_py())
                     if not was_pending:
                         if expect is None or not append_arrow(
-                            audit_path, chunk, app_id=app_id(redrive_id), txn_version=k, expect_version=expect
+                            audit_path,
+                            chunk,
+                            app_id=app_id(redrive_id),
+                            txn_version=k,
+                            expect_version=expect,
                         ):
-                            raise ConcurrentWriteError(f"{audit_path}: chunk {k} of re-drive {redrive_id} was claimed meanwhile")
+                            raise ConcurrentWriteError(
+                                f"{audit_path}: chunk {k} of re-drive {redrive_id} was claimed meanwhile"
+                            )
                         expect += 1
-                        _report(on_progress, ChunkProgress(redrive_id, k, "planned", chunk.num_rows, moved, plan.total))
+                        _report(
+                            on_progress,
+                            ChunkProgress(
+                                redrive_id, k, "planned", chunk.num_rows, moved, plan.total
+                            ),
+                        )
                     done.append(chunk)
                     done_ids.update(chunk.column("dlq_msg_id").to_pylist())
                     written = _move(config, chunk, by_id, redrive_id=redrive_id, target=target)
@@ -352,10 +408,19 @@ def _redrive(
                         moved += chunk.num_rows
                         resumed += chunk.num_rows if was_pending else 0
                     log.info(
-                        "re-drive %s chunk %d: %d messages %s %s (%d/%d)", redrive_id, k, chunk.num_rows,
-                        "moved to" if written else "were already in", TARGET_TABLES[target], moved, plan.total,
+                        "re-drive %s chunk %d: %d messages %s %s (%d/%d)",
+                        redrive_id,
+                        k,
+                        chunk.num_rows,
+                        "moved to" if written else "were already in",
+                        TARGET_TABLES[target],
+                        moved,
+                        plan.total,
                     )
-                    _report(on_progress, ChunkProgress(redrive_id, k, "moved", chunk.num_rows, moved, plan.total))
+                    _report(
+                        on_progress,
+                        ChunkProgress(redrive_id, k, "moved", chunk.num_rows, moved, plan.total),
+                    )
                     tracker.alive(plan.moved_before + moved)
                     limiter.after(chunk.num_rows)
             except ConcurrentWriteError as exc:
@@ -369,13 +434,24 @@ def _redrive(
                         f"{moved} messages moved so far; run it again to go on",
                         code="REDRIVE_CONTENDED",
                     ) from exc
-                log.info("re-drive %s: the audit table changed while claiming: %s; planning again", redrive_id, exc)
+                log.info(
+                    "re-drive %s: the audit table changed while claiming: %s; planning again",
+                    redrive_id,
+                    exc,
+                )
                 continue
             table = pa.concat_tables(done) if done else REDRIVE_AUDIT.arrow_schema.empty_table()
             tracker.end("finished", moved=plan.moved_before + moved)
             return RedriveReport(
-                redrive_id=redrive_id, target=target, dry_run=False, matched=plan.matched, skipped=plan.skipped, resolved=plan.resolved,
-                resumed=resumed, moved=moved, remaining=plan.total - sum(c.num_rows for c, _ in plan.chunks[:budget]),
+                redrive_id=redrive_id,
+                target=target,
+                dry_run=False,
+                matched=plan.matched,
+                skipped=plan.skipped,
+                resolved=plan.resolved,
+                resumed=resumed,
+                moved=moved,
+                remaining=plan.total - sum(c.num_rows for c, _ in plan.chunks[:budget]),
                 plan=table.to_pandas(),
             )
     except Cancelled as cancelled:
@@ -383,9 +459,17 @@ def _redrive(
         log.warning("re-drive %s stopped after %d messages: %s", redrive_id, moved, cancelled)
         table = pa.concat_tables(done) if done else REDRIVE_AUDIT.arrow_schema.empty_table()
         return RedriveReport(
-            redrive_id=redrive_id, target=target, dry_run=False, matched=plan.matched, skipped=plan.skipped, resolved=plan.resolved,
-            resumed=resumed, moved=moved, remaining=plan.total - sum(c.num_rows for c in done[handled_before:]),
-            plan=table.to_pandas(), cancelled=str(cancelled),
+            redrive_id=redrive_id,
+            target=target,
+            dry_run=False,
+            matched=plan.matched,
+            skipped=plan.skipped,
+            resolved=plan.resolved,
+            resumed=resumed,
+            moved=moved,
+            remaining=plan.total - sum(c.num_rows for c in done[handled_before:]),
+            plan=table.to_pandas(),
+            cancelled=str(cancelled),
         )
     except BaseException as exc:
         # Ctrl-C, a crash of the caller's progress callback, a storage error: the run is interrupted
@@ -418,29 +502,50 @@ def _plan(
     pending = mine.filter(pc.invert(mine.column(MOVED)))
     everything = read_dlq(config)
     # selection=None (resume): nothing new is planned, only the pending chunks move.
-    matched = everything.filter(selection.mask(everything)) if selection is not None else everything.slice(0, 0)
+    matched = (
+        everything.filter(selection.mask(everything))
+        if selection is not None
+        else everything.slice(0, 0)
+    )
 
     # What is left to plan: matched, not in this re-drive, not resolved (ever), and not moved by
     # another re-drive (unless forced). Resolutions are claims in this same table, so a resolve
     # committed after this plan's audit version makes this re-drive's claim fail and plan again.
     seen_here = set(mine.column("dlq_msg_id").to_pylist())
     resolved = set(resolution_rows(audit).column("dlq_msg_id").to_pylist())
-    others = redrive_rows(audit).filter(pc.not_equal(redrive_rows(audit).column("redrive_id"), redrive_id))
+    others = redrive_rows(audit).filter(
+        pc.not_equal(redrive_rows(audit).column("redrive_id"), redrive_id)
+    )
     moved_elsewhere = set(others.filter(others.column(MOVED)).column("dlq_msg_id").to_pylist())
     unfinished = others.filter(pc.invert(others.column(MOVED)))
     unfinished_ids = dict(
-        zip(unfinished.column("dlq_msg_id").to_pylist(), unfinished.column("redrive_id").to_pylist(), strict=True)
+        zip(
+            unfinished.column("dlq_msg_id").to_pylist(),
+            unfinished.column("redrive_id").to_pylist(),
+            strict=True,
+        )
     )
     ids = matched.column("msg_id").to_pylist()
-    clash = sorted({unfinished_ids[i] for i in ids if i in unfinished_ids and i not in seen_here and i not in resolved})
+    clash = sorted(
+        {
+            unfinished_ids[i]
+            for i in ids
+            if i in unfinished_ids and i not in seen_here and i not in resolved
+        }
+    )
     if clash:
         raise RedriveError(
             f"{sum(1 for i in ids if i in unfinished_ids)} selected dead letters belong to unfinished re-drive(s) "
             f"{', '.join(clash)}; finish them first (retry-engine dlq redrive --resume {clash[0]})",
             code="REDRIVE_UNFINISHED",
         )
-    fresh_mask = [i not in seen_here and i not in resolved and (force or i not in moved_elsewhere) for i in ids]
-    fresh = matched.filter(pa.array(fresh_mask, pa.bool_())).sort_by([("dead_lettered_at", "ascending"), ("msg_id", "ascending")])
+    fresh_mask = [
+        i not in seen_here and i not in resolved and (force or i not in moved_elsewhere)
+        for i in ids
+    ]
+    fresh = matched.filter(pa.array(fresh_mask, pa.bool_())).sort_by(
+        [("dead_lettered_at", "ascending"), ("msg_id", "ascending")]
+    )
     pending_ids = set(pending.column("dlq_msg_id").to_pylist())
     skipped = sum(
         1
@@ -484,7 +589,12 @@ def _plan(
 
 
 def _move(
-    config: EngineConfig, chunk: pa.Table, by_id: dict[str, dict[str, Any]], *, redrive_id: str, target: Target
+    config: EngineConfig,
+    chunk: pa.Table,
+    by_id: dict[str, dict[str, Any]],
+    *,
+    redrive_id: str,
+    target: Target,
 ) -> bool:
     """Append one claimed chunk's messages to the target table; False if it was already there.
 
@@ -579,7 +689,14 @@ def _plan_chunk(
 ) -> pa.Table:
     """The audit rows of one chunk: the full intent, enough to redo the move after a crash."""
     planned = []
-    needed = ["consumer_group", "retry_topic", "msg_id", "origin_msg_id", "reason_code", "reconsume_times"]
+    needed = [
+        "consumer_group",
+        "retry_topic",
+        "msg_id",
+        "origin_msg_id",
+        "reason_code",
+        "reconsume_times",
+    ]
     for row in rows.select(needed).to_pylist():
         group = row["consumer_group"]
         planned.append(
@@ -596,7 +713,9 @@ def _plan_chunk(
                 "dlq_msg_id": row["msg_id"],
                 "origin_msg_id": row["origin_msg_id"],
                 "reason_code": row["reason_code"],
-                "redriven_msg_id": redriven_msg_id(redrive_id, row["msg_id"], generations.get(row["msg_id"], 0)),
+                "redriven_msg_id": redriven_msg_id(
+                    redrive_id, row["msg_id"], generations.get(row["msg_id"], 0)
+                ),
                 "topic": row["retry_topic"] if target == "topic" else retry_topic(group),
                 "target_table": TARGET_TABLES[target],
                 "reconsume_times": 0 if reset else row["reconsume_times"],
@@ -609,10 +728,14 @@ def _plan_chunk(
 def _index(dlq: pa.Table, chunks: list[pa.Table]) -> dict[str, dict[str, Any]]:
     """The dead letters ``chunks`` name, by msg id."""
     needed = pa.array([i for c in chunks for i in c.column("dlq_msg_id").to_pylist()], pa.string())
-    return {row["msg_id"]: row for row in dlq.filter(pc.is_in(dlq.column("msg_id"), needed)).to_pylist()}
+    return {
+        row["msg_id"]: row for row in dlq.filter(pc.is_in(dlq.column("msg_id"), needed)).to_pylist()
+    }
 
 
-def _messages(config: EngineConfig, chunk: pa.Table, dlq: dict[str, dict[str, Any]], *, target: Target) -> pa.Table:
+def _messages(
+    config: EngineConfig, chunk: pa.Table, dlq: dict[str, dict[str, Any]], *, target: Target
+) -> pa.Table:
     """The new messages of one chunk, built from its audit rows and the dead letters."""
     now = _now()
     out = []
@@ -635,7 +758,20 @@ def _messages(config: EngineConfig, chunk: pa.Table, dlq: dict[str, dict[str, An
         message = {
             "msg_id": new_id,
             "topic": intent["topic"],
-            **{k: dead[k] for k in ("tags", "keys", "body", "flag", "born_timestamp", "born_host", "origin_msg_id", "retry_topic", "attempts")},
+            **{
+                k: dead[k]
+                for k in (
+                    "tags",
+                    "keys",
+                    "body",
+                    "flag",
+                    "born_timestamp",
+                    "born_host",
+                    "origin_msg_id",
+                    "retry_topic",
+                    "attempts",
+                )
+            },
             "properties": list(props.items()),
             "store_timestamp": now,
             "reconsume_times": intent["reconsume_times"],
@@ -656,7 +792,9 @@ def _messages(config: EngineConfig, chunk: pa.Table, dlq: dict[str, dict[str, An
                 "delivered_at": now,
                 "error_class": dead["error_class"],
                 "error_message": dead["error_message"],
-                "delivery_key": delivery_key(dead["origin_msg_id"], intent["reconsume_times"], redrive_count(props)),
+                "delivery_key": delivery_key(
+                    dead["origin_msg_id"], intent["reconsume_times"], redrive_count(props)
+                ),
             }
         )
     schema = MESSAGES if target == "topic" else RETRY

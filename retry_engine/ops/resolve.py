@@ -164,7 +164,7 @@ def resolve(
             return report
         if snapshot.version is None:
             # Claims are commits against a checked audit version: create the table, then look again.
-            ensure_table(audit_path, REDRIVE_AUDIT.arrow_schema)
+            ensure_table(audit_path, REDRIVE_AUDIT.arrow_schema, add_missing=True)
             continue
         if on_planned is not None:
             on_planned(report)

@@ -29,7 +29,14 @@ from retry_engine.core.metrics import nearest_rank
 from retry_engine.delta.storage import is_remote
 from retry_engine.delta.tables import open_table, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
-from retry_engine.ops.monitor import PROGRESS_EVENT, TERMINATED
+from retry_engine.ops.monitor import (
+    FINISHED,
+    LEASE_LOST,
+    PROGRESS_EVENT,
+    STOPPED,
+    TERMINATED,
+    StopReason,
+)
 from retry_engine.schemas import CONSUME_RESULTS, DLQ, METRICS, OUTCOMES, PROGRESS, RETRY, Table
 
 QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]
@@ -44,13 +51,19 @@ MIN_STALE_MS = 30_000
 # Columns each summary needs; only these are read.
 _COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
     "progress": (PROGRESS, tuple(PROGRESS.names)),
-    "outcomes": (OUTCOMES, ("consumer_group", "outcome", "output_msg_id", "delay_level", "due_at", "decided_at")),
+    "outcomes": (
+        OUTCOMES,
+        ("consumer_group", "outcome", "output_msg_id", "delay_level", "due_at", "decided_at"),
+    ),
     "retry": (RETRY, ("msg_id", "consumer_group", "delay_level", "due_at", "delivered_at")),
     "dlq": (DLQ, ("consumer_group", "reason_code", "error_class", "dead_lettered_at")),
     "metrics": (METRICS, tuple(METRICS.names)),
     # Only the group: counting what consumers wrote must not read their payloads.
     "consume_results": (CONSUME_RESULTS, ("consumer_group",)),
 }
+
+# Columns a lake written by an older release lacks until the engine's next start adds them.
+_ADDED_LATER: dict[str, tuple[str, ...]] = {"progress": ("reason",)}
 
 
 @dataclass(frozen=True)
@@ -71,22 +84,30 @@ def _empty(table: Table, columns: tuple[str, ...]) -> pa.Table:
     return schema.empty_table()
 
 
-def read_table_columns(path: str, table: Table, columns: tuple[str, ...]) -> pa.Table | None:
+def read_table_columns(
+    path: str, table: Table, columns: tuple[str, ...], *, added_later: tuple[str, ...] = ()
+) -> pa.Table | None:
     """``columns`` of the Delta table at ``path``, or None when there is no table there.
 
-    Raises :class:`SchemaMismatchError` naming the first missing column.
+    ``added_later``: columns a table written by an older release lacks until
+    the engine's next start adds them; they read as null. Raises
+    :class:`SchemaMismatchError` naming the first other missing column.
     """
     delta = open_table(path)
     if delta is None:
         return None
     names = set(table_arrow_schema(delta).names)
     missing = [c for c in columns if c not in names]
-    if missing:
+    required = [c for c in missing if c not in added_later]
+    if required:
         raise SchemaMismatchError(
-            f"table {table.name} at {path} has no column {missing[0]!r}; "
+            f"table {table.name} at {path} has no column {required[0]!r}; "
             f"{table.name} needs {', '.join(columns)}"
         )
-    return pa.table(delta.to_pyarrow_table(columns=list(columns)))
+    read = pa.table(delta.to_pyarrow_table(columns=[c for c in columns if c in names]))
+    for name in missing:
+        read = read.append_column(table[name].field, pa.nulls(read.num_rows, table[name].type))
+    return read.select(list(columns))
 
 
 def _read_consume_results(path: str, table: Table, columns: tuple[str, ...]) -> pa.Table | None:
@@ -107,8 +128,12 @@ def read_tables(config: EngineConfig) -> EngineTables:
     tables: dict[str, pa.Table] = {}
     present: set[str] = set()
     for name, (table, columns) in _COLUMNS.items():
-        reader = _read_consume_results if table is CONSUME_RESULTS else read_table_columns
-        found = reader(config.table_path(name), table, columns)
+        if table is CONSUME_RESULTS:
+            found = _read_consume_results(config.table_path(name), table, columns)
+        else:
+            found = read_table_columns(
+                config.table_path(name), table, columns, added_later=_ADDED_LATER.get(name, ())
+            )
         present.update([name] if found is not None else [])
         tables[name] = found if found is not None else _empty(table, columns)
     if not present:
@@ -190,6 +215,8 @@ class Status:
     checked_at: dt.datetime
     state: QueryState
     state_reason: str
+    # Why the query terminated (stopped and failed only; None on older releases' terminated events).
+    stop_reason: StopReason | None
     query_id: str | None
     last_event_at: dt.datetime | None
     last_batch: LastBatch | None
@@ -202,9 +229,13 @@ class Status:
     lag: list[LagEntry] = dataclasses.field(default_factory=list)
 
 
-def stale_after_ms(*, trigger_interval_ms: int, flush_interval_ms: int, last_batch_ms: int | None) -> int:
+def stale_after_ms(
+    *, trigger_interval_ms: int, flush_interval_ms: int, last_batch_ms: int | None
+) -> int:
     """How long without a recorded event before a query that never said it stopped is stale."""
-    return flush_interval_ms + max(STALE_TRIGGERS * trigger_interval_ms, 2 * (last_batch_ms or 0), MIN_STALE_MS)
+    return flush_interval_ms + max(
+        STALE_TRIGGERS * trigger_interval_ms, 2 * (last_batch_ms or 0), MIN_STALE_MS
+    )
 
 
 def _latest(table: pa.Table, column: str) -> dict[str, Any] | None:
@@ -246,10 +277,16 @@ def query_state(
             state_memory_bytes=row["state_memory_bytes"],
         )
     if last["event"] == TERMINATED:
+        reason = _stop_reason_text(last["reason"])
         if last["exception"]:
             first_line = str(last["exception"]).splitlines()[0][:200]
-            return "failed", f"terminated at {_iso(last['event_time'])} with: {first_line}", last, last_batch
-        return "stopped", f"stopped at {_iso(last['event_time'])}", last, last_batch
+            return (
+                "failed",
+                f"terminated at {_iso(last['event_time'])}{reason} with: {first_line}",
+                last,
+                last_batch,
+            )
+        return "stopped", f"stopped at {_iso(last['event_time'])}{reason}", last, last_batch
     limit = stale_after_ms(
         trigger_interval_ms=trigger_interval_ms,
         flush_interval_ms=flush_interval_ms,
@@ -257,8 +294,34 @@ def query_state(
     )
     silence_ms = int((now - last["recorded_at"]).total_seconds() * 1000)
     if silence_ms <= limit:
-        return "running", f"last event {silence_ms} ms ago (stale after {limit} ms)", last, last_batch
-    return "stale", f"no event for {silence_ms} ms (limit {limit} ms) and no terminated event", last, last_batch
+        return (
+            "running",
+            f"last event {silence_ms} ms ago (stale after {limit} ms)",
+            last,
+            last_batch,
+        )
+    return (
+        "stale",
+        f"no event for {silence_ms} ms (limit {limit} ms) and no terminated event",
+        last,
+        last_batch,
+    )
+
+
+# What a stop reason means, after the reason itself in `status` (failed shows its exception instead).
+_STOP_REASON_MEANING: dict[str, str] = {
+    STOPPED: "on request",
+    FINISHED: "run --once processed its input",
+    LEASE_LOST: "another engine took the lake over",
+}
+
+
+def _stop_reason_text(reason: str | None) -> str:
+    """`` (reason: stopped, on request)``; empty for a terminated event of an older release (no reason)."""
+    if reason is None:
+        return ""
+    meaning = _STOP_REASON_MEANING.get(reason)
+    return f" (reason: {reason}, {meaning})" if meaning else f" (reason: {reason})"
 
 
 def pending_retries(outcomes: pa.Table, retry: pa.Table) -> pa.Table:
@@ -277,7 +340,9 @@ def backlog(outcomes: pa.Table, retry: pa.Table) -> list[BacklogEntry]:
         [("outcome", "count"), ("due_at", "min")]
     )
     entries = [
-        BacklogEntry(r["consumer_group"] or "", r["delay_level"], r["outcome_count"], r["due_at_min"])
+        BacklogEntry(
+            r["consumer_group"] or "", r["delay_level"], r["outcome_count"], r["due_at_min"]
+        )
         for r in grouped.to_pylist()
     ]
     return sorted(entries, key=lambda e: (e.consumer_group, e.delay_level or 0))
@@ -316,26 +381,37 @@ def dead_letters(dlq: pa.Table) -> list[DeadLetterEntry]:
     """Dead letters by group, reason code and error class, most frequent first."""
     if dlq.num_rows == 0:
         return []
-    grouped = dlq.group_by(["consumer_group", "reason_code", "error_class"], use_threads=False).aggregate(
-        [("dead_lettered_at", "count")]
-    )
+    grouped = dlq.group_by(
+        ["consumer_group", "reason_code", "error_class"], use_threads=False
+    ).aggregate([("dead_lettered_at", "count")])
     entries = [
-        DeadLetterEntry(r["consumer_group"], r["reason_code"], r["error_class"], r["dead_lettered_at_count"])
+        DeadLetterEntry(
+            r["consumer_group"], r["reason_code"], r["error_class"], r["dead_lettered_at_count"]
+        )
         for r in grouped.to_pylist()
     ]
-    return sorted(entries, key=lambda e: (-e.count, e.consumer_group, e.reason_code or "", e.error_class or ""))
+    return sorted(
+        entries,
+        key=lambda e: (-e.count, e.consumer_group, e.reason_code or "", e.error_class or ""),
+    )
 
 
 def _count_by_group(rows: pa.Table) -> dict[str | None, int]:
     if rows.num_rows == 0:
         return {}
-    counted = rows.select(["consumer_group"]).group_by(["consumer_group"], use_threads=False).aggregate(
-        [([], "count_all")]
+    counted = (
+        rows.select(["consumer_group"])
+        .group_by(["consumer_group"], use_threads=False)
+        .aggregate([([], "count_all")])
     )
-    return dict(zip(counted["consumer_group"].to_pylist(), counted["count_all"].to_pylist(), strict=True))
+    return dict(
+        zip(counted["consumer_group"].to_pylist(), counted["count_all"].to_pylist(), strict=True)
+    )
 
 
-def lag(consume_results: pa.Table, outcomes: pa.Table, retry: pa.Table, *, now: dt.datetime) -> list[LagEntry]:
+def lag(
+    consume_results: pa.Table, outcomes: pa.Table, retry: pa.Table, *, now: dt.datetime
+) -> list[LagEntry]:
     """Per group: consume results written vs decided, and retries due vs released at ``now``.
 
     Every consume result gets exactly one outcome (duplicates and bad rows
@@ -346,8 +422,12 @@ def lag(consume_results: pa.Table, outcomes: pa.Table, retry: pa.Table, *, now: 
     written = _count_by_group(consume_results)
     decided = _count_by_group(outcomes)
     retries = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
-    released_mask = pc.fill_null(pc.is_in(retries["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
-    due_mask = pc.fill_null(pc.less_equal(retries["due_at"], pa.scalar(now, retries.schema.field("due_at").type)), False)
+    released_mask = pc.fill_null(
+        pc.is_in(retries["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False
+    )
+    due_mask = pc.fill_null(
+        pc.less_equal(retries["due_at"], pa.scalar(now, retries.schema.field("due_at").type)), False
+    )
     due = _count_by_group(retries.filter(due_mask))
     released = _count_by_group(retries.filter(released_mask))
     overdue = _count_by_group(retries.filter(pc.and_(due_mask, pc.invert(released_mask))))
@@ -378,16 +458,22 @@ def summarise(
 ) -> Status:
     """The status at ``now`` (pure: no I/O)."""
     state, reason, last, last_batch = query_state(
-        lake.progress, now=now, trigger_interval_ms=trigger_interval_ms, flush_interval_ms=flush_interval_ms
+        lake.progress,
+        now=now,
+        trigger_interval_ms=trigger_interval_ms,
+        flush_interval_ms=flush_interval_ms,
     )
     entries = backlog(lake.outcomes, lake.retry)
     due = [e.oldest_due_at for e in entries if e.oldest_due_at is not None]
     oldest = min(due) if due else None
-    overdue = int((now - oldest).total_seconds() * 1000) if oldest is not None and oldest < now else None
+    overdue = (
+        int((now - oldest).total_seconds() * 1000) if oldest is not None and oldest < now else None
+    )
     return Status(
         checked_at=now,
         state=state,
         state_reason=reason,
+        stop_reason=last["reason"] if last and state in ("stopped", "failed") else None,
         query_id=last["query_id"] if last else None,
         last_event_at=last["recorded_at"] if last else None,
         last_batch=last_batch,
@@ -430,7 +516,9 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     out = ["  " + line.rstrip()]
-    out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    out += [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
     return out
 
 
@@ -458,7 +546,10 @@ def format_status(status: Status) -> str:
     if status.backlog:
         lines += _table(
             ["group", "level", "pending", "oldest due"],
-            [[e.consumer_group, _num(e.delay_level), _num(e.pending), _iso(e.oldest_due_at)] for e in status.backlog],
+            [
+                [e.consumer_group, _num(e.delay_level), _num(e.pending), _iso(e.oldest_due_at)]
+                for e in status.backlog
+            ],
         )
     overdue = f" (overdue by {status.overdue_ms:,} ms)" if status.overdue_ms is not None else ""
     lines.append(f"oldest due  {_iso(status.oldest_due_at)}{overdue}")
@@ -467,7 +558,16 @@ def format_status(status: Status) -> str:
     if status.lateness:
         lines += _table(
             ["group", "deliveries", "p50 ms", "p99 ms", "max ms"],
-            [[e.consumer_group, _num(e.deliveries), _num(e.p50_ms), _num(e.p99_ms), _num(e.max_ms)] for e in status.lateness],
+            [
+                [
+                    e.consumer_group,
+                    _num(e.deliveries),
+                    _num(e.p50_ms),
+                    _num(e.p99_ms),
+                    _num(e.max_ms),
+                ]
+                for e in status.lateness
+            ],
         )
     else:
         lines.append("  no retries released yet")
@@ -479,7 +579,10 @@ def format_status(status: Status) -> str:
     if status.dead_letters:
         lines += _table(
             ["group", "reason", "error class", "count"],
-            [[e.consumer_group, e.reason_code or "-", e.error_class or "-", _num(e.count)] for e in status.dead_letters],
+            [
+                [e.consumer_group, e.reason_code or "-", e.error_class or "-", _num(e.count)]
+                for e in status.dead_letters
+            ],
         )
     return "\n".join(lines) + "\n"
 
@@ -490,11 +593,25 @@ def _format_lag(entries: list[LagEntry]) -> list[str]:
     if not entries:
         return [*lines, "  no consume results yet"]
     return lines + _table(
-        ["group", "results written", "decided", "behind", "retries due", "released", "due, not released"],
         [
-            [e.consumer_group if e.consumer_group is not None else "(no group)", _num(e.results_written),
-             _num(e.results_decided), _num(e.results_behind), _num(e.retries_due), _num(e.retries_released),
-             _num(e.retries_overdue)]
+            "group",
+            "results written",
+            "decided",
+            "behind",
+            "retries due",
+            "released",
+            "due, not released",
+        ],
+        [
+            [
+                e.consumer_group if e.consumer_group is not None else "(no group)",
+                _num(e.results_written),
+                _num(e.results_decided),
+                _num(e.results_behind),
+                _num(e.retries_due),
+                _num(e.retries_released),
+                _num(e.retries_overdue),
+            ]
             for e in entries
         ],
     )

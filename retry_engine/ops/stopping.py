@@ -45,6 +45,10 @@ STOP_NOISE_LOGGERS = (
     "org.apache.spark.scheduler.DAGScheduler",
     # One WARN per task of the cancelled job: "Lost task ... TaskKilled (... SPARK_JOB_CANCELLED ...)".
     "org.apache.spark.scheduler.TaskSetManager",
+    # A batch abandoned while it writes through a Python data source (the consumer's results, after
+    # the wait for its batch ran out): ERROR "Data source write support ... is aborting" and "failed
+    # to abort". Nothing was committed; the batch is replayed at the next start.
+    "org.apache.spark.sql.execution.datasources.v2.AppendDataExec",
 )
 # Python loggers that do the same on the driver: py4j logs, with the whole Java stack, the
 # SPARK_JOB_CANCELLED error that the stop makes a running foreachBatch call raise

@@ -32,7 +32,7 @@ import pytest
 from retry_engine.core.lease import read_state
 from retry_engine.ops.cli import main
 from tests.builders import Result
-from tests.lakehouse import FAST_LEVELS, Lake, wait_for
+from tests.lakehouse import FAST_LEVELS, STOP_NOISE, Lake, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,6 @@ REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT = 300.0
 STOP_TIMEOUT = 120.0
 RUNNING_MARK = "retry-engine: running (query "
-NOISE = ("Traceback", "py4j", "at org.apache", "Exception in thread", "terminate called")
 
 
 @dataclass
@@ -71,7 +70,11 @@ def _spawn(conf: Path, logs: Path, name: str) -> tuple[subprocess.Popen[bytes], 
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "retry_engine.ops.cli", "run", "--config", str(conf)],
-            stdout=stdout, stderr=stderr, env=env, cwd=REPO, start_new_session=True,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
         )
     return proc, out, err
 
@@ -97,18 +100,31 @@ def _status(conf: Path) -> tuple[int, str]:
 
 
 def _run_and_stop(
-    lake: Lake, conf: Path, logs: Path, *, name: str, signum: int, write: list[Result], decided: list[Result],
+    lake: Lake,
+    conf: Path,
+    logs: Path,
+    *,
+    name: str,
+    signum: int,
+    write: list[Result],
+    decided: list[Result],
     after: list[Result],
 ) -> Stopped:
     """Start the engine, append ``write``, wait for ``decided`` to be decided, append ``after``, send ``signum``."""
     proc, out, err = _spawn(conf, logs, name)
     try:
-        wait_for(lambda: proc.poll() is not None or RUNNING_MARK in out.read_text(errors="replace"),
-                 timeout=STARTUP_TIMEOUT, what=f"{name}: the engine's running line")
+        wait_for(
+            lambda: proc.poll() is not None or RUNNING_MARK in out.read_text(errors="replace"),
+            timeout=STARTUP_TIMEOUT,
+            what=f"{name}: the engine's running line",
+        )
         assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
         lake.write_results(write)
-        wait_for(lambda: {r.values["result_id"] for r in decided} <= set(_outcomes(lake)),
-                 timeout=STARTUP_TIMEOUT, what=f"{name}: a committed batch with the first input")
+        wait_for(
+            lambda: {r.values["result_id"] for r in decided} <= set(_outcomes(lake)),
+            timeout=STARTUP_TIMEOUT,
+            what=f"{name}: a committed batch with the first input",
+        )
         if after:
             lake.write_results(after)
         if signum == signal.SIGINT:
@@ -121,8 +137,15 @@ def _run_and_stop(
             _kill_group(proc)
     code, status_out = _status(conf)
     state = read_state(str(lake.root))
-    return Stopped(signal.Signals(signum).name, proc.returncode, out.read_text(errors="replace"),
-                   err.read_text(errors="replace"), code, status_out, state is not None and state.released)
+    return Stopped(
+        signal.Signals(signum).name,
+        proc.returncode,
+        out.read_text(errors="replace"),
+        err.read_text(errors="replace"),
+        code,
+        status_out,
+        state is not None and state.released,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -136,16 +159,36 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Scenario:
     )
     # Acknowledged rows and first failures: each gets exactly one outcome, whenever it is read.
     rows = {
-        name: [Result.of(f"{name}-ok-{i}").ok() for i in range(3)] + [Result.of(f"{name}-fail-{i}").failed() for i in range(2)]
+        name: [Result.of(f"{name}-ok-{i}").ok() for i in range(3)]
+        + [Result.of(f"{name}-fail-{i}").failed() for i in range(2)]
         for name in ("A", "B", "C")
     }
-    written = {r.values["result_id"]: ("acknowledged" if "-ok-" in r.values["msg_id"] else "retry")
-               for batch in rows.values() for r in batch}
-    sigint = _run_and_stop(lake, conf, root, name="sigint", signum=signal.SIGINT, write=rows["A"], decided=rows["A"],
-                           after=rows["B"])
+    written = {
+        r.values["result_id"]: ("acknowledged" if "-ok-" in r.values["msg_id"] else "retry")
+        for batch in rows.values()
+        for r in batch
+    }
+    sigint = _run_and_stop(
+        lake,
+        conf,
+        root,
+        name="sigint",
+        signum=signal.SIGINT,
+        write=rows["A"],
+        decided=rows["A"],
+        after=rows["B"],
+    )
     # B, appended right before the SIGINT, must be decided by the restart: wait for it with C.
-    sigterm = _run_and_stop(lake, conf, root, name="sigterm", signum=signal.SIGTERM, write=rows["C"],
-                            decided=rows["B"] + rows["C"], after=[])
+    sigterm = _run_and_stop(
+        lake,
+        conf,
+        root,
+        name="sigterm",
+        signum=signal.SIGTERM,
+        write=rows["C"],
+        decided=rows["B"] + rows["C"],
+        after=[],
+    )
     return Scenario(lake, conf, sigint, sigterm, written)
 
 
@@ -156,13 +199,21 @@ def test_a_signal_stops_the_engine_cleanly(scenario: Scenario, which: str, code:
     assert stopped.returncode == code, context
     lines = stopped.stdout.splitlines()
     lake = scenario.lake.root
-    assert lines[-1] == f"retry-engine: stopped on {stopped.signal_name}; tables under {lake}", context
-    assert sum("stopped on" in line for line in (stopped.stdout + stopped.stderr).splitlines()) == 1, context
+    assert lines[-1] == f"retry-engine: stopped on {stopped.signal_name}; tables under {lake}", (
+        context
+    )
+    assert (
+        sum("stopped on" in line for line in (stopped.stdout + stopped.stderr).splitlines()) == 1
+    ), context
     # Start-up ends with one line: what runs, where, how to watch it and how to stop it (#13 part 6).
     running = [line for line in lines if line.startswith(RUNNING_MARK)]
     assert len(running) == 1, context
-    assert str(lake) in running[0] and "retry-engine status --config" in running[0] and "Ctrl-C" in running[0]
-    for noise in NOISE:
+    assert (
+        str(lake) in running[0]
+        and "retry-engine status --config" in running[0]
+        and "Ctrl-C" in running[0]
+    )
+    for noise in STOP_NOISE:
         assert noise not in stopped.stdout + stopped.stderr, f"{noise!r} in the output\n{context}"
 
 
@@ -170,23 +221,34 @@ def test_a_signal_stops_the_engine_cleanly(scenario: Scenario, which: str, code:
 def test_status_reports_stopped_and_exits_0(scenario: Scenario, which: str) -> None:
     stopped: Stopped = getattr(scenario, which)
     assert stopped.status_exit == 0, stopped.status_out
-    assert stopped.status_out.startswith("query       stopped: stopped at "), stopped.status_out
+    first = stopped.status_out.splitlines()[0]
+    assert first.startswith("query       stopped: stopped at "), stopped.status_out
+    assert first.endswith(" (reason: stopped, on request)"), stopped.status_out
 
 
-def test_each_run_ends_with_a_terminated_event_without_exception(scenario: Scenario) -> None:
+def test_each_run_ends_with_a_terminated_event_with_reason_stopped(scenario: Scenario) -> None:
+    """The SIGINT run, then the SIGTERM run: each ends with one terminated event, stopped on request."""
     progress = scenario.lake.rows("progress")
     runs: dict[str, list[dict[str, object]]] = {}
     for row in sorted(progress, key=lambda r: r["recorded_at"]):
         runs.setdefault(str(row["run_id"]), []).append(row)
     assert len(runs) == 2
-    for rows in runs.values():
+    for which, rows in zip(("sigint", "sigterm"), runs.values(), strict=True):
         terminated = [r for r in rows if r["event"] == "terminated"]
-        assert len(terminated) == 1 and terminated[0] is rows[-1], [r["event"] for r in rows]
-        assert terminated[0]["exception"] is None
+        assert len(terminated) == 1 and terminated[0] is rows[-1], (
+            which,
+            [r["event"] for r in rows],
+        )
+        assert (terminated[0]["exception"], terminated[0]["reason"]) == (None, "stopped"), which
+        assert {r["reason"] for r in rows[:-1]} == {None}, (
+            which
+        )  # started, progress and idle have none
 
 
 @pytest.mark.parametrize("which", ["sigint", "sigterm"])
-def test_the_lease_is_released_so_a_restart_needs_no_take_over(scenario: Scenario, which: str) -> None:
+def test_the_lease_is_released_so_a_restart_needs_no_take_over(
+    scenario: Scenario, which: str
+) -> None:
     """B8: a stopped engine gives the lake up at once, not after the lease timeout."""
     assert getattr(scenario, which).lease_released
 

@@ -26,7 +26,9 @@ SLOW = {"slow": {"backoff": {"levels": "1h"}}}
 def lake_with(tmp_path: Path, checkpoint: str, **engine_conf: Any) -> Lake:
     """One lake (``tmp_path/lake``) seen through the checkpoint ``tmp_path/<checkpoint>``."""
     return Lake.make(
-        tmp_path / "lake", engine={"checkpoint": str(tmp_path / checkpoint), **engine_conf}, groups=SLOW
+        tmp_path / "lake",
+        engine={"checkpoint": str(tmp_path / checkpoint), **engine_conf},
+        groups=SLOW,
     )
 
 
@@ -46,7 +48,9 @@ def per_result(lake: Lake, table: str, column: str) -> Counter[str]:
     return Counter(r[column] for r in lake.rows(table))
 
 
-def test_new_checkpoint_resumes_after_the_lake_and_writes_nothing_twice(spark: Any, tmp_path: Path) -> None:
+def test_new_checkpoint_resumes_after_the_lake_and_writes_nothing_twice(
+    spark: Any, tmp_path: Path
+) -> None:
     """B8 / #12 item 8: a new checkpoint decides no consume result the lake already decided, and skips none.
 
     Checkpoint c1 decides phase 1; c2 (new) then decides phase 2 only. Phase 2
@@ -63,11 +67,15 @@ def test_new_checkpoint_resumes_after_the_lake_and_writes_nothing_twice(spark: A
     lake.write_results(second)
     engine.run_once(spark, lake_with(tmp_path, "c2").config)
     state = read_state(str(tmp_path / "lake"))
-    assert state is not None and state.last_batch is not None and state.last_batch.pending_retries == 1
+    assert (
+        state is not None and state.last_batch is not None and state.last_batch.pending_retries == 1
+    )
 
     lake.write_results(third)
     c3 = lake_with(tmp_path, "c3").config
-    with pytest.raises(LakeResumeError, match=r"LAKE_PENDING_RETRIES.*1 retries.*--discard-pending"):
+    with pytest.raises(
+        LakeResumeError, match=r"LAKE_PENDING_RETRIES.*1 retries.*--discard-pending"
+    ):
         engine.start(spark, c3)
     engine.run_once(spark, c3, discard_pending=True)
 
@@ -78,7 +86,9 @@ def test_new_checkpoint_resumes_after_the_lake_and_writes_nothing_twice(spark: A
     dead = per_result(lake, "dlq", "source_result_id")
     assert sorted(dead.values()) == [1, 1, 1] and len(dead) == 3
     assert sum(per_result(lake, "quarantine", "result_id").values()) == 3
-    assert lake.rows("retry") == []  # the slow retry was discarded with c2's state, never delivered early
+    assert (
+        lake.rows("retry") == []
+    )  # the slow retry was discarded with c2's state, never delivered early
 
 
 def test_second_engine_refuses_and_a_take_over_fences_the_first(spark: Any, tmp_path: Path) -> None:
@@ -94,16 +104,28 @@ def test_second_engine_refuses_and_a_take_over_fences_the_first(spark: Any, tmp_
     query = engine.start(spark, lake.config)
     try:
         ids = {r.values["result_id"] for r in before}
-        wait_for(lambda: ids <= set(per_result(lake, "outcomes", "result_id")), what="engine A's first outcomes")
+        wait_for(
+            lambda: ids <= set(per_result(lake, "outcomes", "result_id")),
+            what="engine A's first outcomes",
+        )
         with pytest.raises(LakeOwnedError, match="LAKE_OWNED") as refused:
             engine.start(spark, lake_with(tmp_path, "b").config)
-        for part in (f"query id {query.id}", f"pid {Owner.this_process(query_id='', checkpoint='').pid}", "--take-over"):
+        for part in (
+            f"query id {query.id}",
+            f"pid {Owner.this_process(query_id='', checkpoint='').pid}",
+            "--take-over",
+        ):
             assert part in str(refused.value)
 
-        taker = LakeLease(str(tmp_path / "lake"), Owner.this_process(query_id="engine-B", checkpoint=str(tmp_path / "b")))
+        taker = LakeLease(
+            str(tmp_path / "lake"),
+            Owner.this_process(query_id="engine-B", checkpoint=str(tmp_path / "b")),
+        )
         taker.acquire(take_over=True)
         lake.write_results(after)
-        wait_for(lambda: not query.isActive, timeout=120, what="engine A to stop after the take-over")
+        wait_for(
+            lambda: not query.isActive, timeout=120, what="engine A to stop after the take-over"
+        )
         error = query.exception()
         assert error is not None and "LEASE_LOST" in str(error)
     finally:
@@ -138,10 +160,16 @@ def test_once_processes_new_input_after_a_stop_mid_batch(spark: Any, tmp_path: P
 
     query = engine.start(spark, lake.config, writer=stop_in_batch_1)
     try:
-        wait_for(lambda: query.exception() is not None, timeout=120, what="the first run to stop in batch 1")
+        wait_for(
+            lambda: query.exception() is not None,
+            timeout=120,
+            what="the first run to stop in batch 1",
+        )
     finally:
         engine.stop(query)
-    assert (Path(checkpoint) / "offsets" / "1").exists() and not (Path(checkpoint) / "commits" / "1").exists()
+    assert (Path(checkpoint) / "offsets" / "1").exists() and not (
+        Path(checkpoint) / "commits" / "1"
+    ).exists()
 
     late = Result.of("late-ok").ok()
     lake.write_results([late])
@@ -172,24 +200,40 @@ def test_cli_run_refuses_an_owned_lake_until_take_over(
         f'message_delay_level = "{FAST_LEVELS}"\nstate_bucket = "1s"\n'
     )
     since = dt.datetime(2026, 11, 23, 9, 30, tzinfo=dt.UTC)
-    other = LakeLease(str(tmp_path / "lake"), Owner("other-host.example", 4242, "engine-X", "/elsewhere", since))
+    other = LakeLease(
+        str(tmp_path / "lake"), Owner("other-host.example", 4242, "engine-X", "/elsewhere", since)
+    )
     other.acquire()
     results = phase("cli")
     lake.write_results(results)
 
     assert main(["run", "--once", "--config", str(conf)]) == EXIT_ERROR
     err = capsys.readouterr().err
-    for part in ("LAKE_OWNED", "host other-host.example", "pid 4242", "query id engine-X", "2026-11-23T09:30:00", "--take-over"):
+    for part in (
+        "LAKE_OWNED",
+        "host other-host.example",
+        "pid 4242",
+        "query id engine-X",
+        "2026-11-23T09:30:00",
+        "--take-over",
+    ):
         assert part in err
     assert lake.rows("outcomes") == []
 
     assert main(["run", "--once", "--take-over", "--config", str(conf)]) == EXIT_OK
-    assert sorted(r["result_id"] for r in lake.rows("outcomes")) == sorted(r.values["result_id"] for r in results)
+    assert sorted(r["result_id"] for r in lake.rows("outcomes")) == sorted(
+        r.values["result_id"] for r in results
+    )
     state = read_state(str(tmp_path / "lake"))
     assert state is not None and state.epoch == 2 and state.released
+    # #13 part 2: the run ended because its input was processed, and says so.
+    terminated = [r for r in lake.rows("progress") if r["event"] == "terminated"]
+    assert [(r["reason"], r["exception"]) for r in terminated] == [("finished", None)]
 
 
-def test_new_checkpoint_resumes_inside_a_commit_the_last_batch_read_in_part(spark: Any, tmp_path: Path) -> None:
+def test_new_checkpoint_resumes_inside_a_commit_the_last_batch_read_in_part(
+    spark: Any, tmp_path: Path
+) -> None:
     """B8 / #12 item 8: the lake's last batch read file 0 of a 2-file commit; a new checkpoint reads file 1 only.
 
     ``max_files_per_trigger = 1`` ends a batch inside a commit. The first
@@ -213,13 +257,21 @@ def test_new_checkpoint_resumes_inside_a_commit_the_last_batch_read_in_part(spar
             raise RuntimeError("stopped after the first file of the split commit")
         if not inner:  # the engine's own writer, with the lease start() took
             lease, _ = engine._HELD[lake_query_id]
-            inner.append(BatchWriter(lake.config, lake_query_id, lease=lease, checkpoint=lake.config.checkpoint_path))
+            inner.append(
+                BatchWriter(
+                    lake.config, lake_query_id, lease=lease, checkpoint=lake.config.checkpoint_path
+                )
+            )
         inner[0](batch, batch_id)
 
     lake_query_id = ensure_query_id(lake.config.checkpoint_path)
     query = engine.start(spark, lake.config, writer=until_split_started)
     try:
-        wait_for(lambda: per_result(lake, "outcomes", "result_id")[first.values["result_id"]], timeout=180, what="commit 0 decided")
+        wait_for(
+            lambda: per_result(lake, "outcomes", "result_id")[first.values["result_id"]],
+            timeout=180,
+            what="commit 0 decided",
+        )
         # One commit, two files (two Arrow batches, each its own file).
         write_deltalake(
             lake.path("consume_results"),
@@ -228,13 +280,23 @@ def test_new_checkpoint_resumes_inside_a_commit_the_last_batch_read_in_part(spar
             target_file_size=1,
             writer_properties=WriterProperties(write_batch_size=2, max_row_group_size=2),
         )
-        wait_for(lambda: query.exception() is not None, timeout=120, what="the first engine to stop")
+        wait_for(
+            lambda: query.exception() is not None, timeout=120, what="the first engine to stop"
+        )
     finally:
         engine.stop(query)
     state = read_state(str(tmp_path / "lake"))
-    assert state is not None and state.last_batch is not None and state.last_batch.source_end is not None
+    assert (
+        state is not None
+        and state.last_batch is not None
+        and state.last_batch.source_end is not None
+    )
     end = state.last_batch.source_end
-    assert (end["reservoirVersion"], end["index"], end["isStartingVersion"]) == (1, 0, False)  # inside commit 1
+    assert (end["reservoirVersion"], end["index"], end["isStartingVersion"]) == (
+        1,
+        0,
+        False,
+    )  # inside commit 1
     decided_by_first = split_ids & set(per_result(lake, "outcomes", "result_id"))
     assert 0 < len(decided_by_first) < len(split_ids)
 
@@ -244,7 +306,9 @@ def test_new_checkpoint_resumes_inside_a_commit_the_last_batch_read_in_part(spar
     assert dict(outcomes) == expected
 
 
-def test_a_kill_while_writing_the_first_offset_does_not_brick_the_checkpoint(spark: Any, tmp_path: Path) -> None:
+def test_a_kill_while_writing_the_first_offset_does_not_brick_the_checkpoint(
+    spark: Any, tmp_path: Path
+) -> None:
     """B1, R8: SIGKILL between Spark writing ``offsets/.0.<uuid>.tmp`` and renaming it left the temp file;
     Spark 4 then failed batch 0 on every restart (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). Found by the
     crash test (seed 3307081397); the engine now removes such temp files before its query starts."""
@@ -254,12 +318,16 @@ def test_a_kill_while_writing_the_first_offset_does_not_brick_the_checkpoint(spa
     (checkpoint / "offsets").mkdir(parents=True)
     (checkpoint / "commits").mkdir()
     orphan = checkpoint / "offsets" / ".0.f78cd5e1-a500-4f4a-9bb4-d556aba01259.tmp"
-    orphan.write_text('v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n{"reservoirVersion":0}\n')
+    orphan.write_text(
+        'v1\n{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}\n{"reservoirVersion":0}\n'
+    )
     (checkpoint / "offsets" / f".{orphan.name}.crc").write_bytes(b"crc\x00")
     lake.write_results([Result.of("K1").failed()])
     query = engine.start(spark, lake.config)
     try:
-        outcomes = wait_for(lambda: query.exception() or lake.rows("outcomes"), timeout=180, what="K1's outcome")
+        outcomes = wait_for(
+            lambda: query.exception() or lake.rows("outcomes"), timeout=180, what="K1's outcome"
+        )
         assert query.exception() is None, query.exception()
     finally:
         engine.stop(query)

@@ -7,17 +7,29 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.streaming.listener import (
     QueryProgressEvent,
     QueryStartedEvent,
     QueryTerminatedEvent,
 )
 
+from retry_engine.errors import ConfigError
 from retry_engine.ops.falling_behind import RECOVERED_AFTER
-from retry_engine.ops.monitor import ProgressRecorder, parse_spark_time, progress_row
+from retry_engine.ops.monitor import (
+    STARTED,
+    TERMINATED,
+    ProgressRecorder,
+    StopReason,
+    ensure_progress_table,
+    lifecycle_row,
+    parse_spark_time,
+    progress_row,
+)
 from retry_engine.ops.status import query_state
+from retry_engine.schemas import PROGRESS
 
 QUERY = "11111111-1111-1111-1111-111111111111"
 OTHER = "99999999-9999-9999-9999-999999999999"
@@ -25,32 +37,62 @@ RUN = "22222222-2222-2222-2222-222222222222"
 NOW = dt.datetime(2026, 11, 22, 12, 0, 1, tzinfo=dt.UTC)
 
 
-def progress_json(batch_id: int, *, query: str = QUERY, timestamp: str = "2026-11-22T12:00:00.250Z") -> dict[str, Any]:
+def progress_json(
+    batch_id: int, *, query: str = QUERY, timestamp: str = "2026-11-22T12:00:00.250Z"
+) -> dict[str, Any]:
     operator = {
-        "operatorName": "applyInPandasWithState", "numRowsTotal": 3, "numRowsUpdated": 2,
-        "allUpdatesTimeMs": 1, "numRowsRemoved": 1, "allRemovalsTimeMs": 0, "commitTimeMs": 5,
-        "memoryUsedBytes": 1000, "numRowsDroppedByWatermark": 0, "numShufflePartitions": 2,
-        "numStateStoreInstances": 2, "customMetrics": {},
+        "operatorName": "applyInPandasWithState",
+        "numRowsTotal": 3,
+        "numRowsUpdated": 2,
+        "allUpdatesTimeMs": 1,
+        "numRowsRemoved": 1,
+        "allRemovalsTimeMs": 0,
+        "commitTimeMs": 5,
+        "memoryUsedBytes": 1000,
+        "numRowsDroppedByWatermark": 0,
+        "numShufflePartitions": 2,
+        "numStateStoreInstances": 2,
+        "customMetrics": {},
     }
     return {
-        "id": query, "runId": RUN, "name": "retry-engine", "timestamp": timestamp,
-        "batchId": batch_id, "batchDuration": 812,
-        "durationMs": {"addBatch": 700, "triggerExecution": 812}, "eventTime": {},
+        "id": query,
+        "runId": RUN,
+        "name": "retry-engine",
+        "timestamp": timestamp,
+        "batchId": batch_id,
+        "batchDuration": 812,
+        "durationMs": {"addBatch": 700, "triggerExecution": 812},
+        "eventTime": {},
         "stateOperators": [operator, {**operator, "numRowsTotal": 4, "memoryUsedBytes": 24}],
-        "sources": [{
-            "description": "deltars", "startOffset": None, "endOffset": '{"reservoirVersion":3}',
-            "latestOffset": None, "numInputRows": 10, "inputRowsPerSecond": 5.0,
-            "processedRowsPerSecond": 12.5, "metrics": {},
-        }],
+        "sources": [
+            {
+                "description": "deltars",
+                "startOffset": None,
+                "endOffset": '{"reservoirVersion":3}',
+                "latestOffset": None,
+                "numInputRows": 10,
+                "inputRowsPerSecond": 5.0,
+                "processedRowsPerSecond": 12.5,
+                "metrics": {},
+            }
+        ],
         "sink": {"description": "ForeachBatchSink", "numOutputRows": -1, "metrics": {}},
-        "numInputRows": 10, "inputRowsPerSecond": 5.0, "processedRowsPerSecond": 12.5,
+        "numInputRows": 10,
+        "inputRowsPerSecond": 5.0,
+        "processedRowsPerSecond": 12.5,
         "observedMetrics": {},
     }
 
 
 def started(query: str = QUERY) -> QueryStartedEvent:
     return QueryStartedEvent.fromJson(
-        {"id": query, "runId": RUN, "name": "retry-engine", "timestamp": "2026-11-22T12:00:00.000Z", "jobTags": []}
+        {
+            "id": query,
+            "runId": RUN,
+            "name": "retry-engine",
+            "timestamp": "2026-11-22T12:00:00.000Z",
+            "jobTags": [],
+        }
     )
 
 
@@ -61,11 +103,17 @@ def terminated(exception: str | None = None) -> QueryTerminatedEvent:
 
 
 def test_progress_row_sums_state_operators() -> None:
-    row = progress_row(QueryProgressEvent.fromJson({"progress": progress_json(4)}).progress, recorded_at=NOW)
+    row = progress_row(
+        QueryProgressEvent.fromJson({"progress": progress_json(4)}).progress, recorded_at=NOW
+    )
     assert row["event_time"] == dt.datetime(2026, 11, 22, 12, 0, 0, 250_000, tzinfo=dt.UTC)
     assert (row["batch_id"], row["batch_duration_ms"], row["num_input_rows"]) == (4, 812, 10)
     assert row["duration_ms"] == {"addBatch": 700, "triggerExecution": 812}
-    assert (row["state_rows_total"], row["state_rows_updated"], row["state_memory_bytes"]) == (7, 4, 1024)
+    assert (row["state_rows_total"], row["state_rows_updated"], row["state_memory_bytes"]) == (
+        7,
+        4,
+        1024,
+    )
     assert row["source_end_offset"] == '{"reservoirVersion":3}'
     assert parse_spark_time("2026-11-22T12:00:00Z") == dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
 
@@ -73,19 +121,27 @@ def test_progress_row_sums_state_operators() -> None:
 def test_recorder_writes_its_query_only_and_closes_on_terminated(tmp_path: Path) -> None:
     path = str(tmp_path / "progress")
     closed: list[ProgressRecorder] = []
-    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000, on_close=closed.append)
+    recorder = ProgressRecorder(
+        path, query_id=QUERY, flush_interval_ms=60_000, on_close=closed.append
+    )
     recorder.start()
     recorder.onQueryStarted(started())
     recorder.onQueryStarted(started(OTHER))
     for batch_id in range(3):
         recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(batch_id)}))
-    recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(9, query=OTHER)}))
+    recorder.onQueryProgress(
+        QueryProgressEvent.fromJson({"progress": progress_json(9, query=OTHER)})
+    )
     recorder.onQueryTerminated(terminated("boom"))
     recorder.close(timeout=30)
     assert recorder.closed and closed == [recorder] and recorder.unregistered
     rows = DeltaTable(path).to_pyarrow_table().sort_by("recorded_at").to_pylist()
     assert [(r["event"], r["batch_id"]) for r in rows] == [
-        ("started", None), ("progress", 0), ("progress", 1), ("progress", 2), ("terminated", None)
+        ("started", None),
+        ("progress", 0),
+        ("progress", 1),
+        ("progress", 2),
+        ("terminated", None),
     ]
     assert {r["query_id"] for r in rows} == {QUERY} and rows[-1]["exception"] == "boom"
     # Events after the end are ignored rather than written to a closed table.
@@ -94,14 +150,20 @@ def test_recorder_writes_its_query_only_and_closes_on_terminated(tmp_path: Path)
 
 
 def test_a_bad_event_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    recorder = ProgressRecorder(str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000)
+    recorder = ProgressRecorder(
+        str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000
+    )
     with caplog.at_level(logging.ERROR, logger="retry_engine.ops.monitor"):
-        recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(0, timestamp="yesterday")}))
+        recorder.onQueryProgress(
+            QueryProgressEvent.fromJson({"progress": progress_json(0, timestamp="yesterday")})
+        )
     assert "could not record a progress event" in caplog.text and QUERY in caplog.text
     assert recorder.flush() == 0
 
 
-def test_a_failed_write_keeps_the_rows_for_the_next_flush(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_write_keeps_the_rows_for_the_next_flush(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the table should be")
     recorder = ProgressRecorder(str(blocker / "progress"), query_id=QUERY, flush_interval_ms=60_000)
@@ -123,7 +185,9 @@ def test_progress_row_takes_the_engines_input_count_and_scales_the_rates_with_it
 
 
 def test_recorder_uses_the_count_recorded_for_its_batch(tmp_path: Path) -> None:
-    recorder = ProgressRecorder(str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000)
+    recorder = ProgressRecorder(
+        str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000
+    )
     recorder.record_input_rows(3, 7)  # a batch Spark never reported: dropped, not reused
     recorder.record_input_rows(4, 40_000)
     recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(4)}))
@@ -133,24 +197,40 @@ def test_recorder_uses_the_count_recorded_for_its_batch(tmp_path: Path) -> None:
     assert recorder._input_rows == {}
 
 
-def test_falling_behind_is_logged_once_per_episode(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_falling_behind_is_logged_once_per_episode(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """#13 part 6: one WARNING when batches start taking longer than the trigger, one INFO when they stop.
 
     Spark's executor would warn after each of the 4 late batches; other queries' batches do not count.
     """
     recorder = ProgressRecorder(
-        str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000, trigger_interval_ms=1000
+        str(tmp_path / "progress"),
+        query_id=QUERY,
+        flush_interval_ms=60_000,
+        trigger_interval_ms=1000,
     )
     durations = [50, 4000, 3000, 1000, 3500, 2000] + [10] * (RECOVERED_AFTER + 5)
     with caplog.at_level(logging.INFO, logger="retry_engine.ops.monitor"):
         for batch_id, duration in enumerate(durations):
-            recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": {**progress_json(batch_id), "batchDuration": duration}}))
-            recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": {**progress_json(batch_id, query=OTHER), "batchDuration": 9000}}))
+            recorder.onQueryProgress(
+                QueryProgressEvent.fromJson(
+                    {"progress": {**progress_json(batch_id), "batchDuration": duration}}
+                )
+            )
+            recorder.onQueryProgress(
+                QueryProgressEvent.fromJson(
+                    {"progress": {**progress_json(batch_id, query=OTHER), "batchDuration": 9000}}
+                )
+            )
     lines = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert [level for level, _ in lines] == [logging.WARNING, logging.INFO], lines
     assert f"engine query {QUERY} is falling behind: batch 1 took 4000 ms" in lines[0][1]
     recovered_at = len(durations) - 5 - 1
-    assert f"caught up at batch {recovered_at}: 4 late batches since batch 1, the slowest took 4000 ms" in lines[1][1]
+    assert (
+        f"caught up at batch {recovered_at}: 4 late batches since batch 1, the slowest took 4000 ms"
+        in lines[1][1]
+    )
     assert OTHER not in caplog.text
 
 
@@ -165,7 +245,9 @@ def test_finish_waits_for_sparks_terminated_event(tmp_path: Path) -> None:
     assert recorder.closed
     rows = DeltaTable(path).to_pyarrow_table()
     assert rows["event"].to_pylist() == ["started", "terminated"]
-    assert query_state(rows, now=NOW, trigger_interval_ms=1000, flush_interval_ms=1000)[0] == "stopped"
+    assert (
+        query_state(rows, now=NOW, trigger_interval_ms=1000, flush_interval_ms=1000)[0] == "stopped"
+    )
 
 
 def test_finish_records_the_end_itself_when_spark_does_not(tmp_path: Path) -> None:
@@ -181,6 +263,170 @@ def test_finish_records_the_end_itself_when_spark_does_not(tmp_path: Path) -> No
     assert recorder.flush() == 0
     rows = DeltaTable(path).to_pyarrow_table()
     assert rows["event"].to_pylist() == ["started", "terminated"]
-    assert rows["run_id"].to_pylist() == [RUN, RUN] and rows["exception"].to_pylist() == [None, None]
+    assert rows["run_id"].to_pylist() == [RUN, RUN] and rows["exception"].to_pylist() == [
+        None,
+        None,
+    ]
     state, why, _, _ = query_state(rows, now=NOW, trigger_interval_ms=1000, flush_interval_ms=1000)
     assert state == "stopped", why
+
+
+# -- why the query terminated (#13 part 2) ------------------------------------------
+
+
+def recorded(path: str) -> list[dict[str, Any]]:
+    return list(DeltaTable(path).to_pyarrow_table().sort_by("recorded_at").to_pylist())
+
+
+@pytest.mark.parametrize(
+    "told, exception, reason",
+    [
+        (None, None, "stopped"),  # stopped through the API (query.stop()) without a word
+        ("stopped", None, "stopped"),
+        ("finished", None, "finished"),
+        ("lease_lost", None, "lease_lost"),
+        ("finished", "boom", "failed"),  # an exception always means failed
+        (None, "boom", "failed"),
+    ],
+)
+def test_the_terminated_event_records_why_the_query_stopped(
+    tmp_path: Path, told: StopReason | None, exception: str | None, reason: str
+) -> None:
+    path = str(tmp_path / "progress")
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    recorder.onQueryStarted(started())
+    recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(0)}))
+    if told is not None:
+        recorder.stopping(told)
+    recorder.onQueryTerminated(terminated(exception))
+    recorder.finish(run_id=RUN, timeout=30)
+    rows = recorded(path)
+    assert [(r["event"], r["reason"]) for r in rows] == [
+        ("started", None),
+        ("progress", None),
+        ("terminated", reason),
+    ]
+
+
+def test_finish_records_the_reason_it_was_told_when_spark_sends_no_terminated_event(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "progress")
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    recorder.stopping("finished")
+    recorder.finish(run_id=RUN, timeout=0.2)
+    assert [(r["event"], r["reason"]) for r in recorded(path)] == [("terminated", "finished")]
+
+
+def test_the_first_reason_wins_and_an_unknown_one_is_refused(tmp_path: Path) -> None:
+    recorder = ProgressRecorder(
+        str(tmp_path / "progress"), query_id=QUERY, flush_interval_ms=60_000
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"stop reason 'bored' is not one of stopped, finished, failed, lease_lost",
+    ):
+        recorder.stopping("bored")  # type: ignore[arg-type]
+    recorder.stopping("lease_lost")  # the heartbeat, on losing the lake ...
+    recorder.stopping("stopped")  # ... then the stop that follows
+    assert recorder.stop_requested == "lease_lost"
+
+
+def test_only_a_terminated_event_has_a_reason() -> None:
+    with pytest.raises(ConfigError, match="a started event has no stop reason"):
+        lifecycle_row(
+            STARTED, query_id=QUERY, run_id=RUN, event_time=NOW, recorded_at=NOW, reason="stopped"
+        )
+    assert (
+        lifecycle_row(TERMINATED, query_id=QUERY, run_id=RUN, event_time=NOW, recorded_at=NOW)[
+            "reason"
+        ]
+        == "stopped"
+    )
+
+
+class StoppableQuery:
+    """What engine.stop() uses of a StreamingQuery; stop() delivers Spark's terminated event."""
+
+    id = QUERY
+    runId = RUN  # noqa: N815 (Spark's name)
+    isActive = False  # noqa: N815
+
+    def __init__(self, recorder: ProgressRecorder) -> None:
+        self.recorder = recorder
+
+    def stop(self) -> None:
+        self.recorder.onQueryTerminated(terminated())
+
+    def exception(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    "before, reason, want",
+    [
+        (None, "finished", "finished"),
+        (None, "stopped", "stopped"),
+        ("lease_lost", "stopped", "lease_lost"),
+    ],
+)
+def test_engine_stop_tells_the_recorder_why_before_it_stops_the_query(
+    tmp_path: Path, before: StopReason | None, reason: StopReason, want: str
+) -> None:
+    """The code that stops the query says why first: run --once says finished, a signal stopped (engine.stop)."""
+    from retry_engine.core import engine
+
+    path = str(tmp_path / "progress")
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    if before is not None:
+        recorder.stopping(before)  # the lease heartbeat stopped the query first
+    engine._RECORDERS[QUERY] = recorder
+    try:
+        assert engine.stop(StoppableQuery(recorder), reason=reason) is None  # type: ignore[arg-type]
+    finally:
+        engine._RECORDERS.pop(QUERY, None)
+    assert recorder.closed
+    assert [(r["event"], r["reason"]) for r in recorded(path)] == [("terminated", want)]
+
+
+def test_an_old_progress_table_gains_the_reason_column_and_the_engines_rows_are_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """#13 part 2, upgrade: a lake whose progress table predates `reason` (a real Delta table of the old
+    schema); the engine's start adds the column, its terminated row with a reason is written, old rows
+    read back with reason null."""
+    path = str(tmp_path / "progress")
+    old_schema = pa.schema([f for f in PROGRESS.arrow_schema if f.name != "reason"])
+    old_rows = [
+        {
+            k: v
+            for k, v in lifecycle_row(
+                kind, query_id=QUERY, run_id="old-run", event_time=NOW, recorded_at=NOW
+            ).items()
+            if k != "reason"
+        }
+        for kind in (STARTED, TERMINATED)
+    ]
+    write_deltalake(path, pa.Table.from_pylist(old_rows, schema=old_schema))
+
+    with caplog.at_level(logging.INFO, logger="retry_engine.delta.tables"):
+        ensure_progress_table(path)  # what monitor.attach does at the engine's start
+    assert "added column 'reason' (string, nullable)" in caplog.text
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    recorder.onQueryStarted(started())
+    recorder.stopping("stopped")
+    recorder.onQueryTerminated(terminated())
+    recorder.finish(run_id=RUN, timeout=30)
+
+    assert recorder.rows_written == 2 and recorder.rows_dropped == 0
+    rows = recorded(path)
+    assert [(r["run_id"], r["event"], r["reason"]) for r in rows] == [
+        ("old-run", "started", None),
+        ("old-run", "terminated", None),
+        (RUN, "started", None),
+        (RUN, "terminated", "stopped"),
+    ]

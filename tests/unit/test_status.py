@@ -14,15 +14,24 @@ from deltalake import write_deltalake
 from retry_engine.config import load_config
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
-from retry_engine.ops.monitor import PROGRESS_EVENT, STARTED, TERMINATED, lifecycle_row
+from retry_engine.ops.monitor import (
+    PROGRESS_EVENT,
+    STARTED,
+    TERMINATED,
+    StopReason,
+    lifecycle_row,
+)
 from retry_engine.ops.plots import backlog_from_ledger, backlog_from_metrics, dead_letters_by_class
 from retry_engine.ops.status import (
+    _COLUMNS,
     BacklogEntry,
     DeadLetterEntry,
+    EngineTables,
     LagEntry,
     LastBatch,
     LatenessEntry,
     Status,
+    _empty,
     backlog,
     dead_letters,
     format_status,
@@ -33,6 +42,7 @@ from retry_engine.ops.status import (
     stale_after_ms,
     status,
     status_json,
+    summarise,
 )
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
 from tests.lakehouse import Lake
@@ -45,17 +55,41 @@ def ms(n: int) -> dt.timedelta:
     return dt.timedelta(milliseconds=n)
 
 
-def event(kind: str, at: dt.datetime, *, run: str = "run-1", **values: Any) -> dict[str, Any]:
-    row = lifecycle_row(kind, query_id="q-1", run_id=run, event_time=at, recorded_at=at)
+def event(
+    kind: str,
+    at: dt.datetime,
+    *,
+    run: str = "run-1",
+    exception: str | None = None,
+    reason: StopReason | None = None,
+    **values: Any,
+) -> dict[str, Any]:
+    row = lifecycle_row(
+        kind,
+        query_id="q-1",
+        run_id=run,
+        event_time=at,
+        recorded_at=at,
+        exception=exception,
+        reason=reason,
+    )
     row.update(values)
     return row
 
 
-def batch(batch_id: int, at: dt.datetime, *, run: str = "run-1", duration: int = 150) -> dict[str, Any]:
+def batch(
+    batch_id: int, at: dt.datetime, *, run: str = "run-1", duration: int = 150
+) -> dict[str, Any]:
     return event(
-        PROGRESS_EVENT, at, run=run, batch_id=batch_id, batch_duration_ms=duration,
+        PROGRESS_EVENT,
+        at,
+        run=run,
+        batch_id=batch_id,
+        batch_duration_ms=duration,
         duration_ms=[("addBatch", duration - 20), ("triggerExecution", duration)],
-        num_input_rows=10 * batch_id, processed_rows_per_second=66.7, state_rows_total=4,
+        num_input_rows=10 * batch_id,
+        processed_rows_per_second=66.7,
+        state_rows_total=4,
         state_memory_bytes=2048,
     )
 
@@ -65,15 +99,24 @@ def progress(*rows: dict[str, Any]) -> pa.Table:
 
 
 def judge(table: pa.Table, now: dt.datetime) -> tuple[str, str]:
-    state, reason, _, _ = query_state(table, now=now, trigger_interval_ms=200, flush_interval_ms=500)
+    state, reason, _, _ = query_state(
+        table, now=now, trigger_interval_ms=200, flush_interval_ms=500
+    )
     return state, reason
 
 
 # -- the running rule ---------------------------------------------------------------
 def test_stale_limit_is_the_largest_of_triggers_batch_time_and_a_floor() -> None:
-    assert stale_after_ms(trigger_interval_ms=200, flush_interval_ms=500, last_batch_ms=None) == 30_500
-    assert stale_after_ms(trigger_interval_ms=10_000, flush_interval_ms=500, last_batch_ms=1_000) == 100_500
-    assert stale_after_ms(trigger_interval_ms=200, flush_interval_ms=0, last_batch_ms=40_000) == 80_000
+    assert (
+        stale_after_ms(trigger_interval_ms=200, flush_interval_ms=500, last_batch_ms=None) == 30_500
+    )
+    assert (
+        stale_after_ms(trigger_interval_ms=10_000, flush_interval_ms=500, last_batch_ms=1_000)
+        == 100_500
+    )
+    assert (
+        stale_after_ms(trigger_interval_ms=200, flush_interval_ms=0, last_batch_ms=40_000) == 80_000
+    )
 
 
 def test_query_state_follows_the_latest_run() -> None:
@@ -82,17 +125,75 @@ def test_query_state_follows_the_latest_run() -> None:
     assert judge(live, T + ms(1_000)) == ("running", "last event 700 ms ago (stale after 30500 ms)")
     assert judge(live, T + ms(31_000))[0] == "stale"
     stopped = progress(event(STARTED, T), batch(0, T + ms(100)), event(TERMINATED, T + ms(400)))
-    assert judge(stopped, T + ms(500)) == ("stopped", "stopped at 2026-11-22T12:00:00.400Z")
+    assert judge(stopped, T + ms(500)) == (
+        "stopped",
+        "stopped at 2026-11-22T12:00:00.400Z (reason: stopped, on request)",
+    )
     failed = progress(event(TERMINATED, T + ms(400), exception="java.lang.OOM: heap\n\tat x"))
-    assert judge(failed, T + ms(500)) == ("failed", "terminated at 2026-11-22T12:00:00.400Z with: java.lang.OOM: heap")
+    assert judge(failed, T + ms(500)) == (
+        "failed",
+        "terminated at 2026-11-22T12:00:00.400Z (reason: failed) with: java.lang.OOM: heap",
+    )
     # A restart after a stop is a new run: the old terminated event no longer counts.
     restarted = progress(*stopped.to_pylist(), event(STARTED, T + ms(600), run="run-2"))
     assert judge(restarted, T + ms(700))[0] == "running"
 
 
+@pytest.mark.parametrize(
+    "reason, shown",
+    [
+        (
+            "finished",
+            "stopped at 2026-11-22T12:00:00.400Z (reason: finished, run --once processed its input)",
+        ),
+        (
+            "lease_lost",
+            "stopped at 2026-11-22T12:00:00.400Z (reason: lease_lost, another engine took the lake over)",
+        ),
+        # A terminated event written before the column existed: no reason to show.
+        (None, "stopped at 2026-11-22T12:00:00.400Z"),
+    ],
+)
+def test_a_stop_shows_its_reason(reason: StopReason | None, shown: str) -> None:
+    """#13 part 2: `status` says why the query stopped where it shows the stop; JSON has it as stop_reason."""
+    terminated = event(TERMINATED, T + ms(400))
+    terminated["reason"] = reason
+    lake = EngineTables(
+        progress=progress(event(STARTED, T), terminated),
+        **{
+            name: _empty(table, columns)
+            for name, (table, columns) in _COLUMNS.items()
+            if name != "progress"
+        },
+        present=frozenset({"progress"}),
+    )
+    result = summarise(lake, now=T + ms(500), trigger_interval_ms=200, flush_interval_ms=500)
+    assert (result.state, result.state_reason, result.stop_reason) == ("stopped", shown, reason)
+    assert format_status(result).startswith(f"query       stopped: {shown}\n")
+    assert status_json(result)["stop_reason"] == reason
+
+
+def test_a_running_query_has_no_stop_reason() -> None:
+    table = progress(
+        event(STARTED, T),
+        event(TERMINATED, T + ms(100), reason="finished"),
+        event(STARTED, T + ms(200), run="run-2"),
+    )
+    state, _, last, _ = query_state(
+        table, now=T + ms(300), trigger_interval_ms=200, flush_interval_ms=500
+    )
+    assert state == "running" and last is not None and last["reason"] is None
+
+
 def test_last_batch_is_the_latest_progress_of_the_latest_run() -> None:
-    table = progress(batch(7, T, run="old"), batch(0, T + ms(500), run="new"), batch(1, T + ms(900), run="new", duration=321))
-    _, _, last, last_batch = query_state(table, now=T + ms(1_000), trigger_interval_ms=200, flush_interval_ms=500)
+    table = progress(
+        batch(7, T, run="old"),
+        batch(0, T + ms(500), run="new"),
+        batch(1, T + ms(900), run="new", duration=321),
+    )
+    _, _, last, last_batch = query_state(
+        table, now=T + ms(1_000), trigger_interval_ms=200, flush_interval_ms=500
+    )
     assert last is not None and last["run_id"] == "new"
     assert last_batch == LastBatch(1, "new", T + ms(900), 321, 10, 66.7, 4, 2048)
 
@@ -101,8 +202,16 @@ def test_last_batch_is_the_latest_progress_of_the_latest_run() -> None:
 def ledger(*rows: tuple[str, str, str | None, int | None, dt.datetime | None]) -> pa.Table:
     """outcomes rows: (group, outcome, output_msg_id, delay_level, due_at)."""
     full = [
-        {**dict.fromkeys(OUTCOMES.names), "consumer_group": g, "outcome": o, "output_msg_id": out,
-         "delay_level": level, "due_at": due, "decided_at": T, "batch_id": 0}
+        {
+            **dict.fromkeys(OUTCOMES.names),
+            "consumer_group": g,
+            "outcome": o,
+            "output_msg_id": out,
+            "delay_level": level,
+            "due_at": due,
+            "decided_at": T,
+            "batch_id": 0,
+        }
         for g, o, out, level, due in rows
     ]
     return pa.Table.from_pylist(full, schema=OUTCOMES.arrow_schema)
@@ -123,7 +232,9 @@ def test_backlog_is_decided_retries_not_yet_released() -> None:
         ("H", "retry", "r4", 3, T + ms(1_000)),
         ("G", "acknowledged", None, None, None),
     )
-    retry = released(("r2", "G", 3, T + ms(5_000), T + ms(5_100)), ("r4", "H", 3, T + ms(1_000), T + ms(1_300)))
+    retry = released(
+        ("r2", "G", 3, T + ms(5_000), T + ms(5_100)), ("r4", "H", 3, T + ms(1_000), T + ms(1_300))
+    )
     assert backlog(outcomes, retry) == [
         BacklogEntry("G", 3, 1, T + ms(10_000)),
         BacklogEntry("G", 4, 1, T + ms(30_000)),
@@ -148,20 +259,56 @@ def test_lag_counts_results_written_vs_decided_and_retries_due_vs_released() -> 
         (None, "quarantined", None, None, None),  # type: ignore[arg-type]
         ("K", "retry", "k1", 3, None),
     )
-    retry = released(("r2", "G", 3, T + ms(5_000), T + ms(5_100)), ("x9", "G", 3, T, T))  # x9: a re-drive, not decided
+    retry = released(
+        ("r2", "G", 3, T + ms(5_000), T + ms(5_100)), ("x9", "G", 3, T, T)
+    )  # x9: a re-drive, not decided
     results = pa.table({"consumer_group": pa.array(["G"] * 6 + ["H"] + [None, None], pa.string())})
     assert lag(results, outcomes, retry, now=T + ms(6_000)) == [
-        LagEntry("G", results_written=6, results_decided=5, results_behind=1, retries_due=2, retries_released=1, retries_overdue=1),
-        LagEntry("H", results_written=1, results_decided=0, results_behind=1, retries_due=0, retries_released=0, retries_overdue=0),
-        LagEntry("K", results_written=0, results_decided=1, results_behind=0, retries_due=0, retries_released=0, retries_overdue=0),
-        LagEntry(None, results_written=2, results_decided=1, results_behind=1, retries_due=0, retries_released=0, retries_overdue=0),
+        LagEntry(
+            "G",
+            results_written=6,
+            results_decided=5,
+            results_behind=1,
+            retries_due=2,
+            retries_released=1,
+            retries_overdue=1,
+        ),
+        LagEntry(
+            "H",
+            results_written=1,
+            results_decided=0,
+            results_behind=1,
+            retries_due=0,
+            retries_released=0,
+            retries_overdue=0,
+        ),
+        LagEntry(
+            "K",
+            results_written=0,
+            results_decided=1,
+            results_behind=0,
+            retries_due=0,
+            retries_released=0,
+            retries_overdue=0,
+        ),
+        LagEntry(
+            None,
+            results_written=2,
+            results_decided=1,
+            results_behind=1,
+            retries_due=0,
+            retries_released=0,
+            retries_overdue=0,
+        ),
     ]
     empty = pa.table({"consumer_group": pa.array([], pa.string())})
     assert lag(empty, ledger(), released(), now=T) == []
 
 
 def test_lateness_percentiles_overall_then_per_group() -> None:
-    retry = released(*[(f"g{i}", "G", 3, T, T + ms(i)) for i in range(1, 101)], ("h1", "H", 3, T, T + ms(1_000)))
+    retry = released(
+        *[(f"g{i}", "G", 3, T, T + ms(i)) for i in range(1, 101)], ("h1", "H", 3, T, T + ms(1_000))
+    )
     overall, g, h = lateness(retry)
     assert overall == LatenessEntry("*", 101, 51.0, 100.0, 1000.0)
     assert g == LatenessEntry("G", 100, 50.0, 99.0, 100.0)
@@ -171,7 +318,11 @@ def test_lateness_percentiles_overall_then_per_group() -> None:
 def test_dead_letters_most_frequent_first() -> None:
     names = ("consumer_group", "reason_code", "error_class", "dead_lettered_at")
     schema = pa.schema([DLQ.arrow_schema.field(n) for n in names])
-    rows = [("G", "MAX_RECONSUME_TIMES", "E1", T)] + [("H", "NON_RETRYABLE", "E2", T)] * 2 + [("G", "DLQ_REQUESTED", None, T)]
+    rows = (
+        [("G", "MAX_RECONSUME_TIMES", "E1", T)]
+        + [("H", "NON_RETRYABLE", "E2", T)] * 2
+        + [("G", "DLQ_REQUESTED", None, T)]
+    )
     dlq = pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows], schema=schema)
     assert dead_letters(dlq) == [
         DeadLetterEntry("H", "NON_RETRYABLE", "E2", 2),
@@ -183,12 +334,25 @@ def test_dead_letters_most_frequent_first() -> None:
 
 def test_backlog_series_from_metrics_is_a_running_sum_of_retry_minus_delivered() -> None:
     def m(batch_id: int, level: int, metric: str, value: float) -> dict[str, Any]:
-        return {"batch_id": batch_id, "batch_time": T + ms(200 * batch_id), "consumer_group": "G",
-                "retry_topic": "orders", "delay_level": level, "metric": metric, "value": value}
+        return {
+            "batch_id": batch_id,
+            "batch_time": T + ms(200 * batch_id),
+            "consumer_group": "G",
+            "retry_topic": "orders",
+            "delay_level": level,
+            "metric": metric,
+            "value": value,
+        }
 
     metrics = pa.Table.from_pylist(
-        [m(0, 3, "retry", 5), m(0, 3, "acknowledged", 9), m(1, 3, "delivered", 2), m(1, 4, "retry", 1),
-         m(2, 3, "delivered", 3), m(2, 3, "retry", 1)],
+        [
+            m(0, 3, "retry", 5),
+            m(0, 3, "acknowledged", 9),
+            m(1, 3, "delivered", 2),
+            m(1, 4, "retry", 1),
+            m(2, 3, "delivered", 3),
+            m(2, 3, "retry", 1),
+        ],
         schema=METRICS.arrow_schema,
     )
     level3, level4 = backlog_from_metrics(metrics)
@@ -217,6 +381,7 @@ def sample_status() -> Status:
         checked_at=T + ms(1_500),
         state="running",
         state_reason="last event 700 ms ago (stale after 30500 ms)",
+        stop_reason=None,
         query_id="0f6c3f4e-6d0a-4a47-9a51-5a8f0c1b2d3e",
         last_event_at=T + ms(800),
         last_batch=LastBatch(42, "run-1", T + ms(600), 187, 1200, 6417.1, 35, 1_052_856),
@@ -228,7 +393,10 @@ def sample_status() -> Status:
         ],
         oldest_due_at=T + ms(1_000),
         overdue_ms=500,
-        lateness=[LatenessEntry("*", 1000, 112.0, 390.0, 1210.5), LatenessEntry("billing", 10, 98.0, 150.0, 150.0)],
+        lateness=[
+            LatenessEntry("*", 1000, 112.0, 390.0, 1210.5),
+            LatenessEntry("billing", 10, 98.0, 150.0, 150.0),
+        ],
         dead_letters=[
             DeadLetterEntry("billing", "NON_RETRYABLE", "com.acme.InvalidOrder", 2),
             DeadLetterEntry("orders-consumer", "MAX_RECONSUME_TIMES", None, 1),
@@ -251,7 +419,9 @@ def test_status_json_matches_golden_file() -> None:
 
 
 # -- errors ---------------------------------------------------------------------------
-def test_status_of_an_empty_lake_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_of_an_empty_lake_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """#13 part 4: a lake that is not there is a usage error (exit 2) naming where the commands looked.
 
     Was exit 1 with TABLES_UNAVAILABLE from the command line; the library call keeps that error.
@@ -263,11 +433,15 @@ def test_status_of_an_empty_lake_is_a_clear_error(tmp_path: Path, capsys: pytest
     assert "[LAKE_NOT_FOUND]" in err and f"{tmp_path}/nowhere" in err and "engine.lake" in err
     assert main(["plots", "--config", str(conf), "--out", str(tmp_path / "png")]) == EXIT_USAGE
     assert "[LAKE_NOT_FOUND]" in capsys.readouterr().err
-    with pytest.raises(TablesUnavailableError, match=r"\[TABLES_UNAVAILABLE\] no engine tables under"):
+    with pytest.raises(
+        TablesUnavailableError, match=r"\[TABLES_UNAVAILABLE\] no engine tables under"
+    ):
         status(load_config(conf))
 
 
-def test_only_a_progress_table_means_not_started(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_only_a_progress_table_means_not_started(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     lake = Lake.make(tmp_path)
     write_deltalake(lake.path("progress"), PROGRESS.arrow_schema.empty_table())
     conf = tmp_path / "c.toml"
@@ -281,7 +455,28 @@ def test_a_table_without_a_needed_column_is_named(tmp_path: Path) -> None:
     write_deltalake(path, pa.table({"query_id": ["q"], "run_id": ["r"]}))
     with pytest.raises(SchemaMismatchError, match="has no column 'query_name'"):
         read_table_columns(path, PROGRESS, tuple(PROGRESS.names))
-    assert issubclass(TablesUnavailableError, RuntimeError) and issubclass(SchemaMismatchError, ValueError)
+    assert issubclass(TablesUnavailableError, RuntimeError) and issubclass(
+        SchemaMismatchError, ValueError
+    )
+
+
+def test_status_reads_a_progress_table_of_an_older_release_without_the_reason_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#13 part 2, upgrade: before the new engine's first start adds `reason`, `status` still works."""
+    lake = Lake.make(tmp_path)
+    old_schema = pa.schema([f for f in PROGRESS.arrow_schema if f.name != "reason"])
+    rows = [event(STARTED, T), event(TERMINATED, T + ms(400))]
+    write_deltalake(lake.path("progress"), pa.Table.from_pylist(rows, schema=old_schema))
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
+    assert main(["status", "--config", str(conf), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["state"], shown["state_reason"], shown["stop_reason"]) == (
+        "stopped",
+        "stopped at 2026-11-22T12:00:00.400Z",
+        None,
+    )
 
 
 def test_consume_results_without_a_group_column_count_as_results_without_a_group(
@@ -295,4 +490,8 @@ def test_consume_results_without_a_group_column_count_as_results_without_a_group
     conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
     assert main(["status", "--config", str(conf), "--json"]) == EXIT_NOT_RUNNING
     (entry,) = json.loads(capsys.readouterr().out)["lag"]
-    assert (entry["consumer_group"], entry["results_written"], entry["results_behind"]) == (None, 3, 3)
+    assert (entry["consumer_group"], entry["results_written"], entry["results_behind"]) == (
+        None,
+        3,
+        3,
+    )

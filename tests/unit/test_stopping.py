@@ -6,11 +6,12 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from retry_engine.config import parse_config
-from retry_engine.ops.cli import _running_line
+from retry_engine.ops.cli import STOP_FINISH_BATCH_SECONDS, _running_line
 from retry_engine.ops.stopping import (
     EXIT_STOPPED_BY_SIGINT,
     EXIT_STOPPED_BY_SIGTERM,
@@ -39,12 +40,112 @@ def test_exit_codes_say_which_signal_stopped_it() -> None:
     assert exit_code(signal.SIGTERM) == EXIT_STOPPED_BY_SIGTERM == 0
 
 
-def test_the_start_up_line_says_what_runs_where_and_how_to_watch_and_stop_it(tmp_path: Path) -> None:
+def test_the_start_up_line_says_what_runs_where_and_how_to_watch_and_stop_it(
+    tmp_path: Path,
+) -> None:
     """#13 part 6: start-up ends with one line; the integration test checks it is the last one."""
     config = parse_config({"engine": {"lake": str(tmp_path / "lake")}})
     line = _running_line(config, "conf/x.toml", query_id="q-1")
     assert "\n" not in line and "query q-1" in line
     assert f"{tmp_path}/lake/consume_results" in line and f"under {tmp_path}/lake;" in line
-    assert "`retry-engine status --config conf/x.toml`" in line and "`retry-engine plots --config conf/x.toml --out DIR`" in line
+    assert (
+        "`retry-engine status --config conf/x.toml`" in line
+        and "`retry-engine plots --config conf/x.toml --out DIR`" in line
+    )
     assert f"Ctrl-C or `kill {os.getpid()}`" in line
     assert "--config" not in _running_line(config, None, query_id="q-1")
+
+
+# -- run --once: a signal stops it cleanly too (#13 part 2) ---------------------------
+
+
+class IdleQuery:
+    """A StreamingQuery that runs until stopped, or reports its input processed at once (``done``)."""
+
+    id = "q-once"
+    runId = "run-once"  # noqa: N815 (Spark's name)
+    isActive = True  # noqa: N815
+
+    def __init__(self, *, done: bool) -> None:
+        end = {"reservoirVersion": 1, "index": -1, "isStartingVersion": False}
+        self.lastProgress = {"sources": [{"endOffset": end}]} if done else None  # noqa: N815
+
+    def exception(self) -> None:
+        return None
+
+
+class Signalled(Exception):
+    """Raised by this test's own SIGTERM handler: without the fix, what the signal would do to pytest."""
+
+
+@pytest.fixture
+def once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> tuple[Path, list[dict[str, Any]], list[object]]:
+    """`run --once` over a fake engine: (config file, the engine.stop calls, quiet_stop_logs calls)."""
+    from retry_engine.core import engine
+    from retry_engine.delta import session
+    from retry_engine.ops import stopping
+
+    stops: list[dict[str, Any]] = []
+    quieted: list[object] = []
+    monkeypatch.setattr(session, "build_session", lambda **_: "spark")
+    monkeypatch.setattr(engine, "table_version", lambda path: 0)
+    monkeypatch.setattr(stopping, "quiet_stop_logs", quieted.append)
+
+    def stop(query: IdleQuery, **kwargs: Any) -> None:
+        query.isActive = False
+        stops.append(kwargs)
+
+    monkeypatch.setattr(engine, "stop", stop)
+    conf = tmp_path / "engine.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path / "lake"}"\n')
+    return conf, stops, quieted
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_a_signal_during_run_once_stops_the_query_from_the_main_thread(
+    once: tuple[Path, list[dict[str, Any]], list[object]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    signum: int,
+    code: int,
+) -> None:
+    """Without StopSignals a SIGTERM killed `run --once` with no terminated event and the lease held."""
+    from retry_engine.core import engine
+    from retry_engine.ops.cli import main
+
+    conf, stops, quieted = once
+    monkeypatch.setattr(engine, "start", lambda *a, **k: IdleQuery(done=False))
+
+    def signalled(signum: int, frame: object) -> None:
+        raise Signalled(signal.Signals(signum).name)
+
+    before = signal.signal(signum, signalled)
+    try:
+        threading.Timer(0.3, os.kill, (os.getpid(), signum)).start()
+        assert main(["run", "--once", "--config", str(conf)]) == code
+        assert signal.getsignal(signum) is signalled  # restored after the command
+    finally:
+        signal.signal(signum, before)
+    out = capsys.readouterr().out.splitlines()
+    name = signal.Signals(signum).name
+    assert out == [f"retry-engine: stopped on {name}; tables under {conf.parent / 'lake'}"]
+    assert stops == [{"finish_batch_s": STOP_FINISH_BATCH_SECONDS, "reason": "stopped"}]
+    assert quieted == ["spark"]
+
+
+def test_run_once_that_processes_its_input_records_finished_and_prints_no_stop_line(
+    once: tuple[Path, list[dict[str, Any]], list[object]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from retry_engine.core import engine
+    from retry_engine.ops.cli import main
+
+    conf, stops, quieted = once
+    monkeypatch.setattr(engine, "start", lambda *a, **k: IdleQuery(done=True))
+    assert main(["run", "--once", "--config", str(conf)]) == 0
+    assert capsys.readouterr().out == ""
+    assert stops == [{"finish_batch_s": 0.0, "reason": "finished"}]
+    assert quieted == []

@@ -410,3 +410,26 @@ def test_an_engine_start_moves_old_partition_folders_on_the_object_store(
     assert misplaced_files(table) == []
     assert sorted(table.to_pyarrow_table().column("msg_id").to_pylist()) == before
     assert all("/dlq/consumer_group=" in uri and "_5F" not in uri for uri in table.file_uris())
+
+
+def test_an_old_engine_table_gains_the_releases_nullable_columns_on_the_object_store(
+    s3_server: S3Server,
+) -> None:
+    """#13 part 2, upgrade: the column is added through the lake's [storage] options (not IMDS credentials)."""
+    bucket = s3_server.new_bucket()
+    config = parse_config(
+        {"engine": {"lake": f"s3://{bucket}/lake"}, "storage": s3_server.storage_options()}
+    )
+    path = config.table_path("progress")
+    old = pa.schema([pa.field("query_id", pa.string(), nullable=False)])
+    append_arrow(path, pa.table({"query_id": ["q-old"]}, schema=old))
+    new = pa.schema([*old, pa.field("reason", pa.string())])
+
+    ensure_table(path, new, add_missing=True)
+
+    append_arrow(path, pa.table({"query_id": ["q-new"], "reason": ["stopped"]}, schema=new))
+    rows = read_table(path).sort_by("query_id").to_pylist()
+    assert rows == [
+        {"query_id": "q-new", "reason": "stopped"},
+        {"query_id": "q-old", "reason": None},
+    ]
