@@ -85,14 +85,15 @@ class KeyState:
     """
 
     pending: pa.Table = field(default_factory=WORK.arrow_schema.empty_table)
-    seen: set[str] = field(default_factory=set)
+    seen: pa.Array = field(default_factory=lambda: pa.array([], pa.string()))
+    """Distinct msg ids (an Arrow array: the stage tests and updates it in Arrow, never per id in Python)."""
     expires_ms: int = 0
     sealed_batch: int | None = None
 
 
 def encode(state: KeyState) -> tuple[bytes, bytes, int]:
     """``state`` as a :data:`STATE_SCHEMA` row, in layout :data:`STATE_VERSION`."""
-    seen = pa.table({"msg_id": sorted(state.seen)}, schema=_SEEN_SCHEMA)
+    seen = pa.table({"msg_id": state.seen}, schema=_SEEN_SCHEMA)
     sealed = {} if state.sealed_batch is None else {SEALED_KEY: str(state.sealed_batch).encode()}
     return _blob(state.pending), _blob(seen, sealed), int(state.expires_ms)
 
@@ -125,7 +126,7 @@ def decode(value: tuple[Any, ...]) -> KeyState:
         )
     return KeyState(
         pending=_conform(pending),
-        seen={i for i in ids.to_pylist() if i is not None},
+        seen=pc.unique(pc.drop_null(ids.cast(pa.string()))),
         expires_ms=int(expires_ms),
         sealed_batch=None if sealed is None else int(sealed),
     )

@@ -152,7 +152,7 @@ def test_a_cut_short_blob_of_the_current_layout_is_caught_by_its_row_count() -> 
     the row count in the layout-2 metadata catches it instead of silently losing retries."""
     pending = pa.concat_tables([_failure_of_golden_key("A"), _failure_of_golden_key("B")])
     assert pending.column("kind").num_chunks == 2
-    blob = encode(KeyState(pending, {"A", "B"}, 0))[0]
+    blob = encode(KeyState(pending, pa.array(["A", "B"]), 0))[0]
     reader = pa.ipc.open_stream(blob)
     first = reader.read_next_batch()
     sink = pa.BufferOutputStream()
