@@ -46,7 +46,7 @@ DEFAULT_SHUFFLE_PARTITIONS = 2
 DEFAULT_MAX_FILES_PER_TRIGGER = 1000
 # Consume results per micro-batch at most (by the files' numRecords): what one batch can add to
 # one state key, and the Python workers' peak memory, are bounded by it when catching up a backlog.
-DEFAULT_MAX_ROWS_PER_TRIGGER = 1_000_000
+DEFAULT_MAX_ROWS_PER_TRIGGER = 250_000
 # Parquet bytes of consume results per micro-batch at most (Delta's maxBytesPerTrigger): the same
 # bound for rows with large bodies, which the row count alone does not bound.
 DEFAULT_MAX_BYTES_PER_TRIGGER = 64 * 1024 * 1024

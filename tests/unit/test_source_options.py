@@ -283,7 +283,7 @@ def test_max_rows_per_trigger_unset_or_huge_admits_everything() -> None:
 def test_engine_max_rows_per_trigger_is_validated(value: object) -> None:
     with pytest.raises(ConfigError, match=r"engine\.max_rows_per_trigger"):
         parse_config({"engine": {"max_rows_per_trigger": value}})
-    assert parse_config({}).engine.max_rows_per_trigger == 1_000_000
+    assert parse_config({}).engine.max_rows_per_trigger == 250_000
 
 
 @pytest.mark.parametrize("value", [0, -1, True, 1.5, "64m", 2**63])
