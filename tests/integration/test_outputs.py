@@ -87,7 +87,14 @@ def test_b1_a_table_that_got_the_batch_elsewhere_meanwhile_drops_the_files_writt
 
 @pytest.mark.slow
 def test_b7_metrics_account_for_every_input_row(spark: Any, tmp_path: Path) -> None:
-    lake = Lake.make(tmp_path, engine={"auto_create_groups": False}, groups={"G": {}, "H": {"retry_max_times": 1}})
+    """B7, and #12 item 17's batch bound: the input is three commits of 4 rows waiting before the engine
+    starts, which engine.max_rows_per_trigger = 5 admits one commit per micro-batch (without it the first
+    batch took all 12)."""
+    lake = Lake.make(
+        tmp_path,
+        engine={"auto_create_groups": False, "max_rows_per_trigger": 5},
+        groups={"G": {}, "H": {"retry_max_times": 1}},
+    )
     failing = Result.of("DUP").failed()
     batch = [
         *(Result.of().ok() for _ in range(5)),
@@ -99,15 +106,17 @@ def test_b7_metrics_account_for_every_input_row(spark: Any, tmp_path: Path) -> N
         Result.of(group="ghost").failed(),
         Result.of(None).with_(msg_id=None),
     ]
+    for start in range(0, len(batch), 4):
+        lake.write_results(batch[start : start + 4])
     query = engine.start(spark, lake.config)
     try:
-        lake.write_results(batch)
         # The metrics rows are the batch's last commit: wait for them, not for the retry table.
         wait_for(lambda: sum(m["value"] for m in lake.rows("metrics") if m["metric"] == DELIVERED) >= 2,
                  what="both deliveries counted")
     finally:
         query.stop()
     outcomes, retries, metric_rows = lake.rows("outcomes"), lake.rows("retry"), lake.rows("metrics")
+    assert sorted(Counter(o["batch_id"] for o in outcomes).values()) == [4, 4, 4]
     by_metric: Counter[str] = Counter()
     for m in metric_rows:
         by_metric[m["metric"]] += int(m["value"])
