@@ -457,8 +457,11 @@ def test_cli_redrive_dry_run_then_run_with_progress(lake: Lake, config_file: str
 
 
 def test_cli_redrive_killed_midway_then_rerun(lake: Lake, config_file: str) -> None:
-    """A real interruption: SIGKILL the CLI mid-re-drive, run it again, nothing moves twice."""
-    args = ["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--chunk-size", "1", "--rate", "3"]
+    """A real interruption: SIGKILL the CLI mid-re-drive, run it again, nothing moves twice.
+
+    At one message a second the kill after three chunks lands about six seconds before the end,
+    not two as at three a second, which a loaded machine's polling could miss (#16 item 3)."""
+    args = ["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--chunk-size", "1", "--rate", "1"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "retry_engine.ops.cli", *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
