@@ -86,6 +86,7 @@ class Run:
     query_id: str
     live: status.Status  # status() read while the query was running
     live_exit: int  # `retry-engine status` exit code while the query was running
+    released_at: Any  # when the last of the three fast retries was released
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,7 @@ def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Run:
     (recorder,) = recorders
     wait_for(lambda: recorder.closed, what="the recorder to close")
     assert recorder.unregistered and recorder.rows_dropped == 0
-    return Run(lake, conf, len(batch), query_id, live, live_exit)
+    return Run(lake, conf, len(batch), query_id, live, live_exit, released_at)
 
 
 def test_progress_rows_record_every_batch_of_the_run(run: Run) -> None:
@@ -147,7 +148,12 @@ def test_status_while_running(run: Run) -> None:
     assert run.live.state == "running", run.live.state_reason
     assert run.live_exit == EXIT_OK
     assert run.live.query_id == run.query_id
-    assert run.live.last_batch is not None and run.live.last_batch.batch_id >= 0
+    # status read the progress table after a batch that started past the last release was recorded:
+    # its last batch is that one or a later one, and a batch the run really recorded.
+    progress = [r for r in run.lake.rows("progress") if r["event"] == "progress"]
+    waited_for = min(r["batch_id"] for r in progress if r["event_time"] > run.released_at)
+    assert run.live.last_batch is not None
+    assert waited_for <= run.live.last_batch.batch_id <= max(r["batch_id"] for r in progress)
 
 
 def test_status_text_after_the_run(run: Run, capsys: pytest.CaptureFixture[str]) -> None:
