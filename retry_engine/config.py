@@ -13,7 +13,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -549,18 +549,24 @@ def _format_validation_error(exc: ValidationError, model: type[BaseModel], sourc
 
 
 def _valid_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    current: Any = model
+    """The keys of the section at ``loc`` (a pydantic error location without the unknown key)."""
+    # The models the location can be in so far: a union (backoff) is several until pydantic's
+    # location names the member by its tag (groups.g.backoff.exponential.x); a dict of models
+    # (groups) has its key, the group name, in the location.
+    current: list[type[BaseModel]] = [model]
     for part in loc:
-        fields = getattr(current, "model_fields", None)
-        if fields is None or part not in fields:
-            # dict[str, GroupConfig]: the part is a group name.
-            current = GroupConfig
+        inner = [m for c in current if part in c.model_fields for m in _models(c.model_fields[part].annotation)]
+        if inner:
+            current = inner
             continue
-        annotation = fields[part].annotation
-        args = getattr(annotation, "__args__", ())
-        current = next((a for a in (annotation, *args) if hasattr(a, "model_fields")), annotation)
-    fields = getattr(current, "model_fields", {})
-    return sorted(fields)
+        tagged = [c for c in current if any(part in get_args(f.annotation) for f in c.model_fields.values())]
+        current = tagged or current
+    return sorted(current[0].model_fields)
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation is or holds (``X``, ``X | Y``, ``dict[str, X]``)."""
+    return [a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, BaseModel)]
 
 
 def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> EngineConfig:

@@ -73,7 +73,7 @@ OUTCOMES = (ACKNOWLEDGED, RETRY, DEAD_LETTER, DROPPED, DUPLICATE, QUARANTINED)
 KIND_OUTCOME = "outcome"
 KIND_DELIVERY = "delivery"
 # The bucket of rows that never touch the schedule stage's state (acknowledged, dropped,
-# quarantined, dead-lettered). A real bucket is floor(store time in us / bucket in us) with a
+# quarantined; a dead letter keeps its store-time bucket, where a duplicate meets it, B1). A real bucket is floor(store time in us / bucket in us) with a
 # bucket of at least 1 ms, so it is above int64's minimum whatever the store time: before
 # 1970 buckets are negative, and -1 is a real one (1969-12-31T23:59:59Z with 1 s buckets).
 NO_STATE_BUCKET = -(2**63)

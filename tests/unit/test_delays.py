@@ -8,6 +8,7 @@ from retry_engine.core.delays import (
     LevelPolicy,
     next_level,
     parse_delay_levels,
+    parse_duration_ms,
     schedule_queue_id,
 )
 from retry_engine.errors import DelayLevelError
@@ -56,3 +57,19 @@ def test_b2_exponential_policy_grows_and_caps() -> None:
     policy = ExponentialPolicy(initial_ms=100, multiplier=2.0, max_ms=1000)
     delays = [policy.delay_ms(next_level(policy, requested=0, reconsume_times=n)) for n in range(8)]
     assert delays == [100, 200, 400, 800, 1000, 1000, 1000, 1000]
+
+
+def test_r4_error_messages_name_the_bad_value_and_the_valid_units() -> None:
+    """R4: a malformed string is a startup error naming the bad token (STYLE: and what is valid)."""
+    with pytest.raises(DelayLevelError) as info:
+        parse_delay_levels(" ")
+    assert str(info.value) == (
+        "[INVALID_DELAY_LEVEL] delay level string is empty; expected e.g. "
+        "'1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h'"
+    )
+    with pytest.raises(DelayLevelError) as info:
+        parse_duration_ms(5)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "[INVALID_DELAY_LEVEL] bad delay token 5: expected a positive integer followed by one of ms, s, m, h, d "
+        "(e.g. '10s')"
+    )

@@ -118,3 +118,38 @@ def test_outcome_summary_sums_levels() -> None:
     summary = metrics.outcome_summary(merged)
     assert ("G", "orders", "retry", 3) in summary
     assert sum(n for *_, n in summary) == _mixed().num_rows
+
+
+# -- issue #16: mutations the tests above let through ----------------------------------------------------------
+
+
+def test_b7_the_batch_time_of_the_rows_wins_over_the_fallback() -> None:
+    """B7: outcome rows carry the micro-batch clock (decided_at); the batch_time argument is only a fallback."""
+    work = work_rows([Result.of().failed()], batch_ts=NOW)
+    later = NOW + dt.timedelta(hours=1)
+    table = metrics.metric_rows([metrics.partial_counts(work)], [], batch_id=4, batch_time=later)
+    assert table.to_pylist() == [
+        {"batch_id": 4, "batch_time": NOW, "consumer_group": "G", "retry_topic": "orders", "delay_level": 3,
+         "metric": "retry", "value": 1.0}
+    ]
+
+
+def test_b7_lateness_rows_come_in_group_order() -> None:
+    """B7: the METRICS rows of a batch are in a stable order (a replay writes the same rows in the same order)."""
+    samples = pa.table({"consumer_group": ["b", "a", "b"], "lateness_ms": [5, 7, 9]}, schema=metrics.SAMPLES_SCHEMA)
+    table = metrics.metric_rows([], [samples], batch_id=1, batch_time=NOW)
+    assert [(r["consumer_group"], r["metric"], r["value"]) for r in table.to_pylist()] == [
+        ("a", "lateness_ms_min", 7.0), ("a", "lateness_ms_p50", 7.0), ("a", "lateness_ms_p99", 7.0),
+        ("a", "lateness_ms_max", 7.0),
+        ("b", "lateness_ms_min", 5.0), ("b", "lateness_ms_p50", 5.0), ("b", "lateness_ms_p99", 9.0),
+        ("b", "lateness_ms_max", 9.0),
+    ]
+
+
+def test_b7_outcome_summary_of_one_row_and_of_rows_without_group_or_topic() -> None:
+    """B7 (the per-batch log line): a missing group or topic is shown empty, one row is still a row."""
+    one = metrics.merge_counts([metrics.partial_counts(work_rows([Result.of().failed()], batch_ts=NOW))])
+    assert metrics.outcome_summary(one) == [("G", "orders", "retry", 1)]
+    bad = work_rows([Result.of().with_(consumer_group=None), Result.of().with_(topic=None)], batch_ts=NOW)
+    assert metrics.outcome_summary(metrics.merge_counts([metrics.partial_counts(bad)])) == [
+        ("G", "", "quarantined", 1), ("", "orders", "quarantined", 1)]  # sorted, a missing value last

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.config import ENV_LAKE, ENV_MASTER, load_config, parse_config
+from retry_engine.config import ENV_LAKE, ENV_MASTER, GroupConfig, load_config, parse_config
 from retry_engine.core.names import dlq_topic, retry_topic, validate_group, validate_topic
 from retry_engine.errors import ConfigError, InvalidNameError
 
@@ -22,8 +22,19 @@ def test_invalid_topic_names_rejected(bad: object) -> None:
 
 def test_valid_names_pass() -> None:
     assert validate_group("%RETRY%g|x_y-1") == "%RETRY%g|x_y-1"
+    assert validate_group("g" * 255) == "g" * 255 and validate_topic("t" * 127) == "t" * 127
     with pytest.raises(InvalidNameError, match="at most 255"):
         validate_group("g" * 256)
+
+
+def test_invalid_names_say_what_they_are_and_what_is_valid() -> None:
+    """SPEC (names validated like RocketMQ's): the message names the kind of name, the value and the characters."""
+    with pytest.raises(InvalidNameError) as info:
+        validate_group("a/b")
+    assert str(info.value) == "[INVALID_GROUP_NAME] group name 'a/b' has characters outside [%|a-zA-Z0-9_-]"
+    with pytest.raises(InvalidNameError) as info:
+        validate_topic("")
+    assert str(info.value) == "[INVALID_TOPIC_NAME] topic name is missing"
 
 
 def test_unknown_config_key_names_valid_keys() -> None:
@@ -46,9 +57,10 @@ def test_r4_bad_delay_string_is_a_startup_error() -> None:
 
 
 def test_r10_unknown_group_only_when_auto_create_off() -> None:
-    cfg = parse_config({"engine": {"auto_create_groups": False}, "groups": {"known": {}}})
-    assert cfg.group("known") is not None and cfg.group("other") is None
-    assert parse_config({}).group("other") is not None
+    cfg = parse_config({"engine": {"auto_create_groups": False}, "groups": {"known": {"retry_max_times": 3}}})
+    assert cfg.group("known") == GroupConfig(retry_max_times=3) and cfg.group("other") is None
+    # Auto-created: the group defaults, RocketMQ's (seed 002: retryQueueNums 1, retryMaxTimes 16).
+    assert parse_config({}).group("other") == GroupConfig(retry_queue_nums=1, retry_max_times=16)
 
 
 def test_env_overrides_paths_and_master(tmp_path: Path) -> None:
@@ -61,7 +73,10 @@ def test_env_overrides_paths_and_master(tmp_path: Path) -> None:
 
 def test_shipped_config_file_is_valid() -> None:
     cfg = load_config(Path(__file__).parents[2] / "conf" / "retry-engine.toml", env={})
-    assert cfg.engine.trigger_interval
+    # The values its comments promise: R4's default levels, the engine's 1 s clock, RocketMQ's 4 MiB body limit.
+    assert cfg.engine.trigger_interval == "1s" and cfg.trigger_interval_ms == 1000
+    assert cfg.engine.message_delay_level == "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    assert cfg.engine.max_body_bytes == 4 * 1024 * 1024 and cfg.engine.auto_create_groups is True
 
 
 def test_b2_custom_level_list_without_policy_key() -> None:
@@ -69,7 +84,7 @@ def test_b2_custom_level_list_without_policy_key() -> None:
     group = cfg.group("g")
     assert group is not None
     policy = cfg.policy(group)
-    assert policy.first_level == 1 and policy.delay_ms(5) == 2000
+    assert policy.first_level == 1 and [policy.delay_ms(n) for n in (1, 2, 5)] == [1000, 2000, 2000]
 
 
 def test_r14_delivery_key_adds_the_redrive_count_only_once_redriven() -> None:

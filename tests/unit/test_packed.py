@@ -83,3 +83,14 @@ def test_ipc_chunks_bound_rows_and_bytes_and_keep_order() -> None:
     assert by_bytes == [3, 3, 3, 1]  # 8 bytes a row
     assert [from_ipc(c).num_rows for c in ipc_chunks(table, max_rows=100, max_bytes=1)] == [1] * 10
     assert ipc_chunks(table.slice(0, 0), max_rows=4, max_bytes=100) == []
+
+
+def test_pack_takes_a_record_batch_and_makes_one_row_per_key_of_three() -> None:
+    """Every (route, bucket) key is one packed row (issue #16): three routes of two rows each are three rows."""
+    config = parse_config({"engine": {"state_bucket": "1s"}})
+    results = [Result.of(f"{g}{i}", group=g).failed() for g in ("A", "B", "C") for i in range(2)]
+    work = work_rows(results, batch_ts=T0, config=config)
+    assert len(set(work.column("bucket").to_pylist())) == 1
+    packed = pack(work.combine_chunks().to_batches()[0])
+    assert packed.column("route").to_pylist() == ["A", "B", "C"]
+    assert [unpack([p]).num_rows for p in packed.column("payload").to_pylist()] == [2, 2, 2]
