@@ -12,7 +12,7 @@ CRASH_KILLS ?= 40
 CRASH_SEED ?=
 SPARK_SUBMIT = $(shell $(PY) -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit"))' 2>/dev/null)
 
-.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io clean dist submit cluster-test crash-test soak mutation
+.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io clean dist submit cluster-test crash-test soak soak-property mutation
 
 help:
 	@echo "make run    - run the retry engine on the embedded default (local Spark, tables under ./data/lake)"
@@ -25,7 +25,8 @@ help:
 	@echo "make cluster-test - start a standalone master+worker on 127.0.0.1, submit the engine, check, stop"
 	@echo "make crash-test   - SIGKILL the engine CRASH_KILLS times (default $(CRASH_KILLS)) and check every row"
 	@echo "make mutation - mutation testing of the Spark-free core (mutmut; not in CI, about 25 min): score and survivors"
-	@echo "make soak   - the engine property test with the long profile (hundreds of random examples; SOAK_PROFILE=debug replays CI's and shrinks)"
+	@echo "make soak   - the soak benchmark: 5,000 micro-batches with maintenance on, then off, ratios side by side (hours; SOAK_ARGS='--batches 300' or '--minutes 30')"
+	@echo "make soak-property - the engine property test with the long profile (hundreds of random examples; SOAK_PROFILE=debug replays CI's and shrinks)"
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "retry-engine needs Python 3.11 or newer (found %s)" % sys.version.split()[0])'
@@ -84,11 +85,19 @@ crash-test: check-env
 	RETRY_ENGINE_CRASH_KILLS=$(CRASH_KILLS) RETRY_ENGINE_CRASH_SEED=$(CRASH_SEED) \
 	  $(PY) -m pytest -s --timeout=0 tests/integration/test_engine_crash.py $(PYTEST_ARGS)
 
-# The property test of tests/integration/test_property_engine.py: CI runs its "ci" profile
-# (12 examples, fixed seed, plus 4 pinned ones); this runs "soak" (hundreds, a new seed each time, printed on failure).
-SOAK_PROFILE ?= soak
+# The soak benchmark (#14 part 2, bench/bench_soak.py; results in bench/RESULTS.md): the engine for
+# --batches micro-batches (default 5,000) with table maintenance on, then off, in fresh JVMs.
+SOAK_ARGS ?=
 
 soak: check-env
+	$(PY) bench/bench_soak.py $(SOAK_ARGS)
+
+# The property test of tests/integration/test_property_engine.py: CI runs its "ci" profile
+# (12 examples, fixed seed, plus 4 pinned ones); `make soak-property` runs its "soak" profile
+# (hundreds, a new seed each time, printed on failure).
+SOAK_PROFILE ?= soak
+
+soak-property: check-env
 	HYPOTHESIS_PROFILE=$(SOAK_PROFILE) $(PY) -m pytest -x --timeout=0 tests/integration/test_property_engine.py $(PYTEST_ARGS)
 
 # Mutation testing (#16) of decide, delays, names, packed, metrics and config against the unit tests

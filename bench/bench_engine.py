@@ -124,16 +124,19 @@ class RssSampler:
     peak: dict[str, float] = field(default_factory=lambda: {"python driver": 0.0, "JVM": 0.0, "python workers": 0.0})
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def sample(self) -> None:
+    def now(self) -> dict[str, float]:
+        """Current RSS in MB, same keys as ``peak``."""
         me = os.getpid()
         jvms = [p for p in _descendants(me) if "java" in _cmdline(p).split(" ")[0]]
         workers = [p for j in jvms for p in _descendants(j) if "python" in _cmdline(p).split(" ")[0]]
-        now = {
+        return {
             "python driver": _rss_mb(me),
             "JVM": sum(_rss_mb(p) for p in jvms),
             "python workers": sum(_rss_mb(p) for p in workers),
         }
-        for k, v in now.items():
+
+    def sample(self) -> None:
+        for k, v in self.now().items():
             self.peak[k] = max(self.peak[k], v)
 
     def run(self) -> None:
@@ -207,9 +210,12 @@ def wait_for_input(query: Any, rows: int, *, timeout: float, config: EngineConfi
         time.sleep(0.5 if config else 0.2)
 
 
-def engine_config(lake: Path, source: Path | None = None, **engine_keys: Any) -> EngineConfig:
+def engine_config(lake: Path, source: Path | None = None, *, sections: dict[str, Any] | None = None,
+                  **engine_keys: Any) -> EngineConfig:
+    """A config on ``lake`` with ``[engine]`` keys ``engine_keys``; ``sections``: other sections (groups, ...)."""
     keys = {"lake": str(lake), **engine_keys}
-    return parse_config({"engine": keys, **({"tables": {"consume_results": str(source)}} if source else {})})
+    return parse_config({"engine": keys, **({"tables": {"consume_results": str(source)}} if source else {}),
+                         **(sections or {})})
 
 
 def _naive(key: tuple[str], frames: Iterator[pd.DataFrame], state: GroupState) -> Iterator[pd.DataFrame]:

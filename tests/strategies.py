@@ -23,7 +23,7 @@ rows with one hostile column, which is what a counterexample should show.
 
 The profiles: ``ci`` (the default: twelve examples from a fixed seed, no
 shrinking), ``debug`` (the same examples, shrunk to a minimal failing one) and
-``soak`` (hundreds, random seed, printed on failure; ``make soak``).
+``soak`` (hundreds, random seed, printed on failure; ``make soak-property``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@
 * ``dead_letters_by_error_class.png``: dead letters per error class, stacked
   by group.
 
+:func:`plot_panels` draws any per-batch series as a grid of line charts (the
+soak benchmark's, ``bench/bench_soak.py``).
+
 No Spark: tables are read with delta-rs (:func:`retry_engine.ops.status.read_tables`);
 matplotlib runs on the non-interactive Agg backend.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -203,6 +207,49 @@ def plot_dead_letters(by_class: dict[str, dict[str, int]], path: Path) -> int:
         _no_data(ax, "dead letters")
     ax.set_title("Dead letters by error class")
     ax.set_xlabel("dead letters")
+    _save(fig, path)
+    return drawn
+
+
+@dataclass(frozen=True)
+class Line:
+    """One series of a panel: ``y`` over ``x`` (same length)."""
+
+    label: str
+    x: Sequence[float]
+    y: Sequence[float]
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One chart of :func:`plot_panels`."""
+
+    title: str
+    ylabel: str
+    lines: Sequence[Line]
+
+
+def plot_panels(panels: Sequence[Panel], path: Path, *, title: str, xlabel: str = "batch", columns: int = 2) -> int:
+    """Line charts of ``panels`` in a grid of ``columns``, under ``title``; returns the lines drawn."""
+    rows = max(1, -(-len(panels) // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 3.4 * rows), squeeze=False)
+    drawn = 0
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        for line in panel.lines:
+            if len(line.x):
+                ax.plot(line.x, line.y, label=line.label, linewidth=1)
+                drawn += 1
+        if any(len(line.x) for line in panel.lines):
+            ax.legend(loc="best", fontsize="small")
+            ax.set_ylim(bottom=0)
+        else:
+            _no_data(ax, "samples")
+        ax.set_title(panel.title, fontsize="medium")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(panel.ylabel)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
     _save(fig, path)
     return drawn
 

@@ -26,7 +26,7 @@ failure in.
 
 Profiles (tests/strategies.py, chosen by ``HYPOTHESIS_PROFILE``): ``ci`` by
 default (twelve drawn, no shrinking), ``debug`` (ci's examples, shrunk) and
-``soak`` (``make soak``, hundreds). The pinned counterexamples run as their own
+``soak`` (``make soak-property``, hundreds). The pinned counterexamples run as their own
 test ids (``test_pinned_counterexample``).
 """
 
