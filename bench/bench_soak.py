@@ -44,6 +44,7 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -486,7 +487,9 @@ def report(out: Path, modes: list[str]) -> None:
         print(f"maintenance {m}: {meta['batches_done']:,} batches (asked {meta['batches_asked']:,}, stopped by "
               f"{meta['stopped_by']}) in {meta['wall_s'] / 60:.1f} min, {meta['started']} - {meta['ended']}, load "
               f"average {meta['load_start'][0]} at the start, {meta['load_end'][0]} at the end; fed "
-              f"{meta['fed_rows']:,} results + {meta['answered_rows']:,} answers to retries; decided "
+              f"{meta['fed_rows']:,} results ({meta['fed_rows'] / meta['wall_s']:,.0f}/s, asked "
+              f"{meta['args']['rows_per_tick'] * 1000 / meta['args']['tick_ms']:,.0f}/s) + "
+              f"{meta['answered_rows']:,} answers to retries; decided "
               f"{meta['decided']:,}, released {meta['released']:,} retries, {meta['dead_letters']:,} dead letters; "
               f"{meta['maintenance_runs']} maintenance runs ({meta['maintenance_errors']} table errors)")
     print()
@@ -496,6 +499,12 @@ def report(out: Path, modes: list[str]) -> None:
     for m in modes:
         print(f"maintenance {m}: {'HOLDS' if verdict(ratios[m]) else 'does NOT hold'} "
               f"({', '.join(r.name for r in ratios[m] if r.holds is False) or 'every judged ratio within 1.2'})")
+    print()
+    print("By tenth of each run's wall time: batches, input rows/s, batch ms p50, load average, JVM RSS MB, "
+          "live files and _delta_log entries (all tables) at the end of the tenth")
+    for m in modes:
+        for line in by_tenth(runs[m]):
+            print(f"  {m:3} {line}")
     print()
     print("Per table, batch 1 -> last batch (max): live files | _delta_log entries | files on disk | live bytes")
     for m in modes:
@@ -513,6 +522,28 @@ def report(out: Path, modes: list[str]) -> None:
 def _smoothing(n: int) -> int:
     """Rolling-median width for ``n`` batches: a twentieth of them, 1 to 25."""
     return max(1, min(25, n // 20))
+
+
+def by_tenth(rows: list[dict[str, float]]) -> list[str]:
+    """One line per tenth of the run's wall time (sampled batches only)."""
+    have = [r for r in steady(rows) if "t" in r]
+    if not have:
+        return []
+    start, end = have[0]["t"], have[-1]["t"]
+    step = (end - start) / 10 or 1.0
+    lines = []
+    for i in range(10):
+        part = [r for r in have if start + i * step <= r["t"] < start + (i + 1) * step or (i == 9 and r["t"] == end)]
+        if not part:
+            continue
+        files = sum(v for k, v in part[-1].items() if k.endswith(".files"))
+        logs = sum(v for k, v in part[-1].items() if k.endswith(".log"))
+        lines.append(
+            f"{(part[0]['t'] - start) / 60:5.1f}-{(part[-1]['t'] - start) / 60:4.1f} min: {len(part):3} batches, "
+            f"{sum(r['input_rows'] for r in part) / step:6,.0f} rows/s, "
+            f"{statistics.median(r['batch_ms'] for r in part):6,.0f} ms, load {statistics.fmean(r['load1'] for r in part):4.1f}, "
+            f"JVM {statistics.fmean(r['rss.JVM'] for r in part):5,.0f}, files {files:6,.0f}, log {logs:6,.0f}")
+    return lines
 
 
 def _rolling_median(values: list[float], width: int) -> list[float]:
