@@ -9,7 +9,7 @@ somewhere during start-up) and restarted from its checkpoint. Afterwards every i
 must have exactly one outcome, every retry and dead letter must exist exactly
 once, and no retry may have been delivered before it was due.
 
-``RETRY_ENGINE_CRASH_KILLS`` (default 6, CI's budget) sets the number of kills and
+``RETRY_ENGINE_CRASH_KILLS`` (default 4, CI's budget) sets the number of kills and
 ``RETRY_ENGINE_CRASH_SEED`` replays a run; ``make crash-test`` runs a long one.
 """
 
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_TIMES = 3
-KILLS = int(os.environ.get("RETRY_ENGINE_CRASH_KILLS", "6"))
+KILLS = int(os.environ.get("RETRY_ENGINE_CRASH_KILLS", "4"))
 # Seconds after "engine started" at which the kill lands: the first batch after a
 # restart (replaying the one the last kill interrupted) runs inside this window.
 KILL_WINDOW = (0.3, 5.0)
