@@ -72,24 +72,28 @@ def load_equivalents(path: Path = EQUIVALENT_FILE) -> dict[str, str]:
     return accepted
 
 
-def collect() -> tuple[list[Mutant], Counter[str]]:
-    """Every mutant of the last run that was not killed, with its diff; and the count of each verdict."""
+def collect() -> tuple[list[Mutant], Counter[str], dict[str, Counter[str]]]:
+    """Every mutant of the last run that was not killed, with its diff; the count of each verdict, in all and by file."""
     from mutmut.mutation.data import SourceFileMutationData
     from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.utils.file_utils import walk_mutatable_files
 
     counts: Counter[str] = Counter()
+    by_file: dict[str, Counter[str]] = {}
     out: list[Mutant] = []
     seen: Counter[tuple[str, str]] = Counter()
     for path in walk_mutatable_files():
         data = SourceFileMutationData(path=path)
         data.load()
+        file_counts = by_file.setdefault(str(path), Counter())
         for name, code in sorted(data.exit_code_by_key.items(), key=lambda kv: _order(kv[0])):
             if code in KILLED_CODES:
                 counts["killed"] += 1
+                file_counts["killed"] += 1
                 continue
             status = "survived" if code in SURVIVED_CODES else "no tests" if code in NO_TEST_CODES else f"exit {code}"
             counts[status] += 1
+            file_counts[status] += 1
             diff = get_diff_for_mutant(name, path=path)
             removed = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
             added = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
@@ -97,7 +101,7 @@ def collect() -> tuple[list[Mutant], Counter[str]]:
             key = (function, "\n".join(line.strip() for line in [*removed, "=>", *added]))
             seen[key] += 1
             out.append(Mutant(name, function, status, diff, mutant_id(function, removed, added, seen[key])))
-    return out, counts
+    return out, counts, by_file
 
 
 def _order(name: str) -> tuple[str, int]:
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list-accepted", action="store_true", help="also print the accepted mutants' diffs")
     args = parser.parse_args(argv)
     accepted = load_equivalents()
-    mutants, counts = collect()
+    mutants, counts, by_file = collect()
     total = sum(counts.values())
     if total == 0:
         print("no mutation results under ./mutants: run `mutmut run` first")
@@ -134,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         f"with accepted equivalents ({len(kept)}, {EQUIVALENT_FILE.name}) left out: "
         f"{killed}/{effective} = {killed / effective:.1%}"
     )
+    for path, file_counts in by_file.items():
+        n = sum(file_counts.values())
+        accepted_here = sum(1 for m in kept if m.name.startswith(path[:-3].replace("/", ".") + "."))
+        print(f"  {path}: {file_counts['killed']}/{n} killed, {n - file_counts['killed']} not ({accepted_here} accepted)")
     if args.list_accepted:
         for m in kept:
             print(f"\n[accepted {m.mutant_id}] {m.name} ({m.status}): {accepted[m.mutant_id]}\n{short_diff(m.diff)}")

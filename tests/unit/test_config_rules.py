@@ -191,6 +191,9 @@ def test_environment_overrides_lake_checkpoint_and_master(tmp_path: Path, monkey
     assert load_config(conf, env=env, lake="~/cli").engine.lake == str(tmp_path / "home" / "cli")
     # An empty variable is no override.
     assert load_config(conf, env={ENV_CHECKPOINT: ""}).checkpoint_path == "/file-ck"
+    # One override leaves the file's other [engine] settings as they are.
+    cfg = load_config(conf, env={ENV_LAKE: "/env-lake"})
+    assert (cfg.engine.lake, cfg.engine.checkpoint, cfg.engine.master) == ("/env-lake", "/file-ck", "local[1]")
 
 
 def test_the_process_environment_is_read_when_none_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,6 +35,13 @@ def test_invalid_names_say_what_they_are_and_what_is_valid() -> None:
     with pytest.raises(InvalidNameError) as info:
         validate_topic("")
     assert str(info.value) == "[INVALID_TOPIC_NAME] topic name is missing"
+    with pytest.raises(InvalidNameError) as info:
+        validate_topic(5)
+    assert str(info.value) == "[INVALID_TOPIC_NAME] topic name must be a string, got int"
+    with pytest.raises(InvalidNameError) as info:
+        validate_group("g" * 300)
+    # A long name is shown by its first 40 characters.
+    assert str(info.value) == f"[INVALID_GROUP_NAME] group name {'g' * 40!r}... is 300 characters; at most 255 allowed"
 
 
 def test_unknown_config_key_names_valid_keys() -> None:
