@@ -103,3 +103,28 @@ def with_unvalidated_group(config: Any, name: str, **fields: Any) -> Any:
     """
     group = config.groups[name].model_copy(update=fields)
     return config.model_copy(update={"groups": {**config.groups, name: group}})
+
+
+def hostile_array(values: list[int], *, extension: str, message: str) -> pa.ExtensionArray:
+    """An int64 column of an extension type decide knows nothing about, whose values raise
+    ``RuntimeError(message)`` when read (the bad-input rule's "any value" cases)."""
+
+    class _HostileScalar(pa.ExtensionScalar):
+        def as_py(self, **_: Any) -> Any:
+            raise RuntimeError(message)
+
+    class _HostileType(pa.ExtensionType):
+        def __init__(self) -> None:
+            super().__init__(pa.int64(), extension)
+
+        def __arrow_ext_serialize__(self) -> bytes:
+            return b""
+
+        @classmethod
+        def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> _HostileType:
+            return cls()
+
+        def __arrow_ext_scalar_class__(self) -> type[pa.ExtensionScalar]:
+            return _HostileScalar
+
+    return pa.ExtensionArray.from_storage(_HostileType(), pa.array(values, pa.int64()))

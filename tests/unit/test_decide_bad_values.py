@@ -26,7 +26,7 @@ from retry_engine.core.decide import (
 )
 from retry_engine.errors import ConfigError
 from retry_engine.schemas import CONSUME_RESULTS
-from tests.builders import T0, Result, results_table, with_unvalidated_group
+from tests.builders import T0, Result, hostile_array, results_table, with_unvalidated_group
 
 NOW = T0 + dt.timedelta(seconds=2)
 INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
@@ -358,35 +358,13 @@ def test_a_decision_that_overflows_deep_inside_decide_quarantines_only_its_rows(
             assert json.loads(row["raw"])["msg_id"] == row["consumed_msg_id"]
 
 
-class _HostileScalar(pa.ExtensionScalar):
-    def as_py(self, **_: Any) -> Any:
-        raise RuntimeError("this value cannot be read")
-
-
-class _HostileType(pa.ExtensionType):
-    """An extra column of a type decide knows nothing about, whose values raise when read."""
-
-    def __init__(self) -> None:
-        super().__init__(pa.int64(), "test.hostile")
-
-    def __arrow_ext_serialize__(self) -> bytes:
-        return b""
-
-    @classmethod
-    def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> _HostileType:
-        return cls()
-
-    def __arrow_ext_scalar_class__(self) -> type[pa.ExtensionScalar]:
-        return _HostileScalar
-
-
 def test_raw_records_a_value_that_cannot_be_read_instead_of_failing() -> None:
     """Bad-input rule, #12 items 2-3: an unreadable value in an extra column still lets the row be quarantined.
 
     The row keeps its own reason (UNKNOWN_STATUS); its raw names what could not be read.
     """
     table = results_table([Result.of("Q").with_(status="??"), Result.of("OK").ok()])
-    hostile = pa.ExtensionArray.from_storage(_HostileType(), pa.array([7, 8], pa.int64()))
+    hostile = hostile_array([7, 8], extension="test.hostile", message="this value cannot be read")
     rows = decide_table(table.append_column("extra", hostile)).to_pylist()
     assert (rows[0]["reason_code"], rows[1]["outcome"]) == ("UNKNOWN_STATUS", "acknowledged")
     raw = json.loads(rows[0]["raw"])

@@ -31,7 +31,7 @@ from retry_engine.core.decide import (
 )
 from retry_engine.errors import SchemaMismatchError
 from retry_engine.schemas import CONSUME_RESULTS, WORK
-from tests.builders import T0, Result, results_table
+from tests.builders import T0, Result, hostile_array, results_table
 
 NOW = T0 + dt.timedelta(seconds=2)
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -646,32 +646,10 @@ def test_bad_input_invalid_utf8_keeps_its_text_escaped_in_the_columns() -> None:
     assert row["reason"] == "column msg_id: b'M\\xff\\xfe' is not valid UTF-8"
 
 
-class _Hostile(pa.ExtensionScalar):
-    def as_py(self, **_: Any) -> Any:
-        raise RuntimeError("cannot read \udcff here")
-
-
-class _HostileType(pa.ExtensionType):
-    """An extra column whose values raise, with a message Python cannot encode as UTF-8 (a lone surrogate)."""
-
-    def __init__(self) -> None:
-        super().__init__(pa.int64(), "test.hostile-surrogate")
-
-    def __arrow_ext_serialize__(self) -> bytes:
-        return b""
-
-    @classmethod
-    def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> _HostileType:
-        return cls()
-
-    def __arrow_ext_scalar_class__(self) -> type[pa.ExtensionScalar]:
-        return _Hostile
-
-
 def test_bad_input_raw_records_an_unreadable_value_whose_error_cannot_be_encoded() -> None:
     """Bad-input rule: whatever the row holds, raw records it: the lone surrogate is escaped, not an error."""
     table = results_table([Result.of("Q").with_(status="??")])
-    hostile = pa.ExtensionArray.from_storage(_HostileType(), pa.array([1], pa.int64()))
+    hostile = hostile_array([1], extension="test.hostile-surrogate", message="cannot read \udcff here")
     (row,) = run([], table=table.append_column("extra", hostile))
     assert json.loads(row["raw"])["extra"] == {
         "unreadable": "RuntimeError: cannot read \\udcff here", "type": "extension<test.hostile-surrogate<_HostileType>>"}
