@@ -24,7 +24,7 @@ help:
 	@echo "make submit MASTER=spark://host:7077 - spark-submit the engine to a cluster"
 	@echo "make cluster-test - start a standalone master+worker on 127.0.0.1, submit the engine, check, stop"
 	@echo "make crash-test   - SIGKILL the engine CRASH_KILLS times (default $(CRASH_KILLS)) and check every row"
-	@echo "make mutation - mutation testing of the Spark-free core (mutmut; not in CI, about 25 min): score and survivors"
+	@echo "make mutation - mutation testing of the Spark-free core (mutmut; not in CI, 10-20 min): score and survivors"
 	@echo "make soak   - the soak benchmark: 5,000 micro-batches with maintenance on, then off, ratios side by side (hours; SOAK_ARGS='--batches 300' or '--minutes 30')"
 	@echo "make soak-property - the engine property test with the long profile (hundreds of random examples; SOAK_PROFILE=debug replays CI's and shrinks)"
 

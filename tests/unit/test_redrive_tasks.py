@@ -394,3 +394,35 @@ def test_dry_run_lists_the_first_rows_and_the_count(config: EngineConfig, config
     ]
     assert listed == [f"DLQ-{i:03d}" for i in range(20)]
     assert f"... and {DEAD - 20} more ({DEAD} in all" in out and "reason_code" in out
+
+
+def test_an_interrupted_redrive_exits_130_and_the_same_command_finishes_it(
+    config: EngineConfig, config_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README (exit codes): 130 interrupted, re-run to finish; B5/B8: the re-run moves the rest, nothing twice.
+
+    Ctrl-C is a KeyboardInterrupt in the main thread; here it arrives after the first chunk's commit.
+    """
+    real = redrive.redrive
+
+    def interrupted_after_first_chunk(*args: Any, on_progress: Any = None, **kwargs: Any) -> Any:
+        def progress(p: redrive.ChunkProgress) -> None:
+            if on_progress is not None:
+                on_progress(p)
+            if p.phase == "moved" and not kwargs.get("dry_run"):
+                raise KeyboardInterrupt
+
+        return real(*args, on_progress=progress, **kwargs)
+
+    argv = ["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--yes", "--chunk-size", "5",
+            "--redrive-id", "ctrl-c"]
+    monkeypatch.setattr(redrive, "redrive", interrupted_after_first_chunk)
+    code, out, err = _dlq(argv, config_file, io.StringIO())
+    assert code == 130
+    assert err.splitlines()[-1] == "interrupted: run the same command again to finish (nothing will move twice)"
+    assert len(_messages(config)) == 5
+    monkeypatch.setattr(redrive, "redrive", real)
+    code, out, err = _dlq(argv, config_file, io.StringIO())
+    assert code == EXIT_OK
+    moved = Counter(m["props"][PROP_REDRIVE_FROM] for m in _messages(config))
+    assert len(moved) == DEAD and set(moved.values()) == {1}
