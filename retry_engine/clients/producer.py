@@ -340,8 +340,7 @@ class Producer:
         for attempt in range(1, total + 1):
             elapsed_ms = (time.monotonic() - started) * 1000
             if attempt > 1 and elapsed_ms >= self.send_timeout_ms:
-                if self._landed(version):
-                    self._require_in_order(table, version)
+                if self._landed(table, version):
                     return SendResult(ids, attempt - 1, False)
                 raise SendFailedError(
                     f"send of {len(ids)} message(s) (first {ids[0]}) timed out after {elapsed_ms:.0f} ms "
@@ -363,8 +362,7 @@ class Producer:
                     time.sleep(self.retry_backoff_ms / 1000)
                 continue
             return SendResult(ids, attempt, written)
-        if self._landed(version):
-            self._require_in_order(table, version)
+        if self._landed(table, version):
             return SendResult(ids, total, False)
         raise SendFailedError(
             f"send of {len(ids)} message(s) (first {ids[0]}) failed {total} time(s) "
@@ -377,7 +375,7 @@ class Producer:
             self.path, table, app_id=self.app_id, txn_version=version, partition_by=MESSAGES.partition_by
         )
 
-    def _landed(self, version: int) -> bool:
+    def _landed(self, table: pa.Table, version: int) -> bool:
         """Whether the table holds this send's token after all its attempts failed.
 
         An attempt can commit and still fail (the acknowledgement of the commit
@@ -393,6 +391,7 @@ class Producer:
             log.warning("send %s/%d: could not check whether it landed: %s", self.app_id, version, exc)
             return False
         if done is not None and done >= version:
+            self._require_in_order(table, version)
             log.info("send %s/%d: its attempts failed but the table holds it (at %d): sent", self.app_id, version, done)
             return True
         return False
