@@ -75,6 +75,9 @@ ENGINE_TABLES = (
 # The input, written by others: `maintain` covers it, the engine only when asked.
 INPUT_TABLES = ("consume_results",)
 MAINTAINED_TABLES = (*INPUT_TABLES, *ENGINE_TABLES)
+# The lake's maintenance record (``_maintenance``) gets a commit per run: every run that
+# maintains an engine table maintains the record too, under this name in its report.
+RECORD_TABLE = MAINTENANCE_DIR
 # A compaction that lost its commit to a writer that changed the same files is redone on
 # a fresh snapshot this many times (appends never conflict with it).
 COMPACT_ATTEMPTS = 10
@@ -327,11 +330,17 @@ def run_maintenance(
 ) -> list[TableReport]:
     """Maintain ``tables`` (default: every maintained table) and record it (not in a dry run).
 
+    A run that maintains any engine table also maintains the lake's record
+    table itself (:data:`RECORD_TABLE`), last, so months of runs do not leave
+    it with a commit and a small file per run.
+
     ``stopping()`` is asked before each table: once true, the remaining tables
     are left for the next run (an engine that stops does not wait for them).
     """
     hours = retention_hours(config, retention, force=force)
     selected = select_tables(config, tables)
+    if any(name in ENGINE_TABLES for name, _ in selected):
+        selected.append((RECORD_TABLE, maintenance_path(config.engine.lake)))
     run_at = dt.datetime.now(dt.UTC)
     reports = []
     for name, path in selected:

@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from retry_engine.core import engine
 from retry_engine.delta import register
 from retry_engine.ops.cli import EXIT_OK, main
-from retry_engine.ops.maintenance import ENGINE_TABLES, maintenance_path
+from retry_engine.ops.maintenance import ENGINE_TABLES, RECORD_TABLE, maintenance_path
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
 
@@ -124,7 +124,7 @@ def test_maintenance_in_and_around_the_engine_loses_and_repeats_nothing(
         engine.stop(query)
     engine_runs = [r for r in _rows(lake) if r["trigger"] == "engine"]
     assert engine_runs and all(r["error"] is None for r in engine_runs)
-    assert {r["table_name"] for r in engine_runs} <= {"consume_results", *ENGINE_TABLES}
+    assert {r["table_name"] for r in engine_runs} <= {"consume_results", *ENGINE_TABLES, RECORD_TABLE}
     assert any(
         r["files_compacted"] > 0 for r in engine_runs if r["table_name"] == "consume_results"
     )

@@ -33,6 +33,7 @@ from retry_engine.errors import ConfigError, DeltaSourceError
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from retry_engine.ops.maintenance import (
     MAINTAINED_TABLES,
+    RECORD_TABLE,
     EngineMaintenance,
     _Due,
     maintain_table,
@@ -517,6 +518,33 @@ def test_maintain_on_a_lake_with_no_tables_is_a_usage_error(
     assert "no lake at" in capsys.readouterr().err
     assert main(["maintain", "--lake", str(tmp_path / "missing")]) == EXIT_USAGE
     assert not (tmp_path / "missing").exists()
+
+
+def test_the_maintenance_record_is_maintained_too_so_months_of_runs_stay_bounded(
+    tmp_path: Path,
+) -> None:
+    """#14 part 1: every run appends to ``_maintenance``; a run that maintains an engine table also
+    compacts, checkpoints and cleans that record, and records doing so. A run over consume_results
+    only leaves it alone."""
+    small_lake(tmp_path)
+    config = parse_config({"engine": {"lake": str(tmp_path)}})
+    record = maintenance_path(str(tmp_path))
+    for run in range(6):
+        reports = run_maintenance(config, tables=["outcomes"])
+        assert [r.table_name for r in reports] == ["outcomes", RECORD_TABLE]
+        assert reports[1].missing == (run == 0) and reports[1].error is None
+    table = DeltaTable(record)
+    assert table.version() > 6  # six appends plus the maintenance commits
+    # Compacted at each run: the files appended since the last run, at most, beside one big file.
+    assert len(table.file_uris()) <= 2
+    assert (Path(record) / "_delta_log" / "_last_checkpoint").exists()
+    rows = table.to_pyarrow_table().to_pylist()
+    assert sorted(r["table_name"] for r in rows) == [RECORD_TABLE] * 5 + ["outcomes"] * 6
+    assert all(r["error"] is None for r in rows)
+
+    before = DeltaTable(record).version()
+    run_maintenance(config, tables=["consume_results"])
+    assert DeltaTable(record).version() == before + 1  # only the run's own row
 
 
 def test_an_engine_that_stops_does_not_wait_for_the_remaining_tables(tmp_path: Path) -> None:
