@@ -12,7 +12,7 @@ CRASH_KILLS ?= 40
 CRASH_SEED ?=
 SPARK_SUBMIT = $(shell $(PY) -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit"))' 2>/dev/null)
 
-.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io clean dist submit cluster-test crash-test soak soak-property mutation
+.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io bench-startup clean dist submit cluster-test crash-test soak soak-property mutation
 
 help:
 	@echo "make run    - run the retry engine on the embedded default (local Spark, tables under ./data/lake)"
@@ -20,6 +20,7 @@ help:
 	@echo "make test   - run the whole test suite (unit + integration + slow end-to-end)"
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - the engine's benchmark table (ratios measured side by side; BENCH_ARGS=--quick for a smoke run)"
+	@echo "make bench-startup - where start-up time goes, cold and after a restart (STARTUP_ARGS='--rounds 3')"
 	@echo "make dist   - dist/retry_engine.zip, the --py-files zip for spark-submit"
 	@echo "make submit MASTER=spark://host:7077 - spark-submit the engine to a cluster"
 	@echo "make cluster-test - start a standalone master+worker on 127.0.0.1, submit the engine, check, stop"
@@ -67,6 +68,10 @@ bench-quick: check-env
 
 bench-io: check-env
 	$(PY) bench/bench_delta_io.py
+
+# Start-up (#14 part 3): `retry-engine run` to its first committed batch, cold and after a restart.
+bench-startup: check-env
+	$(PY) bench/bench_startup.py $(STARTUP_ARGS)
 
 dist: venv
 	$(PY) -m retry_engine.ops.cli zip --output dist/retry_engine.zip

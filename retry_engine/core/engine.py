@@ -13,6 +13,7 @@ checkpoint is new (:mod:`retry_engine.core.resume`). :func:`stop` releases the l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -37,6 +38,7 @@ from retry_engine.core.lease import EngineState, Heartbeat, LakeLease, Owner
 from retry_engine.core.outputs import BatchWriter, OnCounts, roll_forward
 from retry_engine.core.packed import PACKED_SCHEMA, pack
 from retry_engine.core.schedule import STATE_SCHEMA, ScheduleStage, StateKeySplit, state_key_split
+from retry_engine.core.startup import Startup
 from retry_engine.delta import (
     FORMAT_NAME,
     ensure_query_id,
@@ -332,6 +334,7 @@ def start(
     writer: Callable[[DataFrame, int], None] | None = None,
     take_over: bool = False,
     discard_pending: bool = False,
+    startup: Startup | None = None,
 ) -> StreamingQuery:
     """Start the engine query; the caller owns it (``awaitTermination`` / :func:`stop`).
 
@@ -349,7 +352,14 @@ def start(
     A custom ``writer`` receives packed rows (:mod:`retry_engine.core.packed`); the
     progress table then records Spark's ``numInputRows``, a count of packed
     source rows, as the batches' input, and the lake records no batches.
+
+    ``startup``: times the steps of this start and logs where the time went
+    once the first batch commits (:mod:`retry_engine.core.startup`).
     """
+
+    def step(name: str) -> contextlib.AbstractContextManager[None]:
+        return startup.step(name) if startup is not None else contextlib.nullcontext()
+
     native = config.engine.table_format == "delta"
     log.info(
         "retry engine starting on lake %s; tables:\n%s",
@@ -368,26 +378,37 @@ def start(
         Owner.this_process(query_id=app_id, checkpoint=checkpoint),
         timeout_ms=config.lease_timeout_ms,
     )
-    before = lease.acquire(take_over=take_over)
+    with step("lease"):
+        before = lease.acquire(take_over=take_over)
     try:
         for path in remove_orphan_log_temps(checkpoint):
             log.warning(
                 "removed %s, left by an engine killed while writing its checkpoint log", path
             )
         if not native:
-            _migrate_partition_layout(config)
-        point, pending = _resume_point(
-            config, before, app_id, fresh=fresh, discard_pending=discard_pending
-        )
+            with step("table layout"):
+                _migrate_partition_layout(config)
+        with step("resume point"):
+            point, pending = _resume_point(
+                config, before, app_id, fresh=fresh, discard_pending=discard_pending
+            )
         if native and point is not None:
             raise LakeResumeError(
                 f"a new checkpoint {checkpoint} would resume after the lake's last batch {point.after_batch}, which "
                 'engine.table_format = "delta" does not support yet; use the previous checkpoint or "deltars"',
                 code="LAKE_RESUME_UNSUPPORTED",
             )
-        query = _start_query(
-            spark, config, app_id, writer, lease=lease, pending=pending, resume_at=point
-        )
+        with step("query start"):
+            query = _start_query(
+                spark,
+                config,
+                app_id,
+                writer,
+                lease=lease,
+                pending=pending,
+                resume_at=point,
+                startup=startup,
+            )
     except BaseException:
         lease.release()
         raise
@@ -439,12 +460,13 @@ def _start_query(
     lease: LakeLease,
     pending: int,
     resume_at: resume.ResumePoint | None,
+    startup: Startup | None = None,
 ) -> StreamingQuery:
     native = config.engine.table_format == "delta"
     checkpoint = config.checkpoint_path
     # Registered first so the started event and batch 0 are recorded; it unregisters
     # itself when the query terminates.
-    recorder = monitor.attach(spark, config, query_id=app_id)
+    recorder = monitor.attach(spark, config, query_id=app_id, startup=startup)
     with _HELD_LOCK:
         _RECORDERS[app_id] = recorder
     # An explicit processing-time trigger makes Spark run (possibly empty) batches on
@@ -595,6 +617,7 @@ def run_once(
     discard_pending: bool = False,
     wait: Callable[[float], bool] | None = None,
     finish_batch_s: float = 0.0,
+    startup: Startup | None = None,
 ) -> bool:
     """Process every consume result in the table when this is called, then stop.
 
@@ -610,7 +633,9 @@ def run_once(
     the calling thread either way.
     """
     through = table_version(config.table_path("consume_results"))
-    query = start(spark, config, take_over=take_over, discard_pending=discard_pending)
+    query = start(
+        spark, config, take_over=take_over, discard_pending=discard_pending, startup=startup
+    )
     finished: bool | None = None
     try:
         finished = wait_until_idle(

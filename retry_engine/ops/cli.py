@@ -8,7 +8,7 @@ import os
 import sys
 import tomllib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retry_engine.config import (
     DEFAULT_LAKE,
@@ -21,6 +21,9 @@ from retry_engine.config import (
 from retry_engine.errors import LakeNotFoundError, RetryEngineError
 from retry_engine.ops import dlq_commands, redrive_commands
 from retry_engine.ops.stopping import EXIT_STOPPED_BY_SIGINT
+
+if TYPE_CHECKING:
+    from retry_engine.core.startup import Startup
 
 log = logging.getLogger("retry_engine")
 
@@ -278,23 +281,26 @@ def _catalog_ddl(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from retry_engine.core.startup import Startup
     from retry_engine.delta.lake import require_lake_folder
     from retry_engine.delta.session import build_session
 
     config = _config(args)
     require_lake_folder(config, origin=_lake_origin(args))
+    startup = Startup()
     # Under spark-submit the JVM (and its --master) already exists; don't override it.
     master = None if "PYSPARK_GATEWAY_PORT" in os.environ else config.engine.master
-    spark = build_session(
-        master=master,
-        shuffle_partitions=config.engine.shuffle_partitions,
-        # Spark turns adaptive execution off for a stateful query anyway, with two WARN lines
-        # at every start; engine.spark_conf can still set it.
-        extra_conf={"spark.sql.adaptive.enabled": "false", **config.engine.spark_conf},
-    )
+    with startup.step("spark session"):
+        spark = build_session(
+            master=master,
+            shuffle_partitions=config.engine.shuffle_partitions,
+            # Spark turns adaptive execution off for a stateful query anyway, with two WARN lines
+            # at every start; engine.spark_conf can still set it.
+            extra_conf={"spark.sql.adaptive.enabled": "false", **config.engine.spark_conf},
+        )
     if args.once:
-        return _run_once(spark, config, args)
-    return _run_until_stopped(spark, config, args)
+        return _run_once(spark, config, args, startup)
+    return _run_until_stopped(spark, config, args, startup)
 
 
 # How long a stop waits for the running micro-batch before abandoning it (safe either way).
@@ -303,7 +309,7 @@ STOP_FINISH_BATCH_SECONDS = 20.0
 RUN_POLL_SECONDS = 0.5
 
 
-def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace) -> int:
+def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace, startup: Startup) -> int:
     """``run --once``: exit 0 when the input is processed; on SIGINT/SIGTERM a clean stop (exit 130/0).
 
     As in :func:`_run_until_stopped`, the signal handler only sets a flag and
@@ -330,6 +336,7 @@ def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace) -> int
             discard_pending=args.discard_pending,
             wait=stop_requested,
             finish_batch_s=STOP_FINISH_BATCH_SECONDS,
+            startup=startup,
         )
     if finished or signals.received is None:
         return EXIT_OK
@@ -344,7 +351,9 @@ def _stopped_line(signum: int, config: EngineConfig) -> str:
     return f"retry-engine: stopped on {signal_name(signum)}; tables under {os.path.abspath(config.engine.lake)}"
 
 
-def _run_until_stopped(spark: Any, config: EngineConfig, args: argparse.Namespace) -> int:
+def _run_until_stopped(
+    spark: Any, config: EngineConfig, args: argparse.Namespace, startup: Startup
+) -> int:
     """Run the engine until SIGINT/SIGTERM (clean stop, exit 130/0) or until its query fails (exit 1).
 
     The signal handler only sets a flag; this thread stops the query, so the
@@ -356,7 +365,11 @@ def _run_until_stopped(spark: Any, config: EngineConfig, args: argparse.Namespac
     lake = os.path.abspath(config.engine.lake)
     with StopSignals() as signals:
         query = engine.start(
-            spark, config, take_over=args.take_over, discard_pending=args.discard_pending
+            spark,
+            config,
+            take_over=args.take_over,
+            discard_pending=args.discard_pending,
+            startup=startup,
         )
         print(_running_line(config, args.config, query_id=str(query.id)), flush=True)
         try:

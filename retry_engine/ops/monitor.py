@@ -36,6 +36,7 @@ from pyspark.sql.streaming.listener import (
 
 from retry_engine.config import EngineConfig
 from retry_engine.core.delays import parse_duration_ms
+from retry_engine.core.startup import Startup
 from retry_engine.delta import append_arrow, ensure_table
 from retry_engine.delta.session import set_jvm_log_level
 from retry_engine.errors import ConfigError
@@ -178,8 +179,11 @@ class ProgressRecorder(StreamingQueryListener):
         flush_interval_ms: int,
         on_close: Callable[[ProgressRecorder], None] | None = None,
         trigger_interval_ms: int | None = None,
+        startup: Startup | None = None,
     ) -> None:
         self.path = path
+        # Logs where start-up time went once the query's first batch commits.
+        self._startup = startup
         # With the query's trigger interval, late batches are logged once per episode.
         self._behind = None if trigger_interval_ms is None else FallingBehind(trigger_interval_ms)
         self.query_id = query_id
@@ -218,22 +222,27 @@ class ProgressRecorder(StreamingQueryListener):
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802
         progress = event.progress
-        self._guard(
-            "progress",
-            lambda: self._add_if_ours(
-                str(progress.id),
-                lambda: progress_row(
-                    progress,
-                    recorded_at=_now(),
-                    input_rows=self._take_input_rows(int(progress.batchId)),
-                ),
-            ),
-        )
+        rows: list[int | None] = []
+
+        def row() -> dict[str, Any]:
+            rows.append(self._take_input_rows(int(progress.batchId)))
+            return progress_row(progress, recorded_at=_now(), input_rows=rows[0])
+
+        self._guard("progress", lambda: self._add_if_ours(str(progress.id), row))
+        if self._startup is not None and rows:
+            self._guard("progress", lambda: self._report_startup(progress, rows[0]))
         if self._behind is not None and str(progress.id) == self.query_id:
             self._guard(
                 "progress",
                 lambda: self._report_lateness(int(progress.batchId), int(progress.batchDuration)),
             )
+
+    def _report_startup(self, progress: StreamingQueryProgress, input_rows: int | None) -> None:
+        assert self._startup is not None
+        durations = {str(k): int(v) for k, v in progress.durationMs.items()}
+        line = self._startup.first_batch(durations, input_rows)
+        if line is not None:
+            log.info("%s", line)
 
     def _report_lateness(self, batch_id: int, duration_ms: int) -> None:
         assert self._behind is not None
@@ -442,7 +451,9 @@ def ensure_progress_table(path: str) -> None:
     ensure_table(path, PROGRESS.arrow_schema, add_missing=True)
 
 
-def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> ProgressRecorder:
+def attach(
+    spark: SparkSession, config: EngineConfig, *, query_id: str, startup: Startup | None = None
+) -> ProgressRecorder:
     """Create the PROGRESS table if needed and record query ``query_id``'s events.
 
     Call before ``start()`` so the started event and batch 0 are recorded. The
@@ -456,6 +467,7 @@ def attach(spark: SparkSession, config: EngineConfig, *, query_id: str) -> Progr
         flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),
         on_close=lambda r: spark.streams.removeListener(r),
         trigger_interval_ms=config.trigger_interval_ms,
+        startup=startup,
     )
     # The recorder warns once per episode of late batches; Spark's own executor warns after
     # every late batch (an engine catching up on a backlog would repeat it for minutes).

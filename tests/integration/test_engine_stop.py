@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -215,6 +216,14 @@ def test_a_signal_stops_the_engine_cleanly(scenario: Scenario, which: str, code:
     )
     for noise in STOP_NOISE:
         assert noise not in stopped.stdout + stopped.stderr, f"{noise!r} in the output\n{context}"
+    # #14 part 3: once, after the first committed batch, where start-up time went, step by step.
+    startup = [line for line in stopped.stderr.splitlines() if "start-up: first batch committed" in line]
+    assert len(startup) == 1, context
+    body = startup[0].split("after the process started: ", 1)[1]
+    assert re.findall(r"([a-z][a-z ]+?) \d+\.\d s", body) == [
+        "process and imports", "spark session", "lease", "table layout", "resume point",
+        "query start", "first batch", "planning", "execution", "commit",
+    ], startup[0]
 
 
 @pytest.mark.parametrize("which", ["sigint", "sigterm"])

@@ -1,0 +1,226 @@
+"""Start-up benchmark (#14 part 3): from ``retry-engine run`` to the first committed batch, and after a restart.
+
+    python bench/bench_startup.py [--rows 40000] [--rounds 2] [--steady 3]
+
+Each round, in a fresh temporary lake:
+
+1. **cold**: ``--rows`` consume results (10% failed) are in consume_results;
+   ``retry-engine run`` starts on a new lake and checkpoint. Timed from the
+   moment the command is launched to its start-up line
+   (:mod:`retry_engine.core.startup`), which also gives the breakdown: process
+   and imports, Spark session, lease, table layout, resume point, query start,
+   first batch (planning, execution, commit).
+2. **steady**: ``--steady`` more commits of ``--rows`` each, one at a time;
+   each batch's ``triggerExecution`` from the PROGRESS table. Their median is
+   the steady batch of the same size the first batch is compared with.
+3. **restart**: SIGTERM (a clean stop), one more commit of ``--rows``, and the
+   same command again on the existing lake and checkpoint: restart to first
+   commit, with its breakdown.
+
+Printed: the breakdown of each start (median over rounds), the first batch as
+a ratio of the steady batch (target <= 2x), and restart to first commit
+(target <= 10 s on the 2-core machine). Every figure is from this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _data import consume_results  # noqa: E402
+from bench_engine import log  # noqa: E402
+from deltalake import DeltaTable, write_deltalake  # noqa: E402
+
+from retry_engine.core.startup import LINE_PREFIX  # noqa: E402
+
+CLI = [sys.executable, "-m", "retry_engine.ops.cli"]
+STEP = re.compile(r"([a-z][a-z ]+?) (\d+\.\d) s")
+TOTAL = re.compile(r"first batch committed (\d+\.\d) s after the process started")
+
+
+@dataclass
+class Start:
+    """One ``retry-engine run`` start: its start-up line, parsed, and the wall time to it."""
+
+    wall_s: float
+    total_s: float
+    steps: dict[str, float]
+    line: str
+
+
+@dataclass
+class Round:
+    cold: Start
+    restart: Start
+    steady_ms: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """``retry-engine run`` in a child process; its stderr is read on a thread."""
+
+    def __init__(self, config: Path) -> None:
+        self.began = time.monotonic()
+        self.proc = subprocess.Popen(
+            [*CLI, "run", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.startup: Start | None = None
+        self._seen = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+            if LINE_PREFIX in line and self.startup is None:
+                self.startup = parse(line[line.index(LINE_PREFIX):], time.monotonic() - self.began)
+                self._seen.set()
+
+    def wait_started(self, timeout: float = 300) -> Start:
+        if not self._seen.wait(timeout) or self.startup is None:
+            self.stop()
+            raise RuntimeError("no start-up line; the engine said:\n" + "\n".join(self.lines[-30:]))
+        return self.startup
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def parse(line: str, wall_s: float) -> Start:
+    total = TOTAL.search(line)
+    head, _, batch = line.partition(": first batch committed")
+    steps = {name.strip(): float(s) for name, s in STEP.findall(batch.split("after the process started:", 1)[-1])}
+    return Start(wall_s=wall_s, total_s=float(total.group(1)) if total else float("nan"), steps=steps, line=line)
+
+
+def write_config(work: Path) -> Path:
+    config = work / "retry-engine.toml"
+    config.write_text(
+        "[engine]\n"
+        f'lake = "{work / "lake"}"\n'
+        'trigger_interval = "200ms"\n'
+        'progress_flush_interval = "1s"\n'
+        'message_delay_level = "1s 1s 1s 1s"\n'
+        "[maintenance]\n"
+        "engine_tables = false\n"
+    )
+    return config
+
+
+def append(work: Path, rows: int, offset: int) -> None:
+    write_deltalake(str(work / "lake" / "consume_results"), consume_results(rows, failure_rate=0.1, offset=offset),
+                    mode="append")
+
+
+def progress_rows(work: Path) -> list[dict[str, object]]:
+    path = work / "lake" / "progress"
+    if not (path / "_delta_log").exists():
+        return []
+    table = DeltaTable(str(path)).to_pyarrow_table(columns=["event", "batch_id", "num_input_rows", "duration_ms"])
+    return [r for r in table.to_pylist() if r["event"] == "progress"]
+
+
+def wait_for_batches_with_input(work: Path, count: int, timeout: float = 300) -> list[dict[str, object]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = [r for r in progress_rows(work) if (r["num_input_rows"] or 0) > 0]
+        if len(rows) >= count:
+            return rows
+        time.sleep(0.5)
+    raise RuntimeError(f"fewer than {count} batches with input in {timeout} s")
+
+
+def one_round(work: Path, rows: int, steady: int) -> Round:
+    config = write_config(work)
+    append(work, rows, 0)
+    engine = Engine(config)
+    try:
+        cold = engine.wait_started()
+        wait_for_batches_with_input(work, 1)
+        for i in range(1, steady + 1):
+            append(work, rows, i * rows)
+            wait_for_batches_with_input(work, i + 1)
+    finally:
+        engine.stop()
+    with_input = sorted((r for r in progress_rows(work) if (r["num_input_rows"] or 0) > 0),
+                        key=lambda r: int(r["batch_id"]))  # type: ignore[arg-type]
+    steady_ms = [int(dict(r["duration_ms"])["triggerExecution"]) for r in with_input[1:]]  # type: ignore[arg-type]
+    append(work, rows, (steady + 1) * rows)
+    again = Engine(config)
+    try:
+        restart = again.wait_started()
+    finally:
+        again.stop()
+    return Round(cold=cold, restart=restart, steady_ms=steady_ms)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def report(rounds: list[Round], rows: int) -> None:
+    steady_s = _median([ms / 1000 for r in rounds for ms in r.steady_ms])
+    names: list[str] = []
+    for r in rounds:
+        for start in (r.cold, r.restart):
+            names += [n for n in start.steps if n not in names]
+    print(f"\nretry-engine start-up: {len(rounds)} rounds, {rows:,} consume results per batch, "
+          f"load average {os.getloadavg()[0]:.1f} at the end; medians over rounds (s)")
+    print(f"| {'step':<34} | {'cold start':>10} | {'restart':>10} |")
+    print(f"|{'-' * 36}|{'-' * 12}|{'-' * 12}|")
+    for name in names:
+        cold = _median([r.cold.steps[name] for r in rounds if name in r.cold.steps])
+        warm = _median([r.restart.steps[name] for r in rounds if name in r.restart.steps])
+        print(f"| {name:<34} | {cold:>10.1f} | {warm:>10.1f} |")
+    cold_total = _median([r.cold.total_s for r in rounds])
+    restart_total = _median([r.restart.total_s for r in rounds])
+    print(f"| {'to first commit (engine line)':<34} | {cold_total:>10.1f} | {restart_total:>10.1f} |")
+    print(f"| {'to first commit (launch to line)':<34} | {_median([r.cold.wall_s for r in rounds]):>10.1f} | "
+          f"{_median([r.restart.wall_s for r in rounds]):>10.1f} |")
+    cold_first = _median([r.cold.steps.get("first batch", float("nan")) for r in rounds])
+    restart_first = _median([r.restart.steps.get("first batch", float("nan")) for r in rounds])
+    print(f"\nsteady batch of {rows:,} results: {steady_s:.2f} s (median of {sum(len(r.steady_ms) for r in rounds)})")
+    print(f"first batch / steady batch: cold {cold_first / steady_s:.1f}x, restart {restart_first / steady_s:.1f}x "
+          "(target <= 2x)")
+    print(f"restart to first commit: {restart_total:.1f} s (target <= 10 s)")
+    for i, r in enumerate(rounds):
+        print(f"round {i + 1} cold:    {r.cold.line}")
+        print(f"round {i + 1} restart: {r.restart.line}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=40_000, help="consume results per batch")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steady", type=int, default=3, help="batches of --rows after the first, per round")
+    args = parser.parse_args()
+    rounds = []
+    for i in range(args.rounds):
+        with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+            log(f"round {i + 1}/{args.rounds} in {tmp}")
+            rounds.append(one_round(Path(tmp), args.rows, args.steady))
+    report(rounds, args.rows)
+
+
+if __name__ == "__main__":
+    main()
