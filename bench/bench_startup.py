@@ -17,9 +17,18 @@ Each round, in a fresh temporary lake:
    same command again on the existing lake and checkpoint: restart to first
    commit, with its breakdown.
 
-Printed: the breakdown of each start (median over rounds), the first batch as
-a ratio of the steady batch (target <= 2x), and restart to first commit
-(target <= 10 s on the 2-core machine). Every figure is from this one run.
+Each round runs every variant, interleaved, so they share the machine's load:
+
+* ``before``: Spark's own ``SPARK_HOME``, so every Python process Spark
+  starts compiles pyspark from ``python/lib/pyspark.zip`` (what main did);
+* ``after``: the engine's default, which points ``SPARK_HOME`` at links to
+  the installed pyspark without that zip
+  (:func:`retry_engine.delta.session.worker_spark_home`).
+
+Printed per variant: the breakdown of each start (median over rounds), the
+first batch as a ratio of the steady batch (target <= 2x), and restart to
+first commit (target <= 10 s on the 2-core machine). Every figure is from this
+one run.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,13 +79,14 @@ class Round:
 class Engine:
     """``retry-engine run`` in a child process; its stderr is read on a thread."""
 
-    def __init__(self, config: Path) -> None:
+    def __init__(self, config: Path, env: dict[str, str]) -> None:
         self.began = time.monotonic()
         self.proc = subprocess.Popen(
             [*CLI, "run", "--config", str(config)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env=env,
         )
         self.lines: list[str] = []
         self.startup: Start | None = None
@@ -150,10 +161,21 @@ def wait_for_batches_with_input(work: Path, count: int, timeout: float = 300) ->
     raise RuntimeError(f"fewer than {count} batches with input in {timeout} s")
 
 
-def one_round(work: Path, rows: int, steady: int) -> Round:
+def variant_env(variant: str) -> dict[str, str]:
+    """The child's environment: ``before`` pins Spark's own SPARK_HOME (the zip); ``after`` leaves it unset."""
+    import pyspark
+
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
+    if variant == "before":
+        env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
+    return env
+
+
+def one_round(work: Path, rows: int, steady: int, variant: str) -> Round:
     config = write_config(work)
     append(work, rows, 0)
-    engine = Engine(config)
+    env = variant_env(variant)
+    engine = Engine(config, env)
     try:
         cold = engine.wait_started()
         wait_for_batches_with_input(work, 1)
@@ -166,7 +188,7 @@ def one_round(work: Path, rows: int, steady: int) -> Round:
                         key=lambda r: int(r["batch_id"]))  # type: ignore[arg-type]
     steady_ms = [int(dict(r["duration_ms"])["triggerExecution"]) for r in with_input[1:]]  # type: ignore[arg-type]
     append(work, rows, (steady + 1) * rows)
-    again = Engine(config)
+    again = Engine(config, env)
     try:
         restart = again.wait_started()
     finally:
@@ -178,34 +200,45 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def report(rounds: list[Round], rows: int) -> None:
-    steady_s = _median([ms / 1000 for r in rounds for ms in r.steady_ms])
+def report(results: dict[str, list[Round]], rows: int) -> None:
+    variants = list(results)
     names: list[str] = []
-    for r in rounds:
-        for start in (r.cold, r.restart):
-            names += [n for n in start.steps if n not in names]
-    print(f"\nretry-engine start-up: {len(rounds)} rounds, {rows:,} consume results per batch, "
+    for rounds in results.values():
+        for r in rounds:
+            for start in (r.cold, r.restart):
+                names += [n for n in start.steps if n not in names]
+    count = len(next(iter(results.values())))
+    print(f"\nretry-engine start-up: {count} rounds, {rows:,} consume results per batch, "
           f"load average {os.getloadavg()[0]:.1f} at the end; medians over rounds (s)")
-    print(f"| {'step':<34} | {'cold start':>10} | {'restart':>10} |")
-    print(f"|{'-' * 36}|{'-' * 12}|{'-' * 12}|")
+    heads = [f"{v} {kind}" for v in variants for kind in ("cold", "restart")]
+    print("| " + f"{'step':<34} | " + " | ".join(f"{h:>14}" for h in heads) + " |")
+    print(f"|{'-' * 36}|" + "|".join("-" * 16 for _ in heads) + "|")
+
+    def line(label: str, value: Callable[[Start], float]) -> None:
+        cells = [_median([value(getattr(r, kind)) for r in results[v]])
+                 for v in variants for kind in ("cold", "restart")]
+        print(f"| {label:<34} | " + " | ".join(f"{c:>14.1f}" for c in cells) + " |")
+
     for name in names:
-        cold = _median([r.cold.steps[name] for r in rounds if name in r.cold.steps])
-        warm = _median([r.restart.steps[name] for r in rounds if name in r.restart.steps])
-        print(f"| {name:<34} | {cold:>10.1f} | {warm:>10.1f} |")
-    cold_total = _median([r.cold.total_s for r in rounds])
-    restart_total = _median([r.restart.total_s for r in rounds])
-    print(f"| {'to first commit (engine line)':<34} | {cold_total:>10.1f} | {restart_total:>10.1f} |")
-    print(f"| {'to first commit (launch to line)':<34} | {_median([r.cold.wall_s for r in rounds]):>10.1f} | "
-          f"{_median([r.restart.wall_s for r in rounds]):>10.1f} |")
-    cold_first = _median([r.cold.steps.get("first batch", float("nan")) for r in rounds])
-    restart_first = _median([r.restart.steps.get("first batch", float("nan")) for r in rounds])
-    print(f"\nsteady batch of {rows:,} results: {steady_s:.2f} s (median of {sum(len(r.steady_ms) for r in rounds)})")
-    print(f"first batch / steady batch: cold {cold_first / steady_s:.1f}x, restart {restart_first / steady_s:.1f}x "
-          "(target <= 2x)")
-    print(f"restart to first commit: {restart_total:.1f} s (target <= 10 s)")
-    for i, r in enumerate(rounds):
-        print(f"round {i + 1} cold:    {r.cold.line}")
-        print(f"round {i + 1} restart: {r.restart.line}")
+        line(name, lambda start, n=name: start.steps.get(n, float("nan")))  # type: ignore[misc]
+    line("to first commit (engine line)", lambda start: start.total_s)
+    line("to first commit (launch to line)", lambda start: start.wall_s)
+    print()
+    for v in variants:
+        rounds = results[v]
+        steady_s = _median([ms / 1000 for r in rounds for ms in r.steady_ms])
+        cold_first = _median([r.cold.steps.get("first batch", float("nan")) for r in rounds])
+        restart_first = _median([r.restart.steps.get("first batch", float("nan")) for r in rounds])
+        restart_total = _median([r.restart.total_s for r in rounds])
+        print(f"{v}: steady batch of {rows:,} results {steady_s:.2f} s; first batch / steady batch: cold "
+              f"{cold_first / steady_s:.1f}x, restart {restart_first / steady_s:.1f}x (target <= 2x); "
+              f"restart to first commit {restart_total:.1f} s (target <= 10 s)")
+    if len(variants) == 2:
+        a, b = variants
+        for kind in ("cold", "restart"):
+            ta = _median([getattr(r, kind).total_s for r in results[a]])
+            tb = _median([getattr(r, kind).total_s for r in results[b]])
+            print(f"{kind} start to first commit, {b} / {a}: {tb / ta:.2f}x ({ta:.1f} s -> {tb:.1f} s)")
 
 
 def main() -> None:
@@ -213,13 +246,19 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=40_000, help="consume results per batch")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steady", type=int, default=3, help="batches of --rows after the first, per round")
+    parser.add_argument("--variants", default="before,after", help="comma-separated: before, after")
     args = parser.parse_args()
-    rounds = []
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - {"before", "after"}
+    if unknown:
+        parser.error(f"unknown variant {sorted(unknown)[0]!r}")
+    results: dict[str, list[Round]] = {v: [] for v in variants}
     for i in range(args.rounds):
-        with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
-            log(f"round {i + 1}/{args.rounds} in {tmp}")
-            rounds.append(one_round(Path(tmp), args.rows, args.steady))
-    report(rounds, args.rows)
+        for variant in variants:
+            with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+                log(f"round {i + 1}/{args.rounds}, {variant}, in {tmp}")
+                results[variant].append(one_round(Path(tmp), args.rows, args.steady, variant))
+    report(results, args.rows)
 
 
 if __name__ == "__main__":
