@@ -67,6 +67,13 @@ def require_java() -> None:
 # The zip of pyspark's Python sources that Spark puts first on every Python worker's path.
 PYSPARK_ZIP = ("python", "lib", "pyspark.zip")
 _WORKER_HOMES: dict[str, str] = {}
+WORKER_HOME_PREFIX = "retry-engine-spark-home-"
+
+
+def _gone_worker_home(path: str) -> bool:
+    """A SPARK_HOME inherited from an engine process that has exited since (its folder is removed)."""
+    name = os.path.basename(os.path.normpath(path)) if path else ""
+    return name.startswith(WORKER_HOME_PREFIX) and not os.path.isdir(path)
 
 
 def worker_spark_home() -> str | None:
@@ -84,10 +91,13 @@ def worker_spark_home() -> str | None:
     installation from site-packages, whose bytecode pip compiled at install.
 
     None (keep Spark's own) when ``SPARK_HOME`` is set (a real Spark
-    distribution), when pyspark is not a pip installation with its jars, or
-    when links cannot be made. One folder per process, removed at exit.
+    distribution, or such a folder inherited from a parent engine process),
+    when pyspark is not a pip installation with its jars, or when links cannot
+    be made. One folder per process, removed at exit; one inherited from a
+    process that has exited since is replaced.
     """
-    if "SPARK_HOME" in os.environ:
+    inherited = os.environ.get("SPARK_HOME")
+    if inherited is not None and not _gone_worker_home(inherited):
         return None
     import pyspark
 
@@ -97,7 +107,7 @@ def worker_spark_home() -> str | None:
     made = _WORKER_HOMES.get(str(real))
     if made is not None and os.path.isdir(made):
         return made
-    home = Path(tempfile.mkdtemp(prefix="retry-engine-spark-home-"))
+    home = Path(tempfile.mkdtemp(prefix=WORKER_HOME_PREFIX))
     try:
         for entry in real.iterdir():
             if entry.name != "python":
@@ -173,9 +183,11 @@ def build_session(
         require_java()
     if master is not None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if master is not None and master.startswith("local") and SparkSession.getActiveSession() is None:
+    if master is not None and SparkSession.getActiveSession() is None:
         # Read when the JVM is launched (by this getOrCreate, or a later session's).
-        home = worker_spark_home()
+        if _gone_worker_home(os.environ.get("SPARK_HOME", "")):
+            del os.environ["SPARK_HOME"]
+        home = worker_spark_home() if master.startswith("local") else None
         if home is not None:
             os.environ["SPARK_HOME"] = home
     builder = SparkSession.builder.appName(app_name)

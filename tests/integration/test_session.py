@@ -65,3 +65,17 @@ def test_a_set_spark_home_or_a_failing_link_keeps_spark_s_own(
     monkeypatch.setattr(Path, "symlink_to", refuse)
     assert worker_spark_home() is None
     assert os.listdir(tmp_path) == []  # the half-made folder is gone
+
+
+def test_an_inherited_worker_home_whose_process_exited_is_replaced(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A child of an engine process inherits its SPARK_HOME; once that process exits, its folder is
+    gone, and a session started then would find no spark-submit there."""
+    monkeypatch.setattr(session_module, "_WORKER_HOMES", {})
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "retry-engine-spark-home-gone"))
+    home = worker_spark_home()
+    assert home is not None and Path(home, "bin", "spark-submit").exists()
+    # A live one (the parent still runs) is kept as it is.
+    monkeypatch.setenv("SPARK_HOME", home)
+    assert worker_spark_home() is None
