@@ -351,7 +351,7 @@ def test_maintain_compacts_checkpoints_and_records_on_the_object_store(s3_server
     Three small appends become one file (dataChange=false, the rows unchanged), the log gets a
     checkpoint, and the run is recorded in the lake's _maintenance table on the server.
     """
-    from retry_engine.ops.maintenance import maintenance_path, run_maintenance
+    from retry_engine.ops.maintenance import RECORD_TABLE, maintenance_path, run_maintenance
 
     bucket = s3_server.new_bucket()
     config = parse_config(
@@ -361,7 +361,9 @@ def test_maintain_compacts_checkpoints_and_records_on_the_object_store(s3_server
     for n in range(3):
         append_arrow(dlq, pa.table({"msg_id": [f"m{n}"], "n": [n]}))
 
-    (report,) = run_maintenance(config, tables=["dlq"])
+    report, record = run_maintenance(config, tables=["dlq"])
+    # The record table did not exist before this first run: nothing to maintain yet.
+    assert record.table_name == RECORD_TABLE and record.missing
 
     assert report.error is None, report.error
     assert (report.files_before, report.files_after, report.files_compacted) == (3, 1, 3)
@@ -375,6 +377,13 @@ def test_maintain_compacts_checkpoints_and_records_on_the_object_store(s3_server
     )
     recorded = read_table(maintenance_path(config.engine.lake))
     assert recorded is not None and recorded.column("table_name").to_pylist() == ["dlq"]
+    # The next run maintains the record table on the server too, and records that.
+    _, record = run_maintenance(config, tables=["dlq"])
+    assert record.table_name == RECORD_TABLE and record.error is None and not record.missing
+    recorded = read_table(maintenance_path(config.engine.lake))
+    assert recorded is not None and sorted(recorded.column("table_name").to_pylist()) == [
+        RECORD_TABLE, "dlq", "dlq"
+    ]
 
 
 def test_an_engine_start_moves_old_partition_folders_on_the_object_store(
