@@ -119,8 +119,8 @@ class Engine:
 
 def parse(line: str, wall_s: float) -> Start:
     total = TOTAL.search(line)
-    head, _, batch = line.partition(": first batch committed")
-    steps = {name.strip(): float(s) for name, s in STEP.findall(batch.split("after the process started:", 1)[-1])}
+    body = line.split("after the process started:", 1)[-1]
+    steps = {name.strip(): float(s) for name, s in STEP.findall(body)}
     return Start(wall_s=wall_s, total_s=float(total.group(1)) if total else float("nan"), steps=steps, line=line)
 
 

@@ -54,6 +54,7 @@ class Startup:
         self._began = time.monotonic()
         age = process_age_s()
         # What ran before this object existed: the interpreter, imports, config loading.
+        self._before_s = age or 0.0
         self.steps: list[tuple[str, float]] = [] if age is None else [("process and imports", age)]
         self._lock = threading.Lock()
         self._reported = False
@@ -69,8 +70,7 @@ class Startup:
 
     def elapsed_s(self) -> float:
         """Seconds since the process started (or since this object, where the process start is unknown)."""
-        before = sum(s for name, s in self.steps[:1] if name == "process and imports")
-        return before + time.monotonic() - self._began
+        return self._before_s + time.monotonic() - self._began
 
     def first_batch(self, durations_ms: Mapping[str, int], input_rows: int | None) -> str | None:
         """The summary line for the first committed batch; None after the first call."""
