@@ -285,9 +285,7 @@ def _append_at(
         raise ConcurrentWriteError(
             f"{path}: the table moved from version {expect_version} to {latest}; read it again"
         )
-    checked = open_delta(path, version=expect_version)
-    check_write_schema(path, table_arrow_schema(checked), table.schema)
-    check_partition_columns(path, checked.metadata().partition_columns, partition_by)
+    checked = _checked(path, open_delta(path, version=expect_version), table.schema, partition_by)
     if _already_done(path, checked, app_id, txn_version):
         return False
     try:
@@ -311,9 +309,14 @@ def _checked_handle(path: str, schema: pa.Schema, partition_by: Sequence[str]) -
     existing = open_table(path)
     if existing is None:
         return ensure_table(path, schema, partition_by=partition_by)
-    check_write_schema(path, table_arrow_schema(existing), schema)
-    check_partition_columns(path, existing.metadata().partition_columns, partition_by)
-    return existing
+    return _checked(path, existing, schema, partition_by)
+
+
+def _checked(path: str, table: DeltaTable, schema: pa.Schema, partition_by: Sequence[str]) -> DeltaTable:
+    """``table``, once its schema takes ``schema`` and it is partitioned by ``partition_by``."""
+    check_write_schema(path, table_arrow_schema(table), schema)
+    check_partition_columns(path, table.metadata().partition_columns, partition_by)
+    return table
 
 
 def _already_done(
