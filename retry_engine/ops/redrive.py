@@ -360,6 +360,23 @@ def _redrive(
     # The rate limit's waits look for a cancel too, so a slow re-drive stops within seconds.
     limiter = RateLimiter(rate, sleep=lambda seconds: tracker.wait(seconds, moved))
     lost = 0  # claims lost in a row, with nothing handled in between
+
+    def report(*, remaining: int, cancelled: str | None = None) -> RedriveReport:
+        """The report of this run: what the last plan matched and what this run handled."""
+        table = pa.concat_tables(done) if done else REDRIVE_AUDIT.arrow_schema.empty_table()
+        return RedriveReport(
+            redrive_id=redrive_id,
+            target=target,
+            dry_run=False,
+            matched=plan.matched,
+            skipped=plan.skipped,
+            resolved=plan.resolved,
+            resumed=resumed,
+            moved=moved,
+            remaining=remaining,
+            plan=table.to_pandas(),
+            cancelled=cancelled,
+        )
     try:
         while True:
             plan = plan_now(done_ids)
@@ -440,35 +457,13 @@ def _redrive(
                     exc,
                 )
                 continue
-            table = pa.concat_tables(done) if done else REDRIVE_AUDIT.arrow_schema.empty_table()
             tracker.end("finished", moved=plan.moved_before + moved)
-            return RedriveReport(
-                redrive_id=redrive_id,
-                target=target,
-                dry_run=False,
-                matched=plan.matched,
-                skipped=plan.skipped,
-                resolved=plan.resolved,
-                resumed=resumed,
-                moved=moved,
-                remaining=plan.total - sum(c.num_rows for c, _ in plan.chunks[:budget]),
-                plan=table.to_pandas(),
-            )
+            return report(remaining=plan.total - sum(c.num_rows for c, _ in plan.chunks[:budget]))
     except Cancelled as cancelled:
         tracker.end("cancelled", moved=plan.moved_before + moved, detail=str(cancelled))
         log.warning("re-drive %s stopped after %d messages: %s", redrive_id, moved, cancelled)
-        table = pa.concat_tables(done) if done else REDRIVE_AUDIT.arrow_schema.empty_table()
-        return RedriveReport(
-            redrive_id=redrive_id,
-            target=target,
-            dry_run=False,
-            matched=plan.matched,
-            skipped=plan.skipped,
-            resolved=plan.resolved,
-            resumed=resumed,
-            moved=moved,
+        return report(
             remaining=plan.total - sum(c.num_rows for c in done[handled_before:]),
-            plan=table.to_pandas(),
             cancelled=str(cancelled),
         )
     except BaseException as exc:
