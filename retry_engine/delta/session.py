@@ -70,10 +70,15 @@ _WORKER_HOMES: dict[str, str] = {}
 WORKER_HOME_PREFIX = "retry-engine-spark-home-"
 
 
-def _gone_worker_home(path: str) -> bool:
-    """A SPARK_HOME inherited from an engine process that has exited since (its folder is removed)."""
+def forget_gone_worker_home() -> None:
+    """Unset a SPARK_HOME inherited from an engine process that has exited since (its folder is removed).
+
+    spark-submit would not be found there; without it pyspark finds its own.
+    """
+    path = os.environ.get("SPARK_HOME", "")
     name = os.path.basename(os.path.normpath(path)) if path else ""
-    return name.startswith(WORKER_HOME_PREFIX) and not os.path.isdir(path)
+    if name.startswith(WORKER_HOME_PREFIX) and not os.path.isdir(path):
+        del os.environ["SPARK_HOME"]
 
 
 def worker_spark_home() -> str | None:
@@ -91,13 +96,12 @@ def worker_spark_home() -> str | None:
     installation from site-packages, whose bytecode pip compiled at install.
 
     None (keep Spark's own) when ``SPARK_HOME`` is set (a real Spark
-    distribution, or such a folder inherited from a parent engine process),
-    when pyspark is not a pip installation with its jars, or when links cannot
-    be made. One folder per process, removed at exit; one inherited from a
-    process that has exited since is replaced.
+    distribution, or such a folder inherited from a parent engine process:
+    see :func:`forget_gone_worker_home`), when pyspark is not a pip
+    installation with its jars, or when links cannot be made. One folder per
+    process, removed at exit.
     """
-    inherited = os.environ.get("SPARK_HOME")
-    if inherited is not None and not _gone_worker_home(inherited):
+    if "SPARK_HOME" in os.environ:
         return None
     import pyspark
 
@@ -185,8 +189,7 @@ def build_session(
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     if master is not None and SparkSession.getActiveSession() is None:
         # Read when the JVM is launched (by this getOrCreate, or a later session's).
-        if _gone_worker_home(os.environ.get("SPARK_HOME", "")):
-            del os.environ["SPARK_HOME"]
+        forget_gone_worker_home()
         home = worker_spark_home() if master.startswith("local") else None
         if home is not None:
             os.environ["SPARK_HOME"] = home

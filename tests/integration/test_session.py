@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from retry_engine.delta import session as session_module
-from retry_engine.delta.session import worker_spark_home
+from retry_engine.delta.session import forget_gone_worker_home, worker_spark_home
 
 
 def _worker_imports(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -74,8 +74,13 @@ def test_an_inherited_worker_home_whose_process_exited_is_replaced(
     gone, and a session started then would find no spark-submit there."""
     monkeypatch.setattr(session_module, "_WORKER_HOMES", {})
     monkeypatch.setenv("SPARK_HOME", str(tmp_path / "retry-engine-spark-home-gone"))
+    forget_gone_worker_home()
+    assert "SPARK_HOME" not in os.environ
     home = worker_spark_home()
     assert home is not None and Path(home, "bin", "spark-submit").exists()
-    # A live one (the parent still runs) is kept as it is.
-    monkeypatch.setenv("SPARK_HOME", home)
-    assert worker_spark_home() is None
+    # A live one (the parent still runs), or any other SPARK_HOME, is kept as it is.
+    for kept in (home, str(tmp_path / "spark-3.5.1-bin-hadoop3")):
+        monkeypatch.setenv("SPARK_HOME", kept)
+        forget_gone_worker_home()
+        assert os.environ["SPARK_HOME"] == kept
+        assert worker_spark_home() is None
