@@ -80,9 +80,7 @@ def ensure_table(
         log.info("created Delta table %s partitioned by %s", path, list(partition_by))
     elif add_missing:
         table = _add_missing_columns(path, table, arrow_schema)
-    check_write_schema(path, table_arrow_schema(table), arrow_schema)
-    check_partition_columns(path, table.metadata().partition_columns, partition_by)
-    return table
+    return _checked(path, table, arrow_schema, partition_by)
 
 
 # Another engine (or an operator tool) upgrading the same table at once makes the column
