@@ -224,16 +224,9 @@ def append_arrow(
     last_error: CommitFailedError | None = None
     for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
         checked = _checked_handle(path, table.schema, partition_by)
-        if _already_done(path, checked, app_id, txn_version):
-            return False
         try:
-            _write(
-                checked,
-                table,
-                app_id=app_id,
-                txn_version=txn_version,
-                partition_by=partition_by,
-                strict=False,
+            return _write_once(
+                path, checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=False
             )
         except CommitFailedError as exc:
             if app_id is None:
@@ -246,8 +239,6 @@ def append_arrow(
                 txn_version,
                 attempt,
             )
-            continue
-        return True
     raise ConcurrentWriteError(
         f"{path}: append of transaction {app_id}/{txn_version} conflicted {MAX_APPEND_ATTEMPTS} times in a row "
         f"with other writers of app id {app_id!r} (is a second copy of this writer running?): {last_error}",
@@ -284,21 +275,30 @@ def _append_at(
             f"{path}: the table moved from version {expect_version} to {latest}; read it again"
         )
     checked = _checked(path, open_delta(path, version=expect_version), table.schema, partition_by)
-    if _already_done(path, checked, app_id, txn_version):
-        return False
     try:
-        _write(
-            checked,
-            table,
-            app_id=app_id,
-            txn_version=txn_version,
-            partition_by=partition_by,
-            strict=True,
+        return _write_once(
+            path, checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=True
         )
     except CommitFailedError as exc:
         raise ConcurrentWriteError(
             f"{path}: another writer committed after version {expect_version}; read the table again: {exc}"
         ) from exc
+
+
+def _write_once(
+    path: str,
+    checked: DeltaTable,
+    table: pa.Table,
+    *,
+    app_id: str | None,
+    txn_version: int | None,
+    partition_by: Sequence[str],
+    strict: bool,
+) -> bool:
+    """Append ``table`` to the ``checked`` snapshot; False (nothing written) if it records the transaction."""
+    if _already_done(path, checked, app_id, txn_version):
+        return False
+    _write(checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=strict)
     return True
 
 
