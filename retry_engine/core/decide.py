@@ -364,11 +364,14 @@ def _matches_non_retryable(group: GroupConfig, error_class: str | None, error_me
     return None
 
 
-def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
+def decide(batch: pa.RecordBatch, decider: Decider, *, columnwise: bool = True) -> pa.RecordBatch:
     """Decide every row of ``batch``; see the module docstring.
 
     ``batch`` must carry ``_source_position`` (string) and ``_batch_ts``
-    (timestamp) besides the consume-result columns.
+    (timestamp) besides the consume-result columns. Acknowledgements and plain
+    failures are decided column-wise; everything else (and, with
+    ``columnwise=False``, every failure) row by row in :func:`_decide_valid`,
+    the reference the column-wise path is tested against.
     """
     config = decider.config
     n = batch.num_rows
@@ -383,26 +386,49 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
     valid_mask[list(problems)] = False
     valid = pa.array(valid_mask)
     is_ack = pc.and_kleene(valid, pc.fill_null(pc.equal(cols["status"], SUCCESS), False))
-    acks = _ack_rows(cols, batch.column(POSITION), is_ack, batch_ts)
-    slow = pc.indices_nonzero(pc.invert(is_ack))
-    if len(slow) == 0:
-        return acks
+    pieces = [(pc.indices_nonzero(is_ack), _ack_rows(cols, batch.column(POSITION), is_ack, batch_ts))]
+    rest = pc.invert(is_ack)
+    if columnwise and batch_ts is not None:
+        # A failure storm is when the engine must keep up (#14 part 5): plain failures column-wise too.
+        candidates = pc.and_(
+            pc.and_(rest, valid),
+            pc.and_(pc.is_valid(batch.column(POSITION)), pc.invert(pc.fill_null(pc.equal(cols["message_model"], BROADCASTING), False))),
+        )
+        failed, failures = _failure_rows(cols, batch.column(POSITION), candidates, batch_ts, decider)
+        if len(failed):
+            pieces.append((failed, failures))
+            taken = np.zeros(n, dtype=bool)
+            taken[failed.to_numpy()] = True
+            rest = pc.and_(rest, pa.array(~taken))
+    slow = pc.indices_nonzero(rest)
+    if len(slow):
+        pieces.append((slow, _row_by_row(batch, cols, problems, slow, batch_ts, decider)))
+    return _in_input_order([(order, rows) for order, rows in pieces if len(order)], n)
 
-    # Everything else row by row; the message columns are then taken column-wise.
+
+def _in_input_order(pieces: list[tuple[pa.Array, pa.RecordBatch]], n: int) -> pa.RecordBatch:
+    """The rows of ``pieces`` (each: the input rows it decided, and their outcomes) in input order."""
+    if not pieces:
+        return pa.RecordBatch.from_pylist([], schema=WORK.arrow_schema)
+    if len(pieces) == 1:
+        return pieces[0][1]
+    # Back to input order, so the output reads like the input.
+    order = pa.concat_arrays([indices for indices, _ in pieces])
+    merged = pa.Table.from_batches([rows for _, rows in pieces]).combine_chunks()
+    return merged.take(pc.sort_indices(order)).to_batches()[0]
+
+
+def _row_by_row(
+    batch: pa.RecordBatch, cols: dict[str, pa.Array], problems: Problems, slow: pa.Array, batch_ts: dt.datetime,
+    decider: Decider,
+) -> pa.RecordBatch:
+    """Outcome rows of the input rows ``slow``, decided one by one; the message columns are then taken column-wise."""
+    config = decider.config
     slow_rows = slow.to_pylist()
     py = {name: cols[name].take(slow).to_pylist() for name in _DECISION_INPUTS}
     attempts = cols["attempts"].take(slow).to_pylist()
     py["redrive_count"] = _redrive_counts(cols["properties"].take(slow))
-    # The state key's bucket: when the consumed message was stored (R8 keys by store time).
-    store_us = pc.coalesce(
-        cols["store_timestamp"].take(slow),
-        cols["born_timestamp"].take(slow),
-        cols["consumed_at"].take(slow),
-        pa.scalar(batch_ts, WORK["decided_at"].type),
-    ).cast(pa.int64())
-    # Floor, not Arrow's truncating divide: a store time before 1970 belongs to the bucket
-    # that starts before it, like any other (NO_STATE_BUCKET is below every real bucket).
-    buckets = np.floor_divide(store_us.to_numpy(), decider.bucket_ms * 1000).tolist()
+    buckets = _buckets(cols, slow, batch_ts, decider).tolist()
     positions = batch.column(POSITION).take(slow).to_pylist()
     rows: list[dict[str, Any]] = []
     for j, i in enumerate(slow_rows):
@@ -427,17 +453,245 @@ def decide(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
             row["raw"] = _raw_json(batch, i, body_limit=config.engine.max_body_bytes)
         rows.append(row)
     decided = pa.RecordBatch.from_pylist(rows, schema=_COMPUTED_SCHEMA)
-    copied = {name: cols[name].take(slow) for name in _COPIED}
-    others = pa.RecordBatch.from_arrays(
-        [decided.column(f.name) if f.name in _COMPUTED_SCHEMA.names else copied[f.name] for f in WORK.arrow_schema],
+    return _with_copied(decided, cols, slow)
+
+
+def _with_copied(computed: pa.RecordBatch, cols: dict[str, pa.Array], rows: pa.Array) -> pa.RecordBatch:
+    """``computed`` (in ``_COMPUTED_SCHEMA``) plus the columns copied unchanged from input ``rows`` (R7): a WORK batch."""
+    copied = {name: cols[name].take(rows) for name in _COPIED}
+    return pa.RecordBatch.from_arrays(
+        [computed.column(f.name) if f.name in _COMPUTED_SCHEMA.names else copied[f.name] for f in WORK.arrow_schema],
         schema=WORK.arrow_schema,
     )
-    if acks.num_rows == 0:
-        return others
-    # Back to input order, so the output reads like the input.
-    order = pa.concat_arrays([pc.indices_nonzero(is_ack), slow])
-    merged = pa.Table.from_batches([acks, others]).combine_chunks()
-    return merged.take(pc.sort_indices(order)).to_batches()[0]
+
+
+def _buckets(cols: dict[str, pa.Array], rows: pa.Array, batch_ts: dt.datetime, decider: Decider) -> np.ndarray:
+    """The state key's bucket of each of ``rows``: when the consumed message was stored (R8 keys by store time)."""
+    store_us = pc.coalesce(
+        cols["store_timestamp"].take(rows),
+        cols["born_timestamp"].take(rows),
+        cols["consumed_at"].take(rows),
+        pa.scalar(batch_ts, WORK["decided_at"].type),
+    ).cast(pa.int64())
+    # Floor, not Arrow's truncating divide: a store time before 1970 belongs to the bucket
+    # that starts before it, like any other (NO_STATE_BUCKET is below every real bucket).
+    buckets: np.ndarray = np.floor_divide(store_us.to_numpy(), decider.bucket_ms * 1000)
+    return buckets
+
+
+def _failure_rows(
+    cols: dict[str, pa.Array], positions: pa.Array, candidates: pa.Array, batch_ts: dt.datetime, decider: Decider
+) -> tuple[pa.Array, pa.RecordBatch | None]:
+    """The plain failures among ``candidates``, decided column-wise: their input rows and outcome rows.
+
+    The same decisions as :func:`_decide_valid` (a property test holds the two
+    to each other), for the failures that need nothing unusual: valid, not
+    BROADCASTING, of a group that exists and retries, with a level and due
+    time that fit their columns. The rest stay with the row path. Per-row
+    Python is left only where the work is per row anyway: the SHA-1 of the new
+    id, a group's non-retryable rules, and the reasons of dead letters.
+    """
+    config = decider.config
+    rows = pc.indices_nonzero(candidates)
+    if len(rows) == 0:
+        return rows, None
+    encoded = pc.dictionary_encode(cols["consumer_group"].take(rows))
+    names: list[str] = encoded.dictionary.to_pylist()
+    codes = encoded.indices.to_numpy().astype(np.int64)
+    groups = [config.group(name) for name in names]
+    policies = [None if g is None else decider.policy(name, g) for name, g in zip(names, groups, strict=True)]
+    # A group config past the column types (only possible unvalidated) stays with the row path too.
+    retried = np.array(
+        [g is not None and 0 < g.retry_queue_nums <= INT32_MAX and p is not None and p.first_level <= INT32_MAX
+         for g, p in zip(groups, policies, strict=True)]
+    )
+    keep = retried[codes]
+    if not keep.any():
+        return rows.filter(pa.array(keep)), None
+
+    def ints(name: str, null: int) -> np.ndarray:
+        values: np.ndarray = pc.fill_null(cols[name].take(rows), null).to_numpy().astype(np.int64)
+        return values
+
+    reconsume, requested = ints("reconsume_times", 0), ints("delay_level_when_next_consume", 0)
+    given_max = ints("max_reconsume_times", MAX_RECONSUME_TIMES_DEFAULT)
+    group_max = np.array([g.retry_max_times if g is not None and keep_g else 0 for g, keep_g in zip(groups, retried, strict=True)])
+    max_times = np.where(given_max == MAX_RECONSUME_TIMES_DEFAULT, group_max[codes], given_max)
+    # B3: a group's non-retryable rules are Python regexes; only its own rows pay for them.
+    non_retryable: dict[int, str] = {}
+    ruled = [keep_g and g is not None and bool(g.non_retryable.error_classes or g.non_retryable.error_patterns)
+             for g, keep_g in zip(groups, retried, strict=True)]
+    if any(ruled):
+        classes, messages = cols["error_class"].take(rows).to_pylist(), cols["error_message"].take(rows).to_pylist()
+        for j in np.flatnonzero(np.array(ruled)[codes]).tolist():
+            group = groups[codes[j]]
+            assert group is not None
+            matched = _matches_non_retryable(group, classes[j], messages[j])
+            if matched is not None:
+                non_retryable[j] = matched
+    dead = (requested < 0) | (reconsume >= max_times)
+    dead[list(non_retryable)] = True
+    first_level = np.array([p.first_level if p is not None and keep_g else 0 for p, keep_g in zip(policies, retried, strict=True)])
+    wanted = np.where(requested > 0, requested, first_level[codes] + reconsume)
+
+    # Level, delay and due time per distinct (group, wanted level): the policies stay Python.
+    retry = keep & ~dead
+    level = np.zeros(len(codes), dtype=np.int64)
+    due_us = np.zeros(len(codes), dtype=np.int64)
+    if retry.any():
+        at = np.flatnonzero(retry)
+        pairs, inverse = np.unique(np.stack([codes[at], wanted[at]], axis=1), axis=0, return_inverse=True)
+        pair_level, pair_due, pair_fits = [], [], []
+        for code, want in pairs.tolist():
+            policy = policies[code]
+            assert policy is not None
+            lvl = policy.clamp(want)
+            try:
+                due_us_of_pair = (batch_ts + dt.timedelta(milliseconds=policy.delay_ms(lvl)) - _EPOCH) // _MICROSECOND
+            except OverflowError:  # the row path quarantines it (DUE_AT_OUT_OF_RANGE)
+                lvl, due_us_of_pair = 0, 0
+            pair_level.append(lvl)
+            pair_due.append(due_us_of_pair)
+            pair_fits.append(1 <= lvl <= INT32_MAX)
+        inverse = inverse.reshape(-1)
+        level[at] = np.array(pair_level, dtype=np.int64)[inverse]
+        due_us[at] = np.array(pair_due, dtype=np.int64)[inverse]
+        keep[at] &= np.array(pair_fits)[inverse]
+    if not keep.all():
+        if not keep.any():
+            return rows.filter(pa.array(keep)), None
+        picked = pa.array(keep)
+        rows, codes, reconsume, requested = rows.filter(picked), codes[keep], reconsume[keep], requested[keep]
+        max_times, dead, level, due_us = max_times[keep], dead[keep], level[keep], due_us[keep]
+        renumbered = np.cumsum(keep) - 1
+        non_retryable = {int(renumbered[j]): reason for j, reason in non_retryable.items() if keep[j]}
+    m = len(rows)
+
+    def col(name: str) -> pa.Array:
+        return cols[name].take(rows)
+
+    group_col, msg_id = col("consumer_group"), col("msg_id")
+    pos = positions.take(rows).cast(pa.string())
+    result_id = col("result_id")
+    result_id = pc.if_else(_empty(result_id), pc.binary_join_element_wise("pos:", pos, ""), result_id)
+    retry_topic_in, origin_in = col("retry_topic"), col("origin_msg_id")
+    origin = pc.if_else(blank_mask(origin_in), msg_id, origin_in)
+    next_times = reconsume + 1
+    redrive = np.array(_redrive_counts(col("properties")), dtype=np.int64)
+    key = pc.binary_join_element_wise(origin, pa.array(next_times).cast(pa.string()), ":")
+    if (redrive > 0).any():
+        key = pc.if_else(pa.array(redrive > 0), pc.binary_join_element_wise(key, pa.array(redrive).cast(pa.string()), ":r"), key)
+
+    # The new message's id (new_msg_id) and, for a retry, its queue: int(id[:8], 16) % retry_queue_nums.
+    prefixes = [f"{name}\0".encode() for name in names]
+    out_ids, heads = [], []
+    for code, consumed, is_dead in zip(codes.tolist(), msg_id.to_pylist(), dead.tolist(), strict=True):
+        digest = hashlib.sha1(prefixes[code] + consumed.encode() + (b"\0dlq" if is_dead else b"\0retry")).digest()
+        out_ids.append(digest[:16].hex().upper())
+        heads.append(int.from_bytes(digest[:4], "big"))
+    out_id = pa.array(out_ids, pa.string())
+    queue_nums = np.array([g.retry_queue_nums if g is not None and g.retry_queue_nums > 0 else 1 for g in groups])
+    queue_id = np.where(dead, 0, np.array(heads, dtype=np.int64) % queue_nums[codes])
+
+    error_message = _truncated(col("error_message"))
+    level_arr = pa.array(level, pa.int32(), mask=dead)
+    ts_type = WORK["decided_at"].type
+    at_batch = pa.array(np.full(m, (batch_ts - _EPOCH) // _MICROSECOND, dtype=np.int64)).cast(ts_type)
+    nulls_ts = pa.nulls(m, ts_type)
+    dead_pa, retry_pa = pa.array(dead), pa.array(~dead)
+    attempt_type = WORK["attempts"].type
+    attempt = pa.StructArray.from_arrays(
+        [
+            pa.array(reconsume, pa.int32()), group_col, col("consumer_id"), col("status"), col("error_class"),
+            error_message, col("consumed_at"), level_arr,
+        ],
+        fields=list(attempt_type.value_type),
+    )
+    codes_pa = pa.array(codes)
+    reason_code: list[str | None] = [None] * m
+    reason: list[str | None] = [None] * m
+    for j in np.flatnonzero(dead).tolist():
+        if j in non_retryable:
+            reason_code[j], reason[j] = "NON_RETRYABLE", non_retryable[j]
+        elif requested[j] < 0:
+            reason_code[j], reason[j] = "DLQ_REQUESTED", f"consumer asked for delay level {requested[j]} (< 0 = DLQ, R5)"
+        else:
+            reason_code[j] = "MAX_RECONSUME_TIMES"
+            reason[j] = f"reconsume_times {reconsume[j]} reached max_reconsume_times {max_times[j]} (R6)"
+    values: dict[str, pa.Array] = {
+        "kind": pa.array([KIND_OUTCOME] * m, pa.string()),
+        "route": group_col,
+        "bucket": pa.array(_buckets(cols, rows, batch_ts, decider), pa.int64()),
+        "msg_id": out_id,
+        "topic": pc.if_else(
+            dead_pa,
+            pa.array([dlq_topic(name) for name in names], pa.string()).take(codes_pa),
+            pa.array([retry_topic(name) for name in names], pa.string()).take(codes_pa),
+        ),
+        "store_timestamp": pc.if_else(dead_pa, at_batch, nulls_ts),
+        "queue_id": pa.array(queue_id, pa.int32()),
+        "reconsume_times": pa.array(next_times, pa.int32()),
+        "origin_msg_id": origin,
+        "retry_topic": pc.if_else(_empty(retry_topic_in), col("topic"), retry_topic_in),
+        "attempts": _appended(col("attempts"), attempt),
+        "consumer_group": group_col,
+        "delay_level": level_arr,
+        "schedule_queue_id": pa.array(level - 1, pa.int32(), mask=dead),
+        "scheduled_at": pc.if_else(retry_pa, at_batch, nulls_ts),
+        "due_at": pa.array(due_us, pa.int64(), mask=dead).cast(ts_type),
+        "error_class": col("error_class"),
+        "error_message": error_message,
+        "delivery_key": key,
+        "source_result_id": result_id,
+        "dead_lettered_at": pc.if_else(dead_pa, at_batch, nulls_ts),
+        "reason_code": pa.array(reason_code, pa.string()),
+        "reason": pa.array(reason, pa.string()),
+        "result_id": result_id,
+        "source_position": pos,
+        "outcome": pc.if_else(dead_pa, DEAD_LETTER, RETRY),
+        "output_msg_id": out_id,
+        "decided_at": at_batch,
+        "consumed_msg_id": msg_id,
+        "consumed_origin_msg_id": origin_in,
+        "consumed_reconsume_times": col("reconsume_times"),
+    }
+    computed = pa.RecordBatch.from_arrays(
+        [values[f.name] if f.name in values else pa.nulls(m, f.type) for f in _COMPUTED_SCHEMA],
+        schema=_COMPUTED_SCHEMA,
+    )
+    return rows, _with_copied(computed, cols, rows)
+
+
+_MICROSECOND = dt.timedelta(microseconds=1)
+
+
+def _empty(values: pa.Array) -> pa.Array:
+    """Null or ``""`` (what ``value or fallback`` replaces in the row path); never null."""
+    return pc.or_kleene(pc.is_null(values), pc.equal(values, ""))
+
+
+def _truncated(messages: pa.Array) -> pa.Array:
+    """:func:`truncate_error` of every value, column-wise."""
+    long = pc.fill_null(pc.greater(pc.utf8_length(messages), ERROR_MESSAGE_LIMIT), False)
+    if not pc.any(long).as_py():
+        return messages
+    cut = pc.binary_join_element_wise(pc.utf8_slice_codeunits(messages, 0, ERROR_MESSAGE_LIMIT - 3), "...", "")
+    return pc.if_else(long, cut, messages)
+
+
+def _appended(lists: pa.Array, items: pa.Array) -> pa.Array:
+    """Each list of ``lists`` (a null one read as empty) with the same row of ``items`` appended."""
+    m = len(lists)
+    lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy().astype(np.int64)
+    offsets = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(lengths + 1, out=offsets[1:])
+    old = pc.list_flatten(lists)
+    # Old item k of row p moves up by p (one new item per earlier row); row i's new item ends its list.
+    take = np.empty(offsets[-1], dtype=np.int64)
+    take[np.arange(len(old)) + np.repeat(np.arange(m), lengths)] = np.arange(len(old))
+    take[offsets[1:] - 1] = len(old) + np.arange(m)
+    flat = pa.concat_arrays([old, items]).take(pa.array(take))
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=lists.type)
 
 
 def _redrive_counts(properties: pa.Array) -> list[int]:
@@ -706,7 +960,7 @@ def _json_default(value: Any) -> Any:
 # -- the general rule: no row stops the stream ----------------------------------------
 
 
-def decide_or_quarantine(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBatch:
+def decide_or_quarantine(batch: pa.RecordBatch, decider: Decider, *, columnwise: bool = True) -> pa.RecordBatch:
     """:func:`decide`, except that rows whose decision raises are quarantined (DECIDE_FAILED).
 
     When deciding ``batch`` raises anything, its halves are decided apart, down
@@ -715,19 +969,19 @@ def decide_or_quarantine(batch: pa.RecordBatch, decider: Decider) -> pa.RecordBa
     decision, in input order. A row is never lost and never stops the stream.
 
     Replay: :func:`decide` is deterministic, so a replayed batch splits the
-    same way and quarantines the same rows.
+    same way and quarantines the same rows. ``columnwise``: see :func:`decide`.
     """
     try:
-        return decide(batch, decider)
+        return decide(batch, decider, columnwise=columnwise)
     except Exception as exc:  # the bad-input rule: whatever it is, find the rows that raise
         log.warning(
             "deciding %d rows raised %s: %s; deciding them apart to quarantine the rows that raise",
             batch.num_rows, type(exc).__name__, exc,
         )
-        return pa.concat_batches(_decide_apart(batch, decider, exc))
+        return pa.concat_batches(_decide_apart(batch, decider, exc, columnwise))
 
 
-def _decide_apart(batch: pa.RecordBatch, decider: Decider, exc: Exception) -> list[pa.RecordBatch]:
+def _decide_apart(batch: pa.RecordBatch, decider: Decider, exc: Exception, columnwise: bool) -> list[pa.RecordBatch]:
     """The decisions of ``batch``, whose deciding raised ``exc``, bisected down to the rows that raise."""
     if batch.num_rows == 1:
         return [_failed_row(batch, exc, decider.config)]
@@ -735,9 +989,9 @@ def _decide_apart(batch: pa.RecordBatch, decider: Decider, exc: Exception) -> li
     out: list[pa.RecordBatch] = []
     for part in (batch.slice(0, half), batch.slice(half)):
         try:
-            out.append(decide(part, decider))
+            out.append(decide(part, decider, columnwise=columnwise))
         except Exception as part_exc:  # narrowed down further, then quarantined
-            out.extend(_decide_apart(part, decider, part_exc))
+            out.extend(_decide_apart(part, decider, part_exc, columnwise))
     return out
 
 
