@@ -394,11 +394,11 @@ def decide(batch: pa.RecordBatch, decider: Decider, *, columnwise: bool = True) 
             pc.and_(rest, valid),
             pc.and_(pc.is_valid(batch.column(POSITION)), pc.invert(pc.fill_null(pc.equal(cols["message_model"], BROADCASTING), False))),
         )
-        failed, failures = _failure_rows(cols, batch.column(POSITION), candidates, batch_ts, decider)
-        if len(failed):
-            pieces.append((failed, failures))
+        plan = _plan_failures(cols, candidates, batch_ts, decider)
+        if plan is not None:
+            pieces.append((plan.rows, _failure_rows(cols, batch.column(POSITION), plan, batch_ts, decider)))
             taken = np.zeros(n, dtype=bool)
-            taken[failed.to_numpy()] = True
+            taken[plan.rows.to_numpy()] = True
             rest = pc.and_(rest, pa.array(~taken))
     slow = pc.indices_nonzero(rest)
     if len(slow):
@@ -479,22 +479,48 @@ def _buckets(cols: dict[str, pa.Array], rows: pa.Array, batch_ts: dt.datetime, d
     return buckets
 
 
-def _failure_rows(
-    cols: dict[str, pa.Array], positions: pa.Array, candidates: pa.Array, batch_ts: dt.datetime, decider: Decider
-) -> tuple[pa.Array, pa.RecordBatch | None]:
-    """The plain failures among ``candidates``, decided column-wise: their input rows and outcome rows.
+@dataclass(frozen=True)
+class _FailurePlan:
+    """The decisions of plain failures, column-wise: one entry per row in every array (see :func:`_plan_failures`)."""
+
+    rows: pa.Array  # their indices in the input
+    names: list[str]  # the distinct groups, which ``codes`` index
+    groups: list[GroupConfig | None]
+    codes: np.ndarray
+    reconsume: np.ndarray  # null read as 0
+    requested: np.ndarray  # delay_level_when_next_consume, null read as 0
+    max_times: np.ndarray  # -1 and null read as the group's retry_max_times
+    dead: np.ndarray
+    level: np.ndarray  # of a retry (0 for a dead letter)
+    due_us: np.ndarray  # of a retry, microseconds since 1970
+    non_retryable: dict[int, str]  # row -> the B3 rule it matched
+
+    def only(self, keep: np.ndarray) -> _FailurePlan:
+        renumbered = np.cumsum(keep) - 1
+        return _FailurePlan(
+            self.rows.filter(pa.array(keep)), self.names, self.groups, self.codes[keep], self.reconsume[keep],
+            self.requested[keep], self.max_times[keep], self.dead[keep], self.level[keep], self.due_us[keep],
+            {int(renumbered[j]): reason for j, reason in self.non_retryable.items() if keep[j]},
+        )
+
+
+def _plan_failures(
+    cols: dict[str, pa.Array], candidates: pa.Array, batch_ts: dt.datetime, decider: Decider
+) -> _FailurePlan | None:
+    """The plain failures among ``candidates`` and their decisions, column-wise; None when there are none.
 
     The same decisions as :func:`_decide_valid` (a property test holds the two
     to each other), for the failures that need nothing unusual: valid, not
     BROADCASTING, of a group that exists and retries, with a level and due
     time that fit their columns. The rest stay with the row path. Per-row
-    Python is left only where the work is per row anyway: the SHA-1 of the new
-    id, a group's non-retryable rules, and the reasons of dead letters.
+    Python is left only where the work is per row anyway: a group's
+    non-retryable rules here, the SHA-1 of the new id and the reasons of dead
+    letters in :func:`_failure_rows`.
     """
     config = decider.config
     rows = pc.indices_nonzero(candidates)
     if len(rows) == 0:
-        return rows, None
+        return None
     encoded = pc.dictionary_encode(cols["consumer_group"].take(rows))
     names: list[str] = encoded.dictionary.to_pylist()
     codes = encoded.indices.to_numpy().astype(np.int64)
@@ -507,7 +533,7 @@ def _failure_rows(
     )
     keep = retried[codes]
     if not keep.any():
-        return rows.filter(pa.array(keep)), None
+        return None
 
     def ints(name: str, null: int) -> np.ndarray:
         values: np.ndarray = pc.fill_null(cols[name].take(rows), null).to_numpy().astype(np.int64)
@@ -557,14 +583,20 @@ def _failure_rows(
         level[at] = np.array(pair_level, dtype=np.int64)[inverse]
         due_us[at] = np.array(pair_due, dtype=np.int64)[inverse]
         keep[at] &= np.array(pair_fits)[inverse]
-    if not keep.all():
-        if not keep.any():
-            return rows.filter(pa.array(keep)), None
-        picked = pa.array(keep)
-        rows, codes, reconsume, requested = rows.filter(picked), codes[keep], reconsume[keep], requested[keep]
-        max_times, dead, level, due_us = max_times[keep], dead[keep], level[keep], due_us[keep]
-        renumbered = np.cumsum(keep) - 1
-        non_retryable = {int(renumbered[j]): reason for j, reason in non_retryable.items() if keep[j]}
+    if not keep.any():
+        return None
+    plan = _FailurePlan(
+        rows, names, groups, codes, reconsume, requested, max_times, dead, level, due_us, non_retryable
+    )
+    return plan if keep.all() else plan.only(keep)
+
+
+def _failure_rows(
+    cols: dict[str, pa.Array], positions: pa.Array, plan: _FailurePlan, batch_ts: dt.datetime, decider: Decider
+) -> pa.RecordBatch:
+    """The outcome rows (retries and dead letters) of ``plan``'s failures, in its order."""
+    rows, names, codes, dead, level = plan.rows, plan.names, plan.codes, plan.dead, plan.level
+    reconsume, requested, max_times, non_retryable = plan.reconsume, plan.requested, plan.max_times, plan.non_retryable
     m = len(rows)
 
     def col(name: str) -> pa.Array:
@@ -590,7 +622,7 @@ def _failure_rows(
         out_ids.append(digest[:16].hex().upper())
         heads.append(int.from_bytes(digest[:4], "big"))
     out_id = pa.array(out_ids, pa.string())
-    queue_nums = np.array([g.retry_queue_nums if g is not None and g.retry_queue_nums > 0 else 1 for g in groups])
+    queue_nums = np.array([g.retry_queue_nums if g is not None and g.retry_queue_nums > 0 else 1 for g in plan.groups])
     queue_id = np.where(dead, 0, np.array(heads, dtype=np.int64) % queue_nums[codes])
 
     error_message = _truncated(col("error_message"))
@@ -638,7 +670,7 @@ def _failure_rows(
         "delay_level": level_arr,
         "schedule_queue_id": pa.array(level - 1, pa.int32(), mask=dead),
         "scheduled_at": pc.if_else(retry_pa, at_batch, nulls_ts),
-        "due_at": pa.array(due_us, pa.int64(), mask=dead).cast(ts_type),
+        "due_at": pa.array(plan.due_us, pa.int64(), mask=dead).cast(ts_type),
         "error_class": col("error_class"),
         "error_message": error_message,
         "delivery_key": key,
@@ -659,7 +691,7 @@ def _failure_rows(
         [values[f.name] if f.name in values else pa.nulls(m, f.type) for f in _COMPUTED_SCHEMA],
         schema=_COMPUTED_SCHEMA,
     )
-    return rows, _with_copied(computed, cols, rows)
+    return _with_copied(computed, cols, rows)
 
 
 _MICROSECOND = dt.timedelta(microseconds=1)
