@@ -566,9 +566,11 @@ def _plan_failures(
     due_us = np.zeros(len(codes), dtype=np.int64)
     if retry.any():
         at = np.flatnonzero(retry)
-        pairs, inverse = np.unique(np.stack([codes[at], wanted[at]], axis=1), axis=0, return_inverse=True)
+        # One int64 per pair: a code is below 2^31 and a wanted level below 2^32 (both terms are int32).
+        pairs, inverse = np.unique((codes[at] << 32) | wanted[at], return_inverse=True)
         pair_level, pair_due, pair_fits = [], [], []
-        for code, want in pairs.tolist():
+        for pair in pairs.tolist():
+            code, want = pair >> 32, pair & 0xFFFFFFFF
             policy = policies[code]
             assert policy is not None
             lvl = policy.clamp(want)
