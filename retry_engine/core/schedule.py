@@ -50,6 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -65,7 +66,7 @@ from retry_engine.core._schedule_state import (
 )
 from retry_engine.core._state_splits import MAX_LEVEL, SealStore, current_batch_id, level_of, walk
 from retry_engine.core.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
-from retry_engine.core.packed import packed_batch, payload_chunks, unpack
+from retry_engine.core.packed import PACKED_ARROW_SCHEMA, payload_chunks, unpack
 from retry_engine.delta._checkpoint import checkpoint_filesystem
 from retry_engine.errors import StateSplitError, StateUnreadableError
 from retry_engine.schemas import WORK
@@ -383,7 +384,16 @@ def state_key_split(
 
 
 def _packed(key: tuple[str, int], payloads: list[bytes]) -> pd.DataFrame:
-    return packed_batch([key] * len(payloads), payloads).to_pandas()
+    """Packed rows of one key as pandas, holding the payload bytes as they are (Spark copies them into Arrow).
+
+    Going through :func:`~retry_engine.core.packed.packed_batch` and ``to_pandas``
+    copied every payload byte twice more (#14 part 5).
+    """
+    n = len(payloads)
+    return pd.DataFrame(
+        {"route": [key[0]] * n, "bucket": np.full(n, int(key[1]), dtype=np.int64), "payload": payloads},
+        columns=PACKED_ARROW_SCHEMA.names,
+    )
 
 
 def _with(table: pa.Table, **columns: pa.Array | pa.ChunkedArray) -> pa.Table:
