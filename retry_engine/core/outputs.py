@@ -104,11 +104,14 @@ def route_to(work: pa.Table, table: Table, batch_id: int) -> pa.Table:
         ),
         OUTCOMES.name: lambda: is_outcome,
     }
-    return _project(work.filter(masks[table.name]()), table, batch_id)
+    return _project(work, masks[table.name](), table, batch_id)
 
 
-def _project(rows: pa.Table, table: Table, batch_id: int) -> pa.Table:
+def _project(work: pa.Table, mask: pa.ChunkedArray, table: Table, batch_id: int) -> pa.Table:
+    """The rows of ``work`` under ``mask`` in ``table``'s columns; only those columns are filtered (#14 part 5)."""
     renames = _RENAMES.get(table.name, {})
+    wanted = list(dict.fromkeys(renames.get(name, name) for name in table.names if name != "batch_id"))
+    rows = work.select(wanted).filter(mask)
     arrays = [
         pa.array([batch_id] * rows.num_rows, pa.int64())
         if name == "batch_id"
