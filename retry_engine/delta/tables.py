@@ -295,10 +295,27 @@ def _write_once(
     partition_by: Sequence[str],
     strict: bool,
 ) -> bool:
-    """Append ``table`` to the ``checked`` snapshot; False (nothing written) if it records the transaction."""
+    """Append ``table`` with ``checked``'s snapshot as the read version; False (nothing written) if it records the transaction.
+
+    ``strict``: no commit retries, so a commit that finds a newer version fails
+    instead of being rebased onto it (appends never conflict with appends).
+    """
     if _already_done(path, checked, app_id, txn_version):
         return False
-    _write(checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=strict)
+    transactions = (
+        [Transaction(app_id, txn_version)]
+        if app_id is not None and txn_version is not None
+        else None
+    )
+    write_deltalake(
+        checked,
+        table,
+        mode="append",
+        partition_by=list(partition_by) or None,
+        commit_properties=CommitProperties(
+            app_transactions=transactions, max_commit_retries=0 if strict else None
+        ),
+    )
     return True
 
 
@@ -333,33 +350,3 @@ def _already_done(
         )
         return True
     return False
-
-
-def _write(
-    checked: DeltaTable,
-    table: pa.Table,
-    *,
-    app_id: str | None,
-    txn_version: int | None,
-    partition_by: Sequence[str],
-    strict: bool,
-) -> None:
-    """Commit ``table`` with ``checked``'s snapshot as the read version.
-
-    ``strict``: no commit retries, so a commit that finds a newer version fails
-    instead of being rebased onto it (appends never conflict with appends).
-    """
-    transactions = (
-        [Transaction(app_id, txn_version)]
-        if app_id is not None and txn_version is not None
-        else None
-    )
-    write_deltalake(
-        checked,
-        table,
-        mode="append",
-        partition_by=list(partition_by) or None,
-        commit_properties=CommitProperties(
-            app_transactions=transactions, max_commit_retries=0 if strict else None
-        ),
-    )
