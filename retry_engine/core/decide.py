@@ -485,7 +485,7 @@ class _FailurePlan:
 
     rows: pa.Array  # their indices in the input
     names: list[str]  # the distinct groups, which ``codes`` index
-    groups: list[GroupConfig | None]
+    queue_nums: np.ndarray  # each group's retry_queue_nums (1 for a group the plan has no rows of)
     codes: np.ndarray
     reconsume: np.ndarray  # null read as 0
     requested: np.ndarray  # delay_level_when_next_consume, null read as 0
@@ -498,7 +498,7 @@ class _FailurePlan:
     def only(self, keep: np.ndarray) -> _FailurePlan:
         renumbered = np.cumsum(keep) - 1
         return _FailurePlan(
-            self.rows.filter(pa.array(keep)), self.names, self.groups, self.codes[keep], self.reconsume[keep],
+            self.rows.filter(pa.array(keep)), self.names, self.queue_nums, self.codes[keep], self.reconsume[keep],
             self.requested[keep], self.max_times[keep], self.dead[keep], self.level[keep], self.due_us[keep],
             {int(renumbered[j]): reason for j, reason in self.non_retryable.items() if keep[j]},
         )
@@ -517,21 +517,15 @@ def _plan_failures(
     non-retryable rules here, the SHA-1 of the new id and the reasons of dead
     letters in :func:`_failure_rows`.
     """
-    config = decider.config
     rows = pc.indices_nonzero(candidates)
     if len(rows) == 0:
         return None
     encoded = pc.dictionary_encode(cols["consumer_group"].take(rows))
     names: list[str] = encoded.dictionary.to_pylist()
     codes = encoded.indices.to_numpy().astype(np.int64)
-    groups = [config.group(name) for name in names]
-    policies = [None if g is None else decider.policy(name, g) for name, g in zip(names, groups, strict=True)]
-    # A group config past the column types (only possible unvalidated) stays with the row path too.
-    retried = np.array(
-        [g is not None and 0 < g.retry_queue_nums <= INT32_MAX and p is not None and p.first_level <= INT32_MAX
-         for g, p in zip(groups, policies, strict=True)]
-    )
-    keep = retried[codes]
+    # Per distinct group: its config and policy, or None when its rows stay with the row path.
+    plain = [_plain_group(name, decider) for name in names]
+    keep = np.array([p is not None for p in plain])[codes]
     if not keep.any():
         return None
 
@@ -541,23 +535,22 @@ def _plan_failures(
 
     reconsume, requested = ints("reconsume_times", 0), ints("delay_level_when_next_consume", 0)
     given_max = ints("max_reconsume_times", MAX_RECONSUME_TIMES_DEFAULT)
-    group_max = np.array([g.retry_max_times if g is not None and keep_g else 0 for g, keep_g in zip(groups, retried, strict=True)])
+    group_max = np.array([p[0].retry_max_times if p else 0 for p in plain])
     max_times = np.where(given_max == MAX_RECONSUME_TIMES_DEFAULT, group_max[codes], given_max)
     # B3: a group's non-retryable rules are Python regexes; only its own rows pay for them.
     non_retryable: dict[int, str] = {}
-    ruled = [keep_g and g is not None and bool(g.non_retryable.error_classes or g.non_retryable.error_patterns)
-             for g, keep_g in zip(groups, retried, strict=True)]
-    if any(ruled):
+    ruled = np.array([bool(p and (p[0].non_retryable.error_classes or p[0].non_retryable.error_patterns)) for p in plain])
+    if ruled.any():
         classes, messages = cols["error_class"].take(rows).to_pylist(), cols["error_message"].take(rows).to_pylist()
-        for j in np.flatnonzero(np.array(ruled)[codes]).tolist():
-            group = groups[codes[j]]
+        for j in np.flatnonzero(ruled[codes]).tolist():
+            group = plain[codes[j]]
             assert group is not None
-            matched = _matches_non_retryable(group, classes[j], messages[j])
+            matched = _matches_non_retryable(group[0], classes[j], messages[j])
             if matched is not None:
                 non_retryable[j] = matched
     dead = (requested < 0) | (reconsume >= max_times)
     dead[list(non_retryable)] = True
-    first_level = np.array([p.first_level if p is not None and keep_g else 0 for p, keep_g in zip(policies, retried, strict=True)])
+    first_level = np.array([p[1].first_level if p else 0 for p in plain])
     wanted = np.where(requested > 0, requested, first_level[codes] + reconsume)
 
     # Level, delay and due time per distinct (group, wanted level): the policies stay Python.
@@ -571,8 +564,9 @@ def _plan_failures(
         pair_level, pair_due, pair_fits = [], [], []
         for pair in pairs.tolist():
             code, want = pair >> 32, pair & 0xFFFFFFFF
-            policy = policies[code]
-            assert policy is not None
+            group = plain[code]
+            assert group is not None
+            policy = group[1]
             lvl = policy.clamp(want)
             try:
                 due_us_of_pair = (batch_ts + dt.timedelta(milliseconds=policy.delay_ms(lvl)) - _EPOCH) // _MICROSECOND
@@ -587,10 +581,24 @@ def _plan_failures(
         keep[at] &= np.array(pair_fits)[inverse]
     if not keep.any():
         return None
+    queue_nums = np.array([p[0].retry_queue_nums if p else 1 for p in plain])
     plan = _FailurePlan(
-        rows, names, groups, codes, reconsume, requested, max_times, dead, level, due_us, non_retryable
+        rows, names, queue_nums, codes, reconsume, requested, max_times, dead, level, due_us, non_retryable
     )
     return plan if keep.all() else plan.only(keep)
+
+
+def _plain_group(name: str, decider: Decider) -> tuple[GroupConfig, BackoffPolicy] | None:
+    """Group ``name``'s config and policy when its failures can be decided column-wise, else None.
+
+    That needs a group that exists and retries (R10); a config past the column
+    types (only possible unvalidated) stays with the row path too.
+    """
+    group = decider.config.group(name)
+    if group is None or not 0 < group.retry_queue_nums <= INT32_MAX:
+        return None
+    policy = decider.policy(name, group)
+    return (group, policy) if policy.first_level <= INT32_MAX else None
 
 
 def _failure_rows(
@@ -624,8 +632,7 @@ def _failure_rows(
         out_ids.append(digest[:16].hex().upper())
         heads.append(int.from_bytes(digest[:4], "big"))
     out_id = pa.array(out_ids, pa.string())
-    queue_nums = np.array([g.retry_queue_nums if g is not None and g.retry_queue_nums > 0 else 1 for g in plan.groups])
-    queue_id = np.where(dead, 0, np.array(heads, dtype=np.int64) % queue_nums[codes])
+    queue_id = np.where(dead, 0, np.array(heads, dtype=np.int64) % plan.queue_nums[codes])
 
     error_message = _truncated(col("error_message"))
     level_arr = pa.array(level, pa.int32(), mask=dead)
