@@ -160,33 +160,40 @@ def test_a_storm_of_plain_failures_never_takes_the_row_path(monkeypatch: pytest.
     assert {"NON_RETRYABLE", "MAX_RECONSUME_TIMES"} <= reasons, reasons
 
 
-def test_what_the_columns_cannot_hold_still_takes_the_row_path() -> None:
-    """A due time past year 9999 and a level past int32 are left to the row path, which quarantines them."""
+def test_what_the_columns_cannot_hold_still_takes_the_row_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A due time past year 9999 and a first level past int32 are left to the row path (the column-wise
+    builder is switched off here, so the rows can only be decided there), which decides them as before."""
     late = plain_failures(6, consumer_group=b"GH", delay_level_when_next_consume=2)
     huge_first = plain_failures(6, consumer_group=b"GF", reconsume_times=3)
-    for batch, code in ((late, "DUE_AT_OUT_OF_RANGE"), (huge_first, None)):
-        rows = assert_same(batch, DECIDERS[True]).to_pylist()
-        if code is not None:
-            assert {r["reason_code"] for r in rows} == {code}
-        else:
-            # first_level 10^12 + 3 is clamped to the top level (R5): a plain retry after all.
-            assert {r["outcome"] for r in rows} == {"retry"} and {r["delay_level"] for r in rows} == {4}
+    expected = {id(late): decide(late, DECIDERS[True]), id(huge_first): decide(huge_first, DECIDERS[True])}
+
+    def columnwise(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("decided column-wise")
+
+    monkeypatch.setattr(decide_module, "_failure_rows", columnwise)
+    for batch in (late, huge_first):
+        assert decide(batch, DECIDERS[True]).equals(expected[id(batch)])
+    assert {r["reason_code"] for r in expected[id(late)].to_pylist()} == {"DUE_AT_OUT_OF_RANGE"}
+    # first_level 10^12 + 3 is clamped to the top level (R5): a plain retry after all.
+    retried = expected[id(huge_first)].to_pylist()
+    assert {r["outcome"] for r in retried} == {"retry"} and {r["delay_level"] for r in retried} == {4}
 
 
 def test_long_histories_keep_every_attempt_in_order() -> None:
-    """R7: the new attempt is appended after the consumed message's own, whatever their number."""
-    history = [dict(strategies.plain_row(b"x", b"y"), reconsume_times=k, delay_level=k, consumed_at=k * US_PER_S,
-                    consumer_group=b"G", consumer_id=b"c", status=b"EXCEPTION", error_class=None, error_message=b"e")
-               for k in range(5)]
-    attempts = [[{f: a[f] for f in ("reconsume_times", "consumer_group", "consumer_id", "status", "error_class",
-                                   "error_message", "consumed_at", "delay_level")} for a in history[:k]] or None
-                for k in range(5)]
+    """R7: the new attempt is appended after the consumed message's own, whatever their number (0 to 4 here)."""
+    def earlier(k: int) -> dict[str, Any]:
+        return {"reconsume_times": 100 + k, "consumer_group": b"G", "consumer_id": b"c", "status": b"EXCEPTION",
+                "error_class": None, "error_message": b"e", "consumed_at": k * US_PER_S, "delay_level": k}
+
+    histories = [[earlier(k) for k in range(n)] or None for n in range(5)]
     batch = plain_failures(5)
     batch = batch.set_column(
         batch.schema.get_field_index("attempts"), "attempts",
-        strategies.arrow_table([{**strategies.plain_row(b"r", b"m"), "attempts": a} for a in attempts], b"")
+        strategies.arrow_table([{**strategies.plain_row(b"r", b"m"), "attempts": h} for h in histories], b"")
         .column("attempts").combine_chunks(),
     )
     rows = assert_same(batch, DECIDERS[True]).to_pylist()
     assert [len(r["attempts"]) for r in rows] == [1, 2, 3, 4, 5]
-    assert [a["reconsume_times"] for a in rows[4]["attempts"]] == [0, 1, 2, 3, 4]
+    for i, row in enumerate(rows):
+        # The history as it was, then this failure (its reconsume_times is i, plain_failures' i % 20).
+        assert [a["reconsume_times"] for a in row["attempts"]] == [*range(100, 100 + i), i]
