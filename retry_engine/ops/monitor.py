@@ -208,7 +208,24 @@ class _JsonProgress(JStreamingQueryListener):
         self.pylistener.onQueryProgress(event)
 
 
-class ProgressRecorder(StreamingQueryListener):
+class JsonProgressListener(StreamingQueryListener):
+    """A listener whose progress events are read by :func:`progress_from_json` (its ``_bridge``)."""
+
+    _bridge: type[JStreamingQueryListener] = _JsonProgress
+
+    @property
+    def _jlistener(self) -> Any:
+        # PySpark's StreamingQueryListener builds its Java side here (pyspark is pinned); this one
+        # differs only in the Python bridge that reads the events.
+        from pyspark import SparkContext
+
+        if not hasattr(self, "_jlistenerobj"):
+            jvm: Any = SparkContext._jvm
+            self._jlistenerobj = jvm.PythonStreamingQueryListenerWrapper(self._bridge(self))
+        return self._jlistenerobj
+
+
+class ProgressRecorder(JsonProgressListener):
     """Listener that records one query's events into the PROGRESS table.
 
     Events of other queries on the same session are ignored. See the module
@@ -246,18 +263,6 @@ class ProgressRecorder(StreamingQueryListener):
         self.rows_dropped = 0
         self.unregistered = False
         self._stop_reason: StopReason | None = None
-
-    @property
-    def _jlistener(self) -> Any:
-        # PySpark's StreamingQueryListener builds its Java side here (pyspark is pinned); ours
-        # differs only in how progress events are read (_JsonProgress). Every session the
-        # engine runs on has this recorder listening, to every query of it.
-        from pyspark import SparkContext
-
-        if not hasattr(self, "_jlistenerobj"):
-            jvm: Any = SparkContext._jvm
-            self._jlistenerobj = jvm.PythonStreamingQueryListenerWrapper(_JsonProgress(self))
-        return self._jlistenerobj
 
     # -- listener callbacks: cheap, never raise -----------------------------------
     def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's name)

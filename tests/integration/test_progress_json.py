@@ -20,7 +20,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import (
     JStreamingQueryListener,
     QueryProgressEvent,
-    StreamingQueryListener,
 )
 
 from retry_engine.delta import register, write_stream
@@ -31,16 +30,12 @@ RATES = ("input_rows_per_second", "processed_rows_per_second")
 
 
 class _Both(JStreamingQueryListener):
-    """Records each progress event read both ways."""
-
-    def __init__(self, pylistener: StreamingQueryListener, seen: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-        super().__init__(pylistener)
-        self.seen = seen
+    """Records each progress event read both ways, in its listener's ``seen``."""
 
     def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
         ours = monitor.progress_from_json(jevent.progress())
         theirs = QueryProgressEvent.fromJObject(jevent).progress
-        self.seen.append((row(ours), row(theirs)))
+        self.pylistener.seen.append((row(ours), row(theirs)))  # type: ignore[attr-defined]
 
 
 def row(progress: Any) -> dict[str, Any]:
@@ -49,18 +44,13 @@ def row(progress: Any) -> dict[str, Any]:
     return {k: ("NaN" if isinstance(v, float) and math.isnan(v) else v) for k, v in values.items()}
 
 
-class _Listener(StreamingQueryListener):
+class _Listener(monitor.JsonProgressListener):
+    """The engine's listener bridge (JsonProgressListener), with the bridge that reads events both ways."""
+
+    _bridge = _Both
+
     def __init__(self, seen: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
         self.seen = seen
-
-    @property
-    def _jlistener(self) -> Any:
-        from pyspark import SparkContext
-
-        if not hasattr(self, "_jlistenerobj"):
-            jvm: Any = SparkContext._jvm
-            self._jlistenerobj = jvm.PythonStreamingQueryListenerWrapper(_Both(self, self.seen))
-        return self._jlistenerobj
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802
         pass
