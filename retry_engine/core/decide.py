@@ -743,20 +743,23 @@ def _redrive_counts(properties: pa.Array) -> list[int]:
 def _ack_rows(
     cols: dict[str, pa.Array], positions: pa.Array, mask: pa.Array, batch_ts: dt.datetime
 ) -> pa.RecordBatch:
-    """Outcome rows for successfully consumed messages (R1), built without a Python loop."""
+    """Outcome rows for successfully consumed messages (R1), built without a Python loop.
+
+    A null or empty ``result_id``/``retry_topic`` falls back as on the failure paths.
+    """
     n = pc.sum(mask).as_py() or 0
     group = cols["consumer_group"].filter(mask)
-    result_id = cols["result_id"].filter(mask)
+    result_id, retry_topic_in = cols["result_id"].filter(mask), cols["retry_topic"].filter(mask)
     pos = positions.filter(mask).cast(pa.string())
     values: dict[str, pa.Array] = {
         "kind": pa.array([KIND_OUTCOME] * n, pa.string()),
         "route": group,
         "bucket": pa.array([NO_STATE_BUCKET] * n, pa.int64()),
-        "result_id": pc.coalesce(result_id, pc.binary_join_element_wise("pos:", pos, "")),
+        "result_id": pc.if_else(_empty(result_id), pc.binary_join_element_wise("pos:", pos, ""), result_id),
         "source_position": pos,
         "decided_at": pa.array([batch_ts] * n, WORK["decided_at"].type),
         "consumer_group": group,
-        "retry_topic": pc.coalesce(cols["retry_topic"].filter(mask), cols["topic"].filter(mask)),
+        "retry_topic": pc.if_else(_empty(retry_topic_in), cols["topic"].filter(mask), retry_topic_in),
         "consumed_msg_id": cols["msg_id"].filter(mask),
         "consumed_origin_msg_id": cols["origin_msg_id"].filter(mask),
         "consumed_reconsume_times": cols["reconsume_times"].filter(mask),

@@ -496,6 +496,18 @@ def test_only_the_required_columns_are_needed() -> None:
     assert rows[0]["result_id"] == "pos:p0000" and rows[0]["reconsume_times"] == 1 and rows[0]["bucket"] == bucket_of(NOW)
 
 
+def test_an_empty_result_id_or_retry_topic_falls_back_alike_for_acks_and_failures() -> None:
+    """"" reads like a missing value whatever the status: result_id becomes the source position
+    and retry_topic the topic, for an acknowledgement (R1) as for a retry (R3)."""
+    table = pa.table({"consumer_group": ["G", "G", "G"], "msg_id": ["A0", "F1", "A2"], "topic": ["orders"] * 3,
+                      "status": ["CONSUME_SUCCESS", "RECONSUME_LATER", "CONSUME_SUCCESS"],
+                      "result_id": ["", "", "r2"], "retry_topic": ["", "", "%RETRY%G"]})
+    rows = run([], table=table)
+    assert [r["outcome"] for r in rows] == ["acknowledged", "retry", "acknowledged"]
+    assert [r["result_id"] for r in rows] == ["pos:p0000", "pos:p0001", "r2"]
+    assert [r["retry_topic"] for r in rows] == ["orders", "orders", "%RETRY%G"]
+
+
 def test_a_batch_clock_without_time_zone_is_utc() -> None:
     """The engine stamps the batch with Spark's current_timestamp; a clock read without a zone means UTC."""
     naive = NOW.replace(tzinfo=None)
