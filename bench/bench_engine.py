@@ -26,6 +26,12 @@
    10%-failure throughput of the default (no fixed sub-keys, size-bounded
    split) and of 4 fixed sub-keys, each as a ratio to the raw copy, side by side
    (alone: ``--parts splitcost``).
+6. Fixed cost per micro-batch (``batchcost``, #15 goal 3): the median idle
+   batch (no input, nothing due) and a trickle's small batches at a 200 ms
+   trigger, each with the CPU it cost the JVM, the Python workers and the
+   driver (CPU time, unlike wall time, hardly depends on what else the
+   machine runs); then the engine's rate at 50k-row batches against 250k-row
+   batches on the same rows.
 """
 
 from __future__ import annotations
@@ -111,6 +117,36 @@ def _cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int, *, reaped: bool = False) -> float:
+    """User + system CPU seconds of ``pid`` (``reaped``: plus its exited, waited-for children)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if reaped else 0)
+    return ticks / _TICKS
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds used so far by this driver, the JVM and its Python workers (the keys of RssSampler).
+
+    A worker that exited counts through its daemon's reaped children. CPU time,
+    unlike wall time, hardly depends on what else the machine runs.
+    """
+    me = os.getpid()
+    jvms = [p for p in _descendants(me) if "java" in _cmdline(p).split(" ")[0]]
+    workers = [p for j in jvms for p in _descendants(j) if "python" in _cmdline(p).split(" ")[0]]
+    return {
+        "python driver": _cpu_s(me),
+        "JVM": sum(_cpu_s(p) for p in jvms),
+        "python workers": sum(_cpu_s(p, reaped=True) for p in workers),
+    }
 
 
 @dataclass
@@ -410,6 +446,110 @@ def backlog(spark: Any, work: Path, targets: list[int], budget_s: float, chunk_r
     return steps
 
 
+# --------------------------------------------------------------------------- 6. fixed cost per batch
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    idle_batch_ms: float  # median triggerExecution of batches that read nothing, nothing due
+    small_batch_ms: float  # median of batches of a trickle (--trickle-rows every 200 ms)
+    small_rows: float  # median consume results per trickle batch
+    idle_cpu_ms: dict[str, float] = field(default_factory=dict)  # CPU per idle batch: driver, JVM, workers
+    small_cpu_ms: dict[str, float] = field(default_factory=dict)  # the same per trickle batch (driver: + feeder)
+    rates: dict[str, Rate] = field(default_factory=dict)  # engine at 50k- and 250k-row batches
+
+
+def _durations(progress: list[dict[str, Any]], keep: Any) -> list[int]:
+    return [int(p["durationMs"].get("triggerExecution", 0)) for p in progress if keep(p)]
+
+
+def batch_cost(spark: Any, work: Path, *, idle_batches: int, trickle_rows: int, trickle_batches: int,
+               big_rows: int) -> BatchCost:
+    """#15 goal 3: an idle micro-batch, a trickle's small batches, and 50k- vs 250k-row batches.
+
+    Idle and trickle: one engine at a 200 ms trigger on a lake whose consume_results
+    is empty for ``idle_batches`` batches (after 5 start-up batches), then gets
+    ``trickle_rows`` results (10% failed, retries due after 1s) every 200 ms from a
+    thread of this process. Then ``big_rows`` results in 50k-row files, read one
+    file per batch and five per batch by two fresh engines.
+    """
+    config = engine_config(work / "lake_idle", trigger_interval="200ms", message_delay_level="1s 1s 1s 1s",
+                           state_bucket="10s")
+    src = config.table_path("consume_results")
+    write_deltalake(src, consume_results(1, failure_rate=0.0, arrival_rate=ARRIVAL_RATE), mode="append")
+    query = engine.start(spark, config)
+    stop = threading.Event()
+    cpu: dict[int, dict[str, float]] = {}  # batch id -> cpu_seconds() when it was the last progress
+
+    def wait_for(batch_id: int) -> int:
+        while query.lastProgress is None or query.lastProgress["batchId"] < batch_id:
+            if query.exception() is not None:
+                raise RuntimeError(f"engine failed: {query.exception()}")
+            time.sleep(0.05)
+        cpu[last := query.lastProgress["batchId"]] = cpu_seconds()
+        return int(last)
+
+    try:
+        idle_from = wait_for(5)
+        fed_from = wait_for(idle_from + idle_batches)
+
+        def feed() -> None:
+            sent = 1
+            while not stop.wait(0.2):
+                write_deltalake(src, consume_results(trickle_rows, failure_rate=0.1, seed=sent, offset=sent,
+                                                     arrival_rate=ARRIVAL_RATE), mode="append")
+                sent += trickle_rows
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        trickle_from = wait_for(fed_from + 10)
+        trickle_to = wait_for(trickle_from + trickle_batches)
+    finally:
+        stop.set()
+        query.stop()
+    progress = list(query.recentProgress)
+    rows_of = engine_rows(config)
+    idle = _durations(progress, lambda p: 5 < p["batchId"] <= fed_from and rows_of.get(p["batchId"], 0) == 0)
+    trickle = [p for p in progress if p["batchId"] > fed_from + 10 and rows_of.get(p["batchId"], 0) > 0]
+    cost = BatchCost(
+        idle_batch_ms=float(np.median(idle)) if idle else float("nan"),
+        small_batch_ms=float(np.median(_durations(trickle, lambda p: True))) if trickle else float("nan"),
+        small_rows=float(np.median([rows_of[p["batchId"]] for p in trickle])) if trickle else 0.0,
+        idle_cpu_ms=_per_batch(cpu, idle_from, fed_from),
+        small_cpu_ms=_per_batch(cpu, trickle_from, trickle_to),
+    )
+    big = work / "results_50k_files"
+    write_table(big, consume_results(big_rows, failure_rate=0.1, arrival_rate=ARRIVAL_RATE),
+                files=max(1, big_rows // 50_000))
+    for files, label in ((1, "engine, 50k-row batches"), (5, "engine, 250k-row batches")):
+        cost.rates[label] = engine_run(spark, big, work / f"engine_{files}f", big_rows, files)
+        log(f"{label}: {cost.rates[label].per_second:,.0f}/s")
+    log(f"batch cost: {cost}")
+    return cost
+
+
+def _per_batch(cpu: dict[int, dict[str, float]], first: int, last: int) -> dict[str, float]:
+    """CPU ms per batch between two sampled batch ids, per process kind."""
+    return {k: (cpu[last][k] - cpu[first][k]) * 1000 / max(1, last - first) for k in cpu[first]}
+
+
+def _cpu_text(ms: dict[str, float]) -> str:
+    return " / ".join(f"{ms.get(k, 0.0):,.0f}" for k in ("JVM", "python workers", "python driver"))
+
+
+def _cost_rows(row: Any, cost: BatchCost) -> None:
+    row("idle micro-batch, median (ms)", f"{cost.idle_batch_ms:,.0f}", "<= 300", cost.idle_batch_ms <= 300)
+    row("idle batch CPU ms: JVM / workers / driver", _cpu_text(cost.idle_cpu_ms))
+    row("trickle micro-batch, median (ms)", f"{cost.small_batch_ms:,.0f} ({cost.small_rows:,.0f} rows)")
+    row("trickle batch CPU ms: JVM / workers / driver", _cpu_text(cost.small_cpu_ms))
+    small, large = (cost.rates.get(k) for k in ("engine, 50k-row batches", "engine, 250k-row batches"))
+    if small and large:
+        for name, rate in cost.rates.items():
+            row(f"{name} results/s", f"{rate.per_second:,.0f} ({rate.batches} batches)")
+        ratio = small.per_second / large.per_second if large.per_second else 0.0
+        row("engine 50k-row / 250k-row batches", f"{ratio:.2f}", ">= 0.8", ratio >= 0.8)
+
+
 # --------------------------------------------------------------------------- 5. one huge key
 
 
@@ -513,7 +653,7 @@ def split_cost(spark: Any, work: Path, rows: int, batches: int, repeat: int) -> 
 
 
 def report(args: argparse.Namespace, rates: dict[str, Rate], late: dict[str, float], growth: list[BacklogStep],
-           memory: dict[str, float], elapsed: float) -> None:
+           memory: dict[str, float], elapsed: float, cost: BatchCost | None = None) -> None:
     def row(name: str, value: str, target: str = "", met: bool | None = None) -> None:
         mark = "" if met is None else ("yes" if met else "NO")
         print(f"| {name:44} | {value:>26} | {target:>22} | {mark:>4} |")
@@ -541,6 +681,8 @@ def report(args: argparse.Namespace, rates: dict[str, Rate], late: dict[str, flo
     if late:
         _lateness_rows(row, late)
     _growth_rows(row, args, growth)
+    if cost is not None:
+        _cost_rows(row, cost)
     for name, mb in memory.items():
         row(f"peak RSS {name} (MB)", f"{mb:,.0f}")
 
@@ -579,8 +721,13 @@ def main() -> None:
     parser.add_argument("--backlog-seconds", type=float, default=600, help="stop growing the backlog after this")
     parser.add_argument("--backlog-chunk", type=int, default=250_000, help="rows per Delta commit when growing it")
     parser.add_argument("--repeat", type=int, default=2, help="throughput rounds (best of)")
-    parser.add_argument("--parts", default="throughput,lateness,backlog",
+    parser.add_argument("--parts", default="throughput,lateness,backlog,batchcost",
                         help="comma-separated parts to run (also: onekey, splitcost)")
+    parser.add_argument("--idle-batches", type=int, default=20, help="batchcost: idle batches measured")
+    parser.add_argument("--trickle-rows", type=int, default=300, help="batchcost: results per 200 ms in the trickle")
+    parser.add_argument("--trickle-batches", type=int, default=30, help="batchcost: trickle batches measured")
+    parser.add_argument("--cost-rows", type=int, default=1_000_000,
+                        help="batchcost: results read at 50k and at 250k rows per batch")
     parser.add_argument("--one-key-rows", type=int, default=1_000_000, help="failures in the one-key run")
     parser.add_argument("--one-key-chunk", type=int, default=50_000, help="rows per Delta commit in the one-key run")
     parser.add_argument("--state-key-max-bytes", type=int, default=64 * 2**20,
@@ -591,6 +738,7 @@ def main() -> None:
         args.rows, args.batches, args.naive_rows = 20_000, 3, 600
         args.late_seconds, args.late_rate = 4, 500
         args.backlog_max, args.backlog_seconds, args.backlog_chunk, args.repeat = 30_000, 60, 10_000, 1
+        args.idle_batches, args.trickle_batches, args.cost_rows = 5, 5, 100_000
     targets = [t for t in (10_000, 30_000, 100_000, 300_000, 1_000_000, 3_000_000, 10_000_000) if t <= args.backlog_max]
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     began = time.monotonic()
@@ -605,6 +753,9 @@ def main() -> None:
         late = lateness(spark, work, args.late_seconds, args.late_rate, args.trigger_ms) if "lateness" in parts else {}
         log(f"lateness: {late}")
         growth = backlog(spark, work, targets, args.backlog_seconds, args.backlog_chunk) if "backlog" in parts else []
+        per_batch = (batch_cost(spark, work / "cost", idle_batches=args.idle_batches, trickle_rows=args.trickle_rows,
+                                trickle_batches=args.trickle_batches, big_rows=args.cost_rows)
+                     if "batchcost" in parts else None)
         huge: list[OneKeyStep] = []
         cost: dict[str, Rate] = {}
         if "onekey" in parts:
@@ -622,7 +773,7 @@ def main() -> None:
             spark.stop()
         except Exception as exc:  # a JVM that died (e.g. the one-key run's OutOfMemoryError) cannot stop
             log(f"spark.stop(): {type(exc).__name__}")
-    report(args, rates, late, growth, memory, time.monotonic() - began)
+    report(args, rates, late, growth, memory, time.monotonic() - began, per_batch)
     for step in huge:
         how = f"size-bounded split at {args.state_key_max_bytes / 2**20:g} MiB" if step.split else "no split"
         if step.failed:

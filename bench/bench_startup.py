@@ -124,15 +124,24 @@ def parse(line: str, wall_s: float) -> Start:
     return Start(wall_s=wall_s, total_s=float(total.group(1)) if total else float("nan"), steps=steps, line=line)
 
 
-def write_config(work: Path) -> Path:
+# A checkpoint written through Hadoop's FileSystem API rather than FileContext (variant fs-checkpoint).
+FS_CHECKPOINTS = {
+    "spark.sql.streaming.checkpointFileManagerClass":
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+}
+
+
+def write_config(work: Path, spark_conf: dict[str, str] | None = None) -> Path:
     config = work / "retry-engine.toml"
+    conf = ", ".join(f'"{k}" = "{v}"' for k, v in (spark_conf or {}).items())
     config.write_text(
         "[engine]\n"
         f'lake = "{work / "lake"}"\n'
         'trigger_interval = "200ms"\n'
         'progress_flush_interval = "1s"\n'
         'message_delay_level = "1s 1s 1s 1s"\n'
-        "[maintenance]\n"
+        + (f"spark_conf = {{ {conf} }}\n" if conf else "")
+        + "[maintenance]\n"
         "engine_tables = false\n"
     )
     return config
@@ -172,7 +181,7 @@ def variant_env(variant: str) -> dict[str, str]:
 
 
 def one_round(work: Path, rows: int, steady: int, variant: str) -> Round:
-    config = write_config(work)
+    config = write_config(work, FS_CHECKPOINTS if variant == "fs-checkpoint" else None)
     append(work, rows, 0)
     env = variant_env(variant)
     engine = Engine(config, env)
@@ -246,10 +255,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=40_000, help="consume results per batch")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steady", type=int, default=3, help="batches of --rows after the first, per round")
-    parser.add_argument("--variants", default="before,after", help="comma-separated: before, after")
+    parser.add_argument("--variants", default="before,after",
+                        help="comma-separated: before, after, fs-checkpoint (after, checkpoint through FileSystem)")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - {"before", "after"}
+    unknown = set(variants) - {"before", "after", "fs-checkpoint"}
     if unknown:
         parser.error(f"unknown variant {sorted(unknown)[0]!r}")
     results: dict[str, list[Round]] = {v: [] for v in variants}

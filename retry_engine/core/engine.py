@@ -29,6 +29,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
+from retry_engine._worker_heap import settle
 from retry_engine.config import EngineConfig
 from retry_engine.core import resume
 from retry_engine.core._state_splits import current_batch_id
@@ -90,6 +91,7 @@ def _decide_batches(
     """
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        settle()
         # Routing through sealed keys reads only seals of earlier batches (replay-safe).
         batch_id = current_batch_id()
         for batch in batches:

@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
+from retry_engine._worker_heap import settle
 from retry_engine.config import EngineConfig
 from retry_engine.core import metrics
 from retry_engine.core._schedule_state import KIND_STATE_QUARANTINE
@@ -146,6 +147,7 @@ class WriteTask:
     targets: tuple[_Target, ...]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        settle()
         writers = {
             t.name: PartitionedWriter(
                 *TableLocation(t.uri, t.storage_options).filesystem(),

@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyspark.sql.streaming.state import GroupState
 
+from retry_engine._worker_heap import settle
 from retry_engine.core._schedule_state import (
     STATE_SCHEMA,
     KeyState,
@@ -111,6 +112,7 @@ class ScheduleStage:
     def __call__(
         self, key: tuple[str, int], frames: Iterator[pd.DataFrame], state: GroupState
     ) -> Iterator[pd.DataFrame]:
+        settle()
         route, bucket = key
         payloads = [payload for frame in frames for payload in frame["payload"]]
         if int(bucket) == NO_STATE_BUCKET:

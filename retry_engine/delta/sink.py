@@ -29,6 +29,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
+from retry_engine._worker_heap import settle
 from retry_engine.delta import storage
 from retry_engine.delta._checkpoint import read_query_id
 from retry_engine.delta._files import PartitionedWriter, WrittenFile, delete_quietly
@@ -223,6 +224,7 @@ class _DeltaWriter:
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesWritten:
         """Write this task's rows as new Parquet files (invisible until the driver commits)."""
+        settle()
         if self.skip_writes:
             for _ in iterator:
                 pass

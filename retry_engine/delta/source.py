@@ -46,6 +46,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
+from retry_engine._worker_heap import settle
 from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import ipc_chunks
 from retry_engine.delta._files import FileToRead, read_file
@@ -239,6 +240,7 @@ class _FileReading:
         self.rows = row_schema(options) if options.packed_column else schema
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        settle()
         if type(partition) is InputPartition and partition.value is None:
             # A snapshot without data files: Spark plans one placeholder partition for it.
             return

@@ -1,0 +1,51 @@
+"""The Python worker's heap is frozen once (retry_engine._worker_heap), the driver's never.
+
+PySpark's daemon runs a full ``gc.collect()`` after every task of a reused
+worker; freezing the start-up heap makes that walk only what tasks allocate
+(#15 goal 3, the fixed cost per micro-batch; measured in bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from retry_engine import _worker_heap
+
+
+def _report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from retry_engine import _worker_heap as heap  # the worker's own import
+
+    for _ in batches:
+        pass
+    heap.settle()
+    yield pa.RecordBatch.from_pydict({
+        "worker": [heap.in_python_worker()],
+        "frozen": [gc.get_freeze_count()],
+        "tracked": [len(gc.get_objects())],
+    })
+
+
+def test_a_python_worker_freezes_its_heap_and_collects_only_what_tasks_allocate(spark: SparkSession) -> None:
+    rows = (
+        spark.range(4, numPartitions=2)
+        .mapInArrow(_report, "worker boolean, frozen long, tracked long")
+        .collect()
+    )
+    assert len(rows) == 2
+    for row in rows:
+        assert row.worker is True
+        # the start-up heap (pyspark, pandas, pyarrow, this package) sits in the permanent
+        # generation; what a full collection still walks is a small part of it
+        assert row.frozen > 20_000, row
+        assert row.tracked < row.frozen / 2, row
+
+
+def test_the_driver_is_not_a_worker_and_keeps_its_heap_collectable() -> None:
+    frozen = gc.get_freeze_count()
+    assert _worker_heap.in_python_worker() is False
+    _worker_heap.settle()
+    assert gc.get_freeze_count() == frozen
