@@ -919,6 +919,7 @@ class Consumer:
             )
         # Spark writes the checkpoint through Hadoop, not delta-rs: refuse a scheme it lacks up front.
         storage.require_checkpoint_filesystem(self.spark, self.checkpoint_path)
+        storage.use_filesystem_checkpoints_on_local_disk(self.spark, self.checkpoint_path)
         results_path = self.config.table_path("consume_results")
         ensure_table(results_path, CONSUME_RESULTS.arrow_schema)
         writer = result_writer or self.result_writer()

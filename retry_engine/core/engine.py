@@ -373,6 +373,7 @@ def start(
     checkpoint = config.checkpoint_path
     # Spark writes the checkpoint through Hadoop, not delta-rs: refuse a scheme it lacks up front.
     storage.require_checkpoint_filesystem(spark, checkpoint)
+    storage.use_filesystem_checkpoints_on_local_disk(spark, checkpoint)
     fresh = resume.is_fresh(checkpoint)
     app_id = ensure_query_id(checkpoint)
     lease = LakeLease(

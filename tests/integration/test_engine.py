@@ -11,6 +11,7 @@ import pytest
 
 from retry_engine.core import engine
 from retry_engine.core.delays import parse_delay_levels
+from retry_engine.delta import storage
 from tests.builders import Result
 from tests.lakehouse import FAST_LEVELS, Lake, wait_for
 
@@ -48,9 +49,15 @@ def run_ladder(lake: Lake, first: Result, *, timeout: float = 240) -> tuple[list
 
 
 def test_r5_r6_r7_r8_full_ladder_then_dlq(spark: Any, tmp_path: Path) -> None:
-    """The seeds' ladder: 16 retries at levels 3..18, then %DLQ%G with reconsume_times 17."""
+    """The seeds' ladder: 16 retries at levels 3..18, then %DLQ%G with reconsume_times 17.
+
+    The whole ladder runs on the FileSystem-based checkpoint manager, which the
+    engine picks for a checkpoint on local disk (#15: no process starts per file).
+    """
     lake = Lake.make(tmp_path)
+    spark.conf.unset(storage.CHECKPOINT_FILE_MANAGER)
     query = engine.start(spark, lake.config)
+    assert spark.conf.get(storage.CHECKPOINT_FILE_MANAGER) == storage.FILESYSTEM_CHECKPOINT_MANAGER
     try:
         retries, dlq = run_ladder(lake, Result.of("FIRST").failed())
     finally:

@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from retry_engine.delta import session as session_module
+from retry_engine.delta import storage
 from retry_engine.delta.session import forget_gone_worker_home, worker_spark_home
 
 
@@ -84,3 +85,24 @@ def test_an_inherited_worker_home_whose_process_exited_is_replaced(
         forget_gone_worker_home()
         assert os.environ["SPARK_HOME"] == kept
         assert worker_spark_home() is None
+
+
+def test_a_local_checkpoint_is_written_through_the_filesystem_manager(spark: SparkSession, tmp_path: Path) -> None:
+    """#15: Spark's default (FileContext) manager starts readlink/chmod processes for every checkpoint file on
+    a pip-installed Hadoop; a checkpoint on local disk gets the FileSystem-based one, anything else keeps Spark's."""
+    key, wanted = storage.CHECKPOINT_FILE_MANAGER, storage.FILESYSTEM_CHECKPOINT_MANAGER
+    spark.conf.unset(key)
+    try:
+        # A file system this Spark cannot resolve (no hadoop-aws jars here) keeps the default.
+        assert not storage.use_filesystem_checkpoints_on_local_disk(spark, "s3a://bucket/checkpoint")
+        assert spark.conf.get(key, None) is None
+        for local in (str(tmp_path / "a"), f"file://{tmp_path}/b"):
+            spark.conf.unset(key)
+            assert storage.use_filesystem_checkpoints_on_local_disk(spark, local), local
+            assert spark.conf.get(key) == wanted
+        # A manager set on the session (the user's) is kept.
+        spark.conf.set(key, "org.example.TheirManager")
+        assert not storage.use_filesystem_checkpoints_on_local_disk(spark, str(tmp_path / "c"))
+        assert spark.conf.get(key) == "org.example.TheirManager"
+    finally:
+        spark.conf.set(key, wanted)
