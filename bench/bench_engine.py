@@ -518,6 +518,8 @@ def batch_cost(spark: Any, work: Path, *, idle_batches: int, trickle_rows: int, 
         idle_cpu_ms=_per_batch(cpu, idle_from, fed_from),
         small_cpu_ms=_per_batch(cpu, trickle_from, trickle_to),
     )
+    if big_rows <= 0:
+        return cost
     big = work / "results_50k_files"
     write_table(big, consume_results(big_rows, failure_rate=0.1, arrival_rate=ARRIVAL_RATE),
                 files=max(1, big_rows // 50_000))
@@ -727,7 +729,7 @@ def main() -> None:
     parser.add_argument("--trickle-rows", type=int, default=300, help="batchcost: results per 200 ms in the trickle")
     parser.add_argument("--trickle-batches", type=int, default=30, help="batchcost: trickle batches measured")
     parser.add_argument("--cost-rows", type=int, default=1_000_000,
-                        help="batchcost: results read at 50k and at 250k rows per batch")
+                        help="batchcost: results read at 50k and at 250k rows per batch (0: skip)")
     parser.add_argument("--one-key-rows", type=int, default=1_000_000, help="failures in the one-key run")
     parser.add_argument("--one-key-chunk", type=int, default=50_000, help="rows per Delta commit in the one-key run")
     parser.add_argument("--state-key-max-bytes", type=int, default=64 * 2**20,
