@@ -119,6 +119,13 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _engine_processes() -> tuple[int, list[int], list[int]]:
+    """This driver's pid, its JVMs, and the Python processes those JVMs started."""
+    me = os.getpid()
+    jvms = [p for p in _descendants(me) if "java" in _cmdline(p).split(" ")[0]]
+    return me, jvms, [p for j in jvms for p in _descendants(j) if "python" in _cmdline(p).split(" ")[0]]
+
+
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -139,9 +146,7 @@ def cpu_seconds() -> dict[str, float]:
     A worker that exited counts through its daemon's reaped children. CPU time,
     unlike wall time, hardly depends on what else the machine runs.
     """
-    me = os.getpid()
-    jvms = [p for p in _descendants(me) if "java" in _cmdline(p).split(" ")[0]]
-    workers = [p for j in jvms for p in _descendants(j) if "python" in _cmdline(p).split(" ")[0]]
+    me, jvms, workers = _engine_processes()
     return {
         "python driver": _cpu_s(me),
         "JVM": sum(_cpu_s(p) for p in jvms),
@@ -162,9 +167,7 @@ class RssSampler:
 
     def now(self) -> dict[str, float]:
         """Current RSS in MB, same keys as ``peak``."""
-        me = os.getpid()
-        jvms = [p for p in _descendants(me) if "java" in _cmdline(p).split(" ")[0]]
-        workers = [p for j in jvms for p in _descendants(j) if "python" in _cmdline(p).split(" ")[0]]
+        me, jvms, workers = _engine_processes()
         return {
             "python driver": _rss_mb(me),
             "JVM": sum(_rss_mb(p) for p in jvms),
