@@ -29,7 +29,6 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
-from retry_engine._worker_heap import settle
 from retry_engine.config import EngineConfig
 from retry_engine.core import resume
 from retry_engine.core._state_splits import current_batch_id
@@ -52,6 +51,7 @@ from retry_engine.delta import (
 from retry_engine.delta._arrow_ipc import from_ipc
 from retry_engine.delta._checkpoint import remove_orphan_log_temps
 from retry_engine.delta._offsets import Offset
+from retry_engine.delta._worker_heap import settle
 from retry_engine.delta.lake import describe_engine_tables
 from retry_engine.delta.layout import migrate_partition_folders
 from retry_engine.delta.tables import open_table

@@ -39,7 +39,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
-from retry_engine._worker_heap import settle
 from retry_engine.config import EngineConfig
 from retry_engine.core import metrics
 from retry_engine.core._schedule_state import KIND_STATE_QUARANTINE
@@ -52,6 +51,7 @@ from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
 from retry_engine.delta._files import PartitionedWriter, WrittenFile
 from retry_engine.delta._log import TableLocation
+from retry_engine.delta._worker_heap import settle
 from retry_engine.delta.sink import FilesWritten, abort_files, commit_files
 from retry_engine.delta.tables import append_arrow, ensure_table, not_null_columns
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, QUARANTINE, RETRY, Table

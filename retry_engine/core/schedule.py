@@ -57,7 +57,6 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyspark.sql.streaming.state import GroupState
 
-from retry_engine._worker_heap import settle
 from retry_engine.core._schedule_state import (
     STATE_SCHEMA,
     KeyState,
@@ -69,6 +68,7 @@ from retry_engine.core._state_splits import MAX_LEVEL, SealStore, current_batch_
 from retry_engine.core.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
 from retry_engine.core.packed import PACKED_ARROW_SCHEMA, payload_chunks, unpack
 from retry_engine.delta._checkpoint import checkpoint_filesystem
+from retry_engine.delta._worker_heap import settle
 from retry_engine.errors import StateSplitError, StateUnreadableError
 from retry_engine.schemas import WORK
 

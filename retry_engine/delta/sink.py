@@ -29,12 +29,12 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from retry_engine._worker_heap import settle
 from retry_engine.delta import storage
 from retry_engine.delta._checkpoint import read_query_id
 from retry_engine.delta._files import PartitionedWriter, WrittenFile, delete_quietly
 from retry_engine.delta._log import TableLocation, data_file_path, join_path
 from retry_engine.delta._options import FORMAT_NAME, lower_keys, require_path
+from retry_engine.delta._worker_heap import settle
 from retry_engine.delta.tables import ensure_table, not_null_columns
 from retry_engine.errors import ConfigError, DeltaSinkError
 

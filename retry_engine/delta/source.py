@@ -46,7 +46,6 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from retry_engine._worker_heap import settle
 from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import ipc_chunks
 from retry_engine.delta._files import FileToRead, read_file
@@ -69,6 +68,7 @@ from retry_engine.delta._options import (
     require_path,
 )
 from retry_engine.delta._schema import check_stream_schema
+from retry_engine.delta._worker_heap import settle
 from retry_engine.errors import ConfigError, DeltaSourceError
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The Python worker's heap is frozen once (retry_engine._worker_heap), the driver's never.
+"""The Python worker's heap is frozen once (retry_engine.delta._worker_heap), the driver's never.
 
 PySpark's daemon runs a full ``gc.collect()`` after every task of a reused
 worker; freezing the start-up heap makes that walk only what tasks allocate
@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from retry_engine import _worker_heap
+from retry_engine.delta import _worker_heap
 
 
 def _report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    from retry_engine import _worker_heap as heap  # the worker's own import
+    from retry_engine.delta import _worker_heap as heap  # the worker's own import
 
     for _ in batches:
         pass
