@@ -8,7 +8,7 @@ import os
 import sys
 import tomllib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from retry_engine.config import (
     DEFAULT_LAKE,
@@ -534,23 +534,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             # after --help, which argparse ends with SystemExit).
             sys.stdout.flush()
     except BrokenPipeError:
-        return _broken_pipe()
+        _broken_pipe()
     except KeyboardInterrupt:
         # E.g. while Spark starts, before `run` installs its own handler.
         print("retry-engine: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
-def _broken_pipe() -> int:
+def _broken_pipe() -> NoReturn:
     """The reader of stdout has gone: stop quietly.
 
     What Python's docs advise: point stdout at /dev/null so the interpreter's
-    final flush does not raise BrokenPipeError again at exit.
+    final flush does not raise BrokenPipeError again at exit. Then the process
+    ends here, without the interpreter's finalization: with nothing left to
+    say, a native library's thread torn down at exit could still abort it
+    ("terminate called without an active exception", SIGABRT instead of 141;
+    seen once in `status | head` in CI).
     """
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    return EXIT_BROKEN_PIPE
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(EXIT_BROKEN_PIPE)
 
 
 if __name__ == "__main__":
