@@ -299,6 +299,9 @@ def _loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+FAILED = "FAILED: "
+
+
 def run_mode(mode: str, args: argparse.Namespace) -> None:
     """One soak run; writes ``soak_<mode>.csv`` (one row per batch) and ``soak_<mode>.json`` into ``--out``."""
     out = Path(args.out)
@@ -331,10 +334,13 @@ def run_mode(mode: str, args: argparse.Namespace) -> None:
             now = time.monotonic()
             if now - checked > 2:
                 checked = now
+                # A failure ends the run but keeps what was sampled (S3 lost 93 minutes to a raise here).
                 if query.exception() is not None:
-                    raise RuntimeError(f"engine failed: {query.exception()}")
+                    stopped_by = f"{FAILED}engine failed: {query.exception()}"
+                    break
                 if not feeder.is_alive() and feeder.exitcode is not None:
-                    raise RuntimeError(f"feeder died (exit code {feeder.exitcode})")
+                    stopped_by = f"{FAILED}feeder died (exit code {feeder.exitcode}; its traceback is above)"
+                    break
             if now - began > budget:
                 stopped_by = f"time budget ({args.minutes} min)"
                 break
@@ -366,6 +372,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> None:
     _write_csv(out / f"soak_{mode}.csv", rows)
     (out / f"soak_{mode}.json").write_text(json.dumps(meta, indent=1))
     log(f"maintenance {mode}: {len(rows)} batches in {meta['wall_s'] / 60:.1f} min ({stopped_by})")
+    if stopped_by.startswith(FAILED):
+        raise RuntimeError(f"soak {mode}: {stopped_by}; samples so far in {out}, lake kept in {work}")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
 
