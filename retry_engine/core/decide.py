@@ -614,9 +614,8 @@ def _failure_rows(
 
     group_col, msg_id = col("consumer_group"), col("msg_id")
     pos = positions.take(rows).cast(pa.string())
-    result_id = col("result_id")
-    result_id = pc.if_else(_empty(result_id), pc.binary_join_element_wise("pos:", pos, ""), result_id)
-    retry_topic_in, origin_in = col("retry_topic"), col("origin_msg_id")
+    result_id = _result_ids(col("result_id"), pos)
+    origin_in = col("origin_msg_id")
     origin = pc.if_else(blank_mask(origin_in), msg_id, origin_in)
     next_times = reconsume + 1
     redrive = np.array(_redrive_counts(col("properties")), dtype=np.int64)
@@ -673,7 +672,7 @@ def _failure_rows(
         "queue_id": pa.array(queue_id, pa.int32()),
         "reconsume_times": pa.array(next_times, pa.int32()),
         "origin_msg_id": origin,
-        "retry_topic": pc.if_else(_empty(retry_topic_in), col("topic"), retry_topic_in),
+        "retry_topic": _or(col("retry_topic"), col("topic")),
         "attempts": _appended(col("attempts"), attempt),
         "consumer_group": group_col,
         "delay_level": level_arr,
@@ -706,9 +705,14 @@ def _failure_rows(
 _MICROSECOND = dt.timedelta(microseconds=1)
 
 
-def _empty(values: pa.Array) -> pa.Array:
-    """Null or ``""`` (what ``value or fallback`` replaces in the row path); never null."""
-    return pc.or_kleene(pc.is_null(values), pc.equal(values, ""))
+def _or(values: pa.Array, fallback: pa.Array) -> pa.Array:
+    """``values`` with every null or ``""`` replaced by ``fallback``'s: the row path's ``value or fallback``."""
+    return pc.if_else(pc.or_kleene(pc.is_null(values), pc.equal(values, "")), fallback, values)
+
+
+def _result_ids(result_id: pa.Array, positions: pa.Array) -> pa.Array:
+    """A row's ``result_id``, or ``pos:<source position>`` where it has none (the row path's fallback)."""
+    return _or(result_id, pc.binary_join_element_wise("pos:", positions, ""))
 
 
 def _truncated(messages: pa.Array) -> pa.Array:
@@ -749,17 +753,16 @@ def _ack_rows(
     """
     n = pc.sum(mask).as_py() or 0
     group = cols["consumer_group"].filter(mask)
-    result_id, retry_topic_in = cols["result_id"].filter(mask), cols["retry_topic"].filter(mask)
     pos = positions.filter(mask).cast(pa.string())
     values: dict[str, pa.Array] = {
         "kind": pa.array([KIND_OUTCOME] * n, pa.string()),
         "route": group,
         "bucket": pa.array([NO_STATE_BUCKET] * n, pa.int64()),
-        "result_id": pc.if_else(_empty(result_id), pc.binary_join_element_wise("pos:", pos, ""), result_id),
+        "result_id": _result_ids(cols["result_id"].filter(mask), pos),
         "source_position": pos,
         "decided_at": pa.array([batch_ts] * n, WORK["decided_at"].type),
         "consumer_group": group,
-        "retry_topic": pc.if_else(_empty(retry_topic_in), cols["topic"].filter(mask), retry_topic_in),
+        "retry_topic": _or(cols["retry_topic"].filter(mask), cols["topic"].filter(mask)),
         "consumed_msg_id": cols["msg_id"].filter(mask),
         "consumed_origin_msg_id": cols["origin_msg_id"].filter(mask),
         "consumed_reconsume_times": cols["reconsume_times"].filter(mask),
