@@ -11,17 +11,22 @@ import gc
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pytest
 from pyspark.sql import SparkSession
 
 from retry_engine.delta import _worker_heap
 
 
 def _report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    from retry_engine.delta import _worker_heap as heap  # the worker's own import
+    """In a worker: run the engine's decide stage (on no rows), never ``settle`` itself, and report."""
+    from retry_engine.core import engine
+    from retry_engine.delta import _worker_heap as heap
 
     for _ in batches:
         pass
-    heap.settle()
+    # The stage's mapInArrow function, as the engine hands it to Spark; its decider and
+    # state-key split are only used for rows, and it gets none.
+    assert list(engine._decide_batches(None, None)(iter(()))) == []  # type: ignore[arg-type]
     yield pa.RecordBatch.from_pydict({
         "worker": [heap.in_python_worker()],
         "frozen": [gc.get_freeze_count()],
@@ -29,7 +34,8 @@ def _report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     })
 
 
-def test_a_python_worker_freezes_its_heap_and_collects_only_what_tasks_allocate(spark: SparkSession) -> None:
+def test_the_decide_stage_freezes_its_workers_start_up_heap(spark: SparkSession) -> None:
+    """A worker that ran an engine stage has its start-up heap frozen; collections walk only the rest."""
     rows = (
         spark.range(4, numPartitions=2)
         .mapInArrow(_report, "worker boolean, frozen long, tracked long")
@@ -44,7 +50,8 @@ def test_a_python_worker_freezes_its_heap_and_collects_only_what_tasks_allocate(
         assert row.tracked < row.frozen / 2, row
 
 
-def test_the_driver_is_not_a_worker_and_keeps_its_heap_collectable() -> None:
+def test_the_driver_is_not_a_worker_and_keeps_its_heap_collectable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_worker_heap, "_settled", False)  # as if nothing had settled in this process yet
     frozen = gc.get_freeze_count()
     assert _worker_heap.in_python_worker() is False
     _worker_heap.settle()
