@@ -53,6 +53,7 @@ from bench_engine import log  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from retry_engine.core.startup import LINE_PREFIX  # noqa: E402
+from retry_engine.delta import storage  # noqa: E402
 
 CLI = [sys.executable, "-m", "retry_engine.ops.cli"]
 STEP = re.compile(r"([a-z][a-z ]+?) (\d+\.\d) s")
@@ -124,10 +125,11 @@ def parse(line: str, wall_s: float) -> Start:
     return Start(wall_s=wall_s, total_s=float(total.group(1)) if total else float("nan"), steps=steps, line=line)
 
 
-# A checkpoint written through Hadoop's FileSystem API rather than FileContext (variant fs-checkpoint).
-FS_CHECKPOINTS = {
-    "spark.sql.streaming.checkpointFileManagerClass":
-        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+# Variant filecontext-checkpoint: Spark's default checkpoint manager, named on the session so the
+# engine keeps it rather than picking the FileSystem-based one for a local checkpoint.
+FILECONTEXT_CHECKPOINTS = {
+    storage.CHECKPOINT_FILE_MANAGER:
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager",
 }
 
 
@@ -181,7 +183,7 @@ def variant_env(variant: str) -> dict[str, str]:
 
 
 def one_round(work: Path, rows: int, steady: int, variant: str) -> Round:
-    config = write_config(work, FS_CHECKPOINTS if variant == "fs-checkpoint" else None)
+    config = write_config(work, FILECONTEXT_CHECKPOINTS if variant == "filecontext-checkpoint" else None)
     append(work, rows, 0)
     env = variant_env(variant)
     engine = Engine(config, env)
@@ -256,10 +258,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steady", type=int, default=3, help="batches of --rows after the first, per round")
     parser.add_argument("--variants", default="before,after",
-                        help="comma-separated: before, after, fs-checkpoint (after, checkpoint through FileSystem)")
+                        help="comma-separated: before, after, filecontext-checkpoint (after, with Spark's "
+                             "default checkpoint manager)")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - {"before", "after", "fs-checkpoint"}
+    unknown = set(variants) - {"before", "after", "filecontext-checkpoint"}
     if unknown:
         parser.error(f"unknown variant {sorted(unknown)[0]!r}")
     results: dict[str, list[Round]] = {v: [] for v in variants}
