@@ -462,8 +462,10 @@ class BatchCost:
     rates: dict[str, Rate] = field(default_factory=dict)  # engine at 50k- and 250k-row batches
 
 
-def _durations(progress: list[dict[str, Any]], keep: Any) -> list[int]:
-    return [int(p["durationMs"].get("triggerExecution", 0)) for p in progress if keep(p)]
+def _median_ms(batches: list[dict[str, Any]]) -> float:
+    """Median ``triggerExecution`` of progress events (NaN for none)."""
+    ms = [int(p["durationMs"].get("triggerExecution", 0)) for p in batches]
+    return float(np.median(ms)) if ms else float("nan")
 
 
 def batch_cost(spark: Any, work: Path, *, idle_batches: int, trickle_rows: int, trickle_batches: int,
@@ -512,11 +514,12 @@ def batch_cost(spark: Any, work: Path, *, idle_batches: int, trickle_rows: int, 
         query.stop()
     progress = list(query.recentProgress)
     rows_of = engine_rows(config)
-    idle = _durations(progress, lambda p: 5 < p["batchId"] <= fed_from and rows_of.get(p["batchId"], 0) == 0)
-    trickle = [p for p in progress if p["batchId"] > fed_from + 10 and rows_of.get(p["batchId"], 0) > 0]
+    # The same batches as the CPU windows: (idle_from, fed_from] and (trickle_from, trickle_to].
+    idle = [p for p in progress if idle_from < p["batchId"] <= fed_from and not rows_of.get(p["batchId"])]
+    trickle = [p for p in progress if trickle_from < p["batchId"] <= trickle_to and rows_of.get(p["batchId"])]
     cost = BatchCost(
-        idle_batch_ms=float(np.median(idle)) if idle else float("nan"),
-        small_batch_ms=float(np.median(_durations(trickle, lambda p: True))) if trickle else float("nan"),
+        idle_batch_ms=_median_ms(idle),
+        small_batch_ms=_median_ms(trickle),
         small_rows=float(np.median([rows_of[p["batchId"]] for p in trickle])) if trickle else 0.0,
         idle_cpu_ms=_per_batch(cpu, idle_from, fed_from),
         small_cpu_ms=_per_batch(cpu, trickle_from, trickle_to),
