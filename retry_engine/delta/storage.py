@@ -297,7 +297,6 @@ def require_checkpoint_filesystem(spark: SparkSession, checkpoint: str) -> None:
         ) from None
 
 
-
 CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
 FILESYSTEM_CHECKPOINT_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
@@ -330,6 +329,7 @@ def use_filesystem_checkpoints_on_local_disk(spark: SparkSession, checkpoint: st
     if local:
         spark.conf.set(CHECKPOINT_FILE_MANAGER, FILESYSTEM_CHECKPOINT_MANAGER)
     return bool(local)
+
 
 __all__ = [
     "REDACTED",
