@@ -18,12 +18,19 @@ from retry_engine.delta import _worker_heap
 
 
 def _report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """In a worker: run the engine's decide stage (on no rows), never ``settle`` itself, and report."""
+    """In a worker: run the engine's decide stage (on no rows), never ``settle`` itself, and report.
+
+    Workers are reused across tasks and tests, so an earlier task of this one may have settled it
+    already (with a smaller heap than now): undo that first, so only the decide stage can freeze.
+    """
     from retry_engine.core import engine
     from retry_engine.delta import _worker_heap as heap
 
     for _ in batches:
         pass
+    gc.unfreeze()
+    heap._settled = False
+    assert gc.get_freeze_count() == 0
     # The stage's mapInArrow function, as the engine hands it to Spark; its decider and
     # state-key split are only used for rows, and it gets none.
     assert list(engine._decide_batches(None, None)(iter(()))) == []  # type: ignore[arg-type]
@@ -45,7 +52,7 @@ def test_the_decide_stage_freezes_its_workers_start_up_heap(spark: SparkSession)
     for row in rows:
         assert row.worker is True
         # the start-up heap (pyspark, pandas, pyarrow, this package) sits in the permanent
-        # generation; what a full collection still walks is a small part of it
+        # generation; what a full collection still walks (allocated since) is a small part of it
         assert row.frozen > 20_000, row
         assert row.tracked < row.frozen / 2, row
 
