@@ -41,6 +41,8 @@ venv: $(STAMP)
 check-env: venv
 	@$(PY) -c 'from retry_engine.delta.session import require_java; require_java()' || \
 	  { echo "Java 17 or newer is required (Debian: apt-get install openjdk-17-jre-headless)"; exit 1; }
+	@$(VENV)/bin/retry-engine prepare --if-missing || \
+	  echo "warning: no JVM class archive (retry-engine prepare failed above): local Spark starts the slow way"
 
 run: check-env
 	$(PY) jobs/run_engine.py --config $(CONFIG)

@@ -23,7 +23,11 @@ Each round runs every variant, interleaved, so they share the machine's load:
   starts compiles pyspark from ``python/lib/pyspark.zip`` (what main did);
 * ``after``: the engine's default, which points ``SPARK_HOME`` at links to
   the installed pyspark without that zip
-  (:func:`retry_engine.delta.session.worker_spark_home`).
+  (:func:`retry_engine.delta.session.worker_spark_home`) and maps the JVM
+  class archive that ``retry-engine prepare`` wrote (run it first);
+* ``no-class-archive``: ``after`` without the class archive
+  (``RETRY_ENGINE_CLASS_ARCHIVE=off``);
+* ``filecontext-checkpoint``: ``after`` with Spark's default checkpoint manager.
 
 Printed per variant: the breakdown of each start (median over rounds), the
 first batch as a ratio of the steady batch (target <= 2x), and restart to
@@ -53,6 +57,7 @@ from bench_engine import log  # noqa: E402
 from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from retry_engine.core.startup import LINE_PREFIX  # noqa: E402
+from retry_engine.delta import _class_archive as class_archive  # noqa: E402
 from retry_engine.delta import storage  # noqa: E402
 
 CLI = [sys.executable, "-m", "retry_engine.ops.cli"]
@@ -179,6 +184,8 @@ def variant_env(variant: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
     if variant == "before":
         env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
+    if variant == "no-class-archive":
+        env[class_archive.SWITCH_ENV] = "off"
     return env
 
 
@@ -258,11 +265,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steady", type=int, default=3, help="batches of --rows after the first, per round")
     parser.add_argument("--variants", default="before,after",
-                        help="comma-separated: before, after, filecontext-checkpoint (after, with Spark's "
-                             "default checkpoint manager)")
+                        help="comma-separated: before, after, no-class-archive, filecontext-checkpoint "
+                             "(see above)")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - {"before", "after", "filecontext-checkpoint"}
+    unknown = set(variants) - {"before", "after", "no-class-archive", "filecontext-checkpoint"}
     if unknown:
         parser.error(f"unknown variant {sorted(unknown)[0]!r}")
     results: dict[str, list[Round]] = {v: [] for v in variants}

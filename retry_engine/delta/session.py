@@ -8,6 +8,8 @@ schedule stage keeps its pending messages in state.
 from __future__ import annotations
 
 import atexit
+import functools
+import hashlib
 import logging
 import os
 import re
@@ -18,8 +20,10 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
+from retry_engine.delta import _class_archive as class_archive
 from retry_engine.errors import EnvironmentProblem
 
 log = logging.getLogger(__name__)
@@ -33,14 +37,30 @@ ROCKSDB_PROVIDER = (
 )
 
 
-def java_major_version() -> int | None:
-    """Return the major version of the ``java`` on PATH (or JAVA_HOME), or None."""
+def _java() -> str | None:
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    if not java or not os.path.exists(java):
-        return None
+    return java if java and os.path.exists(java) else None
+
+
+@functools.lru_cache(maxsize=4)
+def _version_output(java: str) -> str:
     out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    return (out.stderr + out.stdout).strip()
+
+
+def java_version_text() -> str | None:
+    """What ``java -version`` prints for the ``java`` on PATH (or JAVA_HOME), with its path; None without one."""
+    java = _java()
+    return None if java is None else f"{os.path.realpath(java)}\n{_version_output(java)}"
+
+
+def java_major_version() -> int | None:
+    """Return the major version of the ``java`` on PATH (or JAVA_HOME), or None."""
+    java = _java()
+    if java is None:
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', _version_output(java))
     if match is None:
         return None
     major = int(match.group(1))
@@ -95,11 +115,17 @@ def worker_spark_home() -> str | None:
     lacking only that zip, so the workers import the very same pyspark
     installation from site-packages, whose bytecode pip compiled at install.
 
+    The folder is made once in the cache folder (``spark-home-<hash of the
+    pyspark path>``, see :func:`retry_engine.delta._class_archive.cache_dir`)
+    and shared by every process, so the JVM's class path is the same from run
+    to run, which its class archive requires. Where the cache folder cannot be
+    written, or holds something else under that name, a temporary folder per
+    process (removed at exit) does the same.
+
     None (keep Spark's own) when ``SPARK_HOME`` is set (a real Spark
     distribution, or such a folder inherited from a parent engine process:
     see :func:`forget_gone_worker_home`), when pyspark is not a pip
-    installation with its jars, or when links cannot be made. One folder per
-    process, removed at exit.
+    installation with its jars, or when links cannot be made.
     """
     if "SPARK_HOME" in os.environ:
         return None
@@ -109,30 +135,83 @@ def worker_spark_home() -> str | None:
     if not (real / "jars").is_dir() or not real.joinpath(*PYSPARK_ZIP).is_file():
         return None
     made = _WORKER_HOMES.get(str(real))
-    if made is not None and os.path.isdir(made):
+    if made is not None and _links_to(Path(made), real):
         return made
+    home = _shared_home(real) or _temporary_home(real)
+    if home is not None:
+        _WORKER_HOMES[str(real)] = str(home)
+    return None if home is None else str(home)
+
+
+def _link_home(home: Path, real: Path) -> None:
+    for entry in real.iterdir():
+        if entry.name != "python":
+            (home / entry.name).symlink_to(entry)
+    lib = home / "python" / "lib"
+    lib.mkdir(parents=True)
+    for entry in real.joinpath("python").iterdir():
+        if entry.name != "lib":
+            (home / "python" / entry.name).symlink_to(entry)
+    for entry in real.joinpath("python", "lib").iterdir():
+        if entry.name != PYSPARK_ZIP[-1]:
+            (lib / entry.name).symlink_to(entry)
+
+
+def _links_to(home: Path, real: Path) -> bool:
+    """Whether ``home`` is a whole worker home for ``real`` (as :func:`_link_home` makes it)."""
+    try:
+        if not home.is_dir() or home.joinpath(*PYSPARK_ZIP).exists():
+            return False
+        wanted = [(home / e.name, e) for e in real.iterdir() if e.name != "python"]
+        wanted += [(home / "python" / e.name, e) for e in real.joinpath("python").iterdir() if e.name != "lib"]
+        wanted += [(home / "python" / "lib" / e.name, e) for e in real.joinpath("python", "lib").iterdir()
+                   if e.name != PYSPARK_ZIP[-1]]
+        return all(link.is_symlink() and link.resolve() == entry.resolve() for link, entry in wanted)
+    except OSError:
+        return False
+
+
+def _shared_home(real: Path) -> Path | None:
+    from retry_engine.delta._class_archive import cache_dir
+
+    cache = cache_dir()
+    home = cache / f"spark-home-{hashlib.sha256(str(real).encode()).hexdigest()[:12]}"
+    if _links_to(home, real):
+        return home
+    staged: Path | None = None
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=".spark-home-", dir=cache))
+        _link_home(staged, real)
+        try:
+            os.rename(staged, home)  # atomic; refused when another process made it first
+        except OSError:
+            pass
+    except OSError as exc:
+        log.info("no shared Spark home under %s (%s): a temporary one for this process", cache, exc)
+        return None
+    finally:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+    if _links_to(home, real):
+        return home
+    log.info("%s is not a Spark home this package made: a temporary one for this process", home)
+    return None
+
+
+def _temporary_home(real: Path) -> Path | None:
     home = Path(tempfile.mkdtemp(prefix=WORKER_HOME_PREFIX))
     try:
-        for entry in real.iterdir():
-            if entry.name != "python":
-                (home / entry.name).symlink_to(entry)
-        lib = home / "python" / "lib"
-        lib.mkdir(parents=True)
-        for entry in real.joinpath("python").iterdir():
-            if entry.name != "lib":
-                (home / "python" / entry.name).symlink_to(entry)
-        for entry in real.joinpath("python", "lib").iterdir():
-            if entry.name != PYSPARK_ZIP[-1]:
-                (lib / entry.name).symlink_to(entry)
+        _link_home(home, real)
     except OSError as exc:
         log.info("Spark's Python workers import pyspark from its zip (no links under %s: %s)", home, exc)
         shutil.rmtree(home, ignore_errors=True)
         return None
     atexit.register(shutil.rmtree, home, ignore_errors=True)
-    _WORKER_HOMES[str(real)] = str(home)
-    return str(home)
+    return home
 
 
+DRIVER_JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
 DRIVER_JAVA_OPTIONS = "-Xss32m"
 ARROW_MAX_BYTES_PER_BATCH = 8 * 1024 * 1024
 
@@ -161,7 +240,7 @@ def spark_conf(
         # Py4J error text against a backtracking regex (StreamExecution.PROXY_ERROR) on the
         # stream thread; with the default stack that overflows and every Ctrl-C ends in a
         # StackOverflowError trace. 16m sufficed in a measured stop; 32m leaves room.
-        "spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS,
+        DRIVER_JAVA_OPTIONS_KEY: DRIVER_JAVA_OPTIONS,
     }
     conf.update(extra or {})
     return conf
@@ -193,6 +272,8 @@ def build_session(
         home = worker_spark_home() if master.startswith("local") else None
         if home is not None:
             os.environ["SPARK_HOME"] = home
+    # A JVM this call launches (a local master, no JVM yet) maps the class archive if there is one.
+    launching = master is not None and master.startswith("local") and SparkContext._gateway is None
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
@@ -204,6 +285,10 @@ def build_session(
         for key in PYTHON_EXEC_KEYS:
             if extra_conf is None or key not in extra_conf:
                 conf.pop(key, None)
+    if launching:
+        archive = class_archive.jvm_options(os.environ.get("SPARK_HOME"), java_version_text())
+        if archive:
+            conf[DRIVER_JAVA_OPTIONS_KEY] = f"{conf.get(DRIVER_JAVA_OPTIONS_KEY, '')} {archive}".strip()
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

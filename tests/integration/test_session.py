@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +14,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
+from retry_engine.delta import _class_archive as class_archive
 from retry_engine.delta import session as session_module
 from retry_engine.delta import storage
 from retry_engine.delta.session import forget_gone_worker_home, worker_spark_home
@@ -36,36 +41,79 @@ def test_python_workers_import_the_installed_pyspark_not_its_zip(spark: SparkSes
     assert {r.pyspark for r in rows} == {pyspark.__file__}
 
 
-def test_the_worker_spark_home_links_everything_but_the_zip(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A cache folder of this test's own, and no worker home made earlier in this process."""
+    monkeypatch.setenv(class_archive.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.delenv("SPARK_HOME", raising=False)
+    monkeypatch.setattr(session_module, "_WORKER_HOMES", {})
+    return tmp_path / "cache"
+
+
+def _real_pyspark() -> Path:
     import pyspark
 
-    real = Path(pyspark.__file__).parent
-    monkeypatch.delenv("SPARK_HOME", raising=False)
+    return Path(pyspark.__file__).parent
+
+
+def test_the_worker_spark_home_links_everything_but_the_zip(cache: Path) -> None:
+    real = _real_pyspark()
     home = worker_spark_home()
     assert home is not None
     home_path = Path(home)
+    assert home_path.parent == cache  # shared by every process, so the JVM's class path stays the same
     assert (home_path / "jars").resolve() == (real / "jars").resolve()
     assert (home_path / "bin" / "spark-submit").exists()
     libs = sorted(p.name for p in (home_path / "python" / "lib").iterdir())
     assert libs == sorted(p.name for p in (real / "python" / "lib").iterdir() if p.name != "pyspark.zip")
     assert worker_spark_home() == home  # one folder per process
+    session_module._WORKER_HOMES.clear()
+    assert worker_spark_home() == home  # and the same folder for the next process
+    assert [p.name for p in cache.iterdir()] == [home_path.name]  # nothing staged is left behind
+
+
+def test_a_cache_that_holds_something_else_or_cannot_be_written_gets_a_temporary_home(
+    cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Hostile caches: a file where the cache folder goes, a file or a broken folder under the home's name."""
+    monkeypatch.setattr(session_module.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    cache.parent.mkdir(exist_ok=True)
+    cache.write_text("not a folder")
+    first = worker_spark_home()
+    assert first is not None and Path(first).parent == tmp_path / "tmp"
+    assert Path(first, "bin", "spark-submit").exists()
+    cache.unlink()
+    made = Path(session_module._shared_home(_real_pyspark()) or "")
+    assert made.parent == cache
+    shutil.rmtree(made)
+    made.write_text("a file under the home's name")
+    session_module._WORKER_HOMES.clear()
+    assert Path(worker_spark_home() or "").parent == tmp_path / "tmp"
+    made.unlink()
+    made.mkdir()
+    (made / "jars").symlink_to(tmp_path)  # a folder that is not (or no longer) a whole home
+    session_module._WORKER_HOMES.clear()
+    assert Path(worker_spark_home() or "").parent == tmp_path / "tmp"
+    assert sorted(p.name for p in cache.iterdir()) == [made.name]
 
 
 def test_a_set_spark_home_or_a_failing_link_keeps_spark_s_own(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("SPARK_HOME", str(tmp_path))
     assert worker_spark_home() is None
     monkeypatch.delenv("SPARK_HOME")
-    monkeypatch.setattr(session_module, "_WORKER_HOMES", {})
-    monkeypatch.setattr(session_module.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(session_module.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
 
     def refuse(self: Path, target: object) -> None:
         raise OSError("links not supported here")
 
     monkeypatch.setattr(Path, "symlink_to", refuse)
     assert worker_spark_home() is None
-    assert os.listdir(tmp_path) == []  # the half-made folder is gone
+    assert os.listdir(tmp_path / "tmp") == []  # the half-made folders are gone
+    assert os.listdir(cache) == []
 
 
 def test_an_inherited_worker_home_whose_process_exited_is_replaced(
@@ -74,6 +122,7 @@ def test_an_inherited_worker_home_whose_process_exited_is_replaced(
     """A child of an engine process inherits its SPARK_HOME; once that process exits, its folder is
     gone, and a session started then would find no spark-submit there."""
     monkeypatch.setattr(session_module, "_WORKER_HOMES", {})
+    monkeypatch.setenv(class_archive.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("SPARK_HOME", str(tmp_path / "retry-engine-spark-home-gone"))
     forget_gone_worker_home()
     assert "SPARK_HOME" not in os.environ
@@ -106,3 +155,32 @@ def test_a_local_checkpoint_is_written_through_the_filesystem_manager(spark: Spa
         assert spark.conf.get(key) == "org.example.TheirManager"
     finally:
         spark.conf.set(key, wanted)
+
+
+_MAPPED = """
+import sys
+from retry_engine.delta.session import build_session
+log = sys.argv[1]
+spark = build_session(log_level="ERROR", extra_conf={"spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={log}"})
+spark.range(3).count()
+"""
+
+
+def test_a_prepared_class_archive_is_mapped_by_the_next_local_session(tmp_path: Path) -> None:
+    """#14 part 3: `retry-engine prepare` (make venv runs it) writes the archive; a session launched after
+    maps Spark's classes from it instead of loading them from the jars."""
+    home = os.environ.get("SPARK_HOME") or worker_spark_home()
+    java = session_module.java_version_text()
+    assert home is not None and java is not None
+    if class_archive.verified_archive(home, java) is None:  # not prepared (pytest run without make)
+        class_archive.write_archive()
+    kept = subprocess.run([sys.executable, "-m", "retry_engine.ops.cli", "prepare", "--if-missing"],
+                          env={**os.environ, "SPARK_HOME": home}, check=True, timeout=120, capture_output=True, text=True)
+    assert kept.stdout.startswith(f"class archive: {class_archive.archive_path(home, java)} ("), kept.stdout
+    assert kept.stdout.rstrip().endswith(" MB, kept)"), kept.stdout
+    log = tmp_path / "class-load.log"
+    subprocess.run([sys.executable, "-c", _MAPPED, str(log)], env={**os.environ, "SPARK_HOME": home},
+                   check=True, timeout=300, capture_output=True)
+    sources = Counter(line.rsplit(" source: ", 1)[-1] for line in log.read_text().splitlines() if " source: " in line)
+    shared = sources["shared objects file (top)"]
+    assert shared > 5_000 and shared > 10 * sum(n for s, n in sources.items() if s.startswith(("jar:", "file:"))), sources
