@@ -210,7 +210,29 @@ def write_archive(*, timeout_s: float = TRAINING_TIMEOUT_S) -> Path:
         for left in (dump, dump.with_suffix(".json")):
             left.unlink(missing_ok=True)
     log.info("class archive written: %s (%.0f MB)", target, target.stat().st_size / 2**20)
+    prune_archives(keep=target)
     return target
+
+
+def prune_archives(*, keep: Path) -> list[Path]:
+    """Remove the other archives of ``keep``'s Spark home, and those of homes that are gone; returns them.
+
+    Each reinstall of pyspark (new jars) gets an archive of its own, 170 MB,
+    so the one written last replaces the earlier ones of the same home.
+    Archives of other homes that still exist (another virtualenv) are kept.
+    """
+    record = _read_record(keep) or {}
+    removed = []
+    for other in sorted(keep.parent.glob("spark-classes-*.jsa")):
+        if other == keep:
+            continue
+        home = (_read_record(other) or {}).get("spark_home")
+        if not isinstance(home, str) or (home != record.get("spark_home") and os.path.isdir(home)):
+            continue
+        for path in (other, _record_path(other)):
+            path.unlink(missing_ok=True)
+        removed.append(other)
+    return removed
 
 
 def _train() -> None:

@@ -118,3 +118,31 @@ def test_an_unwritable_cache_is_a_clear_error(home: str, monkeypatch: pytest.Mon
     monkeypatch.setenv("SPARK_HOME", home)
     with pytest.raises(EnvironmentProblem, match=f"CLASS_ARCHIVE_UNWRITABLE.*{class_archive.CACHE_ENV}"):
         class_archive.write_archive()
+
+
+def test_a_new_archive_replaces_the_older_ones_of_its_home_and_of_homes_that_are_gone(
+    home: str, tmp_path: Path
+) -> None:
+    """Each pyspark reinstall gets a new archive (170 MB): the older ones of that home must not pile up."""
+    keep = _archive(home, spark_home=home)
+    cache = keep.parent
+
+    def other(name: str, record: str | None) -> Path:
+        path = cache / f"spark-classes-{name}.jsa"
+        path.write_bytes(b"old")
+        if record is not None:
+            path.with_suffix(".json").write_text(record)
+        return path
+
+    same_home = other("0000000000000001", json.dumps({"spark_home": home}))
+    gone_home = other("0000000000000002", json.dumps({"spark_home": str(tmp_path / "removed-venv")}))
+    other("0000000000000003", json.dumps({"spark_home": str(tmp_path)}))  # another live home: kept
+    other("0000000000000004", None)  # no record: not ours to judge
+    other("0000000000000005", '{"spark_home": 7}')
+    assert class_archive.prune_archives(keep=keep) == [same_home, gone_home]
+    assert sorted(p.name for p in cache.iterdir()) == sorted([
+        keep.name, keep.with_suffix(".json").name, "spark-classes-0000000000000003.jsa",
+        "spark-classes-0000000000000003.json", "spark-classes-0000000000000004.jsa",
+        "spark-classes-0000000000000005.jsa", "spark-classes-0000000000000005.json",
+    ])
+    assert class_archive.jvm_options(home, JAVA).startswith(f"-XX:SharedArchiveFile={keep} ")
