@@ -77,7 +77,8 @@ def archive_path(spark_home: str, java_version: str) -> Path:
 
 def _jars_signature(spark_home: str) -> str:
     try:
-        jars = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(os.path.join(spark_home, "jars")))
+        jars = sorted((e.name, st.st_size, st.st_mtime_ns)
+                      for e in os.scandir(os.path.join(spark_home, "jars")) for st in (e.stat(),))
     except OSError:
         return ""
     return hashlib.sha256(repr(jars).encode()).hexdigest()

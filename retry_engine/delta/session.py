@@ -135,7 +135,7 @@ def worker_spark_home() -> str | None:
     if not (real / "jars").is_dir() or not real.joinpath(*PYSPARK_ZIP).is_file():
         return None
     made = _WORKER_HOMES.get(str(real))
-    if made is not None and _links_to(Path(made), real):
+    if made is not None and os.path.isdir(made):  # checked whole when this process took it
         return made
     home = _shared_home(real) or _temporary_home(real)
     if home is not None:
@@ -172,9 +172,7 @@ def _links_to(home: Path, real: Path) -> bool:
 
 
 def _shared_home(real: Path) -> Path | None:
-    from retry_engine.delta._class_archive import cache_dir
-
-    cache = cache_dir()
+    cache = class_archive.cache_dir()
     home = cache / f"spark-home-{hashlib.sha256(str(real).encode()).hexdigest()[:12]}"
     if _links_to(home, real):
         return home
