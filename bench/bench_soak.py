@@ -299,9 +299,6 @@ def _loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-FAILED = "FAILED: "
-
-
 def run_mode(mode: str, args: argparse.Namespace) -> None:
     """One soak run; writes ``soak_<mode>.csv`` (one row per batch) and ``soak_<mode>.json`` into ``--out``."""
     out = Path(args.out)
@@ -326,7 +323,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> None:
     samples: dict[int, dict[str, float]] = {}
     began = time.monotonic()
     budget = args.minutes * 60 if args.minutes else math.inf
-    stopped_by = "batches"
+    stopped_by, failed = "batches", False
     query = engine.start(spark, config)
     try:
         last, checked = -1, 0.0
@@ -336,10 +333,10 @@ def run_mode(mode: str, args: argparse.Namespace) -> None:
                 checked = now
                 # A failure ends the run but keeps what was sampled (S3 lost 93 minutes to a raise here).
                 if query.exception() is not None:
-                    stopped_by = f"{FAILED}engine failed: {query.exception()}"
+                    stopped_by, failed = f"engine failed: {query.exception()}", True
                     break
                 if not feeder.is_alive() and feeder.exitcode is not None:
-                    stopped_by = f"{FAILED}feeder died (exit code {feeder.exitcode}; its traceback is above)"
+                    stopped_by, failed = f"feeder died (exit code {feeder.exitcode}; its traceback is above)", True
                     break
             if now - began > budget:
                 stopped_by = f"time budget ({args.minutes} min)"
@@ -364,7 +361,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> None:
         meta["wall_s"] = round(time.monotonic() - began, 1)
         engine.stop(query, finish_batch_s=30)
         spark.stop()
-    meta.update(stopped_by=stopped_by, ended=time.strftime("%Y-%m-%d %H:%M:%S"), load_end=_loadavg(),
+    meta.update(stopped_by=stopped_by, failed=failed, ended=time.strftime("%Y-%m-%d %H:%M:%S"), load_end=_loadavg(),
                 fed_rows=int(counts[0]), answered_rows=int(counts[1]))
     final = watch.sample(disk=True)
     rows = _per_batch(config, samples)
@@ -372,7 +369,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> None:
     _write_csv(out / f"soak_{mode}.csv", rows)
     (out / f"soak_{mode}.json").write_text(json.dumps(meta, indent=1))
     log(f"maintenance {mode}: {len(rows)} batches in {meta['wall_s'] / 60:.1f} min ({stopped_by})")
-    if stopped_by.startswith(FAILED):
+    if failed:
         raise RuntimeError(f"soak {mode}: {stopped_by}; samples so far in {out}, lake kept in {work}")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
