@@ -326,7 +326,7 @@ def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace, startu
     release are written either way.
     """
     from retry_engine.core import engine
-    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs
+    from retry_engine.ops.stopping import StopSignals, drain_tasks, exit_code, quiet_stop_logs
 
     with StopSignals() as signals:
 
@@ -337,15 +337,21 @@ def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace, startu
             quiet_stop_logs(spark)
             return True
 
-        finished = engine.run_once(
-            spark,
-            config,
-            take_over=args.take_over,
-            discard_pending=args.discard_pending,
-            wait=stop_requested,
-            finish_batch_s=STOP_FINISH_BATCH_SECONDS,
-            startup=startup,
-        )
+        try:
+            finished = engine.run_once(
+                spark,
+                config,
+                take_over=args.take_over,
+                discard_pending=args.discard_pending,
+                wait=stop_requested,
+                finish_batch_s=STOP_FINISH_BATCH_SECONDS,
+                startup=startup,
+            )
+        finally:
+            if signals.requested:
+                # The process ends next and the JVM's shutdown hook stops Spark: not under a task of
+                # the batch the stop abandoned.
+                drain_tasks(spark)
     if finished or signals.received is None:
         return EXIT_OK
     print(_stopped_line(signals.received, config), flush=True)
@@ -368,7 +374,7 @@ def _run_until_stopped(
     stop never interrupts a py4j call (see :mod:`retry_engine.ops.stopping`).
     """
     from retry_engine.core import engine
-    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs
+    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs, stop_session
 
     lake = os.path.abspath(config.engine.lake)
     with StopSignals() as signals:
@@ -390,7 +396,7 @@ def _run_until_stopped(
                 query, finish_batch_s=STOP_FINISH_BATCH_SECONDS if signals.requested else 0.0
             )
             failure = None if signals.requested else query.exception()
-            spark.stop()
+            stop_session(spark)
     if lost is not None:
         print(f"retry-engine: {lost}", file=sys.stderr)
         return EXIT_ERROR
@@ -416,7 +422,7 @@ def _running_line(config: EngineConfig, config_file: str | None, *, query_id: st
 def _demo(args: argparse.Namespace) -> int:
     from retry_engine.delta.session import build_session
     from retry_engine.ops.demo import check_messages, run_demo
-    from retry_engine.ops.stopping import StopSignals, exit_code, signal_name
+    from retry_engine.ops.stopping import StopSignals, exit_code, signal_name, stop_session
 
     check_messages(args.messages)
 
@@ -433,7 +439,7 @@ def _demo(args: argparse.Namespace) -> int:
                 signals=signals,
             )
     finally:
-        spark.stop()
+        stop_session(spark)
     if report.stopped_by is not None:
         print(
             f"demo: stopped on {signal_name(report.stopped_by)}; tables under {os.path.abspath(args.lake)}",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -49,10 +50,6 @@ STOP_NOISE_LOGGERS = (
     # the wait for its batch ran out): ERROR "Data source write support ... is aborting" and "failed
     # to abort". Nothing was committed; the batch is replayed at the next start.
     "org.apache.spark.sql.execution.datasources.v2.AppendDataExec",
-    # A task of an abandoned batch that reports back after spark.stop() shut the result getter down:
-    # ERROR "Exception in statusUpdate" with a RejectedExecutionException stack (CI, a demo stopped
-    # 1 s after its start while its first batch still ran).
-    "org.apache.spark.scheduler.TaskSchedulerImpl",
 )
 # Python loggers that do the same on the driver: py4j logs, with the whole Java stack, the
 # SPARK_JOB_CANCELLED error that the stop makes a running foreachBatch call raise
@@ -126,3 +123,45 @@ def quiet_stop_logs(spark: SparkSession) -> None:
 
     for name in STOP_NOISE_LOGGERS:
         set_jvm_log_level(spark, name, "OFF")
+
+
+# How long drain_tasks waits for the tasks of abandoned batches to end. Cancelled Python
+# tasks end within spark.python.task.killTimeout (2 s) once their worker is killed.
+DRAIN_TASKS_SECONDS = 15.0
+DRAIN_POLL_SECONDS = 0.05
+
+
+def running_tasks(spark: SparkSession) -> int:
+    """Tasks running on the session's executors, as Spark's status tracker counts them."""
+    infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return sum(int(info.numRunningTasks()) for info in infos)
+
+
+def drain_tasks(spark: SparkSession, *, drain_s: float = DRAIN_TASKS_SECONDS) -> bool:
+    """Cancel every job still running and wait (up to ``drain_s``) until no task runs.
+
+    For a process that ends after stopping its queries: a stop abandons a
+    micro-batch that does not finish in time, and ``query.stop()`` returns
+    before that batch's tasks have ended. Stopping Spark (``spark.stop()`` or
+    the JVM's shutdown hook) with a task still running shuts the block manager
+    and the result getter down under it, and Spark logs ERROR stacks
+    ("Exception in statusUpdate", "Block broadcast_N does not exist",
+    "Exception in task") for a stop that went as asked. Returns False when
+    tasks still ran at ``drain_s``.
+    """
+    spark.sparkContext.cancelAllJobs()
+    deadline = time.monotonic() + drain_s
+    while running_tasks(spark):
+        if time.monotonic() >= deadline:
+            log.warning("tasks still running %.0f s after cancelling them; stopping Spark anyway", drain_s)
+            return False
+        time.sleep(DRAIN_POLL_SECONDS)
+    return True
+
+
+def stop_session(spark: SparkSession, *, drain_s: float = DRAIN_TASKS_SECONDS) -> bool:
+    """:func:`drain_tasks`, then stop the session (also when draining failed). Returns what draining did."""
+    try:
+        return drain_tasks(spark, drain_s=drain_s)
+    finally:
+        spark.stop()

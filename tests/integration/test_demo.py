@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -61,14 +60,13 @@ def test_demo_stopped_by_ctrl_c_exits_130_with_one_line_and_no_stack(tmp_path: P
             command, stdout=stdout, stderr=stderr, env=env, start_new_session=True
         )
     try:
-        # Once something was consumed: the first micro-batches (up to 15 s on a loaded machine) are
-        # over. A stop 1 s after the start, inside them, made Spark log its own shutdown race
-        # (TaskSchedulerImpl "Exception in statusUpdate") in CI; that logger is quieted now, but this
-        # test is about the demo's stop, not about how early it can come.
+        # At the first progress line: inside the first micro-batches (up to 15 s on a loaded machine).
+        # The stop abandons the consumer's batch; stopping Spark under its still running tasks logged
+        # Spark's own ERROR stacks in CI until the demo drained them first (stop_session).
         wait_for(
-            lambda: proc.poll() is not None or re.search(r"  consumed +[1-9]", out.read_text(errors="replace")),
+            lambda: proc.poll() is not None or "  consumed " in out.read_text(errors="replace"),
             timeout=300,
-            what="the demo's first progress line with consumed messages",
+            what="the demo's first progress line",
         )
         assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
         os.killpg(proc.pid, signal.SIGINT)

@@ -82,7 +82,7 @@ class Signalled(Exception):
 def once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> tuple[Path, list[dict[str, Any]], list[object]]:
-    """`run --once` over a fake engine: (config file, the engine.stop calls, quiet_stop_logs calls)."""
+    """`run --once` over a fake engine: (config file, the engine.stop calls, quiet_stop_logs and drain_tasks calls)."""
     from retry_engine.core import engine
     from retry_engine.delta import session
     from retry_engine.ops import stopping
@@ -92,6 +92,8 @@ def once(
     monkeypatch.setattr(session, "build_session", lambda **_: "spark")
     monkeypatch.setattr(engine, "table_version", lambda path: 0)
     monkeypatch.setattr(stopping, "quiet_stop_logs", quieted.append)
+    # After a requested stop the tasks of an abandoned batch are drained; here, recorded like the quieting.
+    monkeypatch.setattr(stopping, "drain_tasks", lambda spark, **_: quieted.append(("drained", spark)))
 
     def stop(query: IdleQuery, **kwargs: Any) -> None:
         query.isActive = False
@@ -132,7 +134,7 @@ def test_a_signal_during_run_once_stops_the_query_from_the_main_thread(
     name = signal.Signals(signum).name
     assert out == [f"retry-engine: stopped on {name}; tables under {conf.parent / 'lake'}"]
     assert stops == [{"finish_batch_s": STOP_FINISH_BATCH_SECONDS, "reason": "stopped"}]
-    assert quieted == ["spark"]
+    assert quieted == ["spark", ("drained", "spark")]
 
 
 def test_run_once_that_processes_its_input_records_finished_and_prints_no_stop_line(
