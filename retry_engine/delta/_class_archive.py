@@ -145,8 +145,13 @@ def jvm_options(spark_home: str | None, java_version: str | None) -> str:
 
 def _installation() -> tuple[str, str]:
     """The Spark home a local session launches from and the Java it runs on."""
-    from retry_engine.delta.session import java_version_text, worker_spark_home
+    from retry_engine.delta.session import (
+        forget_gone_worker_home,
+        java_version_text,
+        worker_spark_home,
+    )
 
+    forget_gone_worker_home()  # as build_session does: a home inherited from an exited engine is gone
     java = java_version_text()
     home = os.environ.get("SPARK_HOME") or worker_spark_home()
     if java is None or home is None:

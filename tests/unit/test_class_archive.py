@@ -120,6 +120,22 @@ def test_an_unwritable_cache_is_a_clear_error(home: str, monkeypatch: pytest.Mon
         class_archive.write_archive()
 
 
+def test_a_spark_home_inherited_from_an_exited_engine_is_not_the_archives_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`prepare` started by an engine's child after the engine exited: its temporary home is gone."""
+    from retry_engine.delta import session
+
+    gone = tmp_path / f"{session.WORKER_HOME_PREFIX}abc123"
+    monkeypatch.setenv("SPARK_HOME", str(gone))
+    monkeypatch.setattr(session, "worker_spark_home", lambda: str(tmp_path / "live-home"))
+    home, _java = class_archive._installation()
+    assert home == str(tmp_path / "live-home") and "SPARK_HOME" not in os.environ
+    # A real Spark installation named by SPARK_HOME is kept, even where it is missing (Spark says so).
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path / "spark-4"))
+    assert class_archive._installation()[0] == str(tmp_path / "spark-4")
+
+
 def test_a_new_archive_replaces_the_older_ones_of_its_home_and_of_homes_that_are_gone(
     home: str, tmp_path: Path
 ) -> None:
