@@ -31,13 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 # cancel; 5 s (2 s by default) keeps them running well past query.stop() on a loaded machine too.
 SCRIPT = r"""
 import json, sys, time
-import pyarrow as pa
-from deltalake import write_deltalake
 from retry_engine.delta.session import build_session
 from retry_engine.ops.stopping import drain_tasks, running_tasks
 
-lake = sys.argv[1]
-write_deltalake(f"{lake}/src", pa.table({"id": list(range(100))}))
 spark = build_session(app_name="stop-drain", log_level="WARN", extra_conf={"spark.python.task.killTimeout": "5s"})
 
 def slow(batches):
@@ -49,8 +45,8 @@ def slow(batches):
 def each(df, batch_id):
     df.repartition(2).mapInPandas(slow, df.schema).collect()
 
-source = spark.readStream.format("deltars").load(f"{lake}/src")
-query = source.writeStream.foreachBatch(each).option("checkpointLocation", f"{lake}/cp").start()
+source = spark.readStream.format("rate").option("rowsPerSecond", 10).load()
+query = source.writeStream.foreachBatch(each).option("checkpointLocation", sys.argv[1]).start()
 deadline = time.monotonic() + 240
 while running_tasks(spark) < 2 and time.monotonic() < deadline:
     time.sleep(0.05)
@@ -69,7 +65,7 @@ print("REPORT " + json.dumps(report), flush=True)
 def test_stopping_spark_waits_for_the_tasks_of_an_abandoned_batch(tmp_path: Path) -> None:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path)],
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "checkpoint")],
         capture_output=True, text=True, cwd=REPO, env=env, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
