@@ -17,6 +17,7 @@ from retry_engine.ops.stopping import (
     EXIT_STOPPED_BY_SIGTERM,
     StopSignals,
     exit_code,
+    stop_session,
 )
 
 
@@ -151,3 +152,24 @@ def test_run_once_that_processes_its_input_records_finished_and_prints_no_stop_l
     assert capsys.readouterr().out == ""
     assert stops == [{"finish_batch_s": 0.0, "reason": "finished"}]
     assert quieted == []
+
+
+class GoneSession:
+    """A session whose JVM has died: every call into Spark raises, as py4j does then."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    @property
+    def sparkContext(self) -> Any:  # noqa: N802 (Spark's name)
+        raise ConnectionRefusedError("py4j: the JVM is gone")
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_stopping_a_session_whose_jvm_is_gone_still_stops_it_and_raises_nothing() -> None:
+    """The drain is best effort: in a `finally`, an error of its own would hide the one that ended the run."""
+    gone = GoneSession()
+    assert stop_session(gone, drain_s=1.0) is False  # type: ignore[arg-type]
+    assert gone.stopped
