@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,13 +61,15 @@ def test_demo_stopped_by_ctrl_c_exits_130_with_one_line_and_no_stack(tmp_path: P
             command, stdout=stdout, stderr=stderr, env=env, start_new_session=True
         )
     try:
-        # At the first progress line: inside the first micro-batches (up to 15 s on a loaded machine).
-        # The stop abandons the consumer's batch; stopping Spark under its still running tasks logged
-        # Spark's own ERROR stacks in CI until the demo drained them first (stop_session).
+        # Once something was consumed: the first micro-batches (up to 30 s on a loaded machine) are
+        # over. A stop inside them abandons the engine's first batch; its deltars source runner (a
+        # process of Spark's) then prints a BrokenPipeError traceback as the query closes it (CI,
+        # 2026-11-25). This test is about the demo's stop, not about how early it can come; the
+        # tasks an abandoned batch leaves running are drained before Spark stops (test_stop_drain).
         wait_for(
-            lambda: proc.poll() is not None or "  consumed " in out.read_text(errors="replace"),
+            lambda: proc.poll() is not None or re.search(r"  consumed +[1-9]", out.read_text(errors="replace")),
             timeout=300,
-            what="the demo's first progress line",
+            what="the demo's first progress line with consumed messages",
         )
         assert proc.poll() is None, err.read_text(errors="replace")[-3000:]
         os.killpg(proc.pid, signal.SIGINT)
