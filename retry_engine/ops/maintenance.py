@@ -15,7 +15,13 @@ what Delta's own maintenance does:
    from one Parquet file instead of replaying every JSON commit;
 3. clean expired log files (``cleanup_metadata``): only commits before that
    checkpoint and older than the table's ``delta.logRetentionDuration`` (30
-   days unless set) go;
+   days unless set) go. Only where the table's writers are told not to
+   (``delta.enableExpiredLogCleanup = false``): by default (Delta's, delta-rs's
+   and Spark's) every writer cleans the log itself when it writes a
+   checkpoint, and two cleaners at once make delta-rs fail on the file the
+   other one deleted first, in the writer's case *after* its commit landed (a
+   producer that retries then appends its rows twice). See
+   :func:`writers_clean_log`;
 4. vacuum data files that no version since ``retention`` references (Delta's
    "lite" vacuum: only files the log removed; files not in the log at all, such
    as a running batch's files that are not committed yet, are never touched).
@@ -235,7 +241,8 @@ def maintain_table(
         return fresh.version()
 
     report = replace(report, checkpoint_version=step("checkpoint", checkpoint))
-    step("log cleanup", lambda: open_delta(path).cleanup_metadata())
+    if not writers_clean_log(table):
+        step("log cleanup", lambda: open_delta(path).cleanup_metadata())
     vacuumed = step(
         "vacuum",
         lambda: open_delta(path).vacuum(
@@ -252,6 +259,24 @@ def maintain_table(
         files_vacuumed=len(vacuumed or []),
         error="; ".join(errors) or None,
     )
+
+
+# The table property that tells a table's writers to remove expired log files at each checkpoint.
+EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
+
+
+def writers_clean_log(table: DeltaTable) -> bool:
+    """Whether the table's writers remove its expired log files themselves (so maintenance must not).
+
+    True unless :data:`EXPIRED_LOG_CLEANUP` is ``false`` (Delta's default is
+    true; a value Delta would not parse as a boolean counts as the default).
+    Measured with delta-rs 1.6: two ``cleanup_metadata`` calls at once raise
+    ``FileNotFoundError`` on the file the other deleted first, and an append
+    whose post-commit checkpoint cleans the log while maintenance does raises
+    it too, after its commit landed.
+    """
+    value = table.metadata().configuration.get(EXPIRED_LOG_CLEANUP)
+    return value is None or value.strip().lower() != "false"
 
 
 # --------------------------------------------------------------------------- the lake

@@ -32,6 +32,7 @@ from retry_engine.delta._offsets import ChangeRules, Offset, files_after
 from retry_engine.errors import ConfigError, DeltaSourceError
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from retry_engine.ops.maintenance import (
+    EXPIRED_LOG_CLEANUP,
     MAINTAINED_TABLES,
     RECORD_TABLE,
     EngineMaintenance,
@@ -257,7 +258,8 @@ def test_log_cleanup_a_new_stream_starts_from_the_checkpoint_and_a_lagging_one_i
     table = tmp_path / "t"
     before = small_files_table(table)
     DeltaTable(str(table)).alter.set_table_properties(
-        {"delta.logRetentionDuration": "interval 0 seconds"}
+        # Writers told not to clean the log: maintenance does (see the tests after this one).
+        {"delta.logRetentionDuration": "interval 0 seconds", EXPIRED_LOG_CLEANUP: "false"}
     )
     lagging = Offset.after_version(1, None)
     inside_old_snapshot = Offset(1, 0, True, None)
@@ -290,6 +292,63 @@ def test_log_cleanup_a_new_stream_starts_from_the_checkpoint_and_a_lagging_one_i
                     rules=ChangeRules(),
                 )
             )
+
+
+@pytest.mark.parametrize(
+    ("setting", "maintenance_cleans"),
+    [(None, False), ("true", False), ("FALSE ", True), ("false", True), ("", False), ("no", False)],
+)
+def test_log_cleanup_is_left_to_the_writers_unless_the_table_tells_them_not_to(
+    tmp_path: Path, setting: str | None, maintenance_cleans: bool
+) -> None:
+    """Delta's default: writers clean the log at their checkpoints; a second cleaner races them."""
+    table = tmp_path / "t"
+    small_files_table(table)
+    settings = {"delta.logRetentionDuration": "interval 0 seconds"}
+    if setting is not None:
+        settings[EXPIRED_LOG_CLEANUP] = setting
+    DeltaTable(str(table)).alter.set_table_properties(settings)
+    report = maintain_table("t", str(table), retention_hours=WEEK)
+    assert report.error is None and report.checkpoint_version is not None
+    assert (table / "_delta_log" / f"{0:020d}.json").exists() is not maintenance_cleans
+
+
+def test_maintenance_never_fails_a_writer_that_cleans_its_own_log(tmp_path: Path) -> None:
+    """Soak S4: a producer's append raised FileNotFoundError after its commit landed (delta-rs's
+    post-commit log cleanup racing the engine's maintenance of consume_results); a producer that
+    retries it appends its rows twice. Writers here clean at every 2nd commit, keeping 3 s of log."""
+    table = tmp_path / "t"
+    write_deltalake(
+        str(table),
+        pa.table({"id": pa.array([0], pa.int64())}),
+        configuration={"delta.logRetentionDuration": "interval 3 seconds", "delta.checkpointInterval": "2"},
+    )
+    stop = threading.Event()
+    appended: list[int] = []
+    failed: list[tuple[int, str]] = []
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                append(table, i)
+                appended.append(i)
+            except Exception as exc:
+                failed.append((i, f"{type(exc).__name__}: {exc}"))
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    reports = []
+    try:
+        for _ in range(40):
+            reports.append(maintain_table("t", str(table), retention_hours=WEEK))
+    finally:
+        stop.set()
+        producer.join()
+    assert failed == []
+    assert ids(table) == [0, *appended] and len(appended) > 50
+    assert [r.error for r in reports if r.error] == []
 
 
 # --------------------------------------------------------------------------- settings
