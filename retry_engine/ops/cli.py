@@ -155,7 +155,8 @@ def _add_maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "maintain",
         help="compact small files, checkpoint and clean the Delta log, and vacuum old files of the lake's tables",
         description="For every table the engine writes and for consume_results (or only --table): compact small "
-        "files (readers and streams see no change), write a log checkpoint, remove expired log files, and delete "
+        "files (readers and streams see no change), write a log checkpoint, remove expired log files (where the "
+        "table's writers do not: delta.enableExpiredLogCleanup = false), and delete "
         "data files no version within the retention references. Prints what it did per table and records it in "
         "the lake's _maintenance table. Safe while the engine runs.",
     )
