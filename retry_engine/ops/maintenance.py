@@ -276,7 +276,7 @@ def writers_clean_log(table: DeltaTable) -> bool:
     it too, after its commit landed.
     """
     value = table.metadata().configuration.get(EXPIRED_LOG_CLEANUP)
-    return value is None or value.strip().lower() != "false"
+    return value is None or str(value).strip().lower() != "false"
 
 
 # --------------------------------------------------------------------------- the lake
