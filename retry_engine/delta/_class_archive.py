@@ -77,8 +77,11 @@ def archive_path(spark_home: str, java_version: str) -> Path:
 
 def _jars_signature(spark_home: str) -> str:
     try:
-        jars = sorted((e.name, st.st_size, st.st_mtime_ns)
-                      for e in os.scandir(os.path.join(spark_home, "jars")) for st in (e.stat(),))
+        jars = []
+        for entry in os.scandir(os.path.join(spark_home, "jars")):
+            st = entry.stat()
+            jars.append((entry.name, st.st_size, st.st_mtime_ns))
+        jars.sort()
     except OSError:
         return ""
     return hashlib.sha256(repr(jars).encode()).hexdigest()

@@ -10,7 +10,10 @@ broadcast_N does not exist"). :func:`retry_engine.ops.stopping.stop_session`
 (``run``, ``demo``; ``run --once`` drains after a signal) cancels and waits
 for them first.
 
-One process of its own: stopping Spark cannot share the suite's session.
+The test drives :func:`~retry_engine.ops.stopping.drain_tasks` on a job only its cancel ends
+(whether ``query.stop()`` returns before a foreachBatch job's tasks end depends on timing);
+test_stopping checks the commands call it. One process of its own: stopping Spark cannot share
+the suite's session.
 """
 
 from __future__ import annotations
