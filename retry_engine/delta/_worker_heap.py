@@ -17,6 +17,17 @@ package runs in a worker (the Delta source's ``read``, the sink's ``write``, the
 decide, schedule and write stages). In any other process (the driver, a test,
 a notebook) it does nothing: freezing there would keep a long-lived process's
 cycles forever.
+
+A worker is reused for whatever task comes next, so its heap keeps growing
+after the first freeze: a worker whose first task was the source's ``read``
+(pyarrow, deltalake) imports pandas and pyspark's pandas serializers only when
+it later runs the schedule stage. Those ~30,000 objects were never frozen, and
+the per-task collection walking them took 14-130 ms again (measured at 100%
+failures: ``gc.collect`` was 20-27% of three of four workers' py-spy samples).
+So :func:`settle` freezes again whenever modules were imported since the last
+freeze (``len(sys.modules)`` changed): a handful of times per worker (at most
+:data:`MAX_SETTLES`), each at the start of a call, before the task allocates
+its rows.
 """
 
 from __future__ import annotations
@@ -27,7 +38,12 @@ import sys
 # `python -m pyspark.daemon` forks the workers (the default); `python -m pyspark.worker`
 # runs one directly (spark.python.use.daemon=false).
 _WORKER_MAINS = frozenset({"pyspark.daemon", "pyspark.worker"})
-_settled = False
+# len(sys.modules) when this process last settled (-1: never), and how often it did.
+_settled_at = -1
+_settles = 0
+# A bound on re-freezing: each freeze keeps whatever cycles are alive at that moment, so a process
+# whose module count never stops changing must not freeze at every call.
+MAX_SETTLES = 16
 
 
 def in_python_worker() -> bool:
@@ -37,11 +53,16 @@ def in_python_worker() -> bool:
 
 
 def settle() -> None:
-    """In a Python worker, once: collect, then freeze the heap (see the module docstring)."""
-    global _settled
-    if _settled:
+    """In a Python worker, when modules were imported since it last did: collect, then freeze the heap.
+
+    See the module docstring; the check costs one ``len`` when nothing was imported.
+    """
+    global _settled_at, _settles
+    modules = len(sys.modules)
+    if modules == _settled_at or _settles >= MAX_SETTLES:
         return
-    _settled = True
+    _settled_at = modules
+    _settles += 1
     if in_python_worker():
         gc.collect()
         gc.freeze()

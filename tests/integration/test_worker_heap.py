@@ -8,6 +8,8 @@ worker; freezing the start-up heap makes that walk only what tasks allocate
 from __future__ import annotations
 
 import gc
+import sys
+import types
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -29,7 +31,7 @@ def _report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for _ in batches:
         pass
     gc.unfreeze()
-    heap._settled = False
+    heap._settled_at, heap._settles = -1, 0
     assert gc.get_freeze_count() == 0
     # The stage's mapInArrow function, as the engine hands it to Spark; its decider and
     # state-key split are only used for rows, and it gets none.
@@ -57,8 +59,74 @@ def test_the_decide_stage_freezes_its_workers_start_up_heap(spark: SparkSession)
         assert row.tracked < row.frozen / 2, row
 
 
+# Stdlib modules a Python worker of this suite has not imported (the first one absent is used).
+_LATE_MODULES = ("xml.dom.minidom", "email.mime.multipart", "http.cookiejar", "mailbox", "imaplib", "wave")
+
+
+def _late_import(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """In a worker: settle, import modules it had not loaded (as a later stage of another kind does), settle again."""
+    import importlib
+    import sys
+
+    from retry_engine.delta import _worker_heap as heap
+
+    for _ in batches:
+        pass
+    gc.unfreeze()
+    heap._settled_at, heap._settles = -1, 0
+    heap.settle()  # the first stage this worker runs
+    first = gc.get_freeze_count()
+    late = [m for m in _LATE_MODULES if m not in sys.modules]
+    for name in late:
+        importlib.import_module(name)
+    grown = len(gc.get_objects())
+    heap.settle()  # a stage whose task imported more than the first one did
+    yield pa.RecordBatch.from_pydict({
+        "late": [len(late)],
+        "first": [first],
+        "frozen": [gc.get_freeze_count()],
+        "grown": [grown],
+        "tracked": [len(gc.get_objects())],
+    })
+
+
+def test_a_worker_that_imports_more_for_a_later_stage_freezes_that_too(spark: SparkSession) -> None:
+    """A reused worker whose later task imports new modules (the schedule stage's pandas after the
+    source's read) freezes them too, so PySpark's per-task collection does not walk them again."""
+    rows = (
+        spark.range(4, numPartitions=2)
+        .mapInArrow(_late_import, "late long, first long, frozen long, grown long, tracked long")
+        .collect()
+    )
+    assert len(rows) == 2
+    for row in rows:
+        assert row.late > 0, row  # some module was new to the worker
+        assert row.frozen > row.first, row  # the second settle froze what the imports added
+        assert row.tracked < row.grown, row  # and a collection no longer walks it
+
+
+def test_a_worker_stops_freezing_after_max_settles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose module count keeps changing settles at most MAX_SETTLES times (each freeze keeps its cycles)."""
+    monkeypatch.setattr(_worker_heap, "_settled_at", -1)
+    monkeypatch.setattr(_worker_heap, "_settles", 0)
+    monkeypatch.setattr(_worker_heap, "in_python_worker", lambda: True)
+    frozen = gc.get_freeze_count()
+    try:
+        for i in range(_worker_heap.MAX_SETTLES + 5):
+            monkeypatch.setitem(sys.modules, f"_retry_engine_heap_test_{i}", types.ModuleType("m"))
+            _worker_heap.settle()
+        assert _worker_heap._settles == _worker_heap.MAX_SETTLES
+        before = gc.get_freeze_count()
+        monkeypatch.setitem(sys.modules, "_retry_engine_heap_test_last", types.ModuleType("m"))
+        _worker_heap.settle()
+        assert gc.get_freeze_count() == before > frozen
+    finally:
+        gc.unfreeze()  # this is the test process: give its heap back to the collector
+
+
 def test_the_driver_is_not_a_worker_and_keeps_its_heap_collectable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_worker_heap, "_settled", False)  # as if nothing had settled in this process yet
+    monkeypatch.setattr(_worker_heap, "_settled_at", -1)  # as if nothing had settled in this process yet
+    monkeypatch.setattr(_worker_heap, "_settles", 0)
     frozen = gc.get_freeze_count()
     assert _worker_heap.in_python_worker() is False
     _worker_heap.settle()
