@@ -119,7 +119,10 @@ def partial_counts(work: pa.Table) -> pa.Table:
 
 def lateness_samples(work: pa.Table) -> pa.Table:
     """``delivered_at - due_at`` in ms of every delivery row, with its group."""
-    deliveries = work.filter(pc.equal(work.column("kind"), KIND_DELIVERY))
+    # Only the three columns it needs are filtered: a WORK row also carries the message body.
+    deliveries = work.select(["consumer_group", "delivered_at", "due_at"]).filter(
+        pc.equal(work.column("kind"), KIND_DELIVERY)
+    )
     late_us = pc.subtract(
         deliveries.column("delivered_at").cast(pa.int64()), deliveries.column("due_at").cast(pa.int64())
     )
