@@ -77,6 +77,7 @@ from retry_engine.schemas import (  # noqa: E402
     CONSUME_RESULTS,
     DLQ,
     ENGINE_STATE,
+    MAINTENANCE,
     METRICS,
     OUTCOMES,
     PROGRESS,
@@ -293,6 +294,8 @@ def create_tables(config: EngineConfig, log_retention: str) -> None:
         create_delta(config.table_path(table.name), table.arrow_schema, mode="ignore",
                      partition_by=list(table.partition_by) or None, configuration=settings)
     create_delta(state_path(config.engine.lake), ENGINE_STATE.arrow_schema, mode="ignore", configuration=settings)
+    # The maintenance record too (S5: created by the first run without the setting, its log kept 30 days' worth).
+    create_delta(maintenance_path(config.engine.lake), MAINTENANCE.arrow_schema, mode="ignore", configuration=settings)
 
 
 def _loadavg() -> list[float]:
