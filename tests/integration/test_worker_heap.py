@@ -19,6 +19,14 @@ from pyspark.sql import SparkSession
 from retry_engine.delta import _worker_heap
 
 
+def _fresh_heap() -> None:
+    """In a worker: undo what earlier tasks of this reused worker settled, as if it had just started."""
+    from retry_engine.delta import _worker_heap as heap
+
+    gc.unfreeze()
+    heap._settled_at, heap._settles = -1, 0
+
+
 def _report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """In a worker: run the engine's decide stage (on no rows), never ``settle`` itself, and report.
 
@@ -30,8 +38,7 @@ def _report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
     for _ in batches:
         pass
-    gc.unfreeze()
-    heap._settled_at, heap._settles = -1, 0
+    _fresh_heap()
     assert gc.get_freeze_count() == 0
     # The stage's mapInArrow function, as the engine hands it to Spark; its decider and
     # state-key split are only used for rows, and it gets none.
@@ -72,8 +79,7 @@ def _late_import(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
     for _ in batches:
         pass
-    gc.unfreeze()
-    heap._settled_at, heap._settles = -1, 0
+    _fresh_heap()
     heap.settle()  # the first stage this worker runs
     first = gc.get_freeze_count()
     late = [m for m in _LATE_MODULES if m not in sys.modules]
