@@ -199,8 +199,10 @@ def append_arrow(
     snapshot: skip if the other writer committed this version, else retry.
     Two processes appending the same ``(app_id, txn_version)`` at once thus
     leave exactly one copy. Appends of other writers (other app ids) do not
-    conflict. Raises :class:`~retry_engine.errors.ConcurrentWriteError` after
-    :data:`MAX_APPEND_ATTEMPTS` conflicts in a row.
+    conflict. An append (plain or not) that conflicts with another writer's
+    metadata change (an upgrade adding columns) is checked against the new
+    schema and tried again. Raises :class:`~retry_engine.errors.ConcurrentWriteError`
+    after :data:`MAX_APPEND_ATTEMPTS` conflicts in a row.
 
     With ``expect_version`` the append commits only as the table's next
     version after ``expect_version``: any commit by anyone since then raises
@@ -229,19 +231,21 @@ def append_arrow(
                 path, checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=False
             )
         except CommitFailedError as exc:
-            if app_id is None:
-                raise
+            # Nothing was committed. delta-rs rebases appends over other appends itself, so this is
+            # a commit it cannot rebase over: the same app id's transaction, or a metadata change
+            # (another release adding columns). Check the schema and the transaction again.
             last_error = exc
             log.info(
-                "%s: commit of %s/%s conflicted (attempt %d); checking again",
+                "%s: commit of %s conflicted (attempt %d); checking again: %s",
                 path,
-                app_id,
-                txn_version,
+                "a plain append" if app_id is None else f"{app_id}/{txn_version}",
                 attempt,
+                exc,
             )
     raise ConcurrentWriteError(
-        f"{path}: append of transaction {app_id}/{txn_version} conflicted {MAX_APPEND_ATTEMPTS} times in a row "
-        f"with other writers of app id {app_id!r} (is a second copy of this writer running?): {last_error}",
+        f"{path}: append of {'rows' if app_id is None else f'transaction {app_id}/{txn_version}'} conflicted "
+        f"{MAX_APPEND_ATTEMPTS} times in a row with other writers"
+        f"{'' if app_id is None else f' of app id {app_id!r} (is a second copy of this writer running?)'}: {last_error}",
     ) from last_error
 
 

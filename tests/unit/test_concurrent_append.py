@@ -7,6 +7,7 @@ Real Delta tables in a temp folder, real OS processes racing each other
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -134,3 +135,73 @@ def test_delta_rs_fails_a_commit_whose_app_id_another_writer_committed_since_its
     write_deltalake(path, _rows(2, "unrelated"), mode="append")
     write_deltalake(checked, _rows(3, "fresh"), mode="append", commit_properties=CommitProperties(app_transactions=[Transaction("job", 2)]))
     assert sorted(read_table(path).column("txn").to_pylist()) == [0, 1, 2, 3]
+
+
+CREATE_ROUNDS = 12
+
+
+def _metadata_commits(path: str) -> list[str]:
+    log = Path(path) / "_delta_log"
+    return sorted(f.name for f in log.glob("*.json") if '"metaData"' in f.read_text())
+
+
+def test_writers_creating_one_table_at_once_leave_one_create_and_all_their_rows(tmp_path: Path) -> None:
+    """B8: two writers append to a table that does not exist yet, at the same moment, 12 times.
+
+    Each creates it first (``ensure_table``, ``mode="ignore"``). delta-rs
+    alone commits the losing create again as version 1 (a second metadata
+    commit), which failed the winner's append with "Metadata changed since
+    last commit" (the re-drive crash of the fresh-clone CI run). Now: one
+    create commit, no error, both rows.
+    """
+    for i in range(CREATE_ROUNDS):
+        path = str(tmp_path / f"t{i}")
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def write(writer: str, path: str = path, barrier: threading.Barrier = barrier) -> None:
+            try:
+                barrier.wait(timeout=60)
+                append_arrow(path, _rows(i, writer))
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write, args=(w,)) for w in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert errors == [], f"round {i}"
+        assert _metadata_commits(path) == ["00000000000000000000.json"], f"round {i}"
+        assert sorted(read_table(path).column("writer").to_pylist()) == ["a", "b"]
+
+
+def test_an_append_that_meets_an_operators_table_property_change_checks_again_and_lands_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B8: an operator sets a table property (log retention, from a notebook) between our snapshot
+    and our commit: a metadata change, which delta-rs does not rebase an append over. The append,
+    plain or with an app id, reads the table again and commits once; before, it raised
+    CommitFailedError ("Metadata changed since last commit")."""
+    from retry_engine.delta import tables
+
+    checked_handle = tables._checked_handle
+    for n, (app_id, txn) in enumerate([(None, None), ("job", 1)]):
+        path = str(tmp_path / f"t{n}")
+        append_arrow(path, _rows(0, "setup"))
+        raced: list[int] = []
+
+        def stale_handle(path: str, schema: pa.Schema, partition_by: object, raced: list[int] = raced) -> DeltaTable:
+            handle = checked_handle(path, schema, partition_by)  # type: ignore[arg-type]
+            if not raced:  # the operator commits right after we read
+                raced.append(handle.version())
+                DeltaTable(path).alter.set_table_properties({"delta.logRetentionDuration": "interval 7 days"})
+            return handle
+
+        monkeypatch.setattr(tables, "_checked_handle", stale_handle)
+        assert append_arrow(path, _rows(1, "late"), app_id=app_id, txn_version=txn)
+        monkeypatch.setattr(tables, "_checked_handle", checked_handle)
+        assert sorted(read_table(path).column("txn").to_pylist()) == [0, 1]
+        table = DeltaTable(path)
+        assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 7 days"
+        assert table.version() == raced[0] + 2  # the operator's commit, then ours: nothing twice

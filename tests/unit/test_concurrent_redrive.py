@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import multiprocessing as mp
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ def _run_redrive(root: str, options: dict[str, Any], barrier: mp.synchronize.Bar
     except RedriveError as exc:
         out.put(("error", exc.code, str(exc)))
     except BaseException as exc:  # anything else fails the test, in the parent
-        out.put(("crash", type(exc).__name__, repr(exc)))
+        out.put(("crash", type(exc).__name__, traceback.format_exc()))
         barrier.abort()
 
 
