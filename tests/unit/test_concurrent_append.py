@@ -145,6 +145,14 @@ def _metadata_commits(path: str) -> list[str]:
     return sorted(f.name for f in log.glob("*.json") if '"metaData"' in f.read_text())
 
 
+def _append_at_once(path: str, writer: str, barrier: threading.Barrier, errors: list[BaseException]) -> None:
+    try:
+        barrier.wait(timeout=60)
+        append_arrow(path, _rows(0, writer))
+    except BaseException as exc:  # noqa: BLE001 - the test asserts there are none
+        errors.append(exc)
+
+
 def test_writers_creating_one_table_at_once_leave_one_create_and_all_their_rows(tmp_path: Path) -> None:
     """B8: two writers append to a table that does not exist yet, at the same moment, 12 times.
 
@@ -158,15 +166,7 @@ def test_writers_creating_one_table_at_once_leave_one_create_and_all_their_rows(
         path = str(tmp_path / f"t{i}")
         barrier = threading.Barrier(2)
         errors: list[BaseException] = []
-
-        def write(writer: str, path: str = path, barrier: threading.Barrier = barrier) -> None:
-            try:
-                barrier.wait(timeout=60)
-                append_arrow(path, _rows(i, writer))
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=write, args=(w,)) for w in ("a", "b")]
+        threads = [threading.Thread(target=_append_at_once, args=(path, w, barrier, errors)) for w in ("a", "b")]
         for t in threads:
             t.start()
         for t in threads:
