@@ -74,6 +74,11 @@ def growth(name: str, values: Sequence[float], *, limit: float | None = LIMIT) -
     return Ratio(name, first, last, _divide(last, first), limit)
 
 
+def steady(rows: Sequence[dict[str, float]], after: int = 0) -> list[dict[str, float]]:
+    """The per-batch rows after batch ``after`` (the warm-up), and never batch 0 (start-up, #14 part 3)."""
+    return [r for r in rows if r["batch_id"] > max(after, 0)]
+
+
 def verdict(ratios: Sequence[Ratio]) -> bool:
     """True when every judged ratio holds."""
     return all(r.holds for r in ratios if r.holds is not None)

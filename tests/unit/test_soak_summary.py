@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from bench._soak import LIMIT, format_side_by_side, growth, ratio, verdict, window
+from bench._soak import LIMIT, format_side_by_side, growth, ratio, steady, verdict, window
 
 
 @pytest.mark.parametrize(("n", "k"), [(0, 1), (1, 1), (9, 1), (10, 1), (25, 2), (5000, 500)])
@@ -82,3 +82,19 @@ def test_side_by_side_table_marks_each_run() -> None:
     })
     row = next(line for line in text.splitlines() if line.startswith("| files"))
     assert "1.00x (5 -> 5) ok" in row and "2.00x (10 -> 20) NO" in row and "<= 1.2" in row
+
+
+def test_the_warm_up_is_left_out_of_the_judged_batches() -> None:
+    """A run whose batches get slower while the dedup window first fills (batches 1-300: 500 -> 800 ms),
+    then flat at 800 ms: judged after the warm-up it holds (1.00x); the whole run does not (1.23x)."""
+    rows = [{"batch_id": 0.0, "batch_ms": 4000.0}]
+    rows += [{"batch_id": float(b), "batch_ms": 500.0 + b} for b in range(1, 301)]
+    rows += [{"batch_id": float(b), "batch_ms": 800.0} for b in range(301, 3001)]
+    judged = steady(rows, after=300)
+    assert judged[0]["batch_id"] == 301 and len(judged) == 2700
+    assert ratio("batch ms", [r["batch_ms"] for r in judged]).ratio == 1.0
+    whole = steady(rows)
+    assert whole[0]["batch_id"] == 1  # batch 0 is never judged
+    # first tenth: batches 1-300, median 650.5; last tenth 800: 1.23x
+    assert ratio("batch ms", [r["batch_ms"] for r in whole]).ratio == pytest.approx(800 / 650.5)
+    assert steady(rows, after=-5) == whole
