@@ -74,6 +74,16 @@ _RENAMES: Final[Mapping[str, Mapping[str, str]]] = {
     },
 }
 ROUTED_TABLES: Final = (RETRY, DLQ, QUARANTINE, OUTCOMES)
+# The WORK columns read from a row that goes to the outcomes table only (a retry's or a
+# duplicate's ledger row): the table's own, under their WORK names, and what routing and the
+# metrics (metrics.partial_counts, metrics.lateness_samples) read. The schedule stage sends such
+# rows on with every other column null (schedule.ledger_only): the message itself travels with
+# the retry held in state, not twice (#14 part 5).
+LEDGER_COLUMNS: Final = frozenset(
+    {_RENAMES[OUTCOMES.name].get(name, name) for name in OUTCOMES.names if name != "batch_id"}
+    | {"kind", "route", "bucket", "outcome", "consumer_group", "retry_topic", "delay_level", "decided_at",
+       "delivered_at", "due_at"}
+)
 
 
 def route(work: pa.Table, batch_id: int) -> dict[str, pa.Table]:
@@ -426,6 +436,7 @@ class BatchWriter:
 
 
 __all__ = [
+    "LEDGER_COLUMNS",
     "TASK_RESULT_SCHEMA",
     "BatchWriter",
     "WriteTask",

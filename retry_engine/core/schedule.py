@@ -66,6 +66,7 @@ from retry_engine.core._schedule_state import (
 )
 from retry_engine.core._state_splits import MAX_LEVEL, SealStore, current_batch_id, level_of, walk
 from retry_engine.core.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
+from retry_engine.core.outputs import LEDGER_COLUMNS
 from retry_engine.core.packed import PACKED_ARROW_SCHEMA, payload_chunks, unpack
 from retry_engine.delta._checkpoint import checkpoint_filesystem
 from retry_engine.delta._worker_heap import settle
@@ -140,17 +141,25 @@ class ScheduleStage:
             ids = new.column("consumed_msg_id")
             # A msg id whose retry is still pending is known whatever the window says (B1, #12 item 6);
             # state written before that rule (layout 1) may have forgotten it from ``seen``.
-            known = pc.is_in(ids, value_set=_ids(seen, pending)).to_numpy(zero_copy_only=False)
+            known = pc.is_in(ids, value_set=_known(seen, pending)).to_numpy(zero_copy_only=False)
             repeated = pa.array(pd.Index(ids.to_numpy(zero_copy_only=False)).duplicated() | known)
             if pc.any(repeated).as_py():
-                out.append(_as_duplicates(new.filter(repeated)))
+                out.append(ledger_only(_as_duplicates(new.filter(repeated))))
             fresh = new.filter(pc.invert(repeated))
             if fresh.num_rows:
-                out.append(fresh)
-                seen = _ids(seen, fresh)
-                scheduled = fresh.filter(pc.equal(fresh.column("outcome"), RETRY))
+                seen = _with_new(seen, fresh)
+                is_retry = pc.fill_null(pc.equal(fresh.column("outcome"), RETRY), False)
+                scheduled = fresh.filter(is_retry)
                 if scheduled.num_rows:
                     pending = pa.concat_tables([pending, scheduled])
+                # A retry's message waits in ``pending`` and leaves with its delivery; its outcome row
+                # only goes to the ledger, so it goes on without the message's columns.
+                if scheduled.num_rows == fresh.num_rows:
+                    out.append(ledger_only(fresh))
+                else:
+                    out.append(fresh.filter(pc.invert(is_retry)))
+                    if scheduled.num_rows:
+                        out.append(ledger_only(scheduled))
                 expires_ms = max(expires_ms, now_ms + self.dedup_window_ms)
 
         wake_ms: list[int] = []
@@ -162,7 +171,7 @@ class ScheduleStage:
                 out.append(_as_deliveries(released, now_ms))
                 pending = pending.filter(pa.array(~is_due))
                 # A released id stays known for a window after its release, like a fresh one.
-                seen = _ids(seen, released)
+                seen = _with_released(seen, released)
                 expires_ms = max(expires_ms, now_ms + self.dedup_window_ms)
                 log.debug("group %s bucket %s: released %d retries", route, bucket, int(is_due.sum()))
             if not is_due.all():
@@ -240,6 +249,28 @@ def _ids(seen: pa.Array | None = None, *tables: pa.Table) -> pa.Array:
     if not parts:
         return pa.array([], pa.string())
     return pc.unique(pc.drop_null(pa.chunked_array(parts, pa.string())))
+
+
+def _known(seen: pa.Array, pending: pa.Table) -> pa.ChunkedArray:
+    """Every msg id a key knows, as one value set: ``seen`` and the pending retries' (with repeats;
+    a lookup does not mind them, and a distinct copy of a big key's ids cost more than the lookup)."""
+    return pa.chunked_array([seen, *pc.drop_null(pending.column("consumed_msg_id")).chunks], pa.string())
+
+
+def _with_new(seen: pa.Array, fresh: pa.Table) -> pa.Array:
+    """``seen`` and the msg ids of ``fresh``: rows whose ids are distinct and not in ``seen`` (the
+    stage took only those as fresh), so appending them is ``_ids(seen, fresh)``, same order, no
+    hashing of what the key already knew (#14 part 5)."""
+    new = pc.drop_null(fresh.column("consumed_msg_id")).combine_chunks().cast(pa.string())
+    return pa.concat_arrays([seen.cast(pa.string()), new]) if len(new) else seen
+
+
+def _with_released(seen: pa.Array, released: pa.Table) -> pa.Array:
+    """``_ids(seen, released)``: ``seen`` and, after it, the released ids it does not hold (a key
+    forgets its ids when its window passes, while their retries stay pending)."""
+    ids = pc.drop_null(released.column("consumed_msg_id")).combine_chunks().cast(pa.string())
+    missing = pc.unique(ids.filter(pc.invert(pc.is_in(ids, value_set=seen))))
+    return pa.concat_arrays([seen.cast(pa.string()), missing]) if len(missing) else seen
 
 
 def group_of(route: str) -> str:
@@ -404,6 +435,23 @@ def _with(table: pa.Table, **columns: pa.Array | pa.ChunkedArray) -> pa.Table:
     return table
 
 
+def ledger_only(rows: pa.Table) -> pa.Table:
+    """``rows`` (outcome rows that go to the outcomes table only) with every column but
+    :data:`~retry_engine.core.outputs.LEDGER_COLUMNS` null.
+
+    At 100% failures every input row comes back out of this stage twice, as its
+    outcome row and later as its delivery; only the delivery needs the message
+    (body, properties, history). Sending the outcome row without it halves what
+    crosses from this stage to the writer (#14 part 5).
+    """
+    n = rows.num_rows
+    columns = [
+        rows.column(i) if f.name in LEDGER_COLUMNS else pa.nulls(n, f.type)
+        for i, f in enumerate(rows.schema)
+    ]
+    return pa.Table.from_arrays(columns, schema=rows.schema)
+
+
 def _as_duplicates(rows: pa.Table) -> pa.Table:
     """A repeated consume result: recorded in the ledger, produces nothing else."""
     reason = pc.binary_join_element_wise(
@@ -441,5 +489,6 @@ __all__ = [
     "ScheduleStage",
     "StateKeySplit",
     "group_of",
+    "ledger_only",
     "state_key_split",
 ]

@@ -7,6 +7,9 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from retry_engine.config import parse_config
 from retry_engine.core.packed import pack, unpack
@@ -111,3 +114,77 @@ def test_b1_a_repeated_consume_result_is_recorded_as_a_duplicate_and_schedules_n
     state.now_ms = int((T0 + dt.timedelta(hours=1)).timestamp() * 1000) + 1
     released = run(stage, key, [], state)
     assert list(released["kind"]) == ["delivery"] and list(released["output_msg_id"]) == [retry_id]
+
+
+def test_a_retrys_outcome_row_leaves_without_the_message_and_its_delivery_carries_it() -> None:
+    """#14 part 5, R8/B1: the outcome rows of new retries and of duplicates go on with only the
+    ledger's columns (the message waits in state and leaves with its delivery). Nothing written
+    changes: the outcomes table's rows and the metrics' counts are those of the full rows. A dead
+    letter keeps its message (the DLQ table needs it)."""
+    from retry_engine.core.metrics import partial_counts
+    from retry_engine.core.outputs import LEDGER_COLUMNS, route_to
+    from retry_engine.schemas import OUTCOMES
+
+    config = parse_config({"engine": {"message_delay_level": "1h"}, "groups": {"G": {"retry_max_times": 2}}})
+    failing, exhausted = Result.of("F").failed(), Result.of("X").failed(reconsume_times=2)
+    work = work_rows([failing, exhausted, failing.with_(result_id="again")], batch_ts=T0, config=config)
+    stage = ScheduleStage(dedup_window_ms=10 * MINUTE_MS)
+    states: dict[tuple[str, int], HeldState] = {}
+    emitted = []
+    for key in sorted({(r, int(b)) for r, b in zip(work["route"].to_pylist(), work["bucket"].to_pylist(), strict=True)}):
+        mine = work.filter(pc.and_(pc.equal(work["route"], key[0]), pc.equal(work["bucket"], key[1])))
+        states[key] = HeldState(T0)
+        emitted.append(pa.Table.from_pandas(run(stage, key, [mine], states[key]), schema=work.schema))
+    out = pa.concat_tables(emitted)
+    by = {o: out.filter(pc.equal(out["outcome"], o)) for o in ("retry", "duplicate", "dead_letter")}
+    assert {o: t.num_rows for o, t in by.items()} == {"retry": 1, "duplicate": 1, "dead_letter": 1}
+    for outcome in ("retry", "duplicate"):
+        (row,) = by[outcome].to_pylist()
+        assert row["body"] is None and row["properties"] is None and row["attempts"] is None, outcome
+        assert [c for c in out.schema.names if c not in LEDGER_COLUMNS and row[c] is not None] == [], outcome
+    assert by["dead_letter"]["body"].to_pylist() == [b"body-X"]
+
+    # What the stage emitted before: its input rows as they came (the repeat re-marked as a duplicate).
+    before = pa.concat_tables([work.filter(pc.not_equal(work["result_id"], "again")), by["duplicate"]])
+
+    def ledger(rows: pa.Table) -> list[dict[str, Any]]:
+        return sorted(route_to(rows, OUTCOMES, 7).to_pylist(), key=lambda r: (r["result_id"], r["outcome"]))
+
+    assert ledger(out) == ledger(before)
+    assert partial_counts(out).sort_by("metric").equals(partial_counts(before).sort_by("metric"))
+
+    # Due: the delivery carries the message in full.
+    (key,) = {(r, int(b)) for r, b in zip(by["retry"]["route"].to_pylist(), by["retry"]["bucket"].to_pylist(), strict=True)}
+    states[key].now_ms = int((T0 + dt.timedelta(hours=1)).timestamp() * 1000) + 1
+    released = run(stage, key, [], states[key])
+    assert list(released["kind"]) == ["delivery"] and list(released["body"]) == [b"body-F"]
+    assert released["properties"].iloc[0] == {"color": "red"} and released["topic"].iloc[0] == "%RETRY%G"
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(
+    seen=st.lists(st.sampled_from([f"m{i}" for i in range(12)]), unique=True),
+    fresh=st.lists(st.one_of(st.none(), st.sampled_from([f"m{i}" for i in range(24)])), max_size=10),
+    released=st.lists(st.one_of(st.none(), st.sampled_from([f"m{i}" for i in range(24)])), max_size=10),
+)
+def test_the_known_ids_grow_as_a_distinct_union_would_in_the_same_order(
+    seen: list[str], fresh: list[str | None], released: list[str | None]
+) -> None:
+    """B1, #14 part 5: appending a batch's fresh ids (distinct, not yet known: what the stage takes
+    as fresh) and the released ids a key lacks gives exactly ``_ids``' distinct union, order and all,
+    so state values are byte for byte what they were; a lookup in ``_known`` (with repeats) answers
+    as in the distinct set."""
+    from retry_engine.core import schedule
+
+    def ids_table(values: list[str | None]) -> pa.Table:
+        return pa.table({"consumed_msg_id": pa.array(values, pa.string())})
+
+    known = pa.array(seen, pa.string())
+    first_fresh = [v for i, v in enumerate(fresh) if v not in seen and v not in fresh[:i]]  # as the stage filters
+    assert schedule._with_new(known, ids_table(first_fresh)).equals(schedule._ids(known, ids_table(first_fresh)))
+    assert schedule._with_released(known, ids_table(released)).equals(schedule._ids(known, ids_table(released)))
+    probe = pa.array([*fresh, *released, "m99"], pa.string())
+    pending = ids_table(released)
+    assert pc.is_in(probe, value_set=schedule._known(known, pending)).equals(
+        pc.is_in(probe, value_set=schedule._ids(known, pending))
+    )
