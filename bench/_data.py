@@ -22,8 +22,9 @@ def consume_results(
     offset: int = 0,
     arrival_rate: float | None = None,
     start: dt.datetime | None = None,
+    body_bytes: int = 64,
 ) -> pa.Table:
-    """``n`` results with msg ids ``offset..offset+n``; a share ``failure_rate`` failed.
+    """``n`` results with msg ids ``offset..offset+n``; a share ``failure_rate`` failed; bodies of ``body_bytes``.
 
     With ``arrival_rate`` (messages/s) store timestamps advance from ``start`` at
     that rate, as a live topic's would (so they fall into realistic state
@@ -50,7 +51,7 @@ def consume_results(
         "msg_id": pa.array(ids),
         "topic": pa.array([f"topic_{i % 8}" for i in range(n)]),
         "tags": pa.array(["TagA"] * n),
-        "body": pa.array([b"x" * 64] * n, pa.binary()),
+        "body": pa.array([b"x" * body_bytes] * n, pa.binary()),
         "born_timestamp": ts,
         "born_host": pa.array(["10.0.0.1:5000"] * n),
         "store_timestamp": ts,

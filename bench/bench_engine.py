@@ -313,14 +313,16 @@ def _best(out: dict[str, Rate], name: str, rate: Rate) -> None:
         out[name] = rate
 
 
-def throughput(spark: Any, work: Path, rows: int, naive_rows: int, batches: int, repeat: int = 1) -> dict[str, Rate]:
+def throughput(spark: Any, work: Path, rows: int, naive_rows: int, batches: int, repeat: int = 1,
+               body_bytes: int = 64) -> dict[str, Rate]:
     """Best of ``repeat`` rounds; each round runs raw copy and engine back to back on the same input."""
     out: dict[str, Rate] = {}
     files = batches * 4
     sources = {}
     for label, rate in (("10%", 0.1), ("100%", 1.0)):
         sources[label] = work / f"results_{label[:-1]}"
-        write_table(sources[label], consume_results(rows, failure_rate=rate, arrival_rate=ARRIVAL_RATE), files=files)
+        write_table(sources[label], consume_results(rows, failure_rate=rate, arrival_rate=ARRIVAL_RATE,
+                                                    body_bytes=body_bytes), files=files)
     naive_src = work / "results_naive"
     write_table(naive_src, consume_results(naive_rows, failure_rate=0.1, arrival_rate=ARRIVAL_RATE), files=batches)
     for r in range(repeat):
@@ -721,6 +723,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small smoke run (a minute or two)")
     parser.add_argument("--rows", type=int, default=200_000, help="consume results per throughput run")
     parser.add_argument("--batches", type=int, default=5, help="micro-batches per throughput run")
+    parser.add_argument("--body-bytes", type=int, default=64, help="message body size in the throughput run")
     parser.add_argument("--naive-rows", type=int, default=4_000)
     parser.add_argument("--late-seconds", type=int, default=20)
     parser.add_argument("--late-rate", type=int, default=2000, help="failures/s written during the lateness run")
@@ -756,7 +759,8 @@ def main() -> None:
     try:
         log(f"work dir {work}; warm-up")
         throughput(spark, work / "warm", 2_000, 100, 2)
-        rates = (throughput(spark, work / "run", args.rows, args.naive_rows, args.batches, args.repeat)
+        rates = (throughput(spark, work / "run", args.rows, args.naive_rows, args.batches, args.repeat,
+                            args.body_bytes)
                  if "throughput" in parts else {})
         late = lateness(spark, work, args.late_seconds, args.late_rate, args.trigger_ms) if "lateness" in parts else {}
         log(f"lateness: {late}")

@@ -351,7 +351,10 @@ def start(
     With ``engine.table_format = "delta"`` this first checks that Spark has the
     Delta jars and settings (:func:`retry_engine.delta.native_delta.require_delta`).
 
-    A custom ``writer`` receives packed rows (:mod:`retry_engine.core.packed`); the
+    A custom ``writer`` receives packed rows (:mod:`retry_engine.core.packed`; the
+    outcome rows of retries and duplicates carry only the ledger's columns,
+    :data:`~retry_engine.core.outputs.LEDGER_COLUMNS`, the message leaves with the
+    retry's delivery row); the
     progress table then records Spark's ``numInputRows``, a count of packed
     source rows, as the batches' input, and the lake records no batches.
 
