@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -128,3 +129,27 @@ def hostile_array(values: list[int], *, extension: str, message: str) -> pa.Exte
             return _HostileScalar
 
     return pa.ExtensionArray.from_storage(_HostileType(), pa.array(values, pa.int64()))
+
+
+def append_at_once(path: str, tables: list[pa.Table]) -> list[BaseException]:
+    """Append each of ``tables`` to the Delta table at ``path`` from its own thread, all released
+    at the same moment (a barrier); what they raised (B8's races: two writers meeting a table that
+    does not exist yet)."""
+    from retry_engine.delta.tables import append_arrow
+
+    barrier = threading.Barrier(len(tables))
+    errors: list[BaseException] = []
+
+    def append(table: pa.Table) -> None:
+        try:
+            barrier.wait(timeout=60)
+            append_arrow(path, table)
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=append, args=(t,)) for t in tables]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return errors

@@ -7,7 +7,6 @@ Real Delta tables in a temp folder, real OS processes racing each other
 from __future__ import annotations
 
 import multiprocessing as mp
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from deltalake import DeltaTable
 
 from retry_engine.delta import append_arrow, read_table, table_version
 from retry_engine.errors import ConcurrentWriteError, ConfigError
+from tests.builders import append_at_once
 
 ROUNDS = 40
 SCHEMA = pa.schema([("txn", pa.int64()), ("writer", pa.string())])
@@ -145,14 +145,6 @@ def _metadata_commits(path: str) -> list[str]:
     return sorted(f.name for f in log.glob("*.json") if '"metaData"' in f.read_text())
 
 
-def _append_at_once(path: str, writer: str, barrier: threading.Barrier, errors: list[BaseException]) -> None:
-    try:
-        barrier.wait(timeout=60)
-        append_arrow(path, _rows(0, writer))
-    except BaseException as exc:  # noqa: BLE001 - the test asserts there are none
-        errors.append(exc)
-
-
 def test_writers_creating_one_table_at_once_leave_one_create_and_all_their_rows(tmp_path: Path) -> None:
     """B8: two writers append to a table that does not exist yet, at the same moment, 12 times.
 
@@ -164,13 +156,7 @@ def test_writers_creating_one_table_at_once_leave_one_create_and_all_their_rows(
     """
     for i in range(CREATE_ROUNDS):
         path = str(tmp_path / f"t{i}")
-        barrier = threading.Barrier(2)
-        errors: list[BaseException] = []
-        threads = [threading.Thread(target=_append_at_once, args=(path, w, barrier, errors)) for w in ("a", "b")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        errors = append_at_once(path, [_rows(0, w) for w in ("a", "b")])
         assert errors == [], f"round {i}"
         assert _metadata_commits(path) == ["00000000000000000000.json"], f"round {i}"
         assert sorted(read_table(path).column("writer").to_pylist()) == ["a", "b"]

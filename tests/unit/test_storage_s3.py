@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from retry_engine.delta.source import SourceOptions
 from retry_engine.delta.tables import append_arrow, ensure_table, open_table, read_table
 from retry_engine.errors import ConfigError, LakeNotFoundError
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, main
+from tests.builders import append_at_once
 from tests.s3 import S3Server
 
 SECRET = "s3cr3t-" + uuid.uuid4().hex
@@ -242,14 +242,6 @@ def test_two_writers_from_one_snapshot_never_both_commit_its_next_version(
 CREATE_ROUNDS = 4
 
 
-def _append_racing(path: str, writer: str, barrier: threading.Barrier, errors: list[BaseException]) -> None:
-    try:
-        barrier.wait(timeout=60)
-        append_arrow(path, pa.table({"writer": [writer]}))
-    except BaseException as exc:  # noqa: BLE001 - the test asserts there are none
-        errors.append(exc)
-
-
 def test_writers_creating_one_table_at_once_on_the_object_store_leave_one_create(s3_server: S3Server) -> None:
     """#14 part 4 / B8: two writers append to a table that does not exist yet, at once, 4 times.
     The loser of the create does not commit a second create (delta-rs would rebase it onto version 1,
@@ -259,13 +251,7 @@ def test_writers_creating_one_table_at_once_on_the_object_store_leave_one_create
     parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
     for i in range(CREATE_ROUNDS):
         path = f"{lake}/t{i}"
-        barrier = threading.Barrier(2)
-        errors: list[BaseException] = []
-        threads = [threading.Thread(target=_append_racing, args=(path, w, barrier, errors)) for w in ("a", "b")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        errors = append_at_once(path, [pa.table({"writer": [w]}) for w in ("a", "b")])
         assert errors == [], f"round {i}"
         log = {k: v for k, v in s3_server.objects(bucket).items() if k.startswith(f"lake/t{i}/_delta_log/")}
         assert [k for k, v in log.items() if b'"metaData"' in v] == [f"lake/t{i}/_delta_log/{0:020d}.json"]
