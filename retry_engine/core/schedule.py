@@ -261,16 +261,22 @@ def _with_new(seen: pa.Array, fresh: pa.Table) -> pa.Array:
     """``seen`` and the msg ids of ``fresh``: rows whose ids are distinct and not in ``seen`` (the
     stage took only those as fresh), so appending them is ``_ids(seen, fresh)``, same order, no
     hashing of what the key already knew (#14 part 5)."""
-    new = pc.drop_null(fresh.column("consumed_msg_id")).combine_chunks().cast(pa.string())
-    return pa.concat_arrays([seen.cast(pa.string()), new]) if len(new) else seen
+    return _appended(seen, _msg_ids(fresh))
 
 
 def _with_released(seen: pa.Array, released: pa.Table) -> pa.Array:
     """``_ids(seen, released)``: ``seen`` and, after it, the released ids it does not hold (a key
     forgets its ids when its window passes, while their retries stay pending)."""
-    ids = pc.drop_null(released.column("consumed_msg_id")).combine_chunks().cast(pa.string())
-    missing = pc.unique(ids.filter(pc.invert(pc.is_in(ids, value_set=seen))))
-    return pa.concat_arrays([seen.cast(pa.string()), missing]) if len(missing) else seen
+    ids = _msg_ids(released)
+    return _appended(seen, pc.unique(ids.filter(pc.invert(pc.is_in(ids, value_set=seen)))))
+
+
+def _msg_ids(rows: pa.Table) -> pa.Array:
+    return pc.drop_null(rows.column("consumed_msg_id")).combine_chunks().cast(pa.string())
+
+
+def _appended(seen: pa.Array, ids: pa.Array) -> pa.Array:
+    return pa.concat_arrays([seen.cast(pa.string()), ids]) if len(ids) else seen
 
 
 def group_of(route: str) -> str:
