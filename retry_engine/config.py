@@ -64,6 +64,9 @@ MAX_STATE_SUBKEYS = 1024
 DEFAULT_STATE_KEY_MAX_BYTES = 64 * 1024 * 1024
 MIN_STATE_KEY_MAX_BYTES = 16 * 1024
 MAX_STATE_KEY_MAX_BYTES = 1024 * 1024 * 1024
+# A state key's pending retries (Arrow bytes) past which it parks them in a file in the checkpoint
+# and keeps a reference (0: park every retry). Small keys stay inline: one file per spill, not per retry.
+DEFAULT_STATE_PARK_BYTES = 1024 * 1024
 # The progress listener appends its buffered events at most this often (one small commit each).
 DEFAULT_PROGRESS_FLUSH_INTERVAL = "5s"
 # The lake lease (B8) expires this long after its owner's last heartbeat (every quarter of it).
@@ -206,6 +209,8 @@ class EngineSection(_Strict):
     state_key_max_bytes: StrictInt = Field(
         default=DEFAULT_STATE_KEY_MAX_BYTES, ge=MIN_STATE_KEY_MAX_BYTES, le=MAX_STATE_KEY_MAX_BYTES
     )
+    # Pending retries' bytes past which a key parks them outside Spark's state (in the checkpoint).
+    state_park_bytes: StrictInt = Field(default=DEFAULT_STATE_PARK_BYTES, ge=0, le=MAX_STATE_KEY_MAX_BYTES)
     auto_create_groups: bool = True
     progress_flush_interval: Duration = DEFAULT_PROGRESS_FLUSH_INTERVAL
     lease_timeout: Duration = DEFAULT_LEASE_TIMEOUT

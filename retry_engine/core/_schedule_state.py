@@ -15,6 +15,10 @@ Versions:
 * 3 -- version 2 plus, in the ``seen`` blob's metadata, the batch id in which the
   key sealed (:data:`SEALED_KEY`, absent while it has not; see
   :mod:`retry_engine.core._state_splits`). Versions 1 and 2 read as not sealed.
+* 4 -- version 3 plus, in the ``pending`` blob's metadata, references to parked
+  pending retries (:data:`CHUNKS_KEY`, JSON; see :mod:`retry_engine.core._parked`).
+  Written only by a key that has parked retries: a key without them is still
+  written as version 3, byte for byte, so a release that reads up to 3 reads it.
 
 A reader of version N reads every version up to N. WORK rows of an older
 release are conformed to today's WORK schema by column name (a column the
@@ -40,6 +44,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from retry_engine.core._parked import Chunk, chunks_from_json, chunks_to_json
 from retry_engine.core.decide import QUARANTINED
 from retry_engine.core.decide import RETRY as RETRY_OUTCOME
 from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
@@ -47,11 +52,14 @@ from retry_engine.errors import StateUnreadableError, StateVersionError
 from retry_engine.schemas import RETRY, WORK
 
 STATE_SCHEMA: Final = "pending binary, seen binary, expires_ms long"
-STATE_VERSION: Final = 3
-READABLE_VERSIONS: Final = (1, 2, 3)
+STATE_VERSION: Final = 4
+# What a key without parked retries is written as (readable by releases before parking).
+UNPARKED_VERSION: Final = 3
+READABLE_VERSIONS: Final = (1, 2, 3, 4)
 VERSION_KEY: Final = b"retry_engine.state_version"
 ROWS_KEY: Final = b"retry_engine.state_rows"
 SEALED_KEY: Final = b"retry_engine.sealed_batch"
+CHUNKS_KEY: Final = b"retry_engine.parked"
 
 # WORK rows of this kind carry a state value moved aside; they go to the quarantine table only
 # (they are not consume results, so they have no outcome and are not counted as input).
@@ -81,7 +89,8 @@ class KeyState:
     """One key's state: retries waiting for their due time, the msg ids it remembers, and until when.
 
     ``sealed_batch``: the micro-batch in which the key sealed (published its ids and
-    stopped taking new ones), None while it has not.
+    stopped taking new ones), None while it has not. ``chunks``: its parked pending
+    retries (:mod:`retry_engine.core._parked`), whose msg ids are all in ``seen``.
     """
 
     pending: pa.Table = field(default_factory=WORK.arrow_schema.empty_table)
@@ -89,17 +98,27 @@ class KeyState:
     """Distinct msg ids (an Arrow array: the stage tests and updates it in Arrow, never per id in Python)."""
     expires_ms: int = 0
     sealed_batch: int | None = None
+    chunks: tuple[Chunk, ...] = ()
 
 
 def encode(state: KeyState) -> tuple[bytes, bytes, int]:
     """``state`` as a :data:`STATE_SCHEMA` row, in layout :data:`STATE_VERSION`."""
     seen = pa.table({"msg_id": state.seen}, schema=_SEEN_SCHEMA)
     sealed = {} if state.sealed_batch is None else {SEALED_KEY: str(state.sealed_batch).encode()}
-    return _blob(state.pending), _blob(seen, sealed), int(state.expires_ms)
+    if not state.chunks:
+        version = UNPARKED_VERSION
+        return _blob(state.pending, version), _blob(seen, version, sealed), int(state.expires_ms)
+    parked = {CHUNKS_KEY: chunks_to_json(state.chunks)}
+    return (
+        _blob(state.pending, STATE_VERSION, parked),
+        _blob(seen, STATE_VERSION, sealed),
+        int(state.expires_ms),
+    )
 
 
-def decode(value: tuple[Any, ...]) -> KeyState:
-    """The :class:`KeyState` of a :data:`STATE_SCHEMA` row of any readable version.
+def decode(value: tuple[Any, ...], key: tuple[str, int] | None = None) -> KeyState:
+    """The :class:`KeyState` of a :data:`STATE_SCHEMA` row of any readable version (of ``key``: its
+    parked files must be that key's).
 
     Raises :class:`StateUnreadableError` (or its :class:`StateVersionError`) when it cannot be read.
     """
@@ -124,11 +143,13 @@ def decode(value: tuple[Any, ...]) -> KeyState:
         raise StateUnreadableError(
             f"the seen blob's sealed batch is {sealed.decode(errors='replace')!r}, expected a batch id"
         )
+    parked = (pending.schema.metadata or {}).get(CHUNKS_KEY)
     return KeyState(
         pending=_conform(pending),
         seen=pc.unique(pc.drop_null(ids.cast(pa.string()))),
         expires_ms=int(expires_ms),
         sealed_batch=None if sealed is None else int(sealed),
+        chunks=() if parked is None else chunks_from_json(parked, key),
     )
 
 
@@ -197,8 +218,8 @@ def quarantine_rows(
     return pa.Table.from_pylist(rows, schema=WORK.arrow_schema)
 
 
-def _blob(table: pa.Table, extra: dict[bytes, bytes] | None = None) -> bytes:
-    metadata = {VERSION_KEY: str(STATE_VERSION).encode(), ROWS_KEY: str(table.num_rows).encode(), **(extra or {})}
+def _blob(table: pa.Table, version: int, extra: dict[bytes, bytes] | None = None) -> bytes:
+    metadata = {VERSION_KEY: str(version).encode(), ROWS_KEY: str(table.num_rows).encode(), **(extra or {})}
     return to_ipc(table.replace_schema_metadata(metadata))
 
 
@@ -237,6 +258,19 @@ def _version(raw: bytes | None, name: str) -> int:
     return int(text)
 
 
+def parked_rows(table: pa.Table, path: str) -> pa.Table:
+    """The rows of a parked retries file (:mod:`retry_engine.core._parked`) with today's WORK schema;
+    ``StateUnreadableError`` if they are not pending retries sorted by due time."""
+    try:
+        rows = _conform(table.replace_schema_metadata(None))
+    except StateUnreadableError as exc:
+        raise StateUnreadableError(f"the parked retries file {path}: {exc}") from exc
+    due = rows.column("due_at").cast(pa.int64()).to_numpy()
+    if len(due) > 1 and bool((due[1:] < due[:-1]).any()):
+        raise StateUnreadableError(f"the parked retries file {path} is not sorted by due_at")
+    return rows
+
+
 def _conform(pending: pa.Table) -> pa.Table:
     """``pending`` with today's WORK schema: columns by name, missing optional ones null."""
     missing = [name for name in _REQUIRED_PENDING if name not in pending.schema.names]
@@ -271,6 +305,7 @@ def _conform(pending: pa.Table) -> pa.Table:
 
 
 __all__ = [
+    "CHUNKS_KEY",
     "KIND_STATE_QUARANTINE",
     "QUARANTINE_PART_BYTES",
     "READABLE_VERSIONS",
@@ -278,8 +313,10 @@ __all__ = [
     "STATE_SCHEMA",
     "STATE_UNREADABLE",
     "STATE_VERSION",
+    "UNPARKED_VERSION",
     "KeyState",
     "decode",
     "encode",
+    "parked_rows",
     "quarantine_rows",
 ]

@@ -31,6 +31,7 @@ from pyspark.sql.streaming.state import GroupStateTimeout
 
 from retry_engine.config import EngineConfig
 from retry_engine.core import resume
+from retry_engine.core._parked import ParkedStore
 from retry_engine.core._state_splits import current_batch_id
 from retry_engine.core.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.core.delays import parse_duration_ms
@@ -236,6 +237,8 @@ def engine_frame(
         dedup_window_ms=parse_duration_ms(config.engine.dedup_window),
         seals=split.seals,
         max_key_bytes=config.engine.state_key_max_bytes,
+        parked=ParkedStore(config.checkpoint_path),
+        park_bytes=config.engine.state_park_bytes,
     )
     return decided.groupBy("route", "bucket").applyInPandasWithState(
         stage, PACKED_SCHEMA, STATE_SCHEMA, "append", GroupStateTimeout.ProcessingTimeTimeout
@@ -495,6 +498,7 @@ def _start_query(
             )
         # [maintenance]: a driver thread maintains the tables between batches (never during one).
         writer = maintenance.attach(config, app_id, writer)
+        writer = _sweeping_parked(writer, ParkedStore(checkpoint), _batches_retained(spark))
         return (
             engine_frame(spark, config, resume_at=resume_at)
             .writeStream.queryName(QUERY_NAME)
@@ -509,6 +513,35 @@ def _start_query(
         monitor.detach(recorder)
         maintenance.detach(app_id)
         raise
+
+
+# Parked retries' files released long enough ago are deleted every this many batches.
+SWEEP_EVERY_BATCHES = 20
+
+
+def _batches_retained(spark: SparkSession) -> int:
+    """How many state versions Spark keeps (``spark.sql.streaming.minBatchesToRetain``)."""
+    return int(spark.conf.get("spark.sql.streaming.minBatchesToRetain", "100") or 100)
+
+
+def _sweeping_parked(
+    writer: Callable[[DataFrame, int], None], store: ParkedStore, retain: int
+) -> Callable[[DataFrame, int], None]:
+    """``writer`` that, every :data:`SWEEP_EVERY_BATCHES` batches, deletes the parked retries' files
+    fully released before the oldest state version Spark keeps (none of them can be referenced
+    again). A failed sweep is logged, never fatal: the next one tries again."""
+
+    def write(frame: DataFrame, batch_id: int) -> None:
+        writer(frame, batch_id)
+        if batch_id % SWEEP_EVERY_BATCHES == 0 and batch_id > retain:
+            try:
+                deleted = store.sweep(batch_id - retain)
+            except Exception:
+                log.exception("deleting released parked retries' files failed; the next sweep tries again")
+            else:
+                log.debug("deleted %d released parked retries' files", len(deleted))
+
+    return write
 
 
 def finish_current_batch(query: StreamingQuery, *, timeout_s: float, poll_s: float = 0.05) -> bool:

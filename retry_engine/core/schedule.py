@@ -42,6 +42,7 @@ writers commit one batch's rows once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import uuid
@@ -57,11 +58,13 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyspark.sql.streaming.state import GroupState
 
+from retry_engine.core._parked import PARK_BYTES, Chunk, ParkedStore, due_ms
 from retry_engine.core._schedule_state import (
     STATE_SCHEMA,
     KeyState,
     decode,
     encode,
+    parked_rows,
     quarantine_rows,
 )
 from retry_engine.core._state_splits import MAX_LEVEL, SealStore, current_batch_id, level_of, walk
@@ -95,6 +98,10 @@ class ScheduleStage:
     """The stateful function; ``dedup_window_ms`` is how long a key remembers a msg id after its
     decision (and after its retry's release; pending retries' ids are remembered until then).
 
+    With ``parked``, a key whose inline pending retries pass ``park_bytes`` (Arrow
+    bytes) at the end of a call parks them in a file (:mod:`retry_engine.core._parked`)
+    and keeps only a reference in its state value.
+
     With ``seals``, a key whose encoded state passes ``max_key_bytes`` at the end of
     a call seals (:mod:`retry_engine.core._state_splits`): it publishes the msg ids it
     knows, named with the current micro-batch id (``batch_id``, or Spark's when
@@ -109,6 +116,8 @@ class ScheduleStage:
     seals: SealStore | None = None
     max_key_bytes: int = STATE_KEY_MAX_BYTES
     batch_id: int | None = None
+    parked: ParkedStore | None = None
+    park_bytes: int = PARK_BYTES
 
     def __call__(
         self, key: tuple[str, int], frames: Iterator[pd.DataFrame], state: GroupState
@@ -123,14 +132,17 @@ class ScheduleStage:
         now_ms = state.getCurrentProcessingTimeMs()
         out: list[pa.Table] = []
         held = KeyState()
+        parked: dict[str, pa.Table] = {}
         if state.exists:
             value = state.get
             try:
-                held = decode(value)
+                held = decode(value, key)
+                parked = self._read_parked(key, held, now_ms)
             except StateUnreadableError as exc:
                 # Crash-looping on one bad value would stop every key; keep its bytes, start afresh.
                 log.error("group %s bucket %s: schedule state moved aside to quarantine: %s", route, bucket, exc)
                 out.append(quarantine_rows(key, group_of(route), value, exc, now_ms))
+                held, parked = KeyState(), {}
         pending, seen, expires_ms = held.pending, held.seen, held.expires_ms
         if payloads and held.sealed_batch is not None and self.seals is not None:
             self._check_seal(self.seals, key, held.sealed_batch)
@@ -140,7 +152,8 @@ class ScheduleStage:
             new = new.take(pc.sort_indices(new.column("source_position")))
             ids = new.column("consumed_msg_id")
             # A msg id whose retry is still pending is known whatever the window says (B1, #12 item 6);
-            # state written before that rule (layout 1) may have forgotten it from ``seen``.
+            # state written before that rule (layout 1) may have forgotten it from ``seen``. Parked
+            # retries' ids are always in ``seen``.
             known = pc.is_in(ids, value_set=_known(seen, pending)).to_numpy(zero_copy_only=False)
             repeated = pa.array(pd.Index(ids.to_numpy(zero_copy_only=False)).duplicated() | known)
             if pc.any(repeated).as_py():
@@ -162,41 +175,90 @@ class ScheduleStage:
                         out.append(ledger_only(scheduled))
                 expires_ms = max(expires_ms, now_ms + self.dedup_window_ms)
 
-        wake_ms: list[int] = []
+        released: list[pa.Table] = []
         if pending.num_rows:
-            due_ms = pending.column("due_at").cast(pa.int64()).to_numpy() // _US_PER_MS
-            is_due = due_ms <= now_ms
+            is_due = due_ms(pending) <= now_ms
             if is_due.any():
-                released = pending.filter(pa.array(is_due))
-                out.append(_as_deliveries(released, now_ms))
+                released.append(pending.filter(pa.array(is_due)))
                 pending = pending.filter(pa.array(~is_due))
+        chunks: list[Chunk] = []
+        for chunk in held.chunks:
+            if chunk.next_due_ms > now_ms:
+                chunks.append(chunk)
+                continue
+            rows = parked[chunk.name].slice(chunk.released)
+            rest_due = due_ms(rows)
+            n = int(np.searchsorted(rest_due, now_ms, side="right"))  # sorted by due time: a prefix is due
+            released.append(rows.slice(0, n))
+            if n < len(rest_due):
+                chunks.append(Chunk(chunk.name, chunk.rows, chunk.released + n, int(rest_due[n])))
+            elif (batch := self._batch()) is not None and self.parked is not None:
+                self.parked.done(chunk, batch)
+        if released:
+            gone = pa.concat_tables(released)
+            if gone.num_rows:
+                out.append(_as_deliveries(gone, now_ms))
                 # A released id stays known for a window after its release, like a fresh one.
-                seen = _with_released(seen, released)
+                seen = _with_released(seen, gone)
                 expires_ms = max(expires_ms, now_ms + self.dedup_window_ms)
-                log.debug("group %s bucket %s: released %d retries", route, bucket, int(is_due.sum()))
-            if not is_due.all():
-                wake_ms.append(int(due_ms[~is_due].min()))
-        # The end of the dedup window is a wake-up while it is ahead. A passed window is none (it
-        # would fire the key on every micro-batch, shipping its whole blob each time): its msg ids
-        # are forgotten, except those of retries still pending, which stay known until released.
-        if now_ms < expires_ms:
-            wake_ms.append(expires_ms)
-        else:
-            # Pending ids stay known through the union with ``pending`` when the key is next read.
-            seen = _ids()
+                log.debug("group %s bucket %s: released %d retries", route, bucket, gone.num_rows)
+        # A passed dedup window is no wake-up (it would fire the key on every micro-batch, shipping
+        # its whole blob each time): its msg ids are forgotten, except those of retries still
+        # pending, which stay known until released (inline ones through the union with ``pending``
+        # when the key is next read; parked ones stay in ``seen``).
+        if now_ms >= expires_ms:
+            seen = _ids(None, *(parked[c.name].slice(c.released) for c in chunks))
         if out:
             yield _packed(key, [payload for table in out for payload in payload_chunks(table)])
 
+        if self.parked is not None and pending.num_rows and pending.nbytes > self.park_bytes:
+            batch = self._batch()
+            if batch is not None:
+                chunks.append(self.parked.park(key, batch, pending))
+                # Known while parked: layout 1 state may have forgotten an inline retry's id.
+                seen = _with_released(seen, pending)
+                pending = pending.slice(0, 0)
+        wake_ms = [c.next_due_ms for c in chunks]
+        if pending.num_rows:
+            wake_ms.append(int(due_ms(pending).min()))
+        if now_ms < expires_ms:
+            wake_ms.append(expires_ms)
         if not wake_ms:
             state.remove()
             return
         next_ms = min(wake_ms)
-        value = encode(KeyState(pending, seen, expires_ms, held.sealed_batch))
+        current = KeyState(pending, seen, expires_ms, held.sealed_batch, tuple(chunks))
+        value = encode(current)
         if held.sealed_batch is None and self.seals is not None and len(value[0]) + len(value[1]) > self.max_key_bytes:
-            value = self._seal(self.seals, key, KeyState(pending, seen, expires_ms), len(value[0]) + len(value[1])) or value
+            value = self._seal(self.seals, key, current, len(value[0]) + len(value[1])) or value
         state.update(value)
         # Spark fires the timeout in the first batch whose timestamp is past now + duration.
         state.setTimeoutDuration(max(1, next_ms - now_ms))
+
+    def _batch(self) -> int | None:
+        return self.batch_id if self.batch_id is not None else current_batch_id()
+
+    def _read_parked(self, key: tuple[str, int], held: KeyState, now_ms: int) -> dict[str, pa.Table]:
+        """The rows of ``held``'s parked files this call needs: those with rows due, and every one when
+        the dedup window has passed (``seen`` is then rebuilt from their unreleased ids)."""
+        if not held.chunks:
+            return {}
+        if self.parked is None:
+            raise StateUnreadableError(
+                f"the state of key {key} references parked retries, but the stage has no parked store"
+            )
+        every = now_ms >= held.expires_ms
+        try:
+            return {
+                c.name: parked_rows(self.parked.read(c, key), self.parked.path(c.name))
+                for c in held.chunks
+                if every or c.next_due_ms <= now_ms
+            }
+        except StateUnreadableError as exc:
+            raise StateUnreadableError(
+                f"{str(exc).removeprefix(f'[{exc.code}] ')}; the key's parked files stay in {self.parked.path('')} (their names and how much of "
+                "each was released are in the pending blob's metadata, retry_engine.parked)"
+            ) from exc.__cause__
 
     def _seal(
         self, seals: SealStore, key: tuple[str, int], held: KeyState, size: int
@@ -216,13 +278,13 @@ class ScheduleStage:
                 "schedule stage runs only inside a streaming micro-batch",
                 code="STATE_SPLIT_NO_BATCH_ID",
             )
-        ids = _ids(held.seen, held.pending)
+        ids = _ids(held.seen, held.pending)  # parked retries' ids are in ``seen``
         path = seals.publish(route, int(bucket), batch, ids.to_pylist())
         log.info(
             "group %s bucket %s: state value of %d bytes passed %d: sealed in batch %d, %d msg ids published to %s; "
             "new msg ids of its bucket go one level down", route, bucket, size, self.max_key_bytes, batch, len(ids), path,
         )
-        return encode(KeyState(held.pending, held.seen, held.expires_ms, batch))
+        return encode(dataclasses.replace(held, sealed_batch=batch))
 
     @staticmethod
     def _check_seal(seals: SealStore, key: tuple[str, int], batch: int) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from retry_engine.core import engine
+from retry_engine.core._parked import PARKED_DIR
 from retry_engine.core.delays import parse_delay_levels
 from retry_engine.delta import storage
 from tests.builders import Result
@@ -52,9 +53,11 @@ def test_r5_r6_r7_r8_full_ladder_then_dlq(spark: Any, tmp_path: Path) -> None:
     """The seeds' ladder: 16 retries at levels 3..18, then %DLQ%G with reconsume_times 17.
 
     The whole ladder runs on the FileSystem-based checkpoint manager, which the
-    engine picks for a checkpoint on local disk (#15: no process starts per file).
+    engine picks for a checkpoint on local disk (#15: no process starts per file),
+    and with every retry parked in a file outside Spark's state (``state_park_bytes``
+    0, #14 part 5): each rung is released from its file.
     """
-    lake = Lake.make(tmp_path)
+    lake = Lake.make(tmp_path, engine={"state_park_bytes": 0})
     spark.conf.unset(storage.CHECKPOINT_FILE_MANAGER)
     query = engine.start(spark, lake.config)
     assert spark.conf.get(storage.CHECKPOINT_FILE_MANAGER) == storage.FILESYSTEM_CHECKPOINT_MANAGER
@@ -75,6 +78,9 @@ def test_r5_r6_r7_r8_full_ladder_then_dlq(spark: Any, tmp_path: Path) -> None:
         assert r["delivered_at"] >= r["due_at"]
         assert r["due_at"] - r["scheduled_at"] == dt.timedelta(milliseconds=delays[r["delay_level"] - 1])
         assert r["delivery_key"] == f"FIRST:{r['reconsume_times']}"  # R14
+    parked = sorted(p.name for p in (Path(lake.config.checkpoint_path) / PARKED_DIR).iterdir())
+    assert len([n for n in parked if n.endswith(".arrow")]) == 16, parked  # one file per rung, each released
+    assert len([n for n in parked if ".arrow.done_" in n]) == 16, parked
     (dead,) = dlq
     assert dead["topic"] == "%DLQ%G" and dead["reconsume_times"] == 17
     assert dead["origin_msg_id"] == "FIRST" and dead["reason_code"] == "MAX_RECONSUME_TIMES"

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from retry_engine.core._parked import PARKED_DIR
 from tests.builders import Result
 from tests.integration.test_engine import redeliver
 from tests.lakehouse import FAST_LEVELS, Lake
@@ -36,6 +37,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_TIMES = 3
+PARK_BYTES = 2048
 KILLS = int(os.environ.get("RETRY_ENGINE_CRASH_KILLS", "4"))
 # Seconds after "engine started" at which the kill lands: the first batch after a
 # restart (replaying the one the last kill interrupted) runs inside this window.
@@ -179,7 +181,10 @@ def test_b1_r8_random_sigkills_lose_duplicate_and_hurry_nothing(tmp_path: Path) 
     lake = Lake.make(tmp_path / "lake", group_defaults={"retry_max_times": MAX_TIMES})
     conf = tmp_path / "engine.toml"
     conf.write_text(
+        # state_park_bytes: a key's pending retries stay inline until a few rows, then park in a file
+        # (#14 part 5), so the kills land on both paths and on files written by killed batches.
         f'[engine]\nlake = "{tmp_path / "lake"}"\ntrigger_interval = "200ms"\nstate_bucket = "1s"\n'
+        f"state_park_bytes = {PARK_BYTES}\n"
         f'message_delay_level = "{FAST_LEVELS}"\n[group_defaults]\nretry_max_times = {MAX_TIMES}\n'
     )
     feeder = Feeder(lake, rng)
@@ -248,5 +253,7 @@ def test_b1_r8_random_sigkills_lose_duplicate_and_hurry_nothing(tmp_path: Path) 
     assert all(len(ladders[origin]) == MAX_TIMES for origin in dead), context
     early: list[dict[str, Any]] = [r for r in retries if r["delivered_at"] < r["due_at"]]
     assert early == [], context  # R8
-    print(f"{len(feeder.expected)} consume results, {len(retries)} retries, {len(dlq)} dead letters, "
+    parked = [p.name for p in (Path(lake.config.checkpoint_path) / PARKED_DIR).glob("*.arrow")]
+    assert parked, "no key parked its retries: the test no longer covers parked retries under kills"
+    print(f"{len(parked)} parked files, {len(feeder.expected)} consume results, {len(retries)} retries, {len(dlq)} dead letters, "
           f"{engine.starts} starts, kills at {kill_points}")

@@ -1,0 +1,283 @@
+"""Pending retries parked outside Spark's state (#14 part 5, #15 goals 2 and 4; R8, B1).
+
+Spark-free: the stage function is driven with :class:`HeldState` (one key's value
+and clock); the real engine parks in tests/integration/test_engine.py (the full
+ladder) and tests/integration/test_engine_crash.py (SIGKILLs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from retry_engine.config import parse_config
+from retry_engine.core import engine
+from retry_engine.core._parked import PARKED_DIR, Chunk, ParkedStore, chunks_from_json, parked_name
+from retry_engine.core._schedule_state import CHUNKS_KEY, VERSION_KEY, decode, encode
+from retry_engine.core.schedule import ScheduleStage
+from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
+from retry_engine.errors import ConfigError, StateUnreadableError
+from tests.builders import T0, Result, work_rows
+from tests.unit.test_schedule import MINUTE_MS, HeldState, run
+
+CONFIG = parse_config({"groups": {"G": {"retry_max_times": 16}}})
+WINDOW_MS = 10 * MINUTE_MS
+SECOND_MS = 1_000
+
+
+def _at(ms: int) -> int:
+    return int(T0.timestamp() * 1000) + ms
+
+
+def _failures(names: list[tuple[str, int]]) -> pa.Table:
+    """Failed consume results decided at T0 (msg id, reconsume_times): levels 3 + reconsume_times."""
+    return work_rows([Result.of(m).failed(reconsume_times=n) for m, n in names], batch_ts=T0, config=CONFIG)
+
+
+def _key(work: pa.Table) -> tuple[str, int]:
+    (key,) = {(r, int(b)) for r, b in zip(work["route"].to_pylist(), work["bucket"].to_pylist(), strict=True)}
+    return key
+
+
+def _rows(frame: pd.DataFrame) -> list[tuple[Any, ...]]:
+    if frame.empty:
+        return []
+    cols = ["kind", "outcome", "result_id", "consumed_msg_id", "output_msg_id", "due_at", "delivered_at", "body"]
+    return sorted(tuple(str(v) for v in row) for row in frame[cols].itertuples(index=False))
+
+
+# (at ms after T0, consume results written then): level 3 = 10 s, 4 = 30 s, 5 = 1 m, 6 = 2 m, 18 = 2 h.
+A = _failures([("A0", 0), ("A1", 1), ("A2", 2), ("A3", 3), ("LONG", 15), ("DEAD", 16)])
+B = work_rows(
+    [Result.of(m).failed(reconsume_times=n) for m, n in [("B0", 0), ("B1", 1), ("B2", 2)]]
+    + [Result.of("A0").failed(), Result.of("A1").failed(reconsume_times=1)],
+    batch_ts=T0,
+    config=CONFIG,
+)
+LATE_LONG = _failures([("LONG", 15)])
+STEPS: list[tuple[int, list[pa.Table]]] = [
+    (0, [A]),
+    (15 * SECOND_MS, [B]),  # A0 due and released in this call; re-sent A0 and A1: duplicates
+    (65 * SECOND_MS, []),  # A1, A2, B0, B1 due
+    (20 * MINUTE_MS, []),  # everything but LONG due
+    (31 * MINUTE_MS, []),  # the window has passed: forgotten, but LONG stays known while pending
+    (40 * MINUTE_MS, [LATE_LONG]),  # a duplicate of the pending LONG
+    (121 * MINUTE_MS, []),  # LONG released
+    (140 * MINUTE_MS, []),  # the window after LONG's release passes: the key goes
+]
+
+
+def _drive(stage: ScheduleStage, *, parked: bool) -> list[tuple[list[tuple[Any, ...]], int | None, bool, HeldState]]:
+    state = HeldState(T0)
+    seen = []
+    for batch, (at, inputs) in enumerate(STEPS):
+        state.now_ms = _at(at)
+        called = dataclasses.replace(stage, batch_id=batch) if parked else stage
+        out = run(called, _key(A), inputs, state)
+        seen.append((_rows(out), state.timeout_ms, state.exists, state))
+        if parked and state.exists:
+            held = decode(state.get, _key(A))
+            assert held.pending.num_rows == 0, f"step {batch}: pending retries stayed inline"
+    return seen
+
+
+def test_parked_retries_are_released_and_deduplicated_exactly_as_inline_ones(tmp_path: Path) -> None:
+    """R8, B1, #14 part 5: every retry parked (park_bytes 0) gives, call for call, the rows, wake-ups and
+    state presence of the inline stage: partial releases from one file (different levels), duplicates
+    of released and of pending retries, a pending id remembered past the window, the key going."""
+    inline = _drive(ScheduleStage(dedup_window_ms=WINDOW_MS), parked=False)
+    store = ParkedStore(str(tmp_path / "ck"))
+    parked = _drive(ScheduleStage(dedup_window_ms=WINDOW_MS, parked=store, park_bytes=0), parked=True)
+    for step, ((rows_i, wake_i, exists_i, _), (rows_p, wake_p, exists_p, _)) in enumerate(zip(inline, parked, strict=True)):
+        assert (rows_p, wake_p, exists_p) == (rows_i, wake_i, exists_i), f"step {step} ({STEPS[step][0]} ms)"
+    outcomes = [r[1] for rows, *_ in inline for r in rows]
+    assert outcomes.count("duplicate") == 3 and outcomes.count("dead_letter") == 1
+    assert sum(1 for rows, *_ in inline for r in rows if r[0] == "delivery") == 8  # A0-A3, LONG, B0-B2
+    assert not inline[-1][2]
+    # One file per batch that scheduled retries (0: A's five, 1: B's three), each marked done in the batch
+    # that released its last row (2: B2, decided at T0 like all; 6: LONG).
+    a, b = parked_name(*_key(A), 0), parked_name(*_key(A), 1)
+    assert sorted(p.name for p in (tmp_path / "ck" / PARKED_DIR).iterdir()) == sorted(
+        [a, f"{a}.done_6", b, f"{b}.done_2"]
+    )
+
+
+def test_a_parked_key_keeps_a_small_state_value_of_version_4_and_an_unparked_one_stays_version_3(
+    tmp_path: Path,
+) -> None:
+    """#14 part 5 / #15 goal 4: parked, the state value holds references, not messages; a key with no
+    parked retries is written as layout 3 byte for byte (a release before parking reads it)."""
+    big = _failures([(f"M{i:03d}", 0) for i in range(200)])
+    key = _key(big)
+    inline_state, parked_state = HeldState(T0), HeldState(T0)
+    run(ScheduleStage(dedup_window_ms=WINDOW_MS), key, [big], inline_state)
+    stage = ScheduleStage(dedup_window_ms=WINDOW_MS, parked=ParkedStore(str(tmp_path)), park_bytes=0, batch_id=7)
+    run(stage, key, [big], parked_state)
+    inline_pending, parked_pending = inline_state.get[0], parked_state.get[0]
+    assert len(parked_pending) * 10 < len(inline_pending)
+    metadata = from_ipc(parked_pending).schema.metadata
+    assert metadata[VERSION_KEY] == b"4"
+    (chunk,) = chunks_from_json(metadata[CHUNKS_KEY], key)
+    assert chunk.name == parked_name(key[0], key[1], 7) and (chunk.rows, chunk.released) == (200, 0)
+    assert (tmp_path / PARKED_DIR / chunk.name).is_file()
+    # Below the threshold nothing parks, and the value is what the stage wrote before parking existed.
+    small = dataclasses.replace(stage, park_bytes=2**30)
+    kept = HeldState(T0)
+    run(small, key, [big], kept)
+    assert kept.get == inline_state.get
+    assert from_ipc(kept.get[0]).schema.metadata[VERSION_KEY] == b"3"
+
+
+def test_a_replayed_batch_parks_the_same_rows_under_the_same_name(tmp_path: Path) -> None:
+    """Replay: Spark re-runs batch b from the state of b - 1; the file is written again with the same
+    rows, and the state value is the same."""
+    stage = ScheduleStage(dedup_window_ms=WINDOW_MS, parked=ParkedStore(str(tmp_path)), park_bytes=0, batch_id=3)
+    first, again = HeldState(T0), HeldState(T0)
+    out_first = run(stage, _key(A), [A], first)
+    (path,) = (tmp_path / PARKED_DIR).iterdir()
+    table = pa.ipc.open_file(path).read_all()
+    out_again = run(stage, _key(A), [A], again)
+    assert _rows(out_again) == _rows(out_first) and again.get == first.get
+    assert pa.ipc.open_file(path).read_all().equals(table)
+    assert [p.name for p in (tmp_path / PARKED_DIR).iterdir()] == [path.name]
+
+
+def _parked_key(tmp_path: Path) -> tuple[ScheduleStage, HeldState, Path]:
+    stage = ScheduleStage(dedup_window_ms=WINDOW_MS, parked=ParkedStore(str(tmp_path)), park_bytes=0, batch_id=1)
+    state = HeldState(T0)
+    run(stage, _key(A), [A], state)
+    (path,) = (tmp_path / PARKED_DIR).iterdir()
+    return dataclasses.replace(stage, batch_id=2), state, path
+
+
+def _unsorted(path: Path) -> None:
+    table = pa.ipc.open_file(path).read_all()
+    reversed_rows = table.take(pa.array(range(table.num_rows - 1, -1, -1)))
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(reversed_rows)
+
+
+def _other_rows(path: Path) -> None:
+    table = pa.ipc.open_file(path).read_all()
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table.slice(1))
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (lambda p: p.unlink(), "is gone"),
+        (lambda p: p.write_bytes(b"ARROW1\x00\x00garbage"), "not a readable Arrow IPC file"),
+        (lambda p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]), "not a readable Arrow IPC file"),
+        (_unsorted, "not sorted by due_at"),
+        (_other_rows, "its reference expects"),
+    ],
+    ids=["missing", "garbage", "truncated", "unsorted", "other-rows"],
+)
+def test_a_parked_file_that_cannot_be_read_moves_the_key_aside_and_the_stream_goes_on(
+    tmp_path: Path, damage: Any, expected: str
+) -> None:
+    """Bad input (a restored or damaged checkpoint): the key's value goes to the quarantine table with the
+    file's path and the reason, the file is left where it is, and the same call still decides new rows."""
+    stage, state, path = _parked_key(tmp_path)
+    damage(path)
+    state.now_ms = _at(15 * SECOND_MS)  # A0 is due: its file is read
+    out = run(stage, _key(A), [_failures([("NEW", 0)])], state)
+    moved = out[out["kind"] == "state_quarantine"]
+    assert len(moved) >= 2 and set(moved["reason_code"]) == {"STATE_UNREADABLE"}
+    reason = moved["reason"].iloc[0]
+    assert expected in reason and str(path) in reason and "stay in" in reason
+    assert list(out[out["kind"] == "outcome"]["consumed_msg_id"]) == ["NEW"]
+    assert "[STATE_UNREADABLE] [" not in reason
+    assert path.exists() or expected == "is gone"
+    raw = json.loads(moved["raw"].iloc[0])
+    assert raw["blob"] == "pending"
+
+
+@pytest.mark.parametrize(
+    "references",
+    [
+        b"not json",
+        b'{"a": 1}',
+        b'[["x.arrow", 1, 0, 0]]',
+        b'[[1, 1, 0, 0]]',
+        b'[["NAME", -1, 0, 0]]',
+        b'[["NAME", 2, 2, 0]]',
+        b'[["NAME", true, 0, 0]]',
+        b'[["NAME", 2, 0, -5]]',
+        b'[["NAME", 2, 0]]',
+        b'[["../../../etc/NAME", 2, 0, 0]]',
+        b'[["OTHER", 2, 0, 0]]',
+    ],
+)
+def test_hostile_parked_references_in_a_state_value_are_unreadable(references: bytes) -> None:
+    """Bad input: a state value's references to parked files are checked before any file is opened (a
+    name outside the folder or of another key, counts that do not add up, wrong types)."""
+    key = ("G", 5)
+    references = references.replace(b"NAME", parked_name("G", 5, 1).encode()).replace(
+        b"OTHER", parked_name("H", 5, 1).encode()
+    )
+    pending, seen, expires = encode(dataclasses.replace(decode(encode(_empty())), chunks=(Chunk(parked_name("G", 5, 1), 2, 0, 0),)))
+    table = from_ipc(pending)
+    table = table.replace_schema_metadata({**table.schema.metadata, CHUNKS_KEY: references})
+    with pytest.raises(StateUnreadableError, match="parked"):
+        decode((to_ipc(table), seen, expires), key)
+
+
+def _empty() -> Any:
+    from retry_engine.core._schedule_state import KeyState
+
+    return KeyState()
+
+
+def test_sweep_deletes_only_files_released_before_the_oldest_kept_state_version(tmp_path: Path) -> None:
+    """Clean-up: a file goes once the batch that released its last row is older than the state versions
+    Spark keeps; a file still referenced (no marker), a recent one and a recent temp file stay; a temp
+    file a killed write left in an old batch goes. The engine sweeps every SWEEP_EVERY_BATCHES batches."""
+    store = ParkedStore(str(tmp_path))
+    rows = _failures([("A0", 0)])
+    old, recent, live = (store.park(("G", 1), b, rows) for b in (1, 50, 2))
+    store.done(old, 10)
+    store.done(recent, 95)
+    folder = tmp_path / PARKED_DIR
+    (folder / f"{parked_name('G', 1, 3)}.{'0' * 32}.tmp").write_bytes(b"half")
+    (folder / f"{parked_name('G', 1, 99)}.{'1' * 32}.tmp").write_bytes(b"half")
+    (folder / "a-file-someone-left.txt").write_bytes(b"x")
+    calls: list[int] = []
+    write = engine._sweeping_parked(lambda frame, batch: calls.append(batch), store, retain=80)
+    for batch in range(81, 101):
+        write(None, batch)  # type: ignore[arg-type]
+    assert calls == list(range(81, 101))
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [recent.name, f"{recent.name}.done_95", live.name, f"{parked_name('G', 1, 99)}.{'1' * 32}.tmp",
+         "a-file-someone-left.txt"]
+    )
+    assert store.read(live, ("G", 1)).num_rows == 1
+
+
+@pytest.mark.parametrize("value", [-1, True, "1048576", 1.5, 2**31])
+def test_state_park_bytes_refuses_hostile_values(value: object) -> None:
+    with pytest.raises(ConfigError, match="state_park_bytes"):
+        parse_config({"engine": {"state_park_bytes": value}})
+
+
+def test_state_park_bytes_defaults_to_1_mib_and_takes_0() -> None:
+    assert parse_config({}).engine.state_park_bytes == 1024 * 1024
+    assert parse_config({"engine": {"state_park_bytes": 0}}).engine.state_park_bytes == 0
+
+
+def test_parked_rows_leave_with_their_messages(tmp_path: Path) -> None:
+    """R8: a delivery from a file carries the message in full (body, properties, topic)."""
+    stage, state, _ = _parked_key(tmp_path)
+    state.now_ms = _at(15 * SECOND_MS)
+    released = run(stage, _key(A), [], state)
+    (row,) = released.to_dict("records")
+    assert row["kind"] == "delivery" and row["body"] == b"body-A0" and row["properties"] == {"color": "red"}
+    assert row["topic"] == "%RETRY%G" and row["consumed_msg_id"] == "A0"
