@@ -8,7 +8,6 @@ ladder) and tests/integration/test_engine_crash.py (SIGKILLs).
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
