@@ -280,3 +280,24 @@ def test_parked_rows_leave_with_their_messages(tmp_path: Path) -> None:
     (row,) = released.to_dict("records")
     assert row["kind"] == "delivery" and row["body"] == b"body-A0" and row["properties"] == {"color": "red"}
     assert row["topic"] == "%RETRY%G" and row["consumed_msg_id"] == "A0"
+
+
+def test_a_previous_layouts_inline_retries_park_and_stay_deduplicated(tmp_path: Path) -> None:
+    """B1, #12 items 6 and 13: the golden state of the first layout holds two pending retries whose ids
+    its ``seen`` forgot; once they park (not inline any more) their ids must still be known, so
+    re-sent results of both stay duplicates until they are released, from the file, when due."""
+    from tests.unit.test_schedule_state import GOLDEN, _failure_of_golden_key, _golden_value
+    from tests.unit.test_schedule_state import _key as golden_key
+
+    stage = ScheduleStage(dedup_window_ms=WINDOW_MS, parked=ParkedStore(str(tmp_path)), park_bytes=0, batch_id=1)
+    state = HeldState(T0)
+    state.value = _golden_value()
+    state.now_ms = GOLDEN["expires_ms"] + MINUTE_MS
+    assert list(run(stage, golden_key(), [_failure_of_golden_key("GOLD-1")], state)["outcome"]) == ["duplicate"]
+    held = decode(state.get, golden_key())
+    assert held.pending.num_rows == 0 and [c.rows for c in held.chunks] == [2]
+    again = dataclasses.replace(stage, batch_id=2)
+    assert list(run(again, golden_key(), [_failure_of_golden_key("GOLD-2")], state)["outcome"]) == ["duplicate"]
+    state.now_ms = _at(60 * MINUTE_MS) + 1
+    released = run(dataclasses.replace(stage, batch_id=3), golden_key(), [], state)
+    assert sorted(released["consumed_msg_id"]) == ["GOLD-1", "GOLD-2"] and set(released["kind"]) == {"delivery"}
