@@ -59,6 +59,7 @@ from _data import consume_results, write_table  # noqa: E402
 
 from retry_engine.config import EngineConfig, parse_config  # noqa: E402
 from retry_engine.core import engine  # noqa: E402
+from retry_engine.core._parked import PARKED_DIR  # noqa: E402
 from retry_engine.core._state_splits import SPLITS_DIR  # noqa: E402
 from retry_engine.core.metrics import OUTCOME_METRICS  # noqa: E402
 from retry_engine.core.schedule import ScheduleStage, StateKeySplit  # noqa: E402
@@ -392,6 +393,7 @@ class BacklogStep:
     state_keys: int
     state_memory_mb: float
     state_disk_mb: float
+    parked_disk_mb: float
     input_batch_ms: float
     input_rate: float
     idle_batch_ms: float
@@ -440,6 +442,7 @@ def backlog(spark: Any, work: Path, targets: list[int], budget_s: float, chunk_r
                 state_keys=int(ops[0].get("numRowsTotal", 0)),
                 state_memory_mb=int(ops[0].get("memoryUsedBytes", 0)) / 2**20,
                 state_disk_mb=_dir_mb(Path(config.checkpoint_path) / "state"),
+                parked_disk_mb=_dir_mb(Path(config.checkpoint_path) / PARKED_DIR),
                 input_batch_ms=float(np.mean(in_ms)) if in_ms else 0.0,
                 input_rate=in_rows / (sum(in_ms) / 1000) if in_ms and sum(in_ms) else 0.0,
                 idle_batch_ms=float(np.median([int(p["durationMs"].get("triggerExecution", 0)) for p in idle]))
@@ -711,11 +714,20 @@ def _growth_rows(row: Any, args: argparse.Namespace, growth: list[BacklogStep]) 
     for step in growth:
         row(f"backlog {step.pending:>10,}: state keys / memory MB", f"{step.state_keys:,} / {step.state_memory_mb:,.1f}")
         row(f"backlog {step.pending:>10,}: state on disk MB", f"{step.state_disk_mb:,.1f}")
+        row(f"backlog {step.pending:>10,}: parked retries on disk MB", f"{step.parked_disk_mb:,.1f}")
         row(f"backlog {step.pending:>10,}: input batch ms (rows/s)",
             f"{step.input_batch_ms:,.0f} ({step.input_rate:,.0f}/s)")
         row(f"backlog {step.pending:>10,}: idle batch ms", f"{step.idle_batch_ms:,.0f}")
     if growth:
         row("backlog reached (pending messages)", f"{growth[-1].pending:,}", f"toward {args.backlog_max:,}")
+    if len(growth) >= 2:
+        first, last = growth[0], growth[-1]
+        idle = last.idle_batch_ms / first.idle_batch_ms
+        row(f"idle batch, {last.pending:,} / {first.pending:,} pending", f"{idle:.2f}x", "<= 1.5x", idle <= 1.5)
+        if first.input_rate and last.input_rate:
+            per_row = first.input_rate / last.input_rate
+            row(f"input batch time per row, {last.pending:,} / {first.pending:,} pending", f"{per_row:.2f}x",
+                "<= 1.5x", per_row <= 1.5)
 
 
 def main() -> None:

@@ -62,6 +62,9 @@ _META_ROUTE: Final = b"retry_engine.route"
 _META_BUCKET: Final = b"retry_engine.bucket"
 _META_ROWS: Final = b"retry_engine.rows"
 _US_PER_MS: Final = 1_000
+# ZSTD: the bench's rows (64-byte bodies) came out 5x smaller than uncompressed, for ~3 ms more per
+# 10,000 rows each way; RocksDB compressed pending retries before they were parked, the files should too.
+_WRITE_OPTIONS: Final = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,10 @@ class ParkedStore:
         path = f"{directory}/{name}"
         # Written aside and renamed: a reader sees the whole file or the first attempt's (a replay).
         partial = f"{path}.{uuid.uuid4().hex}.tmp"
-        with fs.open_output_stream(partial) as stream, pa.ipc.new_file(stream, table.schema) as writer:
+        with (
+            fs.open_output_stream(partial) as stream,
+            pa.ipc.new_file(stream, table.schema, options=_WRITE_OPTIONS) as writer,
+        ):
             writer.write_table(table)
         try:
             fs.move(partial, path)
