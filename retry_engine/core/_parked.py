@@ -13,8 +13,13 @@ by due time, to one file ``<checkpoint>/retry_engine_pending/<name>`` and keeps
 only a reference in the state value (:class:`Chunk`: the file's name, its row
 count, how many rows of it were released, the next due time). The rows never
 change; a release takes the next due rows of the file and moves ``released``
-on. The msg ids of parked retries stay in the key's remembered ids while they
-are pending (B1), so deduplication never reads a file.
+on. Deduplication (B1): a parked retry's msg id is in the key's remembered ids
+while the key's dedup window lasts (it was decided fresh in it); when the window
+passes the key forgets them all and marks its files ``ids_known = False``, so
+a later call with input reads those files' unreleased ids instead. A backlog
+of retries due in hours then costs its keys a few bytes of state each, not
+every pending msg id (#15 goal 4: Spark's timeout scan reads every state value
+every micro-batch).
 
 Names: ``route_<hex>.bucket_<n>.batch_<b>.arrow``, one file per key per
 micro-batch at most (a key is called once per batch).
@@ -72,15 +77,18 @@ class Chunk:
     """A reference to one parked file: ``rows`` retries sorted by due time, the first ``released`` gone.
 
     ``next_due_ms``: the due time of row ``released`` (the key's wake-up for this file).
+    ``ids_known``: its unreleased msg ids are in the key's remembered ids (until the
+    key's dedup window passes); otherwise deduplication reads them from the file.
     """
 
     name: str
     rows: int
     released: int
     next_due_ms: int
+    ids_known: bool = True
 
     def as_json(self) -> list[Any]:
-        return [self.name, self.rows, self.released, self.next_due_ms]
+        return [self.name, self.rows, self.released, self.next_due_ms, self.ids_known]
 
 
 def parked_name(route: str, bucket: int, batch: int) -> str:
@@ -105,14 +113,15 @@ def chunks_from_json(raw: bytes, key: tuple[str, int] | None = None) -> tuple[Ch
     for entry in entries:
         if (
             not isinstance(entry, list)
-            or len(entry) != 4
+            or len(entry) != 5
             or not isinstance(entry[0], str)
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in entry[1:])
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in entry[1:4])
+            or not isinstance(entry[4], bool)
         ):
             raise StateUnreadableError(
-                f"a parked retries' reference is {entry!r}; expected [name, rows, released, next_due_ms]"
+                f"a parked retries' reference is {entry!r}; expected [name, rows, released, next_due_ms, ids_known]"
             )
-        name, rows, released, next_due_ms = entry
+        name, rows, released, next_due_ms, ids_known = entry
         match = _NAME.match(name)
         if match is None or not 0 <= released < rows or next_due_ms < 0:
             raise StateUnreadableError(
@@ -122,7 +131,7 @@ def chunks_from_json(raw: bytes, key: tuple[str, int] | None = None) -> tuple[Ch
         owner = (bytes.fromhex(match["route"]).decode("utf-8", errors="replace"), int(match["bucket"]))
         if key is not None and owner != (key[0], int(key[1])):
             raise StateUnreadableError(f"the parked file {name} belongs to another state key than {key}")
-        chunks.append(Chunk(name, rows, released, next_due_ms))
+        chunks.append(Chunk(name, rows, released, next_due_ms, ids_known))
     return tuple(chunks)
 
 

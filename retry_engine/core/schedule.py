@@ -137,7 +137,7 @@ class ScheduleStage:
             value = state.get
             try:
                 held = decode(value, key)
-                parked = self._read_parked(key, held, now_ms)
+                parked = self._read_parked(key, held, now_ms, bool(payloads))
             except StateUnreadableError as exc:
                 # Crash-looping on one bad value would stop every key; keep its bytes, start afresh.
                 log.error("group %s bucket %s: schedule state moved aside to quarantine: %s", route, bucket, exc)
@@ -151,10 +151,13 @@ class ScheduleStage:
             new = unpack(payloads)
             new = new.take(pc.sort_indices(new.column("source_position")))
             ids = new.column("consumed_msg_id")
-            # A msg id whose retry is still pending is known whatever the window says (B1, #12 item 6);
-            # state written before that rule (layout 1) may have forgotten it from ``seen``. Parked
-            # retries' ids are always in ``seen``.
-            known = pc.is_in(ids, value_set=_known(seen, pending)).to_numpy(zero_copy_only=False)
+            # A msg id whose retry is still pending is known whatever the window says (B1, #12 item 6):
+            # inline ones through ``pending`` (state written before that rule, layout 1, may have
+            # forgotten them from ``seen``), parked ones through ``seen`` while the window lasts and
+            # through their files after it.
+            known = pc.is_in(ids, value_set=_known(seen, pending, *_forgotten(held.chunks, parked))).to_numpy(
+                zero_copy_only=False
+            )
             repeated = pa.array(pd.Index(ids.to_numpy(zero_copy_only=False)).duplicated() | known)
             if pc.any(repeated).as_py():
                 out.append(ledger_only(_as_duplicates(new.filter(repeated))))
@@ -191,7 +194,7 @@ class ScheduleStage:
             n = int(np.searchsorted(rest_due, now_ms, side="right"))  # sorted by due time: a prefix is due
             released.append(rows.slice(0, n))
             if n < len(rest_due):
-                chunks.append(Chunk(chunk.name, chunk.rows, chunk.released + n, int(rest_due[n])))
+                chunks.append(dataclasses.replace(chunk, released=chunk.released + n, next_due_ms=int(rest_due[n])))
             elif (batch := self._batch()) is not None and self.parked is not None:
                 self.parked.done(chunk, batch)
         if released:
@@ -204,10 +207,11 @@ class ScheduleStage:
                 log.debug("group %s bucket %s: released %d retries", route, bucket, gone.num_rows)
         # A passed dedup window is no wake-up (it would fire the key on every micro-batch, shipping
         # its whole blob each time): its msg ids are forgotten, except those of retries still
-        # pending, which stay known until released (inline ones through the union with ``pending``
-        # when the key is next read; parked ones stay in ``seen``).
+        # pending, which stay known until released (inline ones through ``pending``, parked ones
+        # through their files, both when the key is next read with input).
         if now_ms >= expires_ms:
-            seen = _ids(None, *(parked[c.name].slice(c.released) for c in chunks))
+            seen = _ids()
+            chunks = [dataclasses.replace(c, ids_known=False) for c in chunks]
         if out:
             yield _packed(key, [payload for table in out for payload in payload_chunks(table)])
 
@@ -230,7 +234,8 @@ class ScheduleStage:
         current = KeyState(pending, seen, expires_ms, held.sealed_batch, tuple(chunks))
         value = encode(current)
         if held.sealed_batch is None and self.seals is not None and len(value[0]) + len(value[1]) > self.max_key_bytes:
-            value = self._seal(self.seals, key, current, len(value[0]) + len(value[1])) or value
+            forgotten = [*self._forgotten_rows(key, current.chunks, parked)]
+            value = self._seal(self.seals, key, current, len(value[0]) + len(value[1]), forgotten) or value
         state.update(value)
         # Spark fires the timeout in the first batch whose timestamp is past now + duration.
         state.setTimeoutDuration(max(1, next_ms - now_ms))
@@ -238,21 +243,36 @@ class ScheduleStage:
     def _batch(self) -> int | None:
         return self.batch_id if self.batch_id is not None else current_batch_id()
 
-    def _read_parked(self, key: tuple[str, int], held: KeyState, now_ms: int) -> dict[str, pa.Table]:
-        """The rows of ``held``'s parked files this call needs: those with rows due, and every one when
-        the dedup window has passed (``seen`` is then rebuilt from their unreleased ids)."""
+    def _forgotten_rows(self, key: tuple[str, int], chunks: tuple[Chunk, ...], parked: dict[str, pa.Table]) -> Iterator[pa.Table]:
+        """The unreleased rows of ``chunks`` whose ids ``seen`` lacks, read now if this call has not.
+
+        Only a key that seals in a call without input (its released ids alone passed the
+        threshold) reads here; a file that cannot be read then stops the batch.
+        """
+        for chunk in chunks:
+            if chunk.ids_known:
+                continue
+            if chunk.name not in parked:
+                assert self.parked is not None
+                parked[chunk.name] = parked_rows(self.parked.read(chunk, key), self.parked.path(chunk.name))
+            yield parked[chunk.name].slice(chunk.released)
+
+    def _read_parked(
+        self, key: tuple[str, int], held: KeyState, now_ms: int, has_input: bool
+    ) -> dict[str, pa.Table]:
+        """The rows of ``held``'s parked files this call needs: those with rows due, and, when rows come
+        in, those whose ids the key forgot with its dedup window (deduplication reads them)."""
         if not held.chunks:
             return {}
         if self.parked is None:
             raise StateUnreadableError(
                 f"the state of key {key} references parked retries, but the stage has no parked store"
             )
-        every = now_ms >= held.expires_ms
         try:
             return {
                 c.name: parked_rows(self.parked.read(c, key), self.parked.path(c.name))
                 for c in held.chunks
-                if every or c.next_due_ms <= now_ms
+                if c.next_due_ms <= now_ms or (has_input and not c.ids_known)
             }
         except StateUnreadableError as exc:
             raise StateUnreadableError(
@@ -261,7 +281,7 @@ class ScheduleStage:
             ) from exc.__cause__
 
     def _seal(
-        self, seals: SealStore, key: tuple[str, int], held: KeyState, size: int
+        self, seals: SealStore, key: tuple[str, int], held: KeyState, size: int, forgotten: list[pa.Table]
     ) -> tuple[bytes, bytes, int] | None:
         """Publish ``held``'s msg ids as key ``key``'s seal; its state value sealed, or None at the deepest level."""
         route, bucket = key
@@ -278,7 +298,7 @@ class ScheduleStage:
                 "schedule stage runs only inside a streaming micro-batch",
                 code="STATE_SPLIT_NO_BATCH_ID",
             )
-        ids = _ids(held.seen, held.pending)  # parked retries' ids are in ``seen``
+        ids = _ids(held.seen, held.pending, *forgotten)  # and the parked ids ``seen`` lacks
         path = seals.publish(route, int(bucket), batch, ids.to_pylist())
         log.info(
             "group %s bucket %s: state value of %d bytes passed %d: sealed in batch %d, %d msg ids published to %s; "
@@ -313,10 +333,16 @@ def _ids(seen: pa.Array | None = None, *tables: pa.Table) -> pa.Array:
     return pc.unique(pc.drop_null(pa.chunked_array(parts, pa.string())))
 
 
-def _known(seen: pa.Array, pending: pa.Table) -> pa.ChunkedArray:
+def _known(seen: pa.Array, *pending: pa.Table) -> pa.ChunkedArray:
     """Every msg id a key knows, as one value set: ``seen`` and the pending retries' (with repeats;
     a lookup does not mind them, and a distinct copy of a big key's ids cost more than the lookup)."""
-    return pa.chunked_array([seen, *pc.drop_null(pending.column("consumed_msg_id")).chunks], pa.string())
+    ids = [c for rows in pending for c in pc.drop_null(rows.column("consumed_msg_id")).chunks]
+    return pa.chunked_array([seen, *ids], pa.string())
+
+
+def _forgotten(chunks: tuple[Chunk, ...], parked: dict[str, pa.Table]) -> list[pa.Table]:
+    """The unreleased rows of the parked files whose ids the key's ``seen`` lacks (all read in a call with input)."""
+    return [parked[c.name].slice(c.released) for c in chunks if not c.ids_known]
 
 
 def _with_new(seen: pa.Array, fresh: pa.Table) -> pa.Array:

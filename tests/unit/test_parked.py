@@ -205,15 +205,16 @@ def test_a_parked_file_that_cannot_be_read_moves_the_key_aside_and_the_stream_go
     [
         b"not json",
         b'{"a": 1}',
-        b'[["x.arrow", 1, 0, 0]]',
-        b'[[1, 1, 0, 0]]',
-        b'[["NAME", -1, 0, 0]]',
-        b'[["NAME", 2, 2, 0]]',
-        b'[["NAME", true, 0, 0]]',
-        b'[["NAME", 2, 0, -5]]',
-        b'[["NAME", 2, 0]]',
-        b'[["../../../etc/NAME", 2, 0, 0]]',
-        b'[["OTHER", 2, 0, 0]]',
+        b'[["x.arrow", 1, 0, 0, true]]',
+        b'[[1, 1, 0, 0, true]]',
+        b'[["NAME", -1, 0, 0, true]]',
+        b'[["NAME", 2, 2, 0, true]]',
+        b'[["NAME", true, 0, 0, true]]',
+        b'[["NAME", 2, 0, -5, true]]',
+        b'[["NAME", 2, 0, 0, 1]]',
+        b'[["NAME", 2, 0, 0]]',
+        b'[["../../../etc/NAME", 2, 0, 0, true]]',
+        b'[["OTHER", 2, 0, 0, true]]',
     ],
 )
 def test_hostile_parked_references_in_a_state_value_are_unreadable(references: bytes) -> None:
@@ -301,3 +302,47 @@ def test_a_previous_layouts_inline_retries_park_and_stay_deduplicated(tmp_path: 
     state.now_ms = _at(60 * MINUTE_MS) + 1
     released = run(dataclasses.replace(stage, batch_id=3), golden_key(), [], state)
     assert sorted(released["consumed_msg_id"]) == ["GOLD-1", "GOLD-2"] and set(released["kind"]) == {"delivery"}
+
+
+def _past_window(tmp_path: Path) -> tuple[ScheduleStage, HeldState]:
+    """Key of A after its window passed (31 min): LONG (due at 2 h) parked, its id forgotten by ``seen``."""
+    stage = ScheduleStage(dedup_window_ms=WINDOW_MS, parked=ParkedStore(str(tmp_path)), park_bytes=0, batch_id=0)
+    state = HeldState(T0)
+    run(stage, _key(A), [A], state)
+    for batch, at in enumerate((5 * MINUTE_MS, 31 * MINUTE_MS), start=1):
+        state.now_ms = _at(at)
+        run(dataclasses.replace(stage, batch_id=batch), _key(A), [], state)
+    return dataclasses.replace(stage, batch_id=5), state
+
+
+def test_past_its_window_a_key_keeps_no_msg_ids_of_parked_retries_and_still_knows_them(tmp_path: Path) -> None:
+    """#15 goal 4, B1, #12 item 6: a backlog of retries due in hours costs its key a few bytes of state
+    once its dedup window passed (Spark's timeout scan reads every value every batch): ``seen`` is empty
+    and the file is marked; a re-sent result of the pending retry is still a duplicate (the file's ids
+    are read), and that touch does not bring the ids back into the state value."""
+    stage, state = _past_window(tmp_path)
+    held = decode(state.get, _key(A))
+    assert len(held.seen) == 0 and [(c.rows - c.released, c.ids_known) for c in held.chunks] == [(1, False)]
+    assert len(state.get[1]) < 1024
+    state.now_ms = _at(40 * MINUTE_MS)
+    assert list(run(stage, _key(A), [LATE_LONG], state)["outcome"]) == ["duplicate"]
+    assert [c.ids_known for c in decode(state.get, _key(A)).chunks] == [False]
+    assert "LONG" not in decode(state.get, _key(A)).seen.to_pylist()
+
+
+def test_a_key_that_seals_after_its_window_publishes_the_parked_ids_it_forgot(tmp_path: Path) -> None:
+    """#12 item 17, B1: sealing publishes every msg id the key knows; past the window those of parked
+    retries are only in their files, so they are read into the seal, with input (new ids) and without
+    (released ids alone passing the threshold)."""
+    from retry_engine.core._state_splits import SealStore
+
+    for has_input in (True, False):
+        folder = tmp_path / str(has_input)
+        stage, state = _past_window(folder)
+        seals = SealStore(str(folder / "ck"))
+        sealing = dataclasses.replace(stage, seals=seals, max_key_bytes=1)
+        inputs = [work_rows([Result.of("NEW").failed(reconsume_times=15)], batch_ts=T0, config=CONFIG)]
+        run(sealing, _key(A), inputs if has_input else [], state)
+        (seal,) = seals.sealed_before(10).values()
+        published = seals.published_ids(seal).to_pylist()
+        assert "LONG" in published and ("NEW" in published) == has_input, has_input
