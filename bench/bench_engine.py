@@ -14,7 +14,10 @@
    of early deliveries.
 3. State size and batch duration as the pending backlog grows (delays of 1h,
    so nothing is released) from 10 thousand toward 10 million messages, as
-   far as ``--backlog-max`` / ``--backlog-seconds`` allow.
+   far as ``--backlog-max`` / ``--backlog-seconds`` allow: state and parked
+   retries on disk, the peak RSS of each step, and the idle batch and the
+   input batch time per row at the largest backlog against the smallest
+   (#15 goal 4: within 1.5x).
 4. Peak RSS of the JVM (driver and executors: local mode) and of the Python
    workers, sampled every 0.5 s during the whole run.
 5. ``--parts onekey`` (not in the default run): a mass failure, ``--one-key-rows``
@@ -164,6 +167,8 @@ class RssSampler:
     """
 
     peak: dict[str, float] = field(default_factory=lambda: {"python driver": 0.0, "JVM": 0.0, "python workers": 0.0})
+    # Peak since the last :meth:`take_window` (the backlog part's steps).
+    window: dict[str, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def now(self) -> dict[str, float]:
@@ -178,6 +183,12 @@ class RssSampler:
     def sample(self) -> None:
         for k, v in self.now().items():
             self.peak[k] = max(self.peak[k], v)
+            self.window[k] = max(self.window.get(k, 0.0), v)
+
+    def take_window(self) -> dict[str, float]:
+        """The peak RSS since the last call (or the start), and a new window."""
+        window, self.window = self.window, {}
+        return window
 
     def run(self) -> None:
         while not self._stop.wait(0.5):
@@ -394,12 +405,15 @@ class BacklogStep:
     state_memory_mb: float
     state_disk_mb: float
     parked_disk_mb: float
+    peak_rss_mb: dict[str, float]
     input_batch_ms: float
     input_rate: float
     idle_batch_ms: float
 
 
-def backlog(spark: Any, work: Path, targets: list[int], budget_s: float, chunk_rows: int) -> list[BacklogStep]:
+def backlog(
+    spark: Any, work: Path, targets: list[int], budget_s: float, chunk_rows: int, sampler: RssSampler
+) -> list[BacklogStep]:
     config = engine_config(work / "lake_backlog", trigger_interval="500ms", message_delay_level="1h",
                            state_bucket="10s", max_files_per_trigger=2)
     src = config.table_path("consume_results")
@@ -408,6 +422,7 @@ def backlog(spark: Any, work: Path, targets: list[int], budget_s: float, chunk_r
         time.sleep(0.2)
     steps: list[BacklogStep] = []
     pending, started = 0, time.monotonic()
+    sampler.take_window()
     start_ts = dt.datetime.now(dt.UTC)
     try:
         for target in targets:
@@ -443,6 +458,7 @@ def backlog(spark: Any, work: Path, targets: list[int], budget_s: float, chunk_r
                 state_memory_mb=int(ops[0].get("memoryUsedBytes", 0)) / 2**20,
                 state_disk_mb=_dir_mb(Path(config.checkpoint_path) / "state"),
                 parked_disk_mb=_dir_mb(Path(config.checkpoint_path) / PARKED_DIR),
+                peak_rss_mb=sampler.take_window(),
                 input_batch_ms=float(np.mean(in_ms)) if in_ms else 0.0,
                 input_rate=in_rows / (sum(in_ms) / 1000) if in_ms and sum(in_ms) else 0.0,
                 idle_batch_ms=float(np.median([int(p["durationMs"].get("triggerExecution", 0)) for p in idle]))
@@ -715,6 +731,8 @@ def _growth_rows(row: Any, args: argparse.Namespace, growth: list[BacklogStep]) 
         row(f"backlog {step.pending:>10,}: state keys / memory MB", f"{step.state_keys:,} / {step.state_memory_mb:,.1f}")
         row(f"backlog {step.pending:>10,}: state on disk MB", f"{step.state_disk_mb:,.1f}")
         row(f"backlog {step.pending:>10,}: parked retries on disk MB", f"{step.parked_disk_mb:,.1f}")
+        row(f"backlog {step.pending:>10,}: peak RSS JVM / workers MB",
+            f"{step.peak_rss_mb.get('JVM', 0):,.0f} / {step.peak_rss_mb.get('python workers', 0):,.0f}")
         row(f"backlog {step.pending:>10,}: input batch ms (rows/s)",
             f"{step.input_batch_ms:,.0f} ({step.input_rate:,.0f}/s)")
         row(f"backlog {step.pending:>10,}: idle batch ms", f"{step.idle_batch_ms:,.0f}")
@@ -776,7 +794,8 @@ def main() -> None:
                  if "throughput" in parts else {})
         late = lateness(spark, work, args.late_seconds, args.late_rate, args.trigger_ms) if "lateness" in parts else {}
         log(f"lateness: {late}")
-        growth = backlog(spark, work, targets, args.backlog_seconds, args.backlog_chunk) if "backlog" in parts else []
+        growth = (backlog(spark, work, targets, args.backlog_seconds, args.backlog_chunk, sampler)
+                  if "backlog" in parts else [])
         per_batch = (batch_cost(spark, work / "cost", idle_batches=args.idle_batches, trickle_rows=args.trickle_rows,
                                 trickle_batches=args.trickle_batches, big_rows=args.cost_rows)
                      if "batchcost" in parts else None)
