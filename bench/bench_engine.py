@@ -4,11 +4,15 @@
 
 1. Throughput (consume results/s) of the engine at 10% and 100% failures, as
    a ratio to the raw Delta-to-Delta copy through the same ``deltars`` source
-   and sink, and to a naive one-key-per-message applyInPandasWithState
+   and sink, to Spark's native streaming parquet -> parquet copy of the same
+   table's data files (#15 goal 2), and to a naive one-key-per-message applyInPandasWithState
    baseline (run on fewer rows; the rates are compared). Steady state: each
    input is split into several micro-batches (maxFilesPerTrigger) and the
    rate is input rows / summed ``triggerExecution`` of the batches after the
-   first, from StreamingQueryProgress, so query start-up is excluded.
+   first, from StreamingQueryProgress, so query start-up is excluded. The
+   bridge against Spark's own parquet source and sink on the same rows (#15
+   goal 1): deltars source / parquet source into ``noop``, and the raw copy /
+   deltars source -> parquet sink (the sinks compared behind one source).
 2. Lateness of released retries (delivered_at - due_at, on the micro-batch
    clock) against the trigger interval and the batch duration, and the count
    of early deliveries.
@@ -294,6 +298,29 @@ def raw_copy(spark: Any, src: Path, work: Path, files_per_batch: int) -> Rate:
     return steady_rate(query.recentProgress)
 
 
+def reference(spark: Any, src: Path, work: Path, files_per_batch: int, *, source: str, sink: str) -> Rate:
+    """A reference pipeline on the same table (#15 goals 1, 2): ``source`` "parquet" is Spark's own
+    file source on the table's data files (it skips ``_delta_log``, a hidden folder; the table has
+    only adds, so the same rows) or "deltars"; ``sink`` "parquet" is Spark's file sink, or "noop"."""
+    if source == "parquet":
+        schema = spark.read.parquet(str(src)).schema
+        df = spark.readStream.schema(schema).option("maxFilesPerTrigger", str(files_per_batch)).parquet(str(src))
+    else:
+        df = spark.readStream.format("deltars").option("path", str(src)).option("maxFilesPerTrigger", str(files_per_batch)).load()
+    writer = df.writeStream.option("checkpointLocation", str(work / "ck")).trigger(availableNow=True)
+    query = (writer.format("noop") if sink == "noop" else writer.format("parquet").option("path", str(work / "out"))).start()
+    query.awaitTermination()
+    return steady_rate(query.recentProgress)
+
+
+# The reference pipelines of #15 (name -> (source, sink)), run on the 10% input; the native copy on both.
+REFERENCES = {
+    "native parquet -> noop": ("parquet", "noop"),
+    "deltars source -> noop": ("deltars", "noop"),
+    "deltars source -> parquet sink": ("deltars", "parquet"),
+}
+
+
 def engine_run(spark: Any, src: Path, work: Path, rows: int, files_per_batch: int, **engine_keys: Any) -> Rate:
     # Fast levels, so the run also releases retries (their cost is part of the rate).
     config = engine_config(work / "lake", src, max_files_per_trigger=files_per_batch, trigger_interval="200ms",
@@ -341,6 +368,12 @@ def throughput(spark: Any, work: Path, rows: int, naive_rows: int, batches: int,
         for label, src in sources.items():
             _best(out, f"raw copy ({label})", raw_copy(spark, src, work / f"raw_{label[:-1]}_{r}", 4))
             _best(out, f"engine ({label})", engine_run(spark, src, work / f"engine_{label[:-1]}_{r}", rows, 4))
+            _best(out, f"native parquet copy ({label})",
+                  reference(spark, src, work / f"native_{label[:-1]}_{r}", 4, source="parquet", sink="parquet"))
+            if label == "10%":
+                for i, (name, (source, sink)) in enumerate(REFERENCES.items()):
+                    _best(out, f"{name} ({label})",
+                          reference(spark, src, work / f"ref_{i}_{r}", 4, source=source, sink=sink))
         _best(out, "naive key-per-message (10%)", naive_run(spark, naive_src, work / f"naive_{r}", naive_rows))
     return out
 
@@ -707,6 +740,8 @@ def report(args: argparse.Namespace, rates: dict[str, Rate], late: dict[str, flo
         x = eng / naive if naive else 0.0
         row(f"engine ({label}) / naive (10%)", f"{x:.0f}x", ">= 30x" if label == "10%" else "",
             x >= 30 if label == "10%" else None)
+    if rates:
+        _reference_rows(row, rates)
     if late:
         _lateness_rows(row, late)
     _growth_rows(row, args, growth)
@@ -714,6 +749,21 @@ def report(args: argparse.Namespace, rates: dict[str, Rate], late: dict[str, flo
         _cost_rows(row, cost)
     for name, mb in memory.items():
         row(f"peak RSS {name} (MB)", f"{mb:,.0f}")
+
+
+def _reference_rows(row: Any, rates: dict[str, Rate]) -> None:
+    """#15 goals 1 and 2: the bridge and the engine against Spark's native pipelines, same rows, same run."""
+
+    def ratio(name: str, top: str, bottom: str, target: float) -> None:
+        a, b = rates[top].per_second, rates[bottom].per_second
+        value = a / b if b else 0.0
+        row(name, f"{value:.2f}", f">= {target}", value >= target)
+
+    ratio("deltars sink / parquet sink (10%)", "raw copy (10%)", "deltars source -> parquet sink (10%)", 0.9)
+    ratio("deltars source / parquet source (10%)", "deltars source -> noop (10%)", "native parquet -> noop (10%)", 0.8)
+    ratio("raw copy / native parquet copy (10%)", "raw copy (10%)", "native parquet copy (10%)", 0.9)
+    ratio("engine / native parquet copy (10%)", "engine (10%)", "native parquet copy (10%)", 0.8)
+    ratio("engine / native parquet copy (100%)", "engine (100%)", "native parquet copy (100%)", 0.5)
 
 
 def _lateness_rows(row: Any, late: dict[str, float]) -> None:
