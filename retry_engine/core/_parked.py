@@ -124,10 +124,10 @@ def chunks_from_json(raw: bytes, key: tuple[str, int] | None = None) -> tuple[Ch
             )
         name, rows, released, next_due_ms, ids_known = entry
         match = _NAME.match(name)
-        if match is None or not 0 <= released < rows or next_due_ms < 0:
+        if match is None or not 0 <= released < rows:
             raise StateUnreadableError(
                 f"a parked retries' reference is {entry!r}: expected a file name "
-                "route_<hex>.bucket_<n>.batch_<n>.arrow and 0 <= released < rows, next_due_ms >= 0"
+                "route_<hex>.bucket_<n>.batch_<n>.arrow and 0 <= released < rows"
             )
         owner = (bytes.fromhex(match["route"]).decode("utf-8", errors="replace"), int(match["bucket"]))
         if key is not None and owner != (key[0], int(key[1])):

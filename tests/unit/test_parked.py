@@ -210,7 +210,7 @@ def test_a_parked_file_that_cannot_be_read_moves_the_key_aside_and_the_stream_go
         b'[["NAME", -1, 0, 0, true]]',
         b'[["NAME", 2, 2, 0, true]]',
         b'[["NAME", true, 0, 0, true]]',
-        b'[["NAME", 2, 0, -5, true]]',
+        b'[["NAME", 2, 0, 0.5, true]]',
         b'[["NAME", 2, 0, 0, 1]]',
         b'[["NAME", 2, 0, 0]]',
         b'[["../../../etc/NAME", 2, 0, 0, true]]',
