@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -54,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from retry_engine.delta._checkpoint import checkpoint_filesystem
+from retry_engine.delta._checkpoint import checkpoint_folder, write_arrow_file
 from retry_engine.errors import StateUnreadableError
 
 PARKED_DIR: Final = "retry_engine_pending"
@@ -148,8 +147,7 @@ class ParkedStore:
     checkpoint: str
 
     def _dir(self) -> tuple[pafs.FileSystem, str]:
-        fs, root = checkpoint_filesystem(self.checkpoint)
-        return fs, f"{root}/{PARKED_DIR}"
+        return checkpoint_folder(self.checkpoint, PARKED_DIR)
 
     def path(self, name: str) -> str:
         return f"{self._dir()[1]}/{name}"
@@ -168,21 +166,8 @@ class ParkedStore:
             }
         )
         fs, directory = self._dir()
-        fs.create_dir(directory, recursive=True)
-        path = f"{directory}/{name}"
-        # Written aside and renamed: a reader sees the whole file or the first attempt's (a replay).
-        partial = f"{path}.{uuid.uuid4().hex}.tmp"
-        with (
-            fs.open_output_stream(partial) as stream,
-            pa.ipc.new_file(stream, table.schema, options=_WRITE_OPTIONS) as writer,
-        ):
-            writer.write_table(table)
-        try:
-            fs.move(partial, path)
-        except OSError:
-            # Stores whose rename does not replace: the existing file is the uncommitted attempt's.
-            fs.delete_file(path)
-            fs.move(partial, path)
+        # A replay writes over the first attempt's file, which only that uncommitted attempt referenced.
+        write_arrow_file(fs, f"{directory}/{name}", table, options=_WRITE_OPTIONS)
         return Chunk(name, rows.num_rows, 0, int(due_ms(rows.slice(0, 1))[0]))
 
     def read(self, chunk: Chunk, key: tuple[str, int]) -> pa.Table:

@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import logging
 import re
-import uuid
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -71,7 +70,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from retry_engine.delta._checkpoint import checkpoint_filesystem
+from retry_engine.delta._checkpoint import checkpoint_folder, write_arrow_file
 from retry_engine.errors import StateSplitError
 
 log = logging.getLogger(__name__)
@@ -165,8 +164,7 @@ class SealStore:
     checkpoint: str
 
     def _dir(self) -> tuple[pafs.FileSystem, str]:
-        fs, root = checkpoint_filesystem(self.checkpoint)
-        return fs, f"{root}/{SPLITS_DIR}"
+        return checkpoint_folder(self.checkpoint, SPLITS_DIR)
 
     def seal_path(self, route: str, bucket: int, level: int, batch: int) -> str:
         return f"{self._dir()[1]}/{seal_name(route, bucket, level, batch)}"
@@ -241,11 +239,7 @@ class SealStore:
                 _META_ROWS: str(table.num_rows).encode(),
             }
         )
-        fs.create_dir(directory, recursive=True)
-        partial = f"{path}.{uuid.uuid4().hex}.tmp"
-        with fs.open_output_stream(partial) as stream, pa.ipc.new_file(stream, table.schema) as writer:
-            writer.write_table(table)
-        fs.move(partial, path)
+        write_arrow_file(fs, path, table)
         return path
 
     def published_ids(self, seal: Seal) -> pa.Array:

@@ -12,6 +12,7 @@ import os
 import uuid
 from urllib.parse import urlparse
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from retry_engine.errors import DeltaSinkError
@@ -31,6 +32,29 @@ def checkpoint_filesystem(checkpoint: str) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), os.path.abspath(path)
     fs, path = pafs.FileSystem.from_uri(checkpoint)
     return fs, path
+
+
+def checkpoint_folder(checkpoint: str, name: str) -> tuple[pafs.FileSystem, str]:
+    """The file system and path of the engine's folder ``name`` inside ``checkpoint``."""
+    fs, root = checkpoint_filesystem(checkpoint)
+    return fs, f"{root}/{name}"
+
+
+def write_arrow_file(
+    fs: pafs.FileSystem, path: str, table: pa.Table, *, options: pa.ipc.IpcWriteOptions | None = None
+) -> None:
+    """``table`` as an Arrow IPC file at ``path``, written aside and renamed over it: a reader sees
+    the whole file or what was there before, never a part (a killed write leaves a ``.tmp``)."""
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    partial = f"{path}.{uuid.uuid4().hex}.tmp"
+    with fs.open_output_stream(partial) as stream, pa.ipc.new_file(stream, table.schema, options=options) as writer:
+        writer.write_table(table)
+    try:
+        fs.move(partial, path)
+    except OSError:
+        # Stores whose rename does not replace an existing file.
+        fs.delete_file(path)
+        fs.move(partial, path)
 
 
 def read_query_id(checkpoint: str) -> str | None:
