@@ -386,13 +386,15 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         """Called by PySpark's stream-source runner process (driver side) when its loop ends.
 
         The loop ends with an ``EOFError`` when the query stops: the JVM hangs
-        up. The runner then reports that error over the closed socket and
-        dies printing a BrokenPipeError traceback on stderr after every clean
+        up (or a ``ConnectionResetError``, when the JVM's side closed with
+        unread data and the kernel reset the connection: CI, 2026-11-26). The
+        runner then reports that error over the closed socket and dies
+        printing a BrokenPipeError traceback on stderr after every clean
         stop. Then (and only then) this process's last uncaught hang-up error
         is not printed; any other error is still reported and printed.
         """
         self._log = None
-        if isinstance(sys.exc_info()[1], EOFError):
+        if isinstance(sys.exc_info()[1], HANGUP_ERRORS):
             sys.excepthook = _quiet_after_hangup(sys.excepthook)
 
 

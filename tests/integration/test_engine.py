@@ -149,3 +149,27 @@ def test_every_input_row_has_exactly_one_outcome(spark: Any, tmp_path: Path) -> 
     quarantine = lake.rows("quarantine")
     assert {q["reason_code"] for q in quarantine} == {"SUBSCRIPTION_GROUP_NOT_EXIST", "UNKNOWN_STATUS", "MISSING_MSG_ID"}
     assert [d["origin_msg_id"] for d in lake.rows("dlq")] == ["D1"]
+
+
+def test_released_parked_files_are_deleted_by_the_running_engine(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#14 part 5 / #15 goal 4 clean-up on real Spark: every retry parked (``state_park_bytes`` 0) leaves
+    a file in the checkpoint; once released it is marked, and the engine deletes file and marker when
+    the marking batch is older than the state versions kept (2 here instead of Spark's 100, swept every
+    batch instead of every 20), while every retry is in %RETRY% exactly once."""
+    monkeypatch.setattr(engine, "SWEEP_EVERY_BATCHES", 1)
+    monkeypatch.setattr(engine, "_batches_retained", lambda _spark: 2)
+    lake = Lake.make(tmp_path, engine={"state_park_bytes": 0})
+    folder = Path(lake.config.checkpoint_path) / PARKED_DIR
+    query = engine.start(spark, lake.config)
+    try:
+        lake.write_results([Result.of(f"P{i}").failed() for i in range(5)])
+        wait_for(lambda: len(lake.rows("retry")) >= 5, timeout=120, what="the 5 retries")
+        # The folder exists only once a key parked; empty, every file and marker was deleted.
+        wait_for(lambda: folder.is_dir() and not any(folder.iterdir()), timeout=120,
+                 what="the released files and markers deleted")
+        assert query.exception() is None
+    finally:
+        engine.stop(query)
+    assert sorted(r["origin_msg_id"] for r in lake.rows("retry")) == [f"P{i}" for i in range(5)]

@@ -21,19 +21,27 @@ from retry_engine.delta import ensure_table
 from retry_engine.schemas import CONSUME_RESULTS
 
 RUNNER = """
-import socket, sys
+import socket, struct, sys
 from pyspark.serializers import read_int
 from retry_engine.delta.source import DeltaStreamReader, SourceOptions
 from retry_engine.schemas import CONSUME_RESULTS
 
 reader = DeltaStreamReader(SourceOptions.parse({"path": sys.argv[1]}), CONSUME_RESULTS.spark_schema)
-ours, jvm = socket.socketpair()
+if sys.argv[2] == "reset":
+    # Over TCP, a peer that closes with SO_LINGER 0 resets the connection: the read raises
+    # ConnectionResetError instead of EOFError (what the demo's Ctrl-C met in CI).
+    server = socket.create_server(("127.0.0.1", 0))
+    ours = socket.create_connection(server.getsockname())
+    jvm, _ = server.accept()
+    jvm.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+else:
+    ours, jvm = socket.socketpair()
 stream = ours.makefile("rwb")
 jvm.close()  # the query stopped: the JVM hung up
 try:
     try:
-        if sys.argv[2] == "hangup":
-            read_int(stream)  # EOFError
+        if sys.argv[2] in ("hangup", "reset"):
+            read_int(stream)  # EOFError, or ConnectionResetError after a reset
         else:
             raise ValueError("a real planning error")
     finally:
@@ -56,8 +64,9 @@ def _runner(table: str, how: str) -> subprocess.CompletedProcess[str]:
                           check=False, cwd=Path(__file__).resolve().parents[2])
 
 
-def test_a_hang_up_at_stop_prints_nothing(table: str) -> None:
-    proc = _runner(table, "hangup")
+@pytest.mark.parametrize("how", ["hangup", "reset"])
+def test_a_hang_up_at_stop_prints_nothing(table: str, how: str) -> None:
+    proc = _runner(table, how)
     assert proc.returncode != 0  # the runner still ends as PySpark makes it end
     assert proc.stderr == ""
 
