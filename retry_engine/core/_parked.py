@@ -57,8 +57,6 @@ from retry_engine.delta._checkpoint import checkpoint_folder, write_arrow_file
 from retry_engine.errors import StateUnreadableError
 
 PARKED_DIR: Final = "retry_engine_pending"
-# Inline pending bytes (Arrow buffers) past which a key parks them (engine.state_park_bytes).
-PARK_BYTES: Final = 1024 * 1024
 _NAME = re.compile(r"route_(?P<route>(?:[0-9a-f]{2})+)\.bucket_(?P<bucket>-?\d+)\.batch_(?P<batch>\d+)\.arrow\Z")
 _DONE = re.compile(r"(?P<name>.+\.arrow)\.done_(?P<batch>\d+)\Z")
 _TMP = re.compile(r"(?P<name>.+\.arrow)\.[0-9a-f]{32}\.tmp\Z")
@@ -232,7 +230,6 @@ class ParkedStore:
 
 __all__ = [
     "PARKED_DIR",
-    "PARK_BYTES",
     "Chunk",
     "ParkedStore",
     "chunks_from_json",

@@ -44,7 +44,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine.core._parked import Chunk, chunks_from_json, chunks_to_json
+from retry_engine.core._parked import Chunk, chunks_from_json, chunks_to_json, due_ms
 from retry_engine.core.decide import QUARANTINED
 from retry_engine.core.decide import RETRY as RETRY_OUTCOME
 from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
@@ -90,7 +90,8 @@ class KeyState:
 
     ``sealed_batch``: the micro-batch in which the key sealed (published its ids and
     stopped taking new ones), None while it has not. ``chunks``: its parked pending
-    retries (:mod:`retry_engine.core._parked`), whose msg ids are all in ``seen``.
+    retries (:mod:`retry_engine.core._parked`); their msg ids are in ``seen`` while
+    a chunk's ``ids_known`` holds (until the dedup window passes).
     """
 
     pending: pa.Table = field(default_factory=WORK.arrow_schema.empty_table)
@@ -105,15 +106,8 @@ def encode(state: KeyState) -> tuple[bytes, bytes, int]:
     """``state`` as a :data:`STATE_SCHEMA` row, in layout :data:`STATE_VERSION`."""
     seen = pa.table({"msg_id": state.seen}, schema=_SEEN_SCHEMA)
     sealed = {} if state.sealed_batch is None else {SEALED_KEY: str(state.sealed_batch).encode()}
-    if not state.chunks:
-        version = UNPARKED_VERSION
-        return _blob(state.pending, version), _blob(seen, version, sealed), int(state.expires_ms)
-    parked = {CHUNKS_KEY: chunks_to_json(state.chunks)}
-    return (
-        _blob(state.pending, STATE_VERSION, parked),
-        _blob(seen, STATE_VERSION, sealed),
-        int(state.expires_ms),
-    )
+    version, parked = (STATE_VERSION, {CHUNKS_KEY: chunks_to_json(state.chunks)}) if state.chunks else (UNPARKED_VERSION, {})
+    return _blob(state.pending, version, parked), _blob(seen, version, sealed), int(state.expires_ms)
 
 
 def decode(value: tuple[Any, ...], key: tuple[str, int] | None = None) -> KeyState:
@@ -265,7 +259,7 @@ def parked_rows(table: pa.Table, path: str) -> pa.Table:
         rows = _conform(table.replace_schema_metadata(None))
     except StateUnreadableError as exc:
         raise StateUnreadableError(f"the parked retries file {path}: {exc}") from exc
-    due = rows.column("due_at").cast(pa.int64()).to_numpy()
+    due = due_ms(rows)  # what releases go by
     if len(due) > 1 and bool((due[1:] < due[:-1]).any()):
         raise StateUnreadableError(f"the parked retries file {path} is not sorted by due_at")
     return rows

@@ -58,7 +58,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyspark.sql.streaming.state import GroupState
 
-from retry_engine.core._parked import PARK_BYTES, Chunk, ParkedStore, due_ms
+from retry_engine.config import DEFAULT_STATE_PARK_BYTES
+from retry_engine.core._parked import Chunk, ParkedStore, due_ms
 from retry_engine.core._schedule_state import (
     STATE_SCHEMA,
     KeyState,
@@ -117,7 +118,7 @@ class ScheduleStage:
     max_key_bytes: int = STATE_KEY_MAX_BYTES
     batch_id: int | None = None
     parked: ParkedStore | None = None
-    park_bytes: int = PARK_BYTES
+    park_bytes: int = DEFAULT_STATE_PARK_BYTES
 
     def __call__(
         self, key: tuple[str, int], frames: Iterator[pd.DataFrame], state: GroupState
@@ -155,9 +156,8 @@ class ScheduleStage:
             # inline ones through ``pending`` (state written before that rule, layout 1, may have
             # forgotten them from ``seen``), parked ones through ``seen`` while the window lasts and
             # through their files after it.
-            known = pc.is_in(ids, value_set=_known(seen, pending, *_forgotten(held.chunks, parked))).to_numpy(
-                zero_copy_only=False
-            )
+            unseen = self._forgotten_rows(key, held.chunks, parked)  # all read by _read_parked
+            known = pc.is_in(ids, value_set=_known(seen, pending, *unseen)).to_numpy(zero_copy_only=False)
             repeated = pa.array(pd.Index(ids.to_numpy(zero_copy_only=False)).duplicated() | known)
             if pc.any(repeated).as_py():
                 out.append(ledger_only(_as_duplicates(new.filter(repeated))))
@@ -253,31 +253,33 @@ class ScheduleStage:
             if chunk.ids_known:
                 continue
             if chunk.name not in parked:
-                assert self.parked is not None
-                parked[chunk.name] = parked_rows(self.parked.read(chunk, key), self.parked.path(chunk.name))
+                parked[chunk.name] = self._load(key, chunk)
             yield parked[chunk.name].slice(chunk.released)
+
+    def _load(self, key: tuple[str, int], chunk: Chunk) -> pa.Table:
+        """``chunk``'s rows, checked against its reference and as pending retries sorted by due time."""
+        if self.parked is None:
+            raise StateUnreadableError(
+                f"the state of key {key} references parked retries, but the stage has no parked store"
+            )
+        return parked_rows(self.parked.read(chunk, key), self.parked.path(chunk.name))
 
     def _read_parked(
         self, key: tuple[str, int], held: KeyState, now_ms: int, has_input: bool
     ) -> dict[str, pa.Table]:
         """The rows of ``held``'s parked files this call needs: those with rows due, and, when rows come
         in, those whose ids the key forgot with its dedup window (deduplication reads them)."""
-        if not held.chunks:
-            return {}
-        if self.parked is None:
-            raise StateUnreadableError(
-                f"the state of key {key} references parked retries, but the stage has no parked store"
-            )
         try:
             return {
-                c.name: parked_rows(self.parked.read(c, key), self.parked.path(c.name))
+                c.name: self._load(key, c)
                 for c in held.chunks
                 if c.next_due_ms <= now_ms or (has_input and not c.ids_known)
             }
         except StateUnreadableError as exc:
+            folder = "" if self.parked is None else f" in {self.parked.path('')}"
             raise StateUnreadableError(
-                f"{str(exc).removeprefix(f'[{exc.code}] ')}; the key's parked files stay in {self.parked.path('')} (their names and how much of "
-                "each was released are in the pending blob's metadata, retry_engine.parked)"
+                f"{str(exc).removeprefix(f'[{exc.code}] ')}; the key's parked files stay{folder} (their names and "
+                "how much of each was released are in the pending blob's metadata, retry_engine.parked)"
             ) from exc.__cause__
 
     def _seal(
@@ -338,11 +340,6 @@ def _known(seen: pa.Array, *pending: pa.Table) -> pa.ChunkedArray:
     a lookup does not mind them, and a distinct copy of a big key's ids cost more than the lookup)."""
     ids = [c for rows in pending for c in pc.drop_null(rows.column("consumed_msg_id")).chunks]
     return pa.chunked_array([seen, *ids], pa.string())
-
-
-def _forgotten(chunks: tuple[Chunk, ...], parked: dict[str, pa.Table]) -> list[pa.Table]:
-    """The unreleased rows of the parked files whose ids the key's ``seen`` lacks (all read in a call with input)."""
-    return [parked[c.name].slice(c.released) for c in chunks if not c.ids_known]
 
 
 def _with_new(seen: pa.Array, fresh: pa.Table) -> pa.Array:

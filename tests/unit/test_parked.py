@@ -19,7 +19,7 @@ import pytest
 from retry_engine.config import parse_config
 from retry_engine.core import engine
 from retry_engine.core._parked import PARKED_DIR, Chunk, ParkedStore, chunks_from_json, parked_name
-from retry_engine.core._schedule_state import CHUNKS_KEY, VERSION_KEY, decode, encode
+from retry_engine.core._schedule_state import CHUNKS_KEY, VERSION_KEY, KeyState, decode, encode
 from retry_engine.core.schedule import ScheduleStage
 from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
 from retry_engine.errors import ConfigError, StateUnreadableError
@@ -73,18 +73,19 @@ STEPS: list[tuple[int, list[pa.Table]]] = [
 ]
 
 
-def _drive(stage: ScheduleStage, *, parked: bool) -> list[tuple[list[tuple[Any, ...]], int | None, bool, HeldState]]:
+def _drive(stage: ScheduleStage, *, parked: bool) -> list[tuple[list[tuple[Any, ...]], int | None, bool]]:
+    """Per step of STEPS: the emitted rows, the timeout asked for, whether the key keeps state."""
     state = HeldState(T0)
-    seen = []
+    steps = []
     for batch, (at, inputs) in enumerate(STEPS):
         state.now_ms = _at(at)
         called = dataclasses.replace(stage, batch_id=batch) if parked else stage
         out = run(called, _key(A), inputs, state)
-        seen.append((_rows(out), state.timeout_ms, state.exists, state))
+        steps.append((_rows(out), state.timeout_ms, state.exists))
         if parked and state.exists:
             held = decode(state.get, _key(A))
             assert held.pending.num_rows == 0, f"step {batch}: pending retries stayed inline"
-    return seen
+    return steps
 
 
 def test_parked_retries_are_released_and_deduplicated_exactly_as_inline_ones(tmp_path: Path) -> None:
@@ -94,8 +95,8 @@ def test_parked_retries_are_released_and_deduplicated_exactly_as_inline_ones(tmp
     inline = _drive(ScheduleStage(dedup_window_ms=WINDOW_MS), parked=False)
     store = ParkedStore(str(tmp_path / "ck"))
     parked = _drive(ScheduleStage(dedup_window_ms=WINDOW_MS, parked=store, park_bytes=0), parked=True)
-    for step, ((rows_i, wake_i, exists_i, _), (rows_p, wake_p, exists_p, _)) in enumerate(zip(inline, parked, strict=True)):
-        assert (rows_p, wake_p, exists_p) == (rows_i, wake_i, exists_i), f"step {step} ({STEPS[step][0]} ms)"
+    for step, (of_inline, of_parked) in enumerate(zip(inline, parked, strict=True)):
+        assert of_parked == of_inline, f"step {step} ({STEPS[step][0]} ms)"
     outcomes = [r[1] for rows, *_ in inline for r in rows]
     assert outcomes.count("duplicate") == 3 and outcomes.count("dead_letter") == 1
     assert sum(1 for rows, *_ in inline for r in rows if r[0] == "delivery") == 8  # A0-A3, LONG, B0-B2
@@ -112,7 +113,8 @@ def test_a_parked_key_keeps_a_small_state_value_of_version_4_and_an_unparked_one
     tmp_path: Path,
 ) -> None:
     """#14 part 5 / #15 goal 4: parked, the state value holds references, not messages; a key with no
-    parked retries is written as layout 3 byte for byte (a release before parking reads it)."""
+    parked retries is written as layout 3 (what releases before parking wrote and read), byte for byte
+    the value of a stage without a parked store."""
     big = _failures([(f"M{i:03d}", 0) for i in range(200)])
     key = _key(big)
     inline_state, parked_state = HeldState(T0), HeldState(T0)
@@ -126,7 +128,7 @@ def test_a_parked_key_keeps_a_small_state_value_of_version_4_and_an_unparked_one
     (chunk,) = chunks_from_json(metadata[CHUNKS_KEY], key)
     assert chunk.name == parked_name(key[0], key[1], 7) and (chunk.rows, chunk.released) == (200, 0)
     assert (tmp_path / PARKED_DIR / chunk.name).is_file()
-    # Below the threshold nothing parks, and the value is what the stage wrote before parking existed.
+    # Below the threshold nothing parks: the value is the inline stage's, in layout 3.
     small = dataclasses.replace(stage, park_bytes=2**30)
     kept = HeldState(T0)
     run(small, key, [big], kept)
@@ -224,17 +226,11 @@ def test_hostile_parked_references_in_a_state_value_are_unreadable(references: b
     references = references.replace(b"NAME", parked_name("G", 5, 1).encode()).replace(
         b"OTHER", parked_name("H", 5, 1).encode()
     )
-    pending, seen, expires = encode(dataclasses.replace(decode(encode(_empty())), chunks=(Chunk(parked_name("G", 5, 1), 2, 0, 0),)))
+    pending, seen, expires = encode(KeyState(chunks=(Chunk(parked_name("G", 5, 1), 2, 0, 0),)))
     table = from_ipc(pending)
     table = table.replace_schema_metadata({**table.schema.metadata, CHUNKS_KEY: references})
     with pytest.raises(StateUnreadableError, match="parked"):
         decode((to_ipc(table), seen, expires), key)
-
-
-def _empty() -> Any:
-    from retry_engine.core._schedule_state import KeyState
-
-    return KeyState()
 
 
 def test_sweep_deletes_only_files_released_before_the_oldest_kept_state_version(tmp_path: Path) -> None:
