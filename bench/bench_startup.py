@@ -27,7 +27,10 @@ Each round runs every variant, interleaved, so they share the machine's load:
   class archive that ``retry-engine prepare`` wrote (run it first);
 * ``no-class-archive``: ``after`` without the class archive
   (``RETRY_ENGINE_CLASS_ARCHIVE=off``);
-* ``filecontext-checkpoint``: ``after`` with Spark's default checkpoint manager.
+* ``filecontext-checkpoint``: ``after`` with Spark's default checkpoint manager;
+* ``pyspark-daemon``: ``after`` with PySpark's own worker daemon, whose workers
+  import their modules after each fork (the engine's default is
+  :mod:`retry_engine.delta._daemon`, which imports them once before).
 
 Printed per variant: the breakdown of each start (median over rounds), the
 first batch as a ratio of the steady batch (target <= 2x), and restart to
@@ -59,6 +62,7 @@ from deltalake import DeltaTable, write_deltalake  # noqa: E402
 from retry_engine.core.startup import LINE_PREFIX  # noqa: E402
 from retry_engine.delta import _class_archive as class_archive  # noqa: E402
 from retry_engine.delta import storage  # noqa: E402
+from retry_engine.delta.session import DAEMON_MODULE_KEY  # noqa: E402
 
 CLI = [sys.executable, "-m", "retry_engine.ops.cli"]
 STEP = re.compile(r"([a-z][a-z ]+?) (\d+\.\d) s")
@@ -176,6 +180,11 @@ def wait_for_batches_with_input(work: Path, count: int, timeout: float = 300) ->
         time.sleep(0.5)
     raise RuntimeError(f"fewer than {count} batches with input in {timeout} s")
 
+VARIANT_CONF = {
+    "filecontext-checkpoint": FILECONTEXT_CHECKPOINTS,
+    "pyspark-daemon": {DAEMON_MODULE_KEY: "pyspark.daemon"},
+}
+
 
 def variant_env(variant: str) -> dict[str, str]:
     """The child's environment: ``before`` pins Spark's own SPARK_HOME (the zip); ``after`` leaves it unset."""
@@ -190,7 +199,7 @@ def variant_env(variant: str) -> dict[str, str]:
 
 
 def one_round(work: Path, rows: int, steady: int, variant: str) -> Round:
-    config = write_config(work, FILECONTEXT_CHECKPOINTS if variant == "filecontext-checkpoint" else None)
+    config = write_config(work, VARIANT_CONF.get(variant))
     append(work, rows, 0)
     env = variant_env(variant)
     engine = Engine(config, env)
@@ -265,11 +274,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steady", type=int, default=3, help="batches of --rows after the first, per round")
     parser.add_argument("--variants", default="before,after",
-                        help="comma-separated: before, after, no-class-archive, filecontext-checkpoint "
+                        help="comma-separated: before, after, no-class-archive, filecontext-checkpoint, pyspark-daemon "
                              "(see above)")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - {"before", "after", "no-class-archive", "filecontext-checkpoint"}
+    unknown = set(variants) - {"before", "after", "no-class-archive", "filecontext-checkpoint", "pyspark-daemon"}
     if unknown:
         parser.error(f"unknown variant {sorted(unknown)[0]!r}")
     results: dict[str, list[Round]] = {v: [] for v in variants}

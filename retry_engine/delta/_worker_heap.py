@@ -35,9 +35,10 @@ from __future__ import annotations
 import gc
 import sys
 
-# `python -m pyspark.daemon` forks the workers (the default); `python -m pyspark.worker`
-# runs one directly (spark.python.use.daemon=false).
-_WORKER_MAINS = frozenset({"pyspark.daemon", "pyspark.worker"})
+# `python -m retry_engine.delta._daemon` forks the workers (the engine's session), or
+# `python -m pyspark.daemon` (Spark's default); `python -m pyspark.worker` runs one directly
+# (spark.python.use.daemon=false).
+_WORKER_MAINS = frozenset({"retry_engine.delta._daemon", "pyspark.daemon", "pyspark.worker"})
 # len(sys.modules) when this process last settled (-1: never), and how often it did.
 _settled_at = -1
 _settles = 0

@@ -24,6 +24,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from retry_engine.delta import _class_archive as class_archive
+from retry_engine.delta._daemon import THREAD_FREE_ENV
 from retry_engine.errors import EnvironmentProblem
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,10 @@ def _temporary_home(real: Path) -> Path | None:
 
 
 DRIVER_JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
+DAEMON_MODULE_KEY = "spark.python.daemon.module"
+DAEMON_MODULE = "retry_engine.delta._daemon"
+DAEMON_ENV_CONF = {f"spark.executorEnv.{name}": value for name, value in THREAD_FREE_ENV.items()}
+DAEMON_KEYS = (DAEMON_MODULE_KEY, *DAEMON_ENV_CONF)
 DRIVER_JAVA_OPTIONS = "-Xss32m"
 ARROW_MAX_BYTES_PER_BATCH = 8 * 1024 * 1024
 
@@ -239,6 +244,10 @@ def spark_conf(
         # stream thread; with the default stack that overflows and every Ctrl-C ends in a
         # StackOverflowError trace. 16m sufficed in a measured stop; 32m leaves room.
         DRIVER_JAVA_OPTIONS_KEY: DRIVER_JAVA_OPTIONS,
+        # Python workers forked with their imports done (retry_engine.delta._daemon), from a
+        # daemon that these variables keep single-threaded.
+        DAEMON_MODULE_KEY: DAEMON_MODULE,
+        **DAEMON_ENV_CONF,
     }
     conf.update(extra or {})
     return conf
@@ -279,8 +288,9 @@ def build_session(
     if master is None:
         # Under spark-submit the executors' interpreter is the launcher's choice
         # (PYSPARK_PYTHON, --conf spark.pyspark.python): on a cluster the driver's
-        # own path may not exist on the workers.
-        for key in PYTHON_EXEC_KEYS:
+        # own path may not exist on the workers, and this package may reach them only
+        # with a task (--py-files), too late for the daemon that forks the workers.
+        for key in (*PYTHON_EXEC_KEYS, *DAEMON_KEYS):
             if extra_conf is None or key not in extra_conf:
                 conf.pop(key, None)
     if launching:

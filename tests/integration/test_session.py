@@ -184,3 +184,40 @@ def test_a_prepared_class_archive_is_mapped_by_the_next_local_session(tmp_path: 
     sources = Counter(line.rsplit(" source: ", 1)[-1] for line in log.read_text().splitlines() if " source: " in line)
     shared = sources["shared objects file (top)"]
     assert shared > 5_000 and shared > 10 * sum(n for s, n in sources.items() if s.startswith(("jar:", "file:"))), sources
+
+
+def _worker_origin(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import gc
+    import os
+    import sys
+
+    from retry_engine.delta._worker_heap import in_python_worker
+
+    frozen = gc.get_freeze_count()
+    parent = os.getppid()
+    with open(f"/proc/{parent}/cmdline", "rb") as f:
+        daemon_argv = f.read().decode().split("\0")
+    for _ in batches:
+        yield pa.RecordBatch.from_pydict({
+            "main": [sys.modules["__main__"].__spec__.name],
+            "daemon": [" ".join(daemon_argv)],
+            "daemon_threads": pa.array([len(os.listdir(f"/proc/{parent}/task"))], pa.int32()),
+            "frozen": pa.array([frozen], pa.int64()),
+            "settles": [in_python_worker()],
+        })
+
+
+def test_python_workers_are_forked_by_the_preloading_daemon_which_has_one_thread(spark: SparkSession) -> None:
+    """#14 part 3: the engine's session runs retry_engine.delta._daemon, which imported the
+    workers' modules and forks them single-threaded (THREAD_FREE_ENV reached it), its heap frozen."""
+    rows = spark.range(2, numPartitions=2).mapInArrow(
+        _worker_origin, "main string, daemon string, daemon_threads int, frozen long, settles boolean").collect()
+    assert len(rows) == 2
+    for row in rows:
+        assert row.main == session_module.DAEMON_MODULE, row
+        assert "-m retry_engine.delta._daemon" in row.daemon, row
+        assert row.daemon_threads == 1, row
+        # Forked with the daemon's imported heap frozen, and known as a worker, so settle() freezes
+        # what tasks import later (without it every task's gc.collect walks the whole heap).
+        assert row.frozen > 10_000 and row.settles, row
+    assert spark.conf.get("spark.executorEnv.OPENBLAS_NUM_THREADS") == "1"
