@@ -30,7 +30,9 @@ Each round runs every variant, interleaved, so they share the machine's load:
 * ``filecontext-checkpoint``: ``after`` with Spark's default checkpoint manager;
 * ``pyspark-daemon``: ``after`` with PySpark's own worker daemon, whose workers
   import their modules after each fork (the engine's default is
-  :mod:`retry_engine.delta._daemon`, which imports them once before).
+  :mod:`retry_engine.delta._daemon`, which imports them once before);
+* ``no-warm-workers``: ``after`` without the one-row Python job that starts
+  the worker daemon while the query starts (``RETRY_ENGINE_WARM_WORKERS=off``).
 
 Printed per variant: the breakdown of each start (median over rounds), the
 first batch as a ratio of the steady batch (target <= 2x), and restart to
@@ -61,8 +63,10 @@ from deltalake import DeltaTable, write_deltalake  # noqa: E402
 
 from retry_engine.core.startup import LINE_PREFIX  # noqa: E402
 from retry_engine.delta import _class_archive as class_archive  # noqa: E402
-from retry_engine.delta import storage  # noqa: E402
-from retry_engine.delta.session import DAEMON_MODULE_KEY  # noqa: E402
+from retry_engine.delta import (
+    session,  # noqa: E402
+    storage,  # noqa: E402
+)
 
 CLI = [sys.executable, "-m", "retry_engine.ops.cli"]
 STEP = re.compile(r"([a-z][a-z ]+?) (\d+\.\d) s")
@@ -182,7 +186,7 @@ def wait_for_batches_with_input(work: Path, count: int, timeout: float = 300) ->
 
 VARIANT_CONF = {
     "filecontext-checkpoint": FILECONTEXT_CHECKPOINTS,
-    "pyspark-daemon": {DAEMON_MODULE_KEY: "pyspark.daemon"},
+    "pyspark-daemon": {session.DAEMON_MODULE_KEY: "pyspark.daemon"},
 }
 
 
@@ -193,6 +197,8 @@ def variant_env(variant: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "SPARK_HOME"}
     if variant == "before":
         env["SPARK_HOME"] = str(Path(pyspark.__file__).parent)
+    if variant == "no-warm-workers":
+        env[session.WARM_WORKERS_ENV] = "off"
     if variant == "no-class-archive":
         env[class_archive.SWITCH_ENV] = "off"
     return env
@@ -274,11 +280,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steady", type=int, default=3, help="batches of --rows after the first, per round")
     parser.add_argument("--variants", default="before,after",
-                        help="comma-separated: before, after, no-class-archive, filecontext-checkpoint, pyspark-daemon "
+                        help="comma-separated: before, after, no-class-archive, filecontext-checkpoint, pyspark-daemon, "
+                             "no-warm-workers "
                              "(see above)")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - {"before", "after", "no-class-archive", "filecontext-checkpoint", "pyspark-daemon"}
+    unknown = set(variants) - {"before", "after", "no-class-archive", "filecontext-checkpoint", "pyspark-daemon", "no-warm-workers"}
     if unknown:
         parser.error(f"unknown variant {sorted(unknown)[0]!r}")
     results: dict[str, list[Round]] = {v: [] for v in variants}

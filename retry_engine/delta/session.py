@@ -17,9 +17,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import pyarrow as pa
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
@@ -315,3 +317,39 @@ def set_jvm_log_level(spark: SparkSession, logger: str, level: str) -> None:
     if jvm is not None:
         log4j = jvm.org.apache.logging.log4j
         log4j.core.config.Configurator.setLevel(logger, log4j.Level.getLevel(level))
+
+
+def _worker_pid(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for _ in batches:
+        yield pa.RecordBatch.from_pydict({"pid": pa.array([os.getpid()], pa.int64())})
+
+
+WARM_WORKERS_ENV = "RETRY_ENGINE_WARM_WORKERS"
+
+
+def warming_workers() -> bool:
+    """Whether ``retry-engine run`` warms the Python workers (``RETRY_ENGINE_WARM_WORKERS=off`` turns it off)."""
+    return os.environ.get(WARM_WORKERS_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
+def warm_python_workers(spark: SparkSession) -> threading.Thread:
+    """Start the Python worker daemon now, on a thread, rather than in the first micro-batch.
+
+    A one-row ``mapInArrow`` job: Spark starts the worker daemon for it
+    (:mod:`retry_engine.delta._daemon`, ~0.5 s of imports on one core) and keeps
+    its worker for the next Python task, while the query is being started
+    (JVM and data-source planning). ``retry-engine run`` calls it on a local
+    master unless :func:`warming_workers` says no (bench/RESULTS.md, run T). A
+    failure (the session stopped under it) is logged, never raised.
+    """
+
+    def job() -> None:
+        try:
+            rows = spark.range(1, numPartitions=1).mapInArrow(_worker_pid, "pid long").collect()
+            log.debug("Python worker %s started before the first batch", rows[0].pid)
+        except Exception as exc:  # noqa: BLE001 - only a head start; the query starts its own workers
+            log.debug("warming the Python workers failed: %s", exc)
+
+    thread = threading.Thread(target=job, name="retry-engine-warm-workers", daemon=True)
+    thread.start()
+    return thread

@@ -292,7 +292,7 @@ def _catalog_ddl(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from retry_engine.core.startup import Startup
     from retry_engine.delta.lake import require_lake_folder
-    from retry_engine.delta.session import build_session
+    from retry_engine.delta.session import build_session, warm_python_workers, warming_workers
 
     config = _config(args)
     require_lake_folder(config, origin=_lake_origin(args))
@@ -307,6 +307,8 @@ def _run(args: argparse.Namespace) -> int:
             # at every start; engine.spark_conf can still set it.
             extra_conf={"spark.sql.adaptive.enabled": "false", **config.engine.spark_conf},
         )
+    if master is not None and master.startswith("local") and warming_workers():
+        warm_python_workers(spark)
     if args.once:
         return _run_once(spark, config, args, startup)
     return _run_until_stopped(spark, config, args, startup)

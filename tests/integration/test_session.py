@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -221,3 +222,23 @@ def test_python_workers_are_forked_by_the_preloading_daemon_which_has_one_thread
         # what tasks import later (without it every task's gc.collect walks the whole heap).
         assert row.frozen > 10_000 and row.settles, row
     assert spark.conf.get("spark.executorEnv.OPENBLAS_NUM_THREADS") == "1"
+
+
+
+def test_warming_starts_a_worker_that_serves_the_next_python_task(
+    spark: SparkSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """#14 part 3: the warm-up job's (daemon-forked) worker stays idle for the query's tasks."""
+    with caplog.at_level(logging.DEBUG, logger=session_module.__name__):
+        session_module.warm_python_workers(spark).join(timeout=120)
+    started = [r.args[0] for r in caplog.records if "started before the first batch" in r.getMessage()]
+    assert len(started) == 1, caplog.text
+    later = [r.pid for r in spark.range(2, numPartitions=2).mapInArrow(_pid, "pid long").collect()]
+    assert started[0] in later, (started, later)
+
+
+def _pid(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import os
+
+    for _ in batches:
+        yield pa.RecordBatch.from_pydict({"pid": pa.array([os.getpid()], pa.int64())})

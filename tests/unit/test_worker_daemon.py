@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.delta import _daemon
+from retry_engine.delta import _daemon, session
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs /proc")
 
@@ -98,3 +98,27 @@ def test_preload_reports_a_module_that_starts_a_thread(tmp_path: Path) -> None:
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == "True False", out
     assert time.monotonic() - started < 60
+
+
+class _StoppedSession:
+    def range(self, *args: object, **kwargs: object) -> object:
+        raise RuntimeError("Cannot call methods on a stopped SparkContext.")
+
+
+def test_warming_on_a_stopped_session_ends_quietly(capfd: pytest.CaptureFixture[str]) -> None:
+    thread = session.warm_python_workers(_StoppedSession())  # type: ignore[arg-type]
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("value", ["off", "OFF", " 0 ", "false", "no"])
+def test_warming_turned_off(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(session.WARM_WORKERS_ENV, value)
+    assert not session.warming_workers()
+
+
+@pytest.mark.parametrize("value", ["on", "", "1", "yes", "garbage"])
+def test_warming_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(session.WARM_WORKERS_ENV, value)
+    assert session.warming_workers()
