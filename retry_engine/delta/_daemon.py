@@ -6,7 +6,9 @@ and each worker then imports pyspark's worker, pandas, pyarrow, deltalake and
 this package: ~0.45 s per worker on a hot cache, paid by the first batch of
 every start (two workers on ``local[2]``, and again whenever a worker is
 replaced). This daemon imports them once and forks workers that already have
-them (bench/RESULTS.md, run T: the first batch after a restart 3.0 -> 2.6 s).
+them (bench/RESULTS.md, run T: with the warm-up job of
+:func:`retry_engine.delta.session.warm_python_workers`, the first batch after a
+restart 2.4 -> 1.3 s).
 
 Why PySpark does not: it imports the worker module after the fork because
 pandas and pyarrow "start some threads when they are imported", and forking a
