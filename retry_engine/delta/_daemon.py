@@ -28,7 +28,9 @@ Before forking it collects and freezes its heap (``gc.freeze``, CPython's
 advice for a forking server): the children share those pages and their
 per-task collection does not walk the imported modules
 (:mod:`retry_engine.delta._worker_heap`). numpy's global random state is
-reseeded in each child, as a fresh import would have seeded it.
+reseeded in each child, as a fresh import would have seeded it. The jars
+without Python that Spark puts on the path leave it first
+(:func:`without_pythonless_jars`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,45 @@ def preload(modules: tuple[str, ...] = PRELOAD) -> bool:
     return thread_count() == 1
 
 
+def without_pythonless_jars(path: list[str]) -> list[str]:
+    """``path`` without the ``.jar`` files that hold no Python module.
+
+    Spark puts its own ``spark-core`` jar on the workers' path (5,973 entries,
+    no Python in it), and ``pyspark.worker`` calls ``importlib.invalidate_caches()``
+    for every task, which makes Python's zip importer re-read the directory of
+    each zip it has an importer for: ~18 ms a task for that jar alone. Nothing can be
+    imported from a zip without ``.py`` or ``.pyc`` entries, so dropping it changes
+    no import. A jar that cannot be read is kept (the import system decides).
+    """
+    import zipfile
+
+    def pythonless(entry: str) -> bool:
+        if not entry.endswith(".jar"):
+            return False
+        try:
+            with zipfile.ZipFile(entry) as jar:
+                return not any(name.endswith((".py", ".pyc")) for name in jar.namelist())
+        except (OSError, zipfile.BadZipFile):
+            return False
+
+    return [entry for entry in path if not pythonless(entry)]
+
+
+def _drop_pythonless_jars() -> None:
+    """Take those jars off ``sys.path`` and out of the importers Python cached for them.
+
+    The cache also holds importers for folders inside a jar (``<jar>/org``: the
+    standard library's ``from org.python.core import ...``, for Jython, found the
+    jar's ``org`` folder while the jar was on the path), and ``invalidate_caches``
+    walks the cache, not the path.
+    """
+    kept = without_pythonless_jars(sys.path)
+    for jar in set(sys.path) - set(kept):
+        for key in [k for k in sys.path_importer_cache if k == jar or k.startswith(jar + os.sep)]:
+            del sys.path_importer_cache[key]
+    sys.path[:] = kept
+
+
 def _reseed_numpy() -> None:
     import numpy as np
 
@@ -83,6 +124,7 @@ def _reseed_numpy() -> None:
 def main() -> None:
     if not preload():
         os.execv(sys.executable, [sys.executable, "-m", PYSPARK_DAEMON, *sys.argv[1:]])
+    _drop_pythonless_jars()
     gc.collect()
     gc.freeze()
     os.register_at_fork(after_in_child=_reseed_numpy)

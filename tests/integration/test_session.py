@@ -205,6 +205,7 @@ def _worker_origin(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
             "daemon_threads": pa.array([len(os.listdir(f"/proc/{parent}/task"))], pa.int32()),
             "frozen": pa.array([frozen], pa.int64()),
             "settles": [in_python_worker()],
+            "jars": [[p for p in [*sys.path, *sys.path_importer_cache] if ".jar" in p]],
         })
 
 
@@ -212,7 +213,8 @@ def test_python_workers_are_forked_by_the_preloading_daemon_which_has_one_thread
     """#14 part 3: the engine's session runs retry_engine.delta._daemon, which imported the
     workers' modules and forks them single-threaded (THREAD_FREE_ENV reached it), its heap frozen."""
     rows = spark.range(2, numPartitions=2).mapInArrow(
-        _worker_origin, "main string, daemon string, daemon_threads int, frozen long, settles boolean").collect()
+        _worker_origin, "main string, daemon string, daemon_threads int, frozen long, settles boolean, jars array<string>"
+    ).collect()
     assert len(rows) == 2
     for row in rows:
         assert row.main == session_module.DAEMON_MODULE, row
@@ -221,6 +223,9 @@ def test_python_workers_are_forked_by_the_preloading_daemon_which_has_one_thread
         # Forked with the daemon's imported heap frozen, and known as a worker, so settle() freezes
         # what tasks import later (without it every task's gc.collect walks the whole heap).
         assert row.frozen > 10_000 and row.settles, row
+        # Spark's spark-core jar (no Python in it) is off the path and the importer cache: no task
+        # re-reads its directory.
+        assert row.jars == [], row
     assert spark.conf.get("spark.executorEnv.OPENBLAS_NUM_THREADS") == "1"
 
 

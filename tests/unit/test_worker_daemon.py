@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,25 @@ def test_warming_turned_off(monkeypatch: pytest.MonkeyPatch, value: str) -> None
 def test_warming_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv(session.WARM_WORKERS_ENV, value)
     assert session.warming_workers()
+
+
+def _jar(path: Path, names: list[str]) -> str:
+    with zipfile.ZipFile(path, "w") as jar:
+        for name in names:
+            jar.writestr(name, b"")
+    return str(path)
+
+
+def test_only_jars_without_python_leave_the_path(tmp_path: Path) -> None:
+    classes = _jar(tmp_path / "classes.jar", ["org/Foo.class", "META-INF/MANIFEST.MF"])
+    with_py = _jar(tmp_path / "with_py.jar", ["org/Foo.class", "pkg/__init__.py"])
+    with_pyc = _jar(tmp_path / "with_pyc.jar", ["pkg/__init__.pyc"])
+    empty = _jar(tmp_path / "empty.jar", [])
+    garbage = tmp_path / "garbage.jar"
+    garbage.write_bytes(b"not a zip at all")
+    folder = tmp_path / "folder.jar"
+    folder.mkdir()
+    path = [str(tmp_path), classes, with_py, str(tmp_path / "missing.jar"), with_pyc, empty, str(garbage),
+            str(folder), "", "/a/b.zip"]
+    assert _daemon.without_pythonless_jars(path) == [
+        str(tmp_path), with_py, str(tmp_path / "missing.jar"), with_pyc, str(garbage), str(folder), "", "/a/b.zip"]
