@@ -68,11 +68,21 @@ def thread_count() -> int | None:
 
 
 def preload(modules: tuple[str, ...] = PRELOAD) -> bool:
-    """Import ``modules``, then tell whether this process is still its only thread."""
+    """Import ``modules``; whether they all imported and this process is still its only thread.
+
+    Where the threads cannot be counted nothing is imported (False).
+    """
     import importlib
 
-    for name in modules:
-        importlib.import_module(name)
+    if thread_count() is None:
+        return False
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - any failure: PySpark's daemon, whose workers report it
+        print(f"retry_engine.delta._daemon: importing {name} failed ({exc!r}); using {PYSPARK_DAEMON}",
+              file=sys.stderr)
+        return False
     return thread_count() == 1
 
 
@@ -80,9 +90,10 @@ def without_pythonless_jars(path: list[str]) -> list[str]:
     """``path`` without the ``.jar`` files that hold no Python module.
 
     Spark puts its own ``spark-core`` jar on the workers' path (5,973 entries,
-    no Python in it), and ``pyspark.worker`` calls ``importlib.invalidate_caches()``
-    for every task, which makes Python's zip importer re-read the directory of
-    each zip it has an importer for: ~18 ms a task for that jar alone. Nothing can be
+    no Python in it), and a worker's first task calls ``importlib.invalidate_caches()``
+    (when it puts the task's files folder on the path), which makes Python's zip
+    importer re-read the directory of each zip it has an importer for: 36-40 ms
+    per new worker, measured, for that jar alone. Nothing can be
     imported from a zip without ``.py`` or ``.pyc`` entries, so dropping it changes
     no import. A jar that cannot be read is kept (the import system decides).
     """

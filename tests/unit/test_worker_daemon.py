@@ -145,3 +145,13 @@ def test_only_jars_without_python_leave_the_path(tmp_path: Path) -> None:
             str(folder), "", "/a/b.zip"]
     assert _daemon.without_pythonless_jars(path) == [
         str(tmp_path), with_py, str(tmp_path / "missing.jar"), with_pyc, str(garbage), str(folder), "", "/a/b.zip"]
+
+
+def test_a_module_that_fails_to_import_means_pyspark_s_daemon() -> None:
+    """A broken or missing dependency must not kill the daemon (Spark would fail every Python task)."""
+    code = ("from retry_engine.delta import _daemon; "
+            "print(_daemon.preload(('json', 'no_such_module_here')))")
+    done = subprocess.run([sys.executable, "-c", code], env=_env(thread_free=True),
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+    assert "importing no_such_module_here failed" in done.stderr and "pyspark.daemon" in done.stderr
