@@ -58,7 +58,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from pyspark.sql.streaming.state import GroupState
 
-from retry_engine.config import DEFAULT_STATE_PARK_BYTES
+from retry_engine.config import DEFAULT_STATE_KEY_MAX_BYTES, DEFAULT_STATE_PARK_BYTES
 from retry_engine.core._parked import Chunk, ParkedStore, due_ms
 from retry_engine.core._schedule_state import (
     STATE_SCHEMA,
@@ -84,8 +84,6 @@ log = logging.getLogger(__name__)
 # A checkpoint keeps the count it started with (KEYS_FILE), so changing the setting never
 # re-routes msg ids that are already in state.
 STATE_SUBKEYS: Final = 1
-# A key's state value (encoded pending + seen bytes) past which it seals (engine.state_key_max_bytes).
-STATE_KEY_MAX_BYTES: Final = 64 * 1024 * 1024
 # Joins a group and its sub-key in the state key's route; never in a valid group name (`%|a-zA-Z0-9_-`).
 SUBKEY_SEPARATOR: Final = "#"
 KEYS_FILE: Final = "retry_engine_state_keys.json"
@@ -115,7 +113,8 @@ class ScheduleStage:
 
     dedup_window_ms: int
     seals: SealStore | None = None
-    max_key_bytes: int = STATE_KEY_MAX_BYTES
+    # A key's state value (encoded pending + seen bytes) past which it seals.
+    max_key_bytes: int = DEFAULT_STATE_KEY_MAX_BYTES
     batch_id: int | None = None
     parked: ParkedStore | None = None
     park_bytes: int = DEFAULT_STATE_PARK_BYTES
@@ -573,7 +572,6 @@ def _as_deliveries(rows: pa.Table, now_ms: int) -> pa.Table:
 
 __all__ = [
     "KEYS_FILE",
-    "STATE_KEY_MAX_BYTES",
     "STATE_SCHEMA",
     "STATE_SUBKEYS",
     "SUBKEY_SEPARATOR",
