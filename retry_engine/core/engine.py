@@ -55,6 +55,7 @@ from retry_engine.delta._offsets import Offset
 from retry_engine.delta._worker_heap import settle
 from retry_engine.delta.lake import describe_engine_tables
 from retry_engine.delta.layout import migrate_partition_folders
+from retry_engine.delta.session import capped_arrow_batches
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import (
     ConcurrentWriteError,
@@ -499,14 +500,15 @@ def _start_query(
         # [maintenance]: a driver thread maintains the tables between batches (never during one).
         writer = maintenance.attach(config, app_id, writer)
         writer = _sweeping_parked(writer, ParkedStore(checkpoint), _batches_retained(spark))
-        return (
+        stream = (
             engine_frame(spark, config, resume_at=resume_at)
             .writeStream.queryName(QUERY_NAME)
             .foreachBatch(writer)
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime=trigger)
-            .start()
         )
+        with capped_arrow_batches(spark):
+            return stream.start()
     except Exception:
         with _HELD_LOCK:
             _RECORDERS.pop(app_id, None)

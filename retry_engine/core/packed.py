@@ -16,8 +16,8 @@ Size: a payload holds at most :data:`MAX_PAYLOAD_ROWS` rows and about
 rows; Arrow and Java cap one binary value at 2 GiB). Spark builds
 each Arrow batch it hands to Python in JVM direct memory, and a single huge
 binary value (all of a busy key's rows) needs one contiguous buffer there;
-the engine's session also caps the bytes per Arrow batch
-(``spark.sql.execution.arrow.maxBytesPerBatch``).
+the engine's query also caps the bytes per Arrow batch
+(``spark.sql.execution.arrow.maxBytesPerBatch``, :func:`retry_engine.delta.session.capped_arrow_batches`).
 """
 
 from __future__ import annotations

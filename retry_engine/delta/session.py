@@ -8,6 +8,7 @@ schedule stage keeps its pending messages in state.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import hashlib
 import logging
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 
 import pyarrow as pa
@@ -219,6 +220,9 @@ DAEMON_ENV_CONF = {f"spark.executorEnv.{name}": value for name, value in THREAD_
 DAEMON_KEYS = (DAEMON_MODULE_KEY, *DAEMON_ENV_CONF)
 DRIVER_JAVA_OPTIONS = "-Xss32m"
 ARROW_MAX_BYTES_PER_BATCH = 8 * 1024 * 1024
+ARROW_MAX_BYTES_KEY = "spark.sql.execution.arrow.maxBytesPerBatch"
+# Spark's default: no byte cap, and no per-row size check.
+ARROW_MAX_BYTES_UNSET = str(2**31 - 1)
 
 
 def spark_conf(
@@ -233,9 +237,6 @@ def spark_conf(
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        # The engine's rows cross to Python packed (retry_engine.core.packed): cap the bytes of
-        # each Arrow batch, built in JVM direct memory, not only its row count (10,000).
-        "spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_MAX_BYTES_PER_BATCH),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         # The Python workers must run the interpreter that has pyarrow and deltalake.
@@ -353,3 +354,30 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread:
     thread = threading.Thread(target=job, name="retry-engine-warm-workers", daemon=True)
     thread.start()
     return thread
+
+
+@contextlib.contextmanager
+def capped_arrow_batches(spark: SparkSession) -> Generator[None, None, None]:
+    """Start a streaming query inside this to give it a byte cap on the Arrow batches Spark sends to Python.
+
+    The engine's rows cross to Python packed (:mod:`retry_engine.core.packed`):
+    a few rows of up to 4 MB each, so the row count per Arrow batch (10,000)
+    bounds nothing, and Spark builds each batch in JVM direct memory. With
+    ``spark.sql.execution.arrow.maxBytesPerBatch`` set, Spark measures the batch
+    after every row, which costs little on the packed rows' three flat columns
+    but was most of the JVM's time on wide rows with nested columns (the
+    deltars sink's own writes: 2.7 s -> 1.1 s a 200,000-row batch without it,
+    bench/RESULTS.md run U). So the session does not set it; a query started
+    here gets it (a streaming query keeps a copy of its session's SQL settings
+    from its start) and the session gets back what it had. A value the session
+    already has (``engine.spark_conf``) is kept as it is.
+    """
+    before = spark.conf.get(ARROW_MAX_BYTES_KEY, ARROW_MAX_BYTES_UNSET)
+    if before != ARROW_MAX_BYTES_UNSET:
+        yield
+        return
+    spark.conf.set(ARROW_MAX_BYTES_KEY, str(ARROW_MAX_BYTES_PER_BATCH))
+    try:
+        yield
+    finally:
+        spark.conf.set(ARROW_MAX_BYTES_KEY, before)
