@@ -221,8 +221,8 @@ DAEMON_KEYS = (DAEMON_MODULE_KEY, *DAEMON_ENV_CONF)
 DRIVER_JAVA_OPTIONS = "-Xss32m"
 ARROW_MAX_BYTES_PER_BATCH = 8 * 1024 * 1024
 ARROW_MAX_BYTES_KEY = "spark.sql.execution.arrow.maxBytesPerBatch"
-# Spark's default: no byte cap, and no per-row size check.
-ARROW_MAX_BYTES_UNSET = str(2**31 - 1)
+# No byte cap, so no per-row size check (Spark 4.3's own default is a 64 MiB cap, checked per row).
+ARROW_MAX_BYTES_NONE = str(2**31 - 1)
 
 
 def spark_conf(
@@ -237,6 +237,8 @@ def spark_conf(
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Arrow batches to Python bounded by rows only (10,000), not bytes: see capped_arrow_batches.
+        ARROW_MAX_BYTES_KEY: ARROW_MAX_BYTES_NONE,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         # The Python workers must run the interpreter that has pyarrow and deltalake.
@@ -367,13 +369,14 @@ def capped_arrow_batches(spark: SparkSession) -> Generator[None, None, None]:
     after every row, which costs little on the packed rows' three flat columns
     but was most of the JVM's time on wide rows with nested columns (the
     deltars sink's own writes: 2.7 s -> 1.1 s a 200,000-row batch without it,
-    bench/RESULTS.md run U). So the session does not set it; a query started
-    here gets it (a streaming query keeps a copy of its session's SQL settings
-    from its start) and the session gets back what it had. A value the session
-    already has (``engine.spark_conf``) is kept as it is.
+    bench/RESULTS.md run U). So the session has no cap (:func:`spark_conf`; Spark's
+    own default is a 64 MiB one); a query started here gets one (a streaming query
+    keeps a copy of its session's SQL settings from its start) and the session
+    gets back what it had. A cap the session has (``engine.spark_conf``, or a
+    session not built here that keeps Spark's default) is kept as it is.
     """
-    before = spark.conf.get(ARROW_MAX_BYTES_KEY, ARROW_MAX_BYTES_UNSET)
-    if before != ARROW_MAX_BYTES_UNSET:
+    before = spark.conf.get(ARROW_MAX_BYTES_KEY)
+    if before != ARROW_MAX_BYTES_NONE:
         yield
         return
     spark.conf.set(ARROW_MAX_BYTES_KEY, str(ARROW_MAX_BYTES_PER_BATCH))
