@@ -85,6 +85,7 @@ from retry_engine.core.names import (
     validate_topic,
 )
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, storage, table_version
+from retry_engine.delta.session import capped_arrow_batches
 from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
 
@@ -953,13 +954,15 @@ class Consumer:
             self.heartbeat()
             self._heartbeater = _Heartbeater(self.membership, self.heartbeat_interval_seconds)
         try:
-            query = (
+            stream = (
                 deliveries.writeStream.queryName(f"consumer-{hashlib.sha1(self.checkpoint_path.encode()).hexdigest()[:12]}")
                 .foreachBatch(batch_function)
                 .option("checkpointLocation", self.checkpoint_path)
                 .trigger(processingTime=self.trigger_interval)
-                .start()
             )
+            # Messages of up to max_body_bytes each reach the listeners' Python in Arrow batches.
+            with capped_arrow_batches(self.spark):
+                query = stream.start()
         except BaseException:
             self.shutdown()
             raise

@@ -41,6 +41,7 @@ from retry_engine.config import DEFAULT_MAX_BODY_BYTES
 from retry_engine.core.decide import new_msg_id
 from retry_engine.core.names import SCHEDULE_TOPIC, is_dlq_topic, is_retry_topic, validate_topic
 from retry_engine.delta import FORMAT_NAME, append_arrow, ensure_table
+from retry_engine.delta.session import capped_arrow_batches
 from retry_engine.delta.storage import spark_options
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import (
@@ -573,4 +574,6 @@ def send_frame(
         raise ConfigError("txn_app_id and txn_version go together; pass both or neither", code="INVALID_OPTION")
     if txn_app_id is not None and txn_version is not None:
         writer = writer.option("txnAppId", txn_app_id).option("txnVersion", str(txn_version))
-    writer.save()
+    # Bodies of up to max_body_bytes each cross to Python (prepare_messages, the sink) in Arrow batches.
+    with capped_arrow_batches(df.sparkSession):
+        writer.save()

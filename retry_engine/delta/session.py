@@ -360,11 +360,14 @@ def warm_python_workers(spark: SparkSession) -> threading.Thread:
 
 @contextlib.contextmanager
 def capped_arrow_batches(spark: SparkSession) -> Generator[None, None, None]:
-    """Start a streaming query inside this to give it a byte cap on the Arrow batches Spark sends to Python.
+    """Start a streaming query (or run a batch action) inside this to give it a byte cap on the
+    Arrow batches Spark sends to Python.
 
     The engine's rows cross to Python packed (:mod:`retry_engine.core.packed`):
     a few rows of up to 4 MB each, so the row count per Arrow batch (10,000)
-    bounds nothing, and Spark builds each batch in JVM direct memory. With
+    bounds nothing, and Spark builds each batch in JVM direct memory; the
+    consumer's and the producer's messages carry bodies of up to
+    ``max_body_bytes`` each, so they take the cap too. With
     ``spark.sql.execution.arrow.maxBytesPerBatch`` set, Spark measures the batch
     after every row, which costs little on the packed rows' three flat columns
     but was most of the JVM's time on wide rows with nested columns (the

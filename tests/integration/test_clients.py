@@ -33,6 +33,11 @@ from retry_engine.clients.consumer import (
 )
 from retry_engine.clients.producer import Message, Producer
 from retry_engine.core import engine
+from retry_engine.delta.session import (
+    ARROW_MAX_BYTES_KEY,
+    ARROW_MAX_BYTES_NONE,
+    ARROW_MAX_BYTES_PER_BATCH,
+)
 from tests.lakehouse import Lake, wait_for
 
 pytestmark = pytest.mark.slow
@@ -144,6 +149,11 @@ def run(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         first = consumer("G1", write_attempts=2).subscribe("orders").register_message_listener(g1)
         failing = InjectedFailures(**vars(first.result_writer()))
         g1_first = start(first.start(result_writer=failing))
+        # The consumer's query has the Arrow byte cap (bodies of up to max_body_bytes reach its
+        # listeners' Python), the session none (run U: the deltars sink's wide rows).
+        stream_conf = g1_first._jsq.streamingQuery().sparkSessionForStream().conf()
+        assert stream_conf.get(ARROW_MAX_BYTES_KEY) == str(ARROW_MAX_BYTES_PER_BATCH)
+        assert spark.conf.get(ARROW_MAX_BYTES_KEY) == ARROW_MAX_BYTES_NONE
         others = [
             start(consumer("B", message_model="BROADCASTING").subscribe("orders").register_message_listener(broadcast).start()),
             start(consumer("G2").subscribe("batch").register_batch_listener(g2, batch_size=3).start()),
