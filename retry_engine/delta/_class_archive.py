@@ -65,8 +65,13 @@ def cache_dir() -> Path:
     return base / "retry-engine"
 
 
+def switched_on(env: str) -> bool:
+    """Whether the switch ``env`` is on: unset or anything but off, 0, false, no (any case)."""
+    return os.environ.get(env, "on").strip().lower() not in ("off", "0", "false", "no")
+
+
 def enabled() -> bool:
-    return os.environ.get(SWITCH_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+    return switched_on(SWITCH_ENV)
 
 
 def archive_path(spark_home: str, java_version: str) -> Path:

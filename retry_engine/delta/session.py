@@ -332,7 +332,7 @@ WARM_WORKERS_ENV = "RETRY_ENGINE_WARM_WORKERS"
 
 def warming_workers() -> bool:
     """Whether ``retry-engine run`` warms the Python workers (``RETRY_ENGINE_WARM_WORKERS=off`` turns it off)."""
-    return os.environ.get(WARM_WORKERS_ENV, "on").strip().lower() not in ("off", "0", "false", "no")
+    return class_archive.switched_on(WARM_WORKERS_ENV)
 
 
 def warm_python_workers(spark: SparkSession) -> threading.Thread:

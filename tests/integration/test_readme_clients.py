@@ -57,7 +57,8 @@ def test_send_frame_rejects_bad_frames_with_clear_errors(spark: Any, tmp_path: P
     with pytest.raises(PythonException, match=r"BODY_TOO_LARGE.*11-byte body; at most 10"):
         send_frame(too_big, path, max_body_bytes=10)
     assert DeltaTable(path).to_pyarrow_table().num_rows == 0
-    # The write ran under the Arrow byte cap (capped_arrow_batches) and gave the session its value back.
+    # A write that fails inside send_frame's Arrow byte cap (capped_arrow_batches) gives the session
+    # its own value back (that the cap applies is asserted on the consumer's query, test_clients).
     from retry_engine.delta.session import ARROW_MAX_BYTES_KEY, ARROW_MAX_BYTES_NONE
 
     assert spark.conf.get(ARROW_MAX_BYTES_KEY) == ARROW_MAX_BYTES_NONE

@@ -243,15 +243,9 @@ def test_warming_starts_a_worker_that_serves_the_next_python_task(
     # job's result reached the driver: a few tries, a moment apart.
     later: list[int] = []
     for _ in range(5):
-        later += [r.pid for r in spark.range(2, numPartitions=2).mapInArrow(_pid, "pid long").collect()]
+        later += [r.pid for r in spark.range(2, numPartitions=2).mapInArrow(session_module._worker_pid, "pid long").collect()]
         if started[0] in later:
             break
         time.sleep(0.5)
     assert started[0] in later, (started, later)
 
-
-def _pid(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    import os
-
-    for _ in batches:
-        yield pa.RecordBatch.from_pydict({"pid": pa.array([os.getpid()], pa.int64())})

@@ -11,7 +11,6 @@ import os
 import struct
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -94,11 +93,9 @@ def test_preload_reports_a_module_that_starts_a_thread(tmp_path: Path) -> None:
         "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from retry_engine.delta import _daemon; "
             "print(_daemon.preload(('json',)), _daemon.preload(('starts_a_thread',)))")
-    started = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=_env(thread_free=True),
                          capture_output=True, text=True, check=True).stdout.strip()
     assert out == "True False", out
-    assert time.monotonic() - started < 60
 
 
 class _StoppedSession:
