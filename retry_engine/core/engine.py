@@ -33,11 +33,23 @@ from retry_engine.config import EngineConfig
 from retry_engine.core import resume
 from retry_engine.core._parked import ParkedStore
 from retry_engine.core._state_splits import current_batch_id
-from retry_engine.core.decide import BATCH_TS, POSITION, Decider, check_input_schema
+from retry_engine.core.decide import (
+    BATCH_TS,
+    NO_STATE_BUCKET,
+    POSITION,
+    Decider,
+    check_input_schema,
+)
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.lease import EngineState, Heartbeat, LakeLease, Owner
-from retry_engine.core.outputs import BatchWriter, OnCounts, roll_forward
-from retry_engine.core.packed import PACKED_SCHEMA, pack
+from retry_engine.core.outputs import (
+    WRITTEN_ROUTE,
+    BatchWriter,
+    OnCounts,
+    StatelessWrites,
+    roll_forward,
+)
+from retry_engine.core.packed import PACKED_SCHEMA, pack, packed_batch
 from retry_engine.core.schedule import STATE_SCHEMA, ScheduleStage, StateKeySplit, state_key_split
 from retry_engine.core.startup import Startup
 from retry_engine.delta import (
@@ -81,14 +93,20 @@ DECIDE_BATCH_ROWS = 10_000
 
 
 def _decide_batches(
-    decider: Decider, split: StateKeySplit, *, floor: str | None = None
+    decider: Decider,
+    split: StateKeySplit,
+    *,
+    floor: str | None = None,
+    stateless: StatelessWrites | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of the decide step: consume results in, packed WORK rows out.
 
     ``decider`` quarantines a row whose decision raises (DECIDE_FAILED) instead of
     failing the task, so no input row can stop the stream (SPEC, bad input);
     ``split`` gives stateful rows their state sub-key (#12 item 17); ``floor``
-    (see :func:`_unpacked`) drops what the lake's last batch already read.
+    (see :func:`_unpacked`) drops what the lake's last batch already read;
+    with ``stateless``, a task with enough rows that need no state writes them
+    to their tables itself and sends on what it wrote (:class:`~retry_engine.core.outputs.StatelessWrites`).
     Replay: deterministic in its input, so a replayed batch decides the same way.
     """
 
@@ -96,10 +114,28 @@ def _decide_batches(
         settle()
         # Routing through sealed keys reads only seals of earlier batches (replay-safe).
         batch_id = current_batch_id()
-        for batch in batches:
-            for results in _unpacked(batch, floor=floor):
-                if results.num_rows:
-                    yield pack(split(decider(results), batch_id=batch_id))
+        task = None if stateless is None or batch_id is None else stateless.task(batch_id)
+        try:
+            for batch in batches:
+                for results in _unpacked(batch, floor=floor):
+                    if results.num_rows:
+                        work = split(decider(results), batch_id=batch_id)
+                        if task is not None:
+                            no_state = pc.equal(work.column("bucket"), NO_STATE_BUCKET)
+                            work = task.keep_stateful(work, pc.fill_null(no_state, False))
+                        if work.num_rows:
+                            yield pack(work)
+            if task is not None:
+                held = task.finish()
+                if held is not None:
+                    yield pack(held)
+                result = task.result()
+                if result is not None:
+                    yield packed_batch([(WRITTEN_ROUTE, NO_STATE_BUCKET)], [result])
+        except BaseException:
+            if task is not None:
+                task.discard()
+            raise
 
     return run
 
@@ -213,11 +249,17 @@ def _source_options(config: EngineConfig, starting_version: int | None) -> dict[
 
 
 def engine_frame(
-    spark: SparkSession, config: EngineConfig, *, resume_at: resume.ResumePoint | None = None
+    spark: SparkSession,
+    config: EngineConfig,
+    *,
+    resume_at: resume.ResumePoint | None = None,
+    stateless: StatelessWrites | None = None,
 ) -> DataFrame:
     """The engine's streaming DataFrame of packed WORK rows, before the writers.
 
-    ``resume_at``: a new checkpoint resuming after the lake's last batch.
+    ``resume_at``: a new checkpoint resuming after the lake's last batch. ``stateless``:
+    decide tasks write the rows that need no state themselves (the writer must be a
+    :class:`~retry_engine.core.outputs.BatchWriter`, which takes what they wrote).
     """
     results = _read_results(
         spark, config, starting_version=None if resume_at is None else resume_at.starting_version
@@ -232,7 +274,7 @@ def engine_frame(
         subkeys=config.engine.state_subkeys,
     )
     decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
-        _decide_batches(Decider(config), split, floor=floor), PACKED_SCHEMA
+        _decide_batches(Decider(config), split, floor=floor, stateless=stateless), PACKED_SCHEMA
     )
     stage = ScheduleStage(
         dedup_window_ms=parse_duration_ms(config.engine.dedup_window),
@@ -497,11 +539,12 @@ def _start_query(
                     pending_retries=pending,
                 )
             )
+        stateless = writer.stateless_writes() if isinstance(writer, BatchWriter) else None
         # [maintenance]: a driver thread maintains the tables between batches (never during one).
         writer = maintenance.attach(config, app_id, writer)
         writer = _sweeping_parked(writer, ParkedStore(checkpoint), _batches_retained(spark))
         stream = (
-            engine_frame(spark, config, resume_at=resume_at)
+            engine_frame(spark, config, resume_at=resume_at, stateless=stateless)
             .writeStream.queryName(QUERY_NAME)
             .foreachBatch(writer)
             .option("checkpointLocation", checkpoint)

@@ -33,7 +33,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -45,7 +45,7 @@ from retry_engine.core._schedule_state import KIND_STATE_QUARANTINE
 from retry_engine.core.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARANTINED
 from retry_engine.core.decide import RETRY as RETRY_OUTCOME
 from retry_engine.core.lease import BatchRecord, LakeLease
-from retry_engine.core.packed import unpack
+from retry_engine.core.packed import as_work
 from retry_engine.core.resume import planned_end
 from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
@@ -58,11 +58,14 @@ from retry_engine.schemas import DLQ, METRICS, OUTCOMES, QUARANTINE, RETRY, Tabl
 
 log = logging.getLogger(__name__)
 
+_Rows = TypeVar("_Rows", pa.Table, pa.RecordBatch)
+
 OnCounts = Callable[[int, list[tuple[str, str, str, int]]], None]
 
 # What a write task sends back: one row per written file or per partial.
 TASK_RESULT_SCHEMA: Final = "kind string, table string, payload binary"
 _FILE, _COUNTS, _SAMPLES = "file", "counts", "samples"
+_RESULT_NAMES: Final = ["kind", "table", "payload"]
 
 # Table columns filled from a differently named WORK column.
 _RENAMES: Final[Mapping[str, Mapping[str, str]]] = {
@@ -145,9 +148,71 @@ class _Target:
     storage_options: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
 
 
+class _TaskFiles:
+    """One task's writers to the routed tables, with the counts and lateness samples of what it wrote."""
+
+    def __init__(self, targets: tuple[_Target, ...], batch_id: int) -> None:
+        self.batch_id = batch_id
+        self.writers = {
+            t.name: PartitionedWriter(
+                *TableLocation(t.uri, t.storage_options).filesystem(),
+                t.schema,
+                partition_by=t.partition_by,
+                not_null=t.not_null,
+                uri=t.uri,
+            )
+            for t in targets
+        }
+        self.counts: list[pa.Table] = []
+        self.samples: list[pa.Table] = []
+
+    def add(self, work: pa.Table) -> None:
+        """Route ``work`` (WORK rows) to the tables and write it."""
+        for name, routed in route(work, self.batch_id).items():
+            if name in self.writers:
+                for part in routed.to_batches():
+                    self.writers[name].write(part)
+        self.counts.append(metrics.partial_counts(work))
+        self.samples.append(metrics.lateness_samples(work))
+
+    def close(self) -> list[tuple[str, str, bytes]]:
+        """Close the files; the task's result rows (:data:`TASK_RESULT_SCHEMA`): its files and partials."""
+        files = {name: writer.close() for name, writer in self.writers.items()}
+        rows: list[tuple[str, str, bytes]] = [
+            (_FILE, name, json.dumps(asdict(f)).encode())
+            for name, written in files.items()
+            for f in written
+        ]
+        if self.counts:
+            rows.append((_COUNTS, "", to_ipc(metrics.merge_counts(self.counts))))
+            late = pa.concat_tables(self.samples)
+            if late.num_rows:
+                rows.append((_SAMPLES, "", to_ipc(late)))
+        return rows
+
+    def discard(self) -> None:
+        for writer in self.writers.values():
+            writer.discard()
+
+
+def _result_batch(rows: list[tuple[str, str, bytes]]) -> pa.RecordBatch:
+    kinds, tables, payloads = zip(*rows, strict=True)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(kinds, pa.string()),
+            pa.array(tables, pa.string()),
+            pa.array(payloads, pa.binary()),
+        ],
+        names=_RESULT_NAMES,
+    )
+
+
 @dataclass(frozen=True)
 class WriteTask:
     """The ``mapInArrow`` function of one batch: route, write, count.
+
+    Packed rows under :data:`WRITTEN_ROUTE` carry another task's result rows (files the decide
+    step wrote, :class:`StatelessWrites`): they are passed on as they are.
 
     Replay: a replayed task writes new files with new names; only the files the
     driver commits become visible, and it commits a batch to a table once.
@@ -158,54 +223,110 @@ class WriteTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         settle()
-        writers = {
-            t.name: PartitionedWriter(
-                *TableLocation(t.uri, t.storage_options).filesystem(),
-                t.schema,
-                partition_by=t.partition_by,
-                not_null=t.not_null,
-                uri=t.uri,
-            )
-            for t in self.targets
-        }
-        counts: list[pa.Table] = []
-        samples: list[pa.Table] = []
+        task = _TaskFiles(self.targets, self.batch_id)
+        forwarded: list[pa.Table] = []
         try:
             for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                work = unpack(batch.column("payload").to_pylist())
-                for name, routed in route(work, self.batch_id).items():
-                    if name in writers:
-                        for part in routed.to_batches():
-                            writers[name].write(part)
-                counts.append(metrics.partial_counts(work))
-                samples.append(metrics.lateness_samples(work))
-            files = {name: writer.close() for name, writer in writers.items()}
+                work: list[pa.Table] = []
+                for key, payload in zip(
+                    batch.column("route").to_pylist(), batch.column("payload").to_pylist(), strict=True
+                ):
+                    rows = from_ipc(payload)
+                    # The schema decides: a quarantined consume result keeps whatever group it
+                    # came with as its route, "/written" included.
+                    if key == WRITTEN_ROUTE and rows.schema.names == _RESULT_NAMES:
+                        forwarded.append(rows)
+                    else:
+                        work.append(as_work(rows))
+                if work:
+                    task.add(pa.concat_tables(work))
+            results = task.close()
         except BaseException:
-            for writer in writers.values():
-                writer.discard()
+            task.discard()
             raise
-        rows: list[tuple[str, str, bytes]] = [
-            (_FILE, name, json.dumps(asdict(f)).encode())
-            for name, written in files.items()
-            for f in written
-        ]
-        if counts:
-            rows.append((_COUNTS, "", to_ipc(metrics.merge_counts(counts))))
-            late = pa.concat_tables(samples)
-            if late.num_rows:
-                rows.append((_SAMPLES, "", to_ipc(late)))
-        if rows:
-            kinds, tables, payloads = zip(*rows, strict=True)
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array(kinds, pa.string()),
-                    pa.array(tables, pa.string()),
-                    pa.array(payloads, pa.binary()),
-                ],
-                names=["kind", "table", "payload"],
-            )
+        if results:
+            yield _result_batch(results)
+        for table in forwarded:
+            yield from table.to_batches()
+
+
+# Packed rows under this route carry a task's result rows (TASK_RESULT_SCHEMA as Arrow IPC),
+# not WORK rows. Never a state key's route: "/" is in no valid group name.
+WRITTEN_ROUTE: Final = "/written"
+# A decide task writes its stateless rows itself once it has this many (see StatelessWrites).
+DIRECT_WRITE_ROWS: Final = 8192
+
+
+@dataclass(frozen=True)
+class StatelessWrites:
+    """The decide step writes the rows that need no state (acknowledgements, drops, quarantined
+    input) to their tables itself, instead of sending them through the shuffle and the
+    schedule stage to the writer (#15 goal 2, #14 part 5): at 10% failures they are nine
+    rows in ten, and the decide tasks run in parallel, one per input file, where the stage
+    after the shuffle has one task per state partition.
+
+    A task writes them only once it holds ``min_rows`` of them; a task with fewer sends
+    them on packed as before, so a trickle of small input files adds no small files to
+    the tables. What a task wrote travels on as its result rows (files, counts), packed
+    under :data:`WRITTEN_ROUTE` with no state bucket; the schedule stage passes them
+    through and the writer forwards them to the driver, which commits them with the
+    batch's other files (recorded in the lake first, like them).
+
+    Replay: a decide task cannot know which tables a replay skips, so it writes for all;
+    its files for a table that already has the batch are deleted at commit, which finds the
+    batch there (as for a batch that reached a table elsewhere meanwhile). An attempt whose
+    task or batch fails leaves its files unreferenced (no Delta reader sees them;
+    ``maintain``'s vacuum removes them).
+    """
+
+    targets: tuple[_Target, ...]
+    min_rows: int = DIRECT_WRITE_ROWS
+
+    def task(self, batch_id: int) -> StatelessTask:
+        return StatelessTask(self, batch_id)
+
+
+class StatelessTask:
+    """One decide task's stateless rows: held until :attr:`StatelessWrites.min_rows`, then written."""
+
+    def __init__(self, plan: StatelessWrites, batch_id: int) -> None:
+        self.plan = plan
+        self.batch_id = batch_id
+        self.held: list[pa.Table] = []
+        self.held_rows = 0
+        self.files: _TaskFiles | None = None
+
+    def keep_stateful(self, work: _Rows, stateless: pa.Array) -> _Rows:
+        """The rows of ``work`` that need state; the rest (``stateless``) are held or written."""
+        kept = work.filter(stateless)
+        rows = pa.Table.from_batches([kept]) if isinstance(kept, pa.RecordBatch) else kept
+        if rows.num_rows:
+            if self.files is not None:
+                self.files.add(rows)
+            else:
+                self.held.append(rows)
+                self.held_rows += rows.num_rows
+                if self.held_rows >= self.plan.min_rows:
+                    self.files = _TaskFiles(self.plan.targets, self.batch_id)
+                    self.files.add(pa.concat_tables(self.held))
+                    self.held, self.held_rows = [], 0
+        return work.filter(pc.invert(stateless))
+
+    def finish(self) -> pa.Table | None:
+        """The held rows (WORK) to send on packed, or None when the task wrote them: then
+        :meth:`result` has its result rows."""
+        return pa.concat_tables(self.held) if self.held else None
+
+    def result(self) -> bytes | None:
+        """The result rows of what the task wrote (Arrow IPC), None if it wrote nothing."""
+        if self.files is None:
+            return None
+        rows = self.files.close()
+        return to_ipc(_result_batch(rows)) if rows else None
+
+    def discard(self) -> None:
+        if self.files is not None:
+            self.files.discard()
 
 
 def pending_change(counts: pa.Table) -> int:
@@ -291,6 +412,12 @@ class BatchWriter:
                 )
             )
         self._targets = tuple(targets)
+
+    def stateless_writes(self) -> StatelessWrites:
+        """What the decide step needs to write stateless rows itself (:class:`StatelessWrites`)."""
+        return StatelessWrites(
+            tuple(t for t in self._targets if t.name != METRICS.name), min_rows=DIRECT_WRITE_ROWS
+        )
 
     def _already_committed(self, batch_id: int) -> set[str]:
         """Tables that record this batch's transaction.
@@ -438,7 +565,11 @@ class BatchWriter:
 __all__ = [
     "LEDGER_COLUMNS",
     "TASK_RESULT_SCHEMA",
+    "DIRECT_WRITE_ROWS",
+    "WRITTEN_ROUTE",
     "BatchWriter",
+    "StatelessTask",
+    "StatelessWrites",
     "WriteTask",
     "pending_change",
     "roll_forward",

@@ -83,10 +83,33 @@ def payload_chunks(rows: pa.Table) -> list[bytes]:
 
 def unpack(payloads: Iterable[bytes]) -> pa.Table:
     """The WORK rows of ``payloads``, concatenated in order."""
-    tables = [from_ipc(p) for p in payloads]
+    tables = [as_work(from_ipc(p)) for p in payloads]
     if not tables:
         return WORK.arrow_schema.empty_table()
     return pa.concat_tables(tables)
 
 
-__all__ = ["KEY_COLUMNS", "MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_ROWS", "PACKED_ARROW_SCHEMA", "PACKED_SCHEMA", "pack", "packed_batch", "payload_chunks", "unpack"]
+def as_work(rows: pa.Table) -> pa.Table:
+    """A payload's rows in all of WORK's columns.
+
+    A payload may carry only some of them (an outcome row that goes to the ledger only,
+    :func:`retry_engine.core.schedule.ledger_only`): the others come back null, built here
+    instead of crossing Spark and two Python workers as columns of nulls (#14 part 5).
+    """
+    if rows.schema.names == _WORK_NAMES:
+        return rows
+    present = set(rows.schema.names)
+    n = rows.num_rows
+    return pa.Table.from_arrays(
+        [
+            rows.column(f.name) if f.name in present else pa.nulls(n, f.type)
+            for f in WORK.arrow_schema
+        ],
+        schema=WORK.arrow_schema,
+    )
+
+
+_WORK_NAMES: Final = WORK.arrow_schema.names
+
+
+__all__ = ["KEY_COLUMNS", "MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_ROWS", "PACKED_ARROW_SCHEMA", "PACKED_SCHEMA", "as_work", "pack", "packed_batch", "payload_chunks", "unpack"]

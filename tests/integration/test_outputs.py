@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine.core import engine
+from retry_engine.core import engine, outputs
+from retry_engine.core.decide import NO_STATE_BUCKET
 from retry_engine.core.metrics import DELIVERED, LATENESS_MS_MIN, OUTCOME_METRICS
-from retry_engine.core.outputs import BatchWriter, route
-from retry_engine.core.packed import pack
+from retry_engine.core.outputs import WRITTEN_ROUTE, BatchWriter, route
+from retry_engine.core.packed import pack, packed_batch
 from retry_engine.delta import append_arrow
 from retry_engine.schemas import OUTCOMES
 from tests.builders import T0, Result, delivered, work_rows
@@ -85,11 +88,81 @@ def test_b1_a_table_that_got_the_batch_elsewhere_meanwhile_drops_the_files_writt
     _assert_no_orphan_files(lake)
 
 
+def _decided_by_a_task(writer: BatchWriter, work: pa.Table, batch_id: int, *, min_rows: int = 1) -> pa.Table:
+    """``work`` as one decide task hands it on with stateless writes: stateful rows packed, and a
+    packed row of what the task wrote itself (retry_engine.core.outputs.StatelessWrites)."""
+    plan = dataclasses.replace(writer.stateless_writes(), min_rows=min_rows)
+    task = plan.task(batch_id)
+    stateful = task.keep_stateful(work, pc.equal(work.column("bucket"), NO_STATE_BUCKET))
+    parts = [pack(stateful)]
+    held = task.finish()
+    if held is not None:
+        parts.append(pack(held))
+    result = task.result()
+    if result is not None:
+        parts.append(packed_batch([(WRITTEN_ROUTE, NO_STATE_BUCKET)], [result]))
+    return pa.Table.from_batches(parts)
+
+
+def test_b1_rows_a_decide_task_wrote_are_committed_with_the_batch_and_dropped_on_replay(
+    spark: Any, tmp_path: Path
+) -> None:
+    """#15 goal 2: acknowledgements, drops and quarantined input written by the decide task itself
+    reach their tables once with the batch; a replay's copies of them are deleted at commit, not committed twice."""
+    lake = Lake.make(tmp_path)
+    _, rows = _batch(spark)
+    expected = {name: table.num_rows for name, table in route(rows, 0).items()}
+    writer = BatchWriter(lake.config, "app-1")
+
+    def attempt(batch_id: int) -> Any:
+        packed = _decided_by_a_task(writer, rows, batch_id)
+        assert WRITTEN_ROUTE in packed.column("route").to_pylist()
+        return spark.createDataFrame(packed).repartition(2)
+
+    writer(attempt(0), 0)
+    first = _counts(lake)
+    assert {t: first[t] for t in expected} == expected
+    acks = [o for o in lake.rows("outcomes") if o["outcome"] == "acknowledged"]
+    assert len(acks) == 1 and acks[0]["batch_id"] == 0
+    assert sum(m["value"] for m in lake.rows("metrics") if m["metric"] == "acknowledged") == 1
+    writer(attempt(0), 0)  # replayed: every table has it, the task's new files go
+    assert _counts(lake) == first
+    _assert_no_orphan_files(lake)
+    # Batch 1 reached the outcomes table elsewhere: the task's outcome files go, the rest commit.
+    append_arrow(lake.path("outcomes"), route(rows, 1)["outcomes"].cast(OUTCOMES.arrow_schema),
+                 app_id="app-1", txn_version=1)
+    writer(attempt(1), 1)
+    assert _counts(lake) == {t: 2 * n for t, n in first.items()}
+    _assert_no_orphan_files(lake)
+
+
+def test_a_quarantined_result_of_group_written_is_written_as_a_row_not_taken_for_files(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Bad input: a consume result's group is any string, "/written" (the route of a task's file
+    rows) too; it is quarantined like any invalid group and the batch goes on."""
+    lake = Lake.make(tmp_path)
+    work = work_rows([Result.of("W", group="/written").failed(), Result.of("A").ok()], batch_ts=T0)
+    packed = _decided_by_a_task(BatchWriter(lake.config, "app-1"), work, 0, min_rows=100)
+    assert "/written" in packed.column("route").to_pylist()
+    BatchWriter(lake.config, "app-1")(spark.createDataFrame(packed), 0)
+    (bad,) = lake.rows("quarantine")
+    assert bad["consumer_group"] == "/written" and bad["msg_id"] == "W"
+    assert sorted(o["outcome"] for o in lake.rows("outcomes")) == ["acknowledged", "quarantined"]
+
+
 @pytest.mark.slow
-def test_b7_metrics_account_for_every_input_row(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["stateless-rows-shuffled", "stateless-rows-written-by-decide"])
+def test_b7_metrics_account_for_every_input_row(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
     """B7, and #12 item 17's batch bound: the input is three commits of 4 rows waiting before the engine
     starts, which engine.max_rows_per_trigger = 5 admits one commit per micro-batch (without it the first
-    batch took all 12)."""
+    batch took all 12). Both ways stateless rows can take (#15 goal 2): sent on to the writer (a task
+    with fewer than DIRECT_WRITE_ROWS of them), or written by the decide task; a result of group
+    "/written" (the route of a task's file rows) is quarantined either way."""
+    if direct:
+        monkeypatch.setattr(outputs, "DIRECT_WRITE_ROWS", 1)
     lake = Lake.make(
         tmp_path,
         engine={"auto_create_groups": False, "max_rows_per_trigger": 5},
@@ -97,7 +170,8 @@ def test_b7_metrics_account_for_every_input_row(spark: Any, tmp_path: Path) -> N
     )
     failing = Result.of("DUP").failed()
     batch = [
-        *(Result.of().ok() for _ in range(5)),
+        *(Result.of().ok() for _ in range(4)),
+        Result.of(group="/written").failed(),
         failing,
         failing.with_(result_id="again"),
         Result.of(topic="pay").failed(),

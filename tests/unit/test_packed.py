@@ -8,6 +8,7 @@ from retry_engine.config import parse_config
 from retry_engine.core.packed import (
     MAX_PAYLOAD_BYTES,
     MAX_PAYLOAD_ROWS,
+    as_work,
     pack,
     payload_chunks,
     unpack,
@@ -94,3 +95,15 @@ def test_pack_takes_a_record_batch_and_makes_one_row_per_key_of_three() -> None:
     packed = pack(work.combine_chunks().to_batches()[0])
     assert packed.column("route").to_pylist() == ["A", "B", "C"]
     assert [unpack([p]).num_rows for p in packed.column("payload").to_pylist()] == [2, 2, 2]
+
+
+def test_unpack_gives_a_payload_of_some_columns_every_work_column_with_the_others_null() -> None:
+    """#14 part 5: a ledger row crosses Spark with its own columns only; unpack restores WORK's shape."""
+    work = work_rows([Result.of("F").failed(), Result.of("A").ok()], batch_ts=T0)
+    narrow = work.select(["kind", "outcome", "consumed_msg_id", "route", "bucket"])
+    rows = unpack(payload_chunks(narrow) + payload_chunks(work))
+    assert rows.schema == WORK.arrow_schema and rows.num_rows == 4
+    assert rows.column("consumed_msg_id").to_pylist() == ["F", "A", "F", "A"]
+    assert rows.column("body").to_pylist()[:2] == [None, None]
+    assert rows.column("body").to_pylist()[2:] == work.column("body").to_pylist()
+    assert as_work(work) is work  # a full payload is taken as it is

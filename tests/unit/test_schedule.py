@@ -188,3 +188,44 @@ def test_the_known_ids_grow_as_a_distinct_union_would_in_the_same_order(
     assert pc.is_in(probe, value_set=schedule._known(known, pending)).equals(
         pc.is_in(probe, value_set=schedule._ids(known, pending))
     )
+
+
+def _one_key(results: list[Result]) -> tuple[tuple[str, int], pa.Table]:
+    config = parse_config({"engine": {"message_delay_level": "1h", "state_bucket": "1h"}})
+    work = work_rows(results, batch_ts=T0, config=config)
+    keys = {(r, int(b)) for r, b in zip(work["route"].to_pylist(), work["bucket"].to_pylist(), strict=True)}
+    assert len(keys) == 1
+    return keys.pop(), work
+
+
+def _raw_payloads(stage: ScheduleStage, key: tuple[str, int], payloads: list[bytes], state: HeldState) -> list[pa.Table]:
+    from retry_engine.delta._arrow_ipc import from_ipc
+
+    frame = pd.DataFrame({"route": [key[0]] * len(payloads), "bucket": [key[1]] * len(payloads), "payload": payloads})
+    return [from_ipc(p) for out in stage(key, iter([frame]), state) for p in out["payload"]]
+
+
+def test_a_new_retrys_ledger_row_crosses_with_the_ledgers_columns_only() -> None:
+    """#14 part 5: the outcome row of a new retry is sent on without the message and without the
+    other columns' nulls; the writer's unpack gives them back (test_packed)."""
+    from retry_engine.core.outputs import LEDGER_COLUMNS
+    from retry_engine.core.packed import payload_chunks
+
+    key, work = _one_key([Result.of(f"F{i}").failed() for i in range(3)])
+    (out,) = _raw_payloads(ScheduleStage(dedup_window_ms=10 * MINUTE_MS), key, payload_chunks(work), HeldState(T0))
+    assert out.num_rows == 3 and set(out.schema.names) <= LEDGER_COLUMNS
+    assert "body" not in out.schema.names and "properties" not in out.schema.names
+
+
+def test_rows_leave_in_source_order_whatever_order_their_payloads_arrive_in() -> None:
+    """Replay: the stage's output order is a function of the rows, not of the shuffle's fetch order.
+    Payloads of whole runs (as decide makes them) are put in order; interleaved ones are sorted."""
+    from retry_engine.core.packed import payload_chunks
+
+    key, work = _one_key([Result.of(f"F{i}").failed() for i in range(8)])
+    want = work.column("consumed_msg_id").to_pylist()
+    runs = [payload_chunks(work.slice(i, 2))[0] for i in range(0, 8, 2)]
+    interleaved = [payload_chunks(work.take(pa.array(rows)))[0] for rows in ([1, 4, 6], [0, 3], [2, 5, 7])]
+    for payloads in (runs[::-1], [runs[2], runs[0], runs[3], runs[1]], interleaved):
+        out = _raw_payloads(ScheduleStage(dedup_window_ms=10 * MINUTE_MS), key, payloads, HeldState(T0))
+        assert [i for t in out for i in t.column("consumed_msg_id").to_pylist()] == want
