@@ -71,7 +71,7 @@ from retry_engine.core._state_splits import SPLITS_DIR  # noqa: E402
 from retry_engine.core.metrics import OUTCOME_METRICS  # noqa: E402
 from retry_engine.core.schedule import ScheduleStage, StateKeySplit  # noqa: E402
 from retry_engine.delta import write_stream  # noqa: E402
-from retry_engine.delta.session import build_session  # noqa: E402
+from retry_engine.delta.session import build_session, read_parallelism  # noqa: E402
 
 ARRIVAL_RATE = 10_000.0  # simulated messages/s of the topic: spreads store times over state buckets
 
@@ -305,7 +305,9 @@ def reference(spark: Any, src: Path, work: Path, files_per_batch: int, *, source
         schema = spark.read.parquet(str(src)).schema
         df = spark.readStream.schema(schema).option("maxFilesPerTrigger", str(files_per_batch)).parquet(str(src))
     else:
-        df = spark.readStream.format("deltars").option("path", str(src)).option("maxFilesPerTrigger", str(files_per_batch)).load()
+        # readPartitions as the engine's own source sets it (about one read task per core).
+        df = (spark.readStream.format("deltars").option("path", str(src)).option("maxFilesPerTrigger", str(files_per_batch))
+              .option("readPartitions", read_parallelism(spark)).load())
     if sink == "deltars":
         writer = write_stream(df, str(work / "copy"), checkpoint=str(work / "ck_copy"))
     else:

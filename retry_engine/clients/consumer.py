@@ -85,7 +85,7 @@ from retry_engine.core.names import (
     validate_topic,
 )
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, storage, table_version
-from retry_engine.delta.session import capped_arrow_batches
+from retry_engine.delta.session import capped_arrow_batches, read_parallelism
 from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
 
@@ -839,7 +839,12 @@ class Consumer:
         return os.path.join(self.config.engine.lake, "_checkpoints", f"consumer-{digest}")
 
     def _read(self, path: str, *, position: bool) -> DataFrame:
-        reader = self.spark.readStream.format(FORMAT_NAME).option("path", path).options(**storage.spark_options(path))
+        reader = (
+            self.spark.readStream.format(FORMAT_NAME)
+            .option("path", path)
+            .options(**storage.spark_options(path))
+            .option("readPartitions", read_parallelism(self.spark))
+        )
         if self.max_files_per_trigger is not None:
             reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_trigger))
         if self.consume_from == "latest":

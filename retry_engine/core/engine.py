@@ -67,7 +67,7 @@ from retry_engine.delta._offsets import Offset
 from retry_engine.delta._worker_heap import settle
 from retry_engine.delta.lake import describe_engine_tables
 from retry_engine.delta.layout import migrate_partition_folders
-from retry_engine.delta.session import capped_arrow_batches
+from retry_engine.delta.session import capped_arrow_batches, read_parallelism
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import (
     ConcurrentWriteError,
@@ -204,6 +204,7 @@ def _read_results(
         .option("maxBytesPerTrigger", str(config.engine.max_bytes_per_trigger))
         .option("sourcePositionColumn", POSITION)
         .option("packedColumn", PACKED_INPUT)
+        .option("readPartitions", read_parallelism(spark))
         .options(**_source_options(config, starting_version))
         .load()
     )

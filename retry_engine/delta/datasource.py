@@ -27,7 +27,8 @@ class DeltaRsDataSource(DataSource):
     ``startingVersion`` (a version or "latest") or ``startingTimestamp`` (a
     date or timestamp: the first commit at or after it), ``versionAsOf`` (batch),
     ``sourcePositionColumn``, ``packedColumn`` (rows packed as Arrow IPC
-    batches in one binary column). Writing: ``partitionBy`` (comma-separated),
+    batches in one binary column), ``readPartitions`` (at most this many read
+    tasks a batch, files grouped by size; default one task per file). Writing: ``partitionBy`` (comma-separated),
     ``txnAppId`` + ``txnVersion`` (idempotent batch writes; streams use the
     query id from ``checkpointLocation``).
     """

@@ -311,6 +311,13 @@ def build_session(
     return spark
 
 
+def read_parallelism(spark: SparkSession) -> str:
+    """``readPartitions`` for a ``format("deltars")`` read on ``spark``: its default parallelism
+    (the cores of its executors), so a batch's files become about one read task per core, as
+    Spark's own file source packs them."""
+    return str(max(1, int(spark.sparkContext.defaultParallelism)))
+
+
 def set_jvm_log_level(spark: SparkSession, logger: str, level: str) -> None:
     """Set one JVM (log4j 2) logger's level, e.g. to silence a warning the engine reports itself.
 

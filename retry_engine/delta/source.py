@@ -94,6 +94,8 @@ class SourceOptions:
     version_as_of: int | None = None
     position_column: str | None = None
     packed_column: str | None = None
+    read_partitions: int | None = None
+    """``readPartitions``: at most this many read tasks a batch (None: one per file)."""
     # ``storage.<key>`` options (not in repr: they may hold credentials); None: the registered ones.
     storage_options: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
 
@@ -146,6 +148,7 @@ class SourceOptions:
             version_as_of=int(raw_as_of) if raw_as_of else None,
             position_column=opts.get("sourcepositioncolumn", "").strip() or None,
             packed_column=opts.get("packedcolumn", "").strip() or None,
+            read_partitions=parse_positive_int(opts, "readPartitions"),
         )
 
     @property
@@ -178,25 +181,54 @@ class SourceOptions:
 
 
 class FilePartition(InputPartition):
-    """One data file: the unit of work of a read task."""
+    """Data files read one after the other, in stream order: the unit of work of a read task."""
 
-    def __init__(self, file: FileToRead) -> None:
-        super().__init__(file.path)
-        self.file = file
+    def __init__(self, files: Sequence[FileToRead]) -> None:
+        super().__init__(tuple(f.path for f in files))
+        self.files = tuple(files)
 
     @classmethod
-    def of(cls, entry: FileEntry, table_uri: str) -> FilePartition:
-        """The partition reading ``entry``; a path outside the table fails here, on the driver."""
-        relative_data_path(entry.path, table_uri)
-        return cls(
-            FileToRead(
-                path=entry.path,
-                partition_values=dict(entry.partition_values),
-                version=entry.version,
-                index=entry.index,
-                is_starting_version=entry.is_starting_version,
+    def of(cls, entries: Sequence[FileEntry], table_uri: str) -> FilePartition:
+        """The partition reading ``entries``; a path outside the table fails here, on the driver."""
+        files = []
+        for entry in entries:
+            relative_data_path(entry.path, table_uri)
+            files.append(
+                FileToRead(
+                    path=entry.path,
+                    partition_values=dict(entry.partition_values),
+                    version=entry.version,
+                    index=entry.index,
+                    is_starting_version=entry.is_starting_version,
+                )
             )
-        )
+        return cls(files)
+
+
+def plan_partitions(entries: Sequence[FileEntry], table_uri: str, most: int | None) -> list[FilePartition]:
+    """``entries`` as read tasks: one per file, or with ``most`` (``readPartitions``) at most that many.
+
+    Files go largest first to the task with the fewest bytes so far (ties: the earlier
+    task), and each task reads its files in stream order. Without it a batch of many
+    small files is as many tasks, each paying a Python worker's round trip: Spark's own
+    file source packs files into about one task per core the same way.
+    Replay: a pure function of the entries and ``most``.
+    """
+    if most is None or len(entries) <= most:
+        return [FilePartition.of([e], table_uri) for e in entries]
+    loads = [0] * most
+    groups: list[list[int]] = [[] for _ in range(most)]
+    by_size = sorted(range(len(entries)), key=lambda i: (-max(entries[i].size, 0), i))
+    for i in by_size:
+        task = min(range(most), key=lambda t: (loads[t], t))
+        groups[task].append(i)
+        loads[task] += max(entries[i].size, 0) + _FILE_OPEN_COST
+    return [FilePartition.of([entries[i] for i in sorted(g)], table_uri) for g in groups]
+
+
+# What opening a file costs a read task, in bytes of reading (Spark's spark.sql.files.openCostInBytes):
+# a task of many empty files is not a light one.
+_FILE_OPEN_COST = 4 * 1024 * 1024
 
 
 def arrow_target(schema: StructType) -> pa.Schema:
@@ -247,13 +279,18 @@ class _FileReading:
         if not isinstance(partition, FilePartition):
             raise DeltaSourceError(f"unexpected input partition {partition!r}", code="DELTA_PARTITION_INVALID")
         fs, root = self.options.location.filesystem()
-        batches = read_file(
-            fs,
-            root,
-            partition.file,
-            arrow_target(self.rows),
-            table_uri=self.options.path,
-            position_column=self.options.position_column,
+        target_rows = arrow_target(self.rows)
+        batches = (
+            batch
+            for file in partition.files
+            for batch in read_file(
+                fs,
+                root,
+                file,
+                target_rows,
+                table_uri=self.options.path,
+                position_column=self.options.position_column,
+            )
         )
         packed = self.options.packed_column
         if packed is None:
@@ -377,7 +414,7 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         self._check_reservoir(finish)
         files = files_between(self.delta_log, begin, finish, rules=self.options.rules, on_commit=self._on_commit)
         log.debug("%s: batch %s -> %s has %d files", self.options.path, start, end, len(files))
-        return [FilePartition.of(f, self.options.path) for f in files]
+        return plan_partitions(files, self.options.path, self.options.read_partitions)
 
     def commit(self, end: dict[str, Any]) -> None:
         log.debug("%s: source committed through %s", self.options.path, end)
@@ -421,4 +458,4 @@ class DeltaBatchReader(_FileReading, DataSourceReader):
         version = self.options.version_as_of
         if version is None:
             version = delta_log.latest_version()
-        return [FilePartition.of(f, self.options.path) for f in delta_log.snapshot(version)]
+        return plan_partitions(delta_log.snapshot(version), self.options.path, self.options.read_partitions)

@@ -249,3 +249,30 @@ def test_packed_column_carries_the_same_rows_as_arrow_batches(spark: SparkSessio
     assert unpacked.schema.field("at").type == pa.timestamp("us", tz="UTC")
     got = sorted(zip(unpacked.column("id").to_pylist(), unpacked.column("_pos").to_pylist(), strict=True))
     assert got == sorted((r["id"], r["_pos"]) for r in plain.select("id", "_pos").collect())
+
+
+def test_read_partitions_reads_every_row_once_in_fewer_tasks(spark: SparkSession, lake: Path) -> None:
+    """#15 goal 1: a batch of five files read by two tasks (readPartitions=2), on real Spark; the same
+    rows and positions as one task per file."""
+    src = lake / "src"
+    make_table(src, versions=5)
+    seen: dict[str, tuple[int, list[tuple[int, str]]]] = {}
+
+    def collect(name: str) -> Callable[[DataFrame, int], None]:
+        def run(df: DataFrame, batch_id: int) -> None:
+            seen[name] = (df.rdd.getNumPartitions(), sorted((r["id"], r["_pos"]) for r in df.collect()))
+
+        return run
+
+    for name, options in (("grouped", {"readPartitions": "2"}), ("per file", {})):
+        query = (
+            stream(spark, src, sourcePositionColumn="_pos", **options)
+            .writeStream.foreachBatch(collect(name))
+            .option("checkpointLocation", str(lake / f"ck-{name}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        with running(query) as q:
+            q.awaitTermination(120)
+    assert seen["grouped"][0] == 2 and seen["per file"][0] == 5
+    assert seen["grouped"][1] == seen["per file"][1] and [i for i, _ in seen["grouped"][1]] == list(range(50))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import write_deltalake
@@ -20,7 +21,7 @@ from pyspark.sql.datasource import ReadAllAvailable
 
 from retry_engine.config import load_config, parse_config
 from retry_engine.delta import append_arrow, ensure_table
-from retry_engine.delta.source import DeltaStreamReader, SourceOptions
+from retry_engine.delta.source import DeltaStreamReader, SourceOptions, row_schema
 from retry_engine.errors import ConfigError, DeltaSourceError
 from retry_engine.schemas import CONSUME_RESULTS
 from tests.builders import Result, results_table
@@ -292,3 +293,59 @@ def test_engine_max_bytes_per_trigger_is_validated(value: object) -> None:
         parse_config({"engine": {"max_bytes_per_trigger": value}})
     assert parse_config({}).engine.max_bytes_per_trigger == 64 * 2**20
     assert load_config(CONF, env={}).engine.max_bytes_per_trigger == 64 * 2**20
+
+
+# ------------------------------------------------------------------ readPartitions
+
+
+def _entries(sizes: list[int]) -> list[Any]:
+    from retry_engine.delta._log import FileEntry
+
+    return [FileEntry(path=f"f{i}.parquet", size=size, partition_values={}, version=i, index=0,
+                      is_starting_version=False, is_last=True) for i, size in enumerate(sizes)]
+
+
+def test_read_partitions_groups_a_batchs_files_by_size_each_read_in_stream_order() -> None:
+    """#15 goal 1: one read task per file made a batch of four files two waves of Python tasks on two
+    cores; with readPartitions they are packed into about one task per core, as Spark's file source does."""
+    from retry_engine.delta.source import plan_partitions
+
+    mib = 1 << 20
+    entries = _entries([40 * mib, 10 * mib, 30 * mib, 5 * mib, 25 * mib, 0])
+    tasks = plan_partitions(entries, "/t", 2)
+    paths = [[f.path for f in t.files] for t in tasks]
+    assert sorted(p for t in paths for p in t) == sorted(e.path for e in entries)  # each file once
+    assert all(t == sorted(t, key=lambda p: int(p[1:-8])) for t in paths)  # stream order within a task
+    loads = [sum(entries[int(p[1:-8])].size for p in t) for t in paths]
+    assert max(loads) - min(loads) <= 10 * mib  # largest first to the lightest: 55 / 55 here
+    assert plan_partitions(entries, "/t", 2)[0].files == tasks[0].files  # replay: the same plan
+    assert [len(t.files) for t in plan_partitions(entries, "/t", None)] == [1] * 6  # unset: one per file
+    assert [len(t.files) for t in plan_partitions(entries, "/t", 6)] == [1] * 6
+    assert [len(t.files) for t in plan_partitions(entries[:2], "/t", 2**40)] == [1, 1]
+    assert [len(t.files) for t in plan_partitions(entries, "/t", 1)] == [6]
+    assert plan_partitions([], "/t", 2) == []
+
+
+def test_read_partitions_keeps_empty_files_apart_by_their_open_cost() -> None:
+    from retry_engine.delta.source import plan_partitions
+
+    assert [len(t.files) for t in plan_partitions(_entries([0] * 6), "/t", 3)] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "two", "1e3", "\u00b2"])
+def test_a_bad_read_partitions_is_a_clear_error(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"INVALID_OPTION.*readPartitions"):
+        SourceOptions.parse({"path": "/t", "readPartitions": value})
+
+
+def test_a_task_of_several_files_reads_them_all_in_stream_order(tmp_path: Path) -> None:
+    path = _table_of_commits(tmp_path, [3, 2, 4])
+    options = SourceOptions.parse({"path": path, "readPartitions": "1", "sourcePositionColumn": "_pos"})
+    reader = DeltaStreamReader(options, row_schema(options))
+    start = reader.initialOffset()
+    (task,) = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))
+    batches = list(reader.read(task))
+    ids = [m for b in batches for m in b.column("msg_id").to_pylist()]
+    assert ids == [f"C{c}-{i}" for c, n in enumerate([3, 2, 4]) for i in range(n)]
+    positions = [p for b in batches for p in b.column("_pos").to_pylist()]
+    assert positions == sorted(positions) and len(set(positions)) == 9
