@@ -527,7 +527,12 @@ class _RebalancedBatch:
 
     def _snapshot(self, path: str, version: int | None = None) -> DataFrame:
         """The table at ``version`` (default: latest) as a batch DataFrame."""
-        reader = self.spark.read.format(FORMAT_NAME).option("path", path).options(**storage.spark_options(path))
+        reader = (
+            self.spark.read.format(FORMAT_NAME)
+            .option("path", path)
+            .options(**storage.spark_options(path))
+            .option("readPartitions", read_parallelism(self.spark))
+        )
         if version is not None:
             reader = reader.option("versionAsOf", str(version))
         return reader.load()

@@ -385,6 +385,7 @@ def _dead_letters_spark(
     from pyspark.sql import functions as F
 
     from retry_engine.delta import FORMAT_NAME, register
+    from retry_engine.delta.session import read_parallelism
 
     path = config.table_path("dlq")
     resolved = resolve_version(path, version=version, as_of=as_of)
@@ -392,7 +393,13 @@ def _dead_letters_spark(
         df = spark.createDataFrame([], DLQ.spark_schema)
     else:
         register(spark)
-        reader = spark.read.format(FORMAT_NAME).option("path", path).options(**spark_options(path))
+        reader = (
+            spark.read.format(FORMAT_NAME)
+            .option("path", path)
+            .options(**spark_options(path))
+            # A dead-letter table of many small files: about one read task per core, not one per file.
+            .option("readPartitions", read_parallelism(spark))
+        )
         if resolved is not None:
             reader = reader.option("versionAsOf", str(resolved))
         df = reader.load()
