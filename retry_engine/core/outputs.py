@@ -80,8 +80,8 @@ ROUTED_TABLES: Final = (RETRY, DLQ, QUARANTINE, OUTCOMES)
 # The WORK columns read from a row that goes to the outcomes table only (a retry's or a
 # duplicate's ledger row): the table's own, under their WORK names, and what routing and the
 # metrics (metrics.partial_counts, metrics.lateness_samples) read. The schedule stage sends such
-# rows on with every other column null (schedule.ledger_only): the message itself travels with
-# the retry held in state, not twice (#14 part 5).
+# rows on with these columns only (schedule.ledger_only; packed.unpack makes the others null):
+# the message itself travels with the retry held in state, not twice (#14 part 5).
 LEDGER_COLUMNS: Final = frozenset(
     {_RENAMES[OUTCOMES.name].get(name, name) for name in OUTCOMES.names if name != "batch_id"}
     | {"kind", "route", "bucket", "outcome", "consumer_group", "retry_topic", "delay_level", "decided_at",
