@@ -67,6 +67,10 @@ MAX_STATE_KEY_MAX_BYTES = 1024 * 1024 * 1024
 # A state key's pending retries (Arrow bytes) past which it parks them in a file in the checkpoint
 # and keeps a reference (0: park every retry). Small keys stay inline: one file per spill, not per retry.
 DEFAULT_STATE_PARK_BYTES = 1024 * 1024
+# A decide task that holds this many rows needing no state writes them to their tables itself
+# instead of sending them through the shuffle (core.outputs.StatelessWrites); fewer go the old way,
+# so small input files make no small output files.
+DEFAULT_DIRECT_WRITE_ROWS = 8192
 # The progress listener appends its buffered events at most this often (one small commit each).
 DEFAULT_PROGRESS_FLUSH_INTERVAL = "5s"
 # The lake lease (B8) expires this long after its owner's last heartbeat (every quarter of it).
@@ -211,6 +215,8 @@ class EngineSection(_Strict):
     )
     # Pending retries' bytes past which a key parks them outside Spark's state (in the checkpoint).
     state_park_bytes: StrictInt = Field(default=DEFAULT_STATE_PARK_BYTES, ge=0, le=MAX_STATE_KEY_MAX_BYTES)
+    # Rows without state (acknowledgements...) a decide task holds before it writes them itself.
+    direct_write_rows: StrictInt = Field(default=DEFAULT_DIRECT_WRITE_ROWS, ge=1, le=2**31 - 1)
     auto_create_groups: bool = True
     progress_flush_interval: Duration = DEFAULT_PROGRESS_FLUSH_INTERVAL
     lease_timeout: Duration = DEFAULT_LEASE_TIMEOUT

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
-from retry_engine.config import EngineConfig
+from retry_engine.config import DEFAULT_DIRECT_WRITE_ROWS, EngineConfig
 from retry_engine.core import metrics
 from retry_engine.core._schedule_state import KIND_STATE_QUARANTINE
 from retry_engine.core.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARANTINED
@@ -253,8 +253,6 @@ class WriteTask:
 # Packed rows under this route carry a task's result rows (TASK_RESULT_SCHEMA as Arrow IPC),
 # not WORK rows. Never a state key's route: "/" is in no valid group name.
 WRITTEN_ROUTE: Final = "/written"
-# A decide task writes its stateless rows itself once it has this many (see StatelessWrites).
-DIRECT_WRITE_ROWS: Final = 8192
 
 
 @dataclass(frozen=True)
@@ -265,9 +263,9 @@ class StatelessWrites:
     rows in ten, and the decide tasks run in parallel, one per input file, where the stage
     after the shuffle has one task per state partition.
 
-    A task writes them only once it holds ``min_rows`` of them; a task with fewer sends
-    them on packed as before, so a trickle of small input files adds no small files to
-    the tables. What a task wrote travels on as its result rows (files, counts), packed
+    A task writes them only once it holds ``min_rows`` of them (``engine.direct_write_rows``);
+    a task with fewer sends them on packed as before, so a trickle of small input files
+    adds no small files to the tables. What a task wrote travels on as its result rows (files, counts), packed
     under :data:`WRITTEN_ROUTE` with no state bucket; the schedule stage passes them
     through and the writer forwards them to the driver, which commits them with the
     batch's other files (recorded in the lake first, like them).
@@ -280,7 +278,7 @@ class StatelessWrites:
     """
 
     targets: tuple[_Target, ...]
-    min_rows: int = DIRECT_WRITE_ROWS
+    min_rows: int = DEFAULT_DIRECT_WRITE_ROWS
 
     def task(self, batch_id: int) -> StatelessTask:
         return StatelessTask(self, batch_id)
@@ -416,7 +414,8 @@ class BatchWriter:
     def stateless_writes(self) -> StatelessWrites:
         """What the decide step needs to write stateless rows itself (:class:`StatelessWrites`)."""
         return StatelessWrites(
-            tuple(t for t in self._targets if t.name != METRICS.name), min_rows=DIRECT_WRITE_ROWS
+            tuple(t for t in self._targets if t.name != METRICS.name),
+            min_rows=self.config.engine.direct_write_rows,
         )
 
     def _already_committed(self, batch_id: int) -> set[str]:
@@ -565,7 +564,6 @@ class BatchWriter:
 __all__ = [
     "LEDGER_COLUMNS",
     "TASK_RESULT_SCHEMA",
-    "DIRECT_WRITE_ROWS",
     "WRITTEN_ROUTE",
     "BatchWriter",
     "StatelessTask",

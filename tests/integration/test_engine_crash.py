@@ -180,11 +180,15 @@ def test_b1_r8_random_sigkills_lose_duplicate_and_hurry_nothing(tmp_path: Path) 
     rng = random.Random(seed)
     lake = Lake.make(tmp_path / "lake", group_defaults={"retry_max_times": MAX_TIMES})
     conf = tmp_path / "engine.toml"
+    # direct_write_rows: in half the runs (by seed) decide tasks write the acknowledgements themselves
+    # from the first one (#15 goal 2), so kills also land on files a killed batch's decide wrote.
+    direct_write_rows = rng.choice([1, 8192])
+    print(f"engine.direct_write_rows = {direct_write_rows}")
     conf.write_text(
         # state_park_bytes: a key's pending retries stay inline until a few rows, then park in a file
         # (#14 part 5), so the kills land on both paths and on files written by killed batches.
         f'[engine]\nlake = "{tmp_path / "lake"}"\ntrigger_interval = "200ms"\nstate_bucket = "1s"\n'
-        f"state_park_bytes = {PARK_BYTES}\n"
+        f"state_park_bytes = {PARK_BYTES}\ndirect_write_rows = {direct_write_rows}\n"
         f'message_delay_level = "{FAST_LEVELS}"\n[group_defaults]\nretry_max_times = {MAX_TIMES}\n'
     )
     feeder = Feeder(lake, rng)

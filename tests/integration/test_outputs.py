@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine.core import engine, outputs
+from retry_engine.core import engine
 from retry_engine.core.decide import NO_STATE_BUCKET
 from retry_engine.core.metrics import DELIVERED, LATENESS_MS_MIN, OUTCOME_METRICS
 from retry_engine.core.outputs import WRITTEN_ROUTE, BatchWriter, route
@@ -153,19 +153,15 @@ def test_a_quarantined_result_of_group_written_is_written_as_a_row_not_taken_for
 
 @pytest.mark.slow
 @pytest.mark.parametrize("direct", [False, True], ids=["stateless-rows-shuffled", "stateless-rows-written-by-decide"])
-def test_b7_metrics_account_for_every_input_row(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: bool
-) -> None:
+def test_b7_metrics_account_for_every_input_row(spark: Any, tmp_path: Path, direct: bool) -> None:
     """B7, and #12 item 17's batch bound: the input is three commits of 4 rows waiting before the engine
     starts, which engine.max_rows_per_trigger = 5 admits one commit per micro-batch (without it the first
     batch took all 12). Both ways stateless rows can take (#15 goal 2): sent on to the writer (a task
-    with fewer than DIRECT_WRITE_ROWS of them), or written by the decide task; a result of group
+    with fewer than engine.direct_write_rows of them), or written by the decide task; a result of group
     "/written" (the route of a task's file rows) is quarantined either way."""
-    if direct:
-        monkeypatch.setattr(outputs, "DIRECT_WRITE_ROWS", 1)
     lake = Lake.make(
         tmp_path,
-        engine={"auto_create_groups": False, "max_rows_per_trigger": 5},
+        engine={"auto_create_groups": False, "max_rows_per_trigger": 5, "direct_write_rows": 1 if direct else 8192},
         groups={"G": {}, "H": {"retry_max_times": 1}},
     )
     failing = Result.of("DUP").failed()

@@ -15,12 +15,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from retry_engine.config import parse_config
 from retry_engine.core import engine
 from retry_engine.core.decide import BATCH_TS, NO_STATE_BUCKET, POSITION, Decider
 from retry_engine.core.outputs import WRITTEN_ROUTE, BatchWriter
 from retry_engine.core.packed import unpack
 from retry_engine.core.schedule import StateKeySplit
 from retry_engine.delta._arrow_ipc import from_ipc
+from retry_engine.errors import ConfigError
 from tests.builders import T0, Result, results_table
 from tests.lakehouse import Lake
 
@@ -97,3 +99,15 @@ def test_a_task_that_fails_after_writing_leaves_no_file(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="went away"):
         _decide(lake, failing(), min_rows=1)
     assert list(Path(lake.path("outcomes")).rglob("*.parquet")) == []
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "8192", 1.5, 2**31])
+def test_direct_write_rows_refuses_hostile_values(value: object) -> None:
+    with pytest.raises(ConfigError, match="direct_write_rows"):
+        parse_config({"engine": {"direct_write_rows": value}})
+
+
+def test_direct_write_rows_defaults_to_8192_and_reaches_the_decide_step(tmp_path: Path) -> None:
+    assert parse_config({}).engine.direct_write_rows == 8192
+    config = parse_config({"engine": {"lake": str(tmp_path), "direct_write_rows": 1}})
+    assert BatchWriter(config, "app").stateless_writes().min_rows == 1
