@@ -314,8 +314,15 @@ def build_session(
 def read_parallelism(spark: SparkSession) -> str:
     """``readPartitions`` for a ``format("deltars")`` read on ``spark``: its default parallelism
     (the cores of its executors), so a batch's files become about one read task per core, as
-    Spark's own file source packs them."""
-    return str(max(1, int(spark.sparkContext.defaultParallelism)))
+    Spark's own file source packs them. A session without a SparkContext (Spark Connect) gets
+    ``spark.default.parallelism`` if it is set, else one task per file as without the option."""
+    try:
+        return str(max(1, int(spark.sparkContext.defaultParallelism)))
+    except Exception:  # Spark Connect: no SparkContext on the client
+        configured = spark.conf.get("spark.default.parallelism", None)
+        if configured is not None and configured.strip().isdigit() and int(configured) >= 1:
+            return configured.strip()
+        return str(2**31 - 1)
 
 
 def set_jvm_log_level(spark: SparkSession, logger: str, level: str) -> None:

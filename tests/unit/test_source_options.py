@@ -349,3 +349,32 @@ def test_a_task_of_several_files_reads_them_all_in_stream_order(tmp_path: Path) 
     assert ids == [f"C{c}-{i}" for c, n in enumerate([3, 2, 4]) for i in range(n)]
     positions = [p for b in batches for p in b.column("_pos").to_pylist()]
     assert positions == sorted(positions) and len(set(positions)) == 9
+
+
+class _ConnectLike:
+    """A session as Spark Connect's client has it: no SparkContext, a conf to ask."""
+
+    def __init__(self, parallelism: str | None) -> None:
+        self.conf = self
+        self.parallelism = parallelism
+
+    @property
+    def sparkContext(self) -> Any:  # noqa: N802 (Spark's name)
+        raise RuntimeError("[JVM_ATTRIBUTE_NOT_SUPPORTED] sparkContext is not supported in Spark Connect")
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        assert key == "spark.default.parallelism"
+        return self.parallelism if self.parallelism is not None else default
+
+
+@pytest.mark.parametrize(
+    ("configured", "expected"),
+    [("8", "8"), (" 3 ", "3"), (None, str(2**31 - 1)), ("0", str(2**31 - 1)), ("-2", str(2**31 - 1)),
+     ("many", str(2**31 - 1)), ("", str(2**31 - 1))],
+)
+def test_read_parallelism_without_a_spark_context(configured: str | None, expected: str) -> None:
+    """A client session without a SparkContext: the configured parallelism, else one task per file."""
+    from retry_engine.delta.session import read_parallelism
+
+    assert read_parallelism(_ConnectLike(configured)) == expected  # type: ignore[arg-type]
+    assert SourceOptions.parse({"path": "/t", "readPartitions": expected}).read_partitions == int(expected)
