@@ -33,23 +33,11 @@ from retry_engine.config import EngineConfig
 from retry_engine.core import resume
 from retry_engine.core._parked import ParkedStore
 from retry_engine.core._state_splits import current_batch_id
-from retry_engine.core.decide import (
-    BATCH_TS,
-    NO_STATE_BUCKET,
-    POSITION,
-    Decider,
-    check_input_schema,
-)
+from retry_engine.core.decide import BATCH_TS, POSITION, Decider, check_input_schema
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.lease import EngineState, Heartbeat, LakeLease, Owner
-from retry_engine.core.outputs import (
-    WRITTEN_ROUTE,
-    BatchWriter,
-    OnCounts,
-    StatelessWrites,
-    roll_forward,
-)
-from retry_engine.core.packed import PACKED_SCHEMA, pack, packed_batch
+from retry_engine.core.outputs import BatchWriter, OnCounts, StatelessWrites, roll_forward
+from retry_engine.core.packed import PACKED_SCHEMA, pack
 from retry_engine.core.schedule import STATE_SCHEMA, ScheduleStage, StateKeySplit, state_key_split
 from retry_engine.core.startup import Startup
 from retry_engine.delta import (
@@ -121,17 +109,11 @@ def _decide_batches(
                     if results.num_rows:
                         work = split(decider(results), batch_id=batch_id)
                         if task is not None:
-                            no_state = pc.equal(work.column("bucket"), NO_STATE_BUCKET)
-                            work = task.keep_stateful(work, pc.fill_null(no_state, False))
+                            work = task.keep_stateful(work)
                         if work.num_rows:
                             yield pack(work)
             if task is not None:
-                held = task.finish()
-                if held is not None:
-                    yield pack(held)
-                result = task.result()
-                if result is not None:
-                    yield packed_batch([(WRITTEN_ROUTE, NO_STATE_BUCKET)], [result])
+                yield from task.finish()
         except BaseException:
             if task is not None:
                 task.discard()

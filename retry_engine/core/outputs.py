@@ -42,10 +42,16 @@ from pyspark.sql import DataFrame
 from retry_engine.config import DEFAULT_DIRECT_WRITE_ROWS, EngineConfig
 from retry_engine.core import metrics
 from retry_engine.core._schedule_state import KIND_STATE_QUARANTINE
-from retry_engine.core.decide import DEAD_LETTER, KIND_DELIVERY, KIND_OUTCOME, QUARANTINED
+from retry_engine.core.decide import (
+    DEAD_LETTER,
+    KIND_DELIVERY,
+    KIND_OUTCOME,
+    NO_STATE_BUCKET,
+    QUARANTINED,
+)
 from retry_engine.core.decide import RETRY as RETRY_OUTCOME
 from retry_engine.core.lease import BatchRecord, LakeLease
-from retry_engine.core.packed import as_work
+from retry_engine.core.packed import as_work, pack, packed_batch
 from retry_engine.core.resume import planned_end
 from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
@@ -294,33 +300,38 @@ class StatelessTask:
         self.held_rows = 0
         self.files: _TaskFiles | None = None
 
-    def keep_stateful(self, work: _Rows, stateless: pa.Array) -> _Rows:
-        """The rows of ``work`` that need state; the rest (``stateless``) are held or written."""
-        kept = work.filter(stateless)
-        rows = pa.Table.from_batches([kept]) if isinstance(kept, pa.RecordBatch) else kept
-        if rows.num_rows:
-            if self.files is not None:
-                self.files.add(rows)
-            else:
-                self.held.append(rows)
-                self.held_rows += rows.num_rows
-                if self.held_rows >= self.plan.min_rows:
-                    self.files = _TaskFiles(self.plan.targets, self.batch_id)
-                    self.files.add(pa.concat_tables(self.held))
-                    self.held, self.held_rows = [], 0
-        return work.filter(pc.invert(stateless))
+    def keep_stateful(self, work: _Rows) -> _Rows:
+        """The rows of ``work`` that need state; the rest (no state bucket) are held or written."""
+        stateless = pc.fill_null(pc.equal(work.column("bucket"), NO_STATE_BUCKET), False)
+        n = pc.sum(stateless).as_py() or 0
+        if n == 0:  # 100% failures: no copy of the batch
+            return work
+        rows = work if n == work.num_rows else work.filter(stateless)
+        self._take(pa.Table.from_batches([rows]) if isinstance(rows, pa.RecordBatch) else rows)
+        return work.slice(0, 0) if n == work.num_rows else work.filter(pc.invert(stateless))
 
-    def finish(self) -> pa.Table | None:
-        """The held rows (WORK) to send on packed, or None when the task wrote them: then
-        :meth:`result` has its result rows."""
-        return pa.concat_tables(self.held) if self.held else None
+    def _take(self, rows: pa.Table) -> None:
+        if self.files is not None:
+            self.files.add(rows)
+            return
+        self.held.append(rows)
+        self.held_rows += rows.num_rows
+        if self.held_rows >= self.plan.min_rows:
+            self.files = _TaskFiles(self.plan.targets, self.batch_id)
+            self.files.add(pa.concat_tables(self.held))
+            self.held, self.held_rows = [], 0
 
-    def result(self) -> bytes | None:
-        """The result rows of what the task wrote (Arrow IPC), None if it wrote nothing."""
+    def finish(self) -> list[pa.RecordBatch]:
+        """What the task sends on at its end, packed: the rows it held, or (when it wrote them) one
+        row under :data:`WRITTEN_ROUTE` with its result rows (Arrow IPC)."""
+        if self.held:
+            return [pack(pa.concat_tables(self.held))]
         if self.files is None:
-            return None
+            return []
         rows = self.files.close()
-        return to_ipc(_result_batch(rows)) if rows else None
+        if not rows:
+            return []
+        return [packed_batch([(WRITTEN_ROUTE, NO_STATE_BUCKET)], [to_ipc(_result_batch(rows))])]
 
     def discard(self) -> None:
         if self.files is not None:

@@ -319,9 +319,9 @@ def read_parallelism(spark: SparkSession) -> str:
     try:
         return str(max(1, int(spark.sparkContext.defaultParallelism)))
     except Exception:  # Spark Connect: no SparkContext on the client
-        configured = spark.conf.get("spark.default.parallelism", None)
-        if configured is not None and configured.strip().isdigit() and int(configured) >= 1:
-            return configured.strip()
+        configured = (spark.conf.get("spark.default.parallelism", None) or "").strip()
+        if configured.isascii() and configured.isdigit() and int(configured) >= 1:
+            return configured
         return str(2**31 - 1)
 
 

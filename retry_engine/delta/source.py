@@ -24,6 +24,7 @@ Arrow anyway.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -216,13 +217,12 @@ def plan_partitions(entries: Sequence[FileEntry], table_uri: str, most: int | No
     """
     if most is None or len(entries) <= most:
         return [FilePartition.of([e], table_uri) for e in entries]
-    loads = [0] * most
     groups: list[list[int]] = [[] for _ in range(most)]
-    by_size = sorted(range(len(entries)), key=lambda i: (-max(entries[i].size, 0), i))
-    for i in by_size:
-        task = min(range(most), key=lambda t: (loads[t], t))
+    lightest = [(0, task) for task in range(most)]  # (bytes so far, task): a heap
+    for i in sorted(range(len(entries)), key=lambda i: (-max(entries[i].size, 0), i)):
+        load, task = lightest[0]
         groups[task].append(i)
-        loads[task] += max(entries[i].size, 0) + _FILE_OPEN_COST
+        heapq.heapreplace(lightest, (load + max(entries[i].size, 0) + _FILE_OPEN_COST, task))
     return [FilePartition.of([entries[i] for i in sorted(g)], table_uri) for g in groups]
 
 

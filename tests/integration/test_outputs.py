@@ -8,15 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
 from retry_engine.core import engine
-from retry_engine.core.decide import NO_STATE_BUCKET
 from retry_engine.core.metrics import DELIVERED, LATENESS_MS_MIN, OUTCOME_METRICS
 from retry_engine.core.outputs import WRITTEN_ROUTE, BatchWriter, route
-from retry_engine.core.packed import pack, packed_batch
+from retry_engine.core.packed import pack
 from retry_engine.delta import append_arrow
 from retry_engine.schemas import OUTCOMES
 from tests.builders import T0, Result, delivered, work_rows
@@ -93,14 +91,7 @@ def _decided_by_a_task(writer: BatchWriter, work: pa.Table, batch_id: int, *, mi
     packed row of what the task wrote itself (retry_engine.core.outputs.StatelessWrites)."""
     plan = dataclasses.replace(writer.stateless_writes(), min_rows=min_rows)
     task = plan.task(batch_id)
-    stateful = task.keep_stateful(work, pc.equal(work.column("bucket"), NO_STATE_BUCKET))
-    parts = [pack(stateful)]
-    held = task.finish()
-    if held is not None:
-        parts.append(pack(held))
-    result = task.result()
-    if result is not None:
-        parts.append(packed_batch([(WRITTEN_ROUTE, NO_STATE_BUCKET)], [result]))
+    parts = [pack(task.keep_stateful(work)), *task.finish()]
     return pa.Table.from_batches(parts)
 
 

@@ -370,7 +370,7 @@ class _ConnectLike:
 @pytest.mark.parametrize(
     ("configured", "expected"),
     [("8", "8"), (" 3 ", "3"), (None, str(2**31 - 1)), ("0", str(2**31 - 1)), ("-2", str(2**31 - 1)),
-     ("many", str(2**31 - 1)), ("", str(2**31 - 1))],
+     ("many", str(2**31 - 1)), ("", str(2**31 - 1)), ("\u00b2", str(2**31 - 1))],
 )
 def test_read_parallelism_without_a_spark_context(configured: str | None, expected: str) -> None:
     """A client session without a SparkContext: the configured parallelism, else one task per file."""

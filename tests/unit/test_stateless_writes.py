@@ -111,3 +111,20 @@ def test_direct_write_rows_defaults_to_8192_and_reaches_the_decide_step(tmp_path
     assert parse_config({}).engine.direct_write_rows == 8192
     config = parse_config({"engine": {"lake": str(tmp_path), "direct_write_rows": 1}})
     assert BatchWriter(config, "app").stateless_writes().min_rows == 1
+
+
+def test_a_batch_of_only_failures_passes_through_uncopied_and_one_of_only_acks_is_all_taken(tmp_path: Path) -> None:
+    """The hot path at 100% failures: no filter (a copy of every column) when nothing is stateless."""
+    from tests.builders import work_rows
+
+    lake = Lake.make(tmp_path)
+    plan = dataclasses.replace(BatchWriter(lake.config, "app-1").stateless_writes(), min_rows=100)
+    task = plan.task(7)
+    failures = work_rows([Result.of(f"F{i}").failed() for i in range(3)], batch_ts=T0).to_batches()[0]
+    assert task.keep_stateful(failures) is failures and task.held == []
+    acks = work_rows([Result.of(f"A{i}").ok() for i in range(3)], batch_ts=T0).to_batches()[0]
+    rest = task.keep_stateful(acks)
+    assert rest.num_rows == 0 and rest.schema == acks.schema and task.held_rows == 3
+    (packed,) = task.finish()
+    assert sorted(unpack(packed.column("payload").to_pylist()).column("consumed_msg_id").to_pylist()) == [
+        "A0", "A1", "A2"]
