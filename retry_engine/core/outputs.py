@@ -133,7 +133,7 @@ def _project(work: pa.Table, mask: pa.ChunkedArray, table: Table, batch_id: int)
     wanted = list(dict.fromkeys(renames.get(name, name) for name in table.names if name != "batch_id"))
     rows = work.select(wanted).filter(mask)
     arrays = [
-        pa.array([batch_id] * rows.num_rows, pa.int64())
+        pa.repeat(pa.scalar(batch_id, pa.int64()), rows.num_rows)
         if name == "batch_id"
         else rows.column(renames.get(name, name))
         for name in table.names
@@ -306,9 +306,15 @@ class StatelessTask:
         n = pc.sum(stateless).as_py() or 0
         if n == 0:  # 100% failures: no copy of the batch
             return work
-        rows = work if n == work.num_rows else work.filter(stateless)
+        if n == work.num_rows:
+            rows, rest = work, work.slice(0, 0)
+        elif pc.all(stateless.slice(0, n)).as_py():
+            # Decided with in_order=False, acknowledgements come first: two slices, no copy.
+            rows, rest = work.slice(0, n), work.slice(n)
+        else:
+            rows, rest = work.filter(stateless), work.filter(pc.invert(stateless))
         self._take(pa.Table.from_batches([rows]) if isinstance(rows, pa.RecordBatch) else rows)
-        return work.slice(0, 0) if n == work.num_rows else work.filter(pc.invert(stateless))
+        return rest
 
     def _take(self, rows: pa.Table) -> None:
         if self.files is not None:

@@ -575,19 +575,19 @@ def _as_duplicates(rows: pa.Table) -> pa.Table:
     n = rows.num_rows
     return _with(
         rows,
-        reason_code=pa.array(["DUPLICATE"] * n, pa.string()),
+        reason_code=pa.repeat(pa.scalar("DUPLICATE", pa.string()), n),
         reason=reason,
-        outcome=pa.array([DUPLICATE] * n, pa.string()),
+        outcome=pa.repeat(pa.scalar(DUPLICATE, pa.string()), n),
     )
 
 
 def _as_deliveries(rows: pa.Table, now_ms: int) -> pa.Table:
     """Retries leaving the schedule stage for %RETRY%G: stored (and delivered) now."""
     n = rows.num_rows
-    now = pa.array([now_ms * _US_PER_MS] * n, pa.int64()).cast(WORK["delivered_at"].type)
+    now = pa.repeat(pa.scalar(now_ms * _US_PER_MS, pa.int64()), n).cast(WORK["delivered_at"].type)
     return _with(
         rows,
-        kind=pa.array([KIND_DELIVERY] * n, pa.string()),
+        kind=pa.repeat(pa.scalar(KIND_DELIVERY, pa.string()), n),
         delivered_at=now,
         store_timestamp=now.cast(WORK["store_timestamp"].type),
     )

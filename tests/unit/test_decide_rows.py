@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from retry_engine.config import EngineConfig, parse_config
@@ -479,6 +480,23 @@ def test_b1_a_mixed_batch_is_decided_in_one_pass_in_input_order() -> None:
     assert out.schema == WORK.arrow_schema
     assert out.column("consumed_msg_id").to_pylist() == ["A0", "F1", "A2", "Q3"]
     assert out.column("outcome").to_pylist() == ["acknowledged", "retry", "acknowledged", "quarantined"]
+
+
+def test_b1_in_order_false_gives_the_same_rows_grouped_by_path() -> None:
+    """``in_order=False`` (the engine's decide task, which splits rows without state at once) returns
+    exactly the rows of the ordered decision, acknowledgements first, each group in input order."""
+    results = [Result.of("A0").ok(), Result.of("F1").failed(), Result.of("A2").ok(), Result.of("Q3").with_(status="?"),
+               Result.of("F4").failed(), Result.of("A5").ok()]
+    batch = with_clock(results_table(results))
+    decider = Decider(parse_config({}))
+    ordered = decide(batch, decider)
+    grouped = decider(batch, in_order=False)
+    assert grouped.schema == WORK.arrow_schema
+    assert grouped.column("consumed_msg_id").to_pylist() == ["A0", "A2", "A5", "F1", "F4", "Q3"]
+    by_position = grouped.take(pc.sort_indices(grouped.column("source_position")))
+    assert by_position.to_pylist() == ordered.to_pylist()
+    only_acks = with_clock(results_table([Result.of("A0").ok(), Result.of("A1").ok()]))
+    assert decider(only_acks, in_order=False).to_pylist() == decide(only_acks, decider).to_pylist()
 
 
 def test_an_empty_batch_decides_to_no_rows() -> None:

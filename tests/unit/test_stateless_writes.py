@@ -128,3 +128,17 @@ def test_a_batch_of_only_failures_passes_through_uncopied_and_one_of_only_acks_i
     (packed,) = task.finish()
     assert sorted(unpack(packed.column("payload").to_pylist()).column("consumed_msg_id").to_pylist()) == [
         "A0", "A1", "A2"]
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_a_mixed_batch_is_split_alike_whether_decided_in_order_or_grouped(tmp_path: Path, in_order: bool) -> None:
+    """Grouped (acks first) the split is two slices; interleaved a filter; the same rows go each way."""
+    lake = Lake.make(tmp_path)
+    plan = dataclasses.replace(BatchWriter(lake.config, "app-1").stateless_writes(), min_rows=100)
+    task = plan.task(7)
+    results = [Result.of("A0").ok(), Result.of("F1").failed(), Result.of("A2").ok(), Result.of("F3").failed()]
+    work = Decider(lake.config)(_input(results), in_order=in_order)
+    rest = task.keep_stateful(work)
+    assert rest.column("consumed_msg_id").to_pylist() == ["F1", "F3"]
+    assert task.held_rows == 2
+    assert sorted(pa.concat_tables(task.held).column("consumed_msg_id").to_pylist()) == ["A0", "A2"]
