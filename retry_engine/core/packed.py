@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from retry_engine.delta._arrow_ipc import from_ipc, ipc_chunks
+from retry_engine.delta._arrow_ipc import from_ipc, ipc_array, ipc_chunks, ipc_slices
 from retry_engine.schemas import WORK
 
 PACKED_SCHEMA: Final = "route string, bucket long, payload binary"
@@ -41,13 +41,13 @@ MAX_PAYLOAD_ROWS: Final = 4096
 MAX_PAYLOAD_BYTES: Final = 4 * 1024 * 1024
 
 
-def packed_batch(keys: Sequence[tuple[str, int]], payloads: Sequence[bytes]) -> pa.RecordBatch:
-    """Packed rows from their keys and payloads."""
+def packed_batch(keys: Sequence[tuple[str, int]], payloads: Sequence[bytes] | pa.Array) -> pa.RecordBatch:
+    """Packed rows from their keys and payloads (bytes, or a binary array as :func:`ipc_array` builds)."""
     return pa.RecordBatch.from_arrays(
         [
             pa.array([k[0] for k in keys], pa.string()),
             pa.array([int(k[1]) for k in keys], pa.int64()),
-            pa.array(payloads, pa.binary()),
+            payloads if isinstance(payloads, pa.Array) else pa.array(payloads, pa.binary()),
         ],
         schema=PACKED_ARROW_SCHEMA,
     )
@@ -68,12 +68,12 @@ def pack(work: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
     starts = [0, *change.tolist()]
     ends = [*change.tolist(), ordered.num_rows]
     keys: list[tuple[str, int]] = []
-    payloads: list[bytes] = []
+    parts: list[pa.Table] = []
     for start, end in zip(starts, ends, strict=True):
-        chunks = payload_chunks(ordered.slice(start, end - start))
+        chunks = ipc_slices(ordered.slice(start, end - start), max_rows=MAX_PAYLOAD_ROWS, max_bytes=MAX_PAYLOAD_BYTES)
         keys += [(str(routes[start]), int(buckets[start]))] * len(chunks)
-        payloads += chunks
-    return packed_batch(keys, payloads)
+        parts += chunks
+    return packed_batch(keys, ipc_array(parts))
 
 
 def payload_chunks(rows: pa.Table) -> list[bytes]:

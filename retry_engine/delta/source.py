@@ -48,7 +48,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from retry_engine.delta import storage
-from retry_engine.delta._arrow_ipc import ipc_chunks
+from retry_engine.delta._arrow_ipc import ipc_array, ipc_slices
 from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import Commit, DeltaLog, FileEntry, TableLocation, relative_data_path
 from retry_engine.delta._offsets import (
@@ -298,8 +298,8 @@ class _FileReading:
             return
         target = arrow_target(self.schema)
         for batch in batches:
-            payloads = ipc_chunks(batch, max_rows=batch.num_rows, max_bytes=PACKED_MAX_BYTES)
-            yield pa.RecordBatch.from_arrays([pa.array(payloads, pa.binary())], schema=target)
+            payloads = ipc_array(ipc_slices(batch, max_rows=batch.num_rows, max_bytes=PACKED_MAX_BYTES))
+            yield pa.RecordBatch.from_arrays([payloads], schema=target)
 
 
 class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from retry_engine.config import parse_config
 from retry_engine.core.packed import (
@@ -13,7 +14,7 @@ from retry_engine.core.packed import (
     payload_chunks,
     unpack,
 )
-from retry_engine.delta._arrow_ipc import from_ipc, ipc_chunks
+from retry_engine.delta._arrow_ipc import from_ipc, ipc_array, ipc_chunks, to_ipc
 from retry_engine.schemas import WORK
 from tests.builders import T0, Result, work_rows
 
@@ -107,3 +108,31 @@ def test_unpack_gives_a_payload_of_some_columns_every_work_column_with_the_other
     assert rows.column("body").to_pylist()[:2] == [None, None]
     assert rows.column("body").to_pylist()[2:] == work.column("body").to_pylist()
     assert as_work(work) is work  # a full payload is taken as it is
+
+
+def test_ipc_array_holds_the_bytes_to_ipc_writes_for_each_table_in_one_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Packed payloads are written once into one shared buffer: the same values as one to_ipc per table."""
+    from retry_engine.delta import _arrow_ipc
+
+    work = pa.Table.from_batches([work_rows([Result.of(f"F{i}").failed() for i in range(5)], batch_ts=T0)
+                                  .to_batches()[0]])
+    tables = [work.slice(0, 2), work.slice(2, 0), pa.table({"x": [1, None]}).to_batches()[0], work.slice(2)]
+    want = [to_ipc(t) for t in tables]
+    array = ipc_array(tables)
+    assert array.type == pa.binary() and array.null_count == 0
+    assert array.to_pylist() == want
+    assert from_ipc(array[3].as_py()).equals(work.slice(2))
+    assert ipc_array([]).to_pylist() == []
+    # Past what one binary array holds (2 GiB; made small here) the bytes go through pa.array, as before.
+    monkeypatch.setattr(_arrow_ipc, "_BINARY_MAX_BYTES", 10)
+    assert ipc_array(tables).to_pylist() == want
+
+
+def test_pack_payloads_are_one_buffer_and_unpack_alike() -> None:
+    work = work_rows([Result.of(f"F{i}").failed() for i in range(7)] + [Result.of("A").ok()], batch_ts=T0)
+    payload = pack(work).column("payload")
+    assert len(payload.buffers()) == 3 and payload.buffers()[0] is None
+    assert unpack(payload.to_pylist()).sort_by("source_position").equals(
+        work.sort_by("source_position").select(unpack(payload.to_pylist()).schema.names))
