@@ -70,10 +70,15 @@ def pack(work: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
     keys: list[tuple[str, int]] = []
     parts: list[pa.Table] = []
     for start, end in zip(starts, ends, strict=True):
-        chunks = ipc_slices(ordered.slice(start, end - start), max_rows=MAX_PAYLOAD_ROWS, max_bytes=MAX_PAYLOAD_BYTES)
+        chunks = payload_slices(ordered.slice(start, end - start))
         keys += [(str(routes[start]), int(buckets[start]))] * len(chunks)
         parts += chunks
     return packed_batch(keys, ipc_array(parts))
+
+
+def payload_slices(rows: pa.Table) -> list[pa.Table]:
+    """``rows`` cut as :func:`payload_chunks` cuts them, not yet written (for :func:`~retry_engine.delta._arrow_ipc.ipc_array`)."""
+    return ipc_slices(rows, max_rows=MAX_PAYLOAD_ROWS, max_bytes=MAX_PAYLOAD_BYTES)
 
 
 def payload_chunks(rows: pa.Table) -> list[bytes]:
@@ -112,4 +117,4 @@ def as_work(rows: pa.Table) -> pa.Table:
 _WORK_NAMES: Final = WORK.arrow_schema.names
 
 
-__all__ = ["KEY_COLUMNS", "MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_ROWS", "PACKED_ARROW_SCHEMA", "PACKED_SCHEMA", "as_work", "pack", "packed_batch", "payload_chunks", "unpack"]
+__all__ = ["KEY_COLUMNS", "MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_ROWS", "PACKED_ARROW_SCHEMA", "PACKED_SCHEMA", "as_work", "pack", "packed_batch", "payload_chunks", "payload_slices", "unpack"]
