@@ -131,7 +131,10 @@ def _project(work: pa.Table, mask: pa.ChunkedArray, table: Table, batch_id: int)
     """The rows of ``work`` under ``mask`` in ``table``'s columns; only those columns are filtered (#14 part 5)."""
     renames = _RENAMES.get(table.name, {})
     wanted = list(dict.fromkeys(renames.get(name, name) for name in table.names if name != "batch_id"))
-    rows = work.select(wanted).filter(mask)
+    rows = work.select(wanted)
+    kept = pc.sum(mask).as_py() or 0
+    if kept < rows.num_rows:  # every row kept (all outcomes at 100% failures): no copy of the columns
+        rows = rows.filter(mask) if kept else rows.slice(0, 0)
     arrays = [
         pa.repeat(pa.scalar(batch_id, pa.int64()), rows.num_rows)
         if name == "batch_id"

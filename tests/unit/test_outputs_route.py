@@ -40,3 +40,20 @@ def test_each_row_goes_to_its_tables_with_the_batch_id() -> None:
 def test_tables_without_rows_are_left_out() -> None:
     work = work_rows([Result.of().ok()], batch_ts=NOW)
     assert set(route(work, 0)) == {"outcomes"}
+
+
+def test_a_table_every_row_belongs_to_takes_them_unfiltered_and_alike() -> None:
+    """All outcomes (100% failures, nothing released): the ledger's rows are the work's, column for column,
+    without a filter's copy; a null kind is in no table."""
+    work = work_rows([Result.of(f"F{i}").failed() for i in range(4)], batch_ts=NOW)
+    out = route(work, 5)
+    assert set(out) == {"outcomes"}
+    ledger = out["outcomes"]
+    assert ledger.column("msg_id").to_pylist() == ["F0", "F1", "F2", "F3"]
+    assert ledger.column("source_position").to_pylist() == work.column("source_position").to_pylist()
+    # Shared, not copied: the ledger's column is the work's own buffer.
+    assert ledger.column("source_position").chunk(0).buffers()[2].address == (
+        work.column("source_position").chunk(0).buffers()[2].address)
+    kinds = work.column("kind").to_pylist()
+    odd = work.set_column(work.schema.get_field_index("kind"), "kind", pa.array([None, *kinds[1:]], pa.string()))
+    assert route(odd, 5)["outcomes"].column("msg_id").to_pylist() == ["F1", "F2", "F3"]
