@@ -133,6 +133,10 @@ def chunks_from_json(raw: bytes, key: tuple[str, int] | None = None) -> tuple[Ch
     return tuple(chunks)
 
 
+def _ascending(values: np.ndarray) -> bool:
+    return len(values) < 2 or not bool((values[1:] < values[:-1]).any())
+
+
 def due_ms(rows: pa.Table) -> np.ndarray:
     """The ``due_at`` of each row in epoch milliseconds."""
     return np.asarray(rows.column("due_at").cast(pa.int64()).to_numpy()) // _US_PER_MS
@@ -152,8 +156,10 @@ class ParkedStore:
 
     def park(self, key: tuple[str, int], batch: int, rows: pa.Table) -> Chunk:
         """Write ``rows`` (pending retries of ``key``) sorted by due time as the key's file of ``batch``."""
-        order = pc.sort_indices(rows.column("due_at"))  # stable: equal due times keep their order
-        rows = rows.take(order)
+        due = rows.column("due_at")
+        if due.null_count or not _ascending(np.asarray(due.cast(pa.int64()).to_numpy())):
+            rows = rows.take(pc.sort_indices(due))  # stable: equal due times keep their order
+        # else already in order (a key's retries of one level share their due time): no copy
         route, bucket = key
         name = parked_name(route, int(bucket), batch)
         table = rows.replace_schema_metadata(

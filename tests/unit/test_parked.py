@@ -8,6 +8,7 @@ ladder) and tests/integration/test_engine_crash.py (SIGKILLs).
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -342,3 +343,22 @@ def test_a_key_that_seals_after_its_window_publishes_the_parked_ids_it_forgot(tm
         (seal,) = seals.sealed_before(10).values()
         published = seals.published_ids(seal).to_pylist()
         assert "LONG" in published and ("NEW" in published) == has_input, has_input
+
+
+def test_park_writes_rows_by_due_time_keeping_the_order_of_equal_ones(tmp_path: Path) -> None:
+    """Rows already in due order (one level's retries) are written as given; others sorted stably."""
+    store = ParkedStore(str(tmp_path))
+    rows = pa.Table.from_batches(work_rows([Result.of(f"M{i}").failed() for i in range(5)], batch_ts=T0).to_batches())
+    due_type = rows.schema.field("due_at").type
+
+    def with_due(seconds: list[int]) -> pa.Table:
+        due = pa.array([(T0 + dt.timedelta(seconds=s)) for s in seconds], due_type)
+        return rows.set_column(rows.schema.get_field_index("due_at"), "due_at", due)
+
+    def parked(table: pa.Table, batch: int) -> list[str]:
+        chunk = store.park(("G", 0), batch, table)
+        return pa.ipc.open_file(tmp_path / PARKED_DIR / chunk.name).read_all().column("consumed_msg_id").to_pylist()
+
+    assert parked(with_due([10, 10, 10, 10, 10]), 1) == ["M0", "M1", "M2", "M3", "M4"]
+    assert parked(with_due([1, 2, 2, 3, 9]), 2) == ["M0", "M1", "M2", "M3", "M4"]
+    assert parked(with_due([5, 1, 5, 0, 1]), 3) == ["M3", "M1", "M4", "M0", "M2"]
