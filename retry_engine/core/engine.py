@@ -51,6 +51,7 @@ from retry_engine.delta import (
 )
 from retry_engine.delta._arrow_ipc import from_ipc
 from retry_engine.delta._checkpoint import remove_orphan_log_temps
+from retry_engine.delta._log import add_actions
 from retry_engine.delta._offsets import Offset
 from retry_engine.delta._worker_heap import settle
 from retry_engine.delta.lake import describe_engine_tables
@@ -355,7 +356,7 @@ def _has_rows(path: str) -> bool:
     table = open_table(path)
     if table is None:
         return False
-    counts = pa.table(table.get_add_actions(flatten=True)).column("num_records").to_pylist()
+    counts = add_actions(table).column("num_records").to_pylist()
     # A file without stats may hold rows.
     return any(n is None or n > 0 for n in counts)
 

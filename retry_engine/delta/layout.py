@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction
@@ -45,6 +44,7 @@ from retry_engine.delta._files import (
 from retry_engine.delta._log import (
     FileEntry,
     TableLocation,
+    add_actions,
     data_file_path,
     join_path,
     snapshot_entries,
@@ -101,7 +101,7 @@ def misplaced_files(table: DeltaTable) -> list[FileEntry]:
     columns = list(table.metadata().partition_columns)
     if not columns:
         return []
-    rows = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    rows = add_actions(table).to_pylist()
     entries = snapshot_entries(rows, table.version())
     return [e for e in entries if not folder_matches(e.path, e.partition_values, columns)]
 

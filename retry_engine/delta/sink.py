@@ -32,7 +32,7 @@ from pyspark.sql.types import StructType
 from retry_engine.delta import storage
 from retry_engine.delta._checkpoint import read_query_id
 from retry_engine.delta._files import PartitionedWriter, WrittenFile, delete_quietly
-from retry_engine.delta._log import TableLocation, data_file_path, join_path
+from retry_engine.delta._log import TableLocation, add_actions, data_file_path, join_path
 from retry_engine.delta._options import FORMAT_NAME, lower_keys, require_path
 from retry_engine.delta._worker_heap import settle
 from retry_engine.delta.tables import ensure_table, not_null_columns
@@ -186,7 +186,7 @@ def abort_files(location: TableLocation, messages: Sequence[WriterCommitMessage 
         return
     try:
         table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
-        logged = pa.table(table.get_add_actions(flatten=False)).column("path").to_pylist()
+        logged = add_actions(table, flatten=False).column("path").to_pylist()
         # Compared decoded: writers may URL-encode one physical path in different ways.
         referenced = {data_file_path(p) for p in logged}
     except (DeltaError, OSError) as exc:

@@ -58,7 +58,7 @@ from retry_engine.config import (
     minimum_retention_hours,
     parse_retention_hours,
 )
-from retry_engine.delta._log import LOG_DIR, join_path
+from retry_engine.delta._log import LOG_DIR, add_actions, join_path
 from retry_engine.delta.storage import filesystem, open_delta, write_delta
 from retry_engine.delta.tables import ensure_table, open_table
 from retry_engine.errors import ConfigError
@@ -138,7 +138,7 @@ class _Snapshot:
 
 
 def _snapshot(path: str, table: DeltaTable) -> _Snapshot:
-    actions = pa.table(table.get_add_actions(flatten=True))
+    actions = add_actions(table)
     sizes = actions.column("size_bytes").to_pylist() if actions.num_rows else []
     return _Snapshot(table.version(), actions.num_rows, int(sum(sizes)), _log_entries(path))
 
@@ -152,7 +152,7 @@ def _log_entries(path: str) -> int:
 
 def _small_files_to_compact(table: DeltaTable) -> int:
     """Files a compaction would rewrite: partitions holding two or more files under the target size."""
-    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    actions = add_actions(table).to_pylist()
     target = int(table.metadata().configuration.get("delta.targetFileSize") or 100 * 1024 * 1024)
     by_partition: dict[tuple[tuple[str, Any], ...], int] = {}
     for row in actions:
