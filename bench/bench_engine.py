@@ -39,6 +39,12 @@
    driver (CPU time, unlike wall time, hardly depends on what else the
    machine runs); then the engine's rate at 50k-row batches against 250k-row
    batches on the same rows.
+
+Its session's JVM compiles as the JVM does by default (C1 and C2), as a cluster
+would run Spark's native pipelines; ``retry-engine run`` launches its own with C1
+only (``quick_jit``), which left the engine's throughput unchanged and made the
+native copy ~40% slower (bench/RESULTS.md, run X). ``--java-options`` adds
+options to the JVM to compare such settings.
 """
 
 from __future__ import annotations
@@ -71,7 +77,12 @@ from retry_engine.core._state_splits import SPLITS_DIR  # noqa: E402
 from retry_engine.core.metrics import OUTCOME_METRICS  # noqa: E402
 from retry_engine.core.schedule import ScheduleStage, StateKeySplit  # noqa: E402
 from retry_engine.delta import write_stream  # noqa: E402
-from retry_engine.delta.session import build_session, read_parallelism  # noqa: E402
+from retry_engine.delta.session import (  # noqa: E402
+    DRIVER_JAVA_OPTIONS,
+    DRIVER_JAVA_OPTIONS_KEY,
+    build_session,
+    read_parallelism,
+)
 
 ARRIVAL_RATE = 10_000.0  # simulated messages/s of the topic: spreads store times over state buckets
 
@@ -830,6 +841,8 @@ def main() -> None:
     parser.add_argument("--one-key-chunk", type=int, default=50_000, help="rows per Delta commit in the one-key run")
     parser.add_argument("--state-key-max-bytes", type=int, default=64 * 2**20,
                         help="engine.state_key_max_bytes in the one-key run")
+    parser.add_argument("--java-options", default="",
+                        help="added to the driver JVM's options (e.g. -XX:TieredStopAtLevel=1), to compare JVM settings")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     if args.quick:
@@ -840,8 +853,10 @@ def main() -> None:
     targets = [t for t in (10_000, 30_000, 100_000, 300_000, 1_000_000, 3_000_000, 10_000_000) if t <= args.backlog_max]
     work = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     began = time.monotonic()
-    spark = build_session(app_name="bench-engine", log_level="ERROR",
-                          extra_conf={"spark.sql.streaming.numRecentProgressUpdates": "100000"})
+    conf = {"spark.sql.streaming.numRecentProgressUpdates": "100000"}
+    if args.java_options:
+        conf[DRIVER_JAVA_OPTIONS_KEY] = f"{DRIVER_JAVA_OPTIONS} {args.java_options}"
+    spark = build_session(app_name="bench-engine", log_level="ERROR", extra_conf=conf)
     sampler = RssSampler().start()
     try:
         log(f"work dir {work}; warm-up")

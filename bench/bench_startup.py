@@ -32,7 +32,10 @@ Each round runs every variant, interleaved, so they share the machine's load:
   import their modules after each fork (the engine's default is
   :mod:`retry_engine.delta._daemon`, which imports them once before);
 * ``no-warm-workers``: ``after`` without the one-row Python job that starts
-  the worker daemon while the query starts (``RETRY_ENGINE_WARM_WORKERS=off``).
+  the worker daemon while the query starts (``RETRY_ENGINE_WARM_WORKERS=off``);
+* ``full-jit``: ``after`` with the JVM's default compilers, C1 and C2
+  (``RETRY_ENGINE_QUICK_JIT=off``; the engine's default is C1 only);
+* ``parallel-gc``: ``after`` with the parallel garbage collector instead of G1.
 
 Printed per variant: the breakdown of each start (median over rounds), the
 first batch as a ratio of the steady batch (target <= 2x), and restart to
@@ -187,6 +190,7 @@ def wait_for_batches_with_input(work: Path, count: int, timeout: float = 300) ->
 VARIANT_CONF = {
     "filecontext-checkpoint": FILECONTEXT_CHECKPOINTS,
     "pyspark-daemon": {session.DAEMON_MODULE_KEY: "pyspark.daemon"},
+    "parallel-gc": {session.DRIVER_JAVA_OPTIONS_KEY: session.DRIVER_JAVA_OPTIONS + " -XX:+UseParallelGC"},
 }
 
 
@@ -201,6 +205,8 @@ def variant_env(variant: str) -> dict[str, str]:
         env[session.WARM_WORKERS_ENV] = "off"
     if variant == "no-class-archive":
         env[class_archive.SWITCH_ENV] = "off"
+    if variant == "full-jit":
+        env[session.QUICK_JIT_ENV] = "off"
     return env
 
 
@@ -285,7 +291,7 @@ def main() -> None:
                              "(see above)")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - {"before", "after", "no-class-archive", "filecontext-checkpoint", "pyspark-daemon", "no-warm-workers"}
+    unknown = set(variants) - {"before", "after", "no-class-archive", "no-warm-workers", "full-jit", *VARIANT_CONF}
     if unknown:
         parser.error(f"unknown variant {sorted(unknown)[0]!r}")
     results: dict[str, list[Round]] = {v: [] for v in variants}

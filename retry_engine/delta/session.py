@@ -219,6 +219,12 @@ DAEMON_MODULE = "retry_engine.delta._daemon"
 DAEMON_ENV_CONF = {f"spark.executorEnv.{name}": value for name, value in THREAD_FREE_ENV.items()}
 DAEMON_KEYS = (DAEMON_MODULE_KEY, *DAEMON_ENV_CONF)
 DRIVER_JAVA_OPTIONS = "-Xss32m"
+# The engine's own local JVM compiles with C1 only (HotSpot's client compiler, no C2):
+# see quick_jit_options.
+QUICK_JIT_OPTION = "-XX:TieredStopAtLevel=1"
+QUICK_JIT_ENV = "RETRY_ENGINE_QUICK_JIT"
+# Options by which a user's spark.driver.extraJavaOptions already chooses how the JVM compiles.
+_JIT_CHOICES = ("TieredStopAtLevel", "TieredCompilation", "-Xint", "-Xcomp")
 ARROW_MAX_BYTES_PER_BATCH = 8 * 1024 * 1024
 ARROW_MAX_BYTES_KEY = "spark.sql.execution.arrow.maxBytesPerBatch"
 # No byte cap, so no per-row size check (Spark 4.3's own default is a 64 MiB cap, checked per row).
@@ -258,6 +264,25 @@ def spark_conf(
     return conf
 
 
+def quick_jit_options(options: str) -> str:
+    """``options`` (the driver JVM's) with :data:`QUICK_JIT_OPTION` added, unless they choose a JIT mode
+    themselves or ``RETRY_ENGINE_QUICK_JIT`` is off.
+
+    For the JVMs ``retry-engine run`` and ``demo`` launch on a local master. The
+    engine's rows cross the JVM packed (a few binary values per micro-batch), so
+    the JVM's peak code speed does not bound it, while C2, the optimizing
+    compiler, took a large share of the two cores while the engine started.
+    Measured here (bench/RESULTS.md, run X): start to first commit 8.2 -> 6.0 s,
+    the first batch 2.6 -> 1.9 s, steady engine throughput unchanged at 10% and
+    100% failures; JVM-bound Spark work (a native Parquet copy) runs ~40% slower
+    with C1 only, which is why sessions for other work (notebooks, the tests,
+    the benchmarks) keep the JVM's default.
+    """
+    if not class_archive.switched_on(QUICK_JIT_ENV) or any(choice in options for choice in _JIT_CHOICES):
+        return options
+    return f"{options} {QUICK_JIT_OPTION}".strip()
+
+
 def build_session(
     *,
     master: str | None = DEFAULT_MASTER,
@@ -265,10 +290,13 @@ def build_session(
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     extra_conf: Mapping[str, str] | None = None,
     log_level: str = "WARN",
+    quick_jit: bool = False,
 ) -> SparkSession:
     """Create (or return the active) SparkSession with the engine's settings.
 
     ``master=None`` keeps whatever master the launcher chose (spark-submit).
+    ``quick_jit``: a local JVM this call launches compiles with C1 only
+    (:func:`quick_jit_options`); the engine's own commands ask for it.
 
     The delta-rs data source (format ``deltars``) is registered on the session.
     """
@@ -299,6 +327,8 @@ def build_session(
             if extra_conf is None or key not in extra_conf:
                 conf.pop(key, None)
     if launching:
+        if quick_jit:
+            conf[DRIVER_JAVA_OPTIONS_KEY] = quick_jit_options(conf.get(DRIVER_JAVA_OPTIONS_KEY, ""))
         archive = class_archive.jvm_options(os.environ.get("SPARK_HOME"), java_version_text())
         if archive:
             conf[DRIVER_JAVA_OPTIONS_KEY] = f"{conf.get(DRIVER_JAVA_OPTIONS_KEY, '')} {archive}".strip()

@@ -306,6 +306,7 @@ def _run(args: argparse.Namespace) -> int:
             # Spark turns adaptive execution off for a stateful query anyway, with two WARN lines
             # at every start; engine.spark_conf can still set it.
             extra_conf={"spark.sql.adaptive.enabled": "false", **config.engine.spark_conf},
+            quick_jit=True,
         )
     if master is not None and master.startswith("local") and warming_workers():
         warm_python_workers(spark)
@@ -431,7 +432,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     # The Python workers inherit this: keep pandas' FutureWarnings out of the demo's output.
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
-    spark = build_session(app_name="retry-engine-demo", log_level="ERROR")
+    spark = build_session(app_name="retry-engine-demo", log_level="ERROR", quick_jit=True)
     try:
         with StopSignals() as signals:
             report = run_demo(

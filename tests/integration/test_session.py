@@ -163,14 +163,21 @@ _MAPPED = """
 import sys
 from retry_engine.delta.session import build_session
 log = sys.argv[1]
-spark = build_session(log_level="ERROR", extra_conf={"spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={log}"})
+# As `retry-engine run` launches its JVM: quick_jit.
+spark = build_session(log_level="ERROR", extra_conf={"spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={log}"},
+                      quick_jit=True)
 spark.range(3).count()
+jvm = spark.sparkContext._jvm
+bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+    jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+print("TieredStopAtLevel", bean.getVMOption("TieredStopAtLevel").getValue())
 """
 
 
 def test_a_prepared_class_archive_is_mapped_by_the_next_local_session(tmp_path: Path) -> None:
     """#14 part 3: `retry-engine prepare` (make venv runs it) writes the archive; a session launched after
-    maps Spark's classes from it instead of loading them from the jars."""
+    maps Spark's classes from it instead of loading them from the jars. The engine's commands launch it
+    compiling with C1 only (quick_jit), the user's own JVM options kept, and the archive still maps."""
     home = os.environ.get("SPARK_HOME") or worker_spark_home()
     java = session_module.java_version_text()
     assert home is not None and java is not None
@@ -181,8 +188,10 @@ def test_a_prepared_class_archive_is_mapped_by_the_next_local_session(tmp_path: 
     assert kept.stdout.startswith(f"class archive: {class_archive.archive_path(home, java)} ("), kept.stdout
     assert kept.stdout.rstrip().endswith(" MB, kept)"), kept.stdout
     log = tmp_path / "class-load.log"
-    subprocess.run([sys.executable, "-c", _MAPPED, str(log)], env={**os.environ, "SPARK_HOME": home},
-                   check=True, timeout=300, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != session_module.QUICK_JIT_ENV}
+    mapped = subprocess.run([sys.executable, "-c", _MAPPED, str(log)], env={**env, "SPARK_HOME": home},
+                            check=True, timeout=300, capture_output=True, text=True)
+    assert mapped.stdout.splitlines()[-1] == "TieredStopAtLevel 1", mapped.stdout
     sources = Counter(line.rsplit(" source: ", 1)[-1] for line in log.read_text().splitlines() if " source: " in line)
     shared = sources["shared objects file (top)"]
     assert shared > 5_000 and shared > 10 * sum(n for s, n in sources.items() if s.startswith(("jar:", "file:"))), sources
