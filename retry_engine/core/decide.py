@@ -77,6 +77,12 @@ KIND_DELIVERY = "delivery"
 # bucket of at least 1 ms, so it is above int64's minimum whatever the store time: before
 # 1970 buckets are negative, and -1 is a real one (1969-12-31T23:59:59Z with 1 s buckets).
 NO_STATE_BUCKET = -(2**63)
+# The bucket of a failure with no time at all (no store, born or consumption time): one key
+# per group, so every copy of it meets the first one's state (B1). The batch clock, its
+# bucket before, put a copy decided in a later bucket's time in another key, which knew
+# nothing of the first: a second retry (the engine's property test found it). Never a real
+# bucket (see NO_STATE_BUCKET), and below every key the schedule stage splits by sub-key.
+UNDATED_BUCKET = NO_STATE_BUCKET + 1
 
 INT32_MAX = 2**31 - 1
 # Python's datetime holds years 1 to 9999; Arrow's timestamp[us] holds about +-292,000 years.
@@ -439,7 +445,7 @@ def _row_by_row(
     py = {name: cols[name].take(slow).to_pylist() for name in _DECISION_INPUTS}
     attempts = cols["attempts"].take(slow).to_pylist()
     py["redrive_count"] = _redrive_counts(cols["properties"].take(slow))
-    buckets = _buckets(cols, slow, batch_ts, decider).tolist()
+    buckets = _buckets(cols, slow, decider).tolist()
     positions = batch.column(POSITION).take(slow).to_pylist()
     rows: list[dict[str, Any]] = []
     for j, i in enumerate(slow_rows):
@@ -476,17 +482,23 @@ def _with_copied(computed: pa.RecordBatch, cols: dict[str, pa.Array], rows: pa.A
     )
 
 
-def _buckets(cols: dict[str, pa.Array], rows: pa.Array, batch_ts: dt.datetime, decider: Decider) -> np.ndarray:
-    """The state key's bucket of each of ``rows``: when the consumed message was stored (R8 keys by store time)."""
+def _buckets(cols: dict[str, pa.Array], rows: pa.Array, decider: Decider) -> np.ndarray:
+    """The state key's bucket of each of ``rows``: when the consumed message was stored (R8 keys by store time).
+
+    Without a store time, its born or consumption time (the same in every copy of
+    a row); without any, :data:`UNDATED_BUCKET`.
+    """
     store_us = pc.coalesce(
         cols["store_timestamp"].take(rows),
         cols["born_timestamp"].take(rows),
         cols["consumed_at"].take(rows),
-        pa.scalar(batch_ts, WORK["decided_at"].type),
     ).cast(pa.int64())
     # Floor, not Arrow's truncating divide: a store time before 1970 belongs to the bucket
     # that starts before it, like any other (NO_STATE_BUCKET is below every real bucket).
-    buckets: np.ndarray = np.floor_divide(store_us.to_numpy(), decider.bucket_ms * 1000)
+    timed = pc.fill_null(store_us, 0).to_numpy()
+    buckets: np.ndarray = np.floor_divide(timed, decider.bucket_ms * 1000)
+    if store_us.null_count:
+        buckets[pc.is_null(store_us).to_numpy(zero_copy_only=False)] = UNDATED_BUCKET
     return buckets
 
 
@@ -672,7 +684,7 @@ def _failure_rows(
     values: dict[str, pa.Array] = {
         "kind": pa.repeat(pa.scalar(KIND_OUTCOME, pa.string()), m),
         "route": group_col,
-        "bucket": pa.array(_buckets(cols, rows, batch_ts, decider), pa.int64()),
+        "bucket": pa.array(_buckets(cols, rows, decider), pa.int64()),
         "msg_id": out_id,
         "topic": pc.if_else(
             dead_pa,

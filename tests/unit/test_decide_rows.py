@@ -24,6 +24,7 @@ from retry_engine.core.decide import (
     BATCH_TS,
     NO_STATE_BUCKET,
     POSITION,
+    UNDATED_BUCKET,
     Decider,
     check_input_schema,
     decide,
@@ -457,7 +458,7 @@ def test_b4_the_attempt_records_the_status_the_consumer_reported() -> None:
 # -- R8: the state bucket ----------------------------------------------------------------------------------------
 
 
-def test_r8_the_bucket_is_the_store_time_then_born_then_consumed_then_the_batch_clock() -> None:
+def test_r8_the_bucket_is_the_store_time_then_born_then_consumed_then_the_undated_bucket() -> None:
     """R8 keys by store time; a result without one falls back to the next best time, never to null."""
     store, born, consumed = T0 - dt.timedelta(hours=3), T0 - dt.timedelta(hours=2), T0 - dt.timedelta(hours=1)
     rows = run([
@@ -467,7 +468,19 @@ def test_r8_the_bucket_is_the_store_time_then_born_then_consumed_then_the_batch_
         Result.of().failed(store_timestamp=None, born_timestamp=None, consumed_at=None),
     ])
     assert [r["outcome"] for r in rows] == ["retry"] * 4
-    assert [r["bucket"] for r in rows] == [bucket_of(store), bucket_of(born), bucket_of(consumed), bucket_of(NOW)]
+    assert [r["bucket"] for r in rows] == [bucket_of(store), bucket_of(born), bucket_of(consumed), UNDATED_BUCKET]
+
+
+def test_b1_copies_of_a_failure_without_any_time_share_a_key_whatever_the_batch_clock() -> None:
+    """B1: the schedule stage dedups a copy against what its key remembers; an undated failure's key was
+    its batch clock's bucket, so a copy decided a bucket later met an empty key and became a second retry
+    (found by the engine's property test, 1 s buckets, the copy 0.98 s after the first)."""
+    undated = Result.of("U").failed(store_timestamp=None, born_timestamp=None, consumed_at=None)
+    first = run([undated], batch_ts=NOW)
+    later = run([undated], batch_ts=NOW + dt.timedelta(hours=1, milliseconds=3))
+    assert [r["outcome"] for r in first + later] == ["retry", "retry"]
+    assert first[0]["bucket"] == later[0]["bucket"] == UNDATED_BUCKET
+    assert first[0]["bucket"] not in (NO_STATE_BUCKET, bucket_of(NOW))
 
 
 # -- the batch as a whole ----------------------------------------------------------------------------------------
@@ -511,7 +524,7 @@ def test_only_the_required_columns_are_needed() -> None:
                       "status": ["RECONSUME_LATER", "CONSUME_SUCCESS"]})
     rows = run([], table=table)
     assert [r["outcome"] for r in rows] == ["retry", "acknowledged"]
-    assert rows[0]["result_id"] == "pos:p0000" and rows[0]["reconsume_times"] == 1 and rows[0]["bucket"] == bucket_of(NOW)
+    assert rows[0]["result_id"] == "pos:p0000" and rows[0]["reconsume_times"] == 1 and rows[0]["bucket"] == UNDATED_BUCKET
 
 
 def test_an_empty_result_id_or_retry_topic_falls_back_alike_for_acks_and_failures() -> None:
