@@ -338,6 +338,18 @@ def _stats_records(stats: object) -> int | None:
     return _records(parsed.get("numRecords")) if isinstance(parsed, dict) else None
 
 
+def snapshot_files(table: DeltaTable, version: int) -> list[FileEntry]:
+    """The data files of ``table`` (loaded at ``version``) in stream order (:func:`snapshot_entries`).
+
+    Only the columns a :class:`FileEntry` holds cross to Python, not the
+    per-column statistics: those are Python objects for every file, and their
+    tz-aware timestamps convert through pandas.
+    """
+    actions = add_actions(table)
+    wanted = [c for c in actions.column_names if c in SNAPSHOT_COLUMNS or c.startswith(PARTITION_PREFIX)]
+    return snapshot_entries(actions.select(wanted).to_pylist(), version)
+
+
 def snapshot_entries(table_rows: list[dict[str, Any]], version: int) -> list[FileEntry]:
     """Snapshot files (rows of ``get_add_actions(flatten=True)``) in stream order.
 
@@ -477,12 +489,8 @@ class DeltaLog:
                     raise self._missing(version, earliest) from exc
                 raise
             check_table_protocol(self.uri, table)
-            actions = add_actions(table)
-            # Only what a FileEntry holds: not the per-column statistics (Python objects for
-            # every file, and tz-aware timestamps convert through pandas).
-            rows = actions.select([c for c in actions.column_names if c in SNAPSHOT_COLUMNS or c.startswith(PARTITION_PREFIX)]).to_pylist()
-            self._snapshot = (version, snapshot_entries(rows, version))
-            log.debug("%s: snapshot at version %d has %d files", self.uri, version, len(rows))
+            self._snapshot = (version, snapshot_files(table, version))
+            log.debug("%s: snapshot at version %d has %d files", self.uri, version, len(self._snapshot[1]))
         return self._snapshot[1]
 
     def commit(self, version: int) -> Commit | None:

@@ -44,10 +44,9 @@ from retry_engine.delta._files import (
 from retry_engine.delta._log import (
     FileEntry,
     TableLocation,
-    add_actions,
     data_file_path,
     join_path,
-    snapshot_entries,
+    snapshot_files,
 )
 from retry_engine.delta.tables import not_null_columns, table_arrow_schema
 from retry_engine.errors import ConcurrentWriteError
@@ -101,8 +100,7 @@ def misplaced_files(table: DeltaTable) -> list[FileEntry]:
     columns = list(table.metadata().partition_columns)
     if not columns:
         return []
-    rows = add_actions(table).to_pylist()
-    entries = snapshot_entries(rows, table.version())
+    entries = snapshot_files(table, table.version())
     return [e for e in entries if not folder_matches(e.path, e.partition_values, columns)]
 
 

@@ -274,9 +274,10 @@ def quick_jit_options(options: str) -> str:
     compiler, took a large share of the two cores while the engine started.
     Measured here (bench/RESULTS.md, run X): start to first commit 8.2 -> 6.0 s,
     the first batch 2.6 -> 1.9 s, steady engine throughput unchanged at 10% and
-    100% failures, the JVM's CPU per idle micro-batch 275 -> 170 ms; JVM-bound Spark work (a native Parquet copy) runs ~40% slower
-    with C1 only, which is why sessions for other work (notebooks, the tests,
-    the benchmarks) keep the JVM's default.
+    100% failures, the JVM's CPU per idle micro-batch 275 -> 170 ms. JVM-bound
+    Spark work (a native Parquet copy) runs ~40% slower with C1 only, which is
+    why sessions for other work (notebooks, the tests, the benchmarks) keep the
+    JVM's default.
     """
     if not class_archive.switched_on(QUICK_JIT_ENV) or any(choice in options for choice in _JIT_CHOICES):
         return options

@@ -58,7 +58,7 @@ from retry_engine.config import (
     minimum_retention_hours,
     parse_retention_hours,
 )
-from retry_engine.delta._log import LOG_DIR, add_actions, join_path
+from retry_engine.delta._log import LOG_DIR, add_actions, join_path, snapshot_files
 from retry_engine.delta.storage import filesystem, open_delta, write_delta
 from retry_engine.delta.tables import ensure_table, open_table
 from retry_engine.errors import ConfigError
@@ -152,12 +152,11 @@ def _log_entries(path: str) -> int:
 
 def _small_files_to_compact(table: DeltaTable) -> int:
     """Files a compaction would rewrite: partitions holding two or more files under the target size."""
-    actions = add_actions(table).to_pylist()
     target = int(table.metadata().configuration.get("delta.targetFileSize") or 100 * 1024 * 1024)
     by_partition: dict[tuple[tuple[str, Any], ...], int] = {}
-    for row in actions:
-        if int(row["size_bytes"]) < target:
-            key = tuple(sorted((k, v) for k, v in row.items() if k.startswith("partition.")))
+    for entry in snapshot_files(table, table.version()):
+        if entry.size < target:
+            key = tuple(sorted(entry.partition_values.items()))
             by_partition[key] = by_partition.get(key, 0) + 1
     return sum(n for n in by_partition.values() if n > 1)
 

@@ -480,7 +480,6 @@ def test_b1_copies_of_a_failure_without_any_time_share_a_key_whatever_the_batch_
     later = run([undated], batch_ts=NOW + dt.timedelta(hours=1, milliseconds=3))
     assert [r["outcome"] for r in first + later] == ["retry", "retry"]
     assert first[0]["bucket"] == later[0]["bucket"] == UNDATED_BUCKET
-    assert first[0]["bucket"] not in (NO_STATE_BUCKET, bucket_of(NOW))
 
 
 # -- the batch as a whole ----------------------------------------------------------------------------------------

@@ -116,6 +116,19 @@ def test_compaction_changes_no_data_and_a_stream_past_it_reads_nothing_twice(
     assert [(f.version, f.index) for f in new] == [(6, 0)]
 
 
+def test_a_dry_run_counts_small_files_a_compaction_would_rewrite_per_partition(tmp_path: Path) -> None:
+    """#14 part 1: `maintain --dry-run` reports the files of partitions holding two or more small files;
+    a partition's lone small file (here "b") is left as it is, and a null partition value is a
+    partition of its own."""
+    table = str(tmp_path / "t")
+    for group in ["a", "a", "a", "b", None, None]:
+        write_deltalake(table, pa.table({"g": pa.array([group], pa.string()), "x": [1]}),
+                        mode="append", partition_by=["g"])
+    report = maintain_table("t", table, retention_hours=WEEK, dry_run=True)
+    assert (report.files_before, report.files_compacted) == (6, 5)
+    assert DeltaTable(table).version() == 5  # nothing committed
+
+
 def test_a_concurrent_append_during_compaction_is_not_lost(tmp_path: Path) -> None:
     """#14 part 1: a writer appending while maintenance compacts the same table loses no row and
     duplicates none (appends never conflict with a dataChange=false rewrite; other conflicts retry)."""

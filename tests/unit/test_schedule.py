@@ -116,6 +116,27 @@ def test_b1_a_repeated_consume_result_is_recorded_as_a_duplicate_and_schedules_n
     assert list(released["kind"]) == ["delivery"] and list(released["output_msg_id"]) == [retry_id]
 
 
+def test_b1_a_copy_of_a_failure_without_any_time_decided_buckets_later_is_a_duplicate() -> None:
+    """B1: with no store, born or consumption time, decide once keyed the failure by its batch clock, so a
+    copy decided a bucket later reached a key that knew nothing of the pending retry: a second retry
+    (the engine's property test found it: 1 s buckets, the copy 0.98 s later)."""
+    config = parse_config({"engine": {"message_delay_level": "2h", "state_bucket": "1s"}})
+    undated = Result.of("U").failed(store_timestamp=None, born_timestamp=None, consumed_at=None)
+    first = work_rows([undated], batch_ts=T0, config=config)
+    later = work_rows([undated.with_(result_id="again")], batch_ts=T0 + dt.timedelta(hours=1), config=config)
+    stage = ScheduleStage(dedup_window_ms=500)
+    states: dict[tuple[str, int], HeldState] = {}
+    outcomes = []
+    for work, now in ((first, T0), (later, T0 + dt.timedelta(hours=1))):
+        (key,) = {(r, int(b)) for r, b in zip(work["route"].to_pylist(), work["bucket"].to_pylist(), strict=True)}
+        state = states.setdefault(key, HeldState(T0))
+        state.now_ms = int(now.timestamp() * 1000)
+        outcomes += list(run(stage, key, [work], state)["outcome"])
+    # Still pending (due at T0 + 2h): the copy is a duplicate, whichever key its batch clock fell in.
+    assert outcomes == ["retry", "duplicate"]
+    assert len(states) == 1
+
+
 def test_a_retrys_outcome_row_leaves_without_the_message_and_its_delivery_carries_it() -> None:
     """#14 part 5, R8/B1: the outcome rows of new retries and of duplicates go on with only the
     ledger's columns (the message waits in state and leaves with its delivery). Nothing written
