@@ -36,6 +36,7 @@ from retry_engine.core.delays import (
     parse_duration_ms,
 )
 from retry_engine.core.names import GROUP_MAX_LENGTH, name_problem
+from retry_engine.core.names import TABLE_NAMES as TABLE_NAMES  # re-exported: the lake's tables
 from retry_engine.errors import ConfigError, DelayLevelError
 
 DEFAULT_CONFIG_FILE = Path("conf/retry-engine.toml")
@@ -85,10 +86,6 @@ ENV_LAKE = "RETRY_ENGINE_LAKE"
 ENV_CHECKPOINT = "RETRY_ENGINE_CHECKPOINT"
 ENV_MASTER = "RETRY_ENGINE_MASTER"
 
-TABLE_NAMES = (
-    "consume_results", "messages", "retry", "dlq", "quarantine", "outcomes", "metrics", "progress", "redrive_audit",
-    "redrive_tasks",
-)
 
 
 class _Strict(BaseModel):

@@ -23,7 +23,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pyarrow as pa
@@ -49,6 +49,7 @@ from retry_engine.ops.audit import (
     redrive_rows,
     resolution_rows,
 )
+from retry_engine.ops.terms import DEFAULT_SUMMARY, SUMMARY_KEYS, SummaryKey
 from retry_engine.schemas import DLQ
 
 if TYPE_CHECKING:
@@ -66,15 +67,6 @@ def redrive_count_column() -> Column:
     return F.when(value.rlike(REDRIVE_COUNT_PATTERN), value.cast("int")).otherwise(F.lit(0))
 
 
-SummaryKey = Literal["group", "topic", "error_class", "reason_code", "day"]
-SUMMARY_KEYS: dict[str, str] = {
-    "group": "consumer_group",
-    "topic": "retry_topic",
-    "error_class": "error_class",
-    "reason_code": "reason_code",
-    "day": "day",
-}
-DEFAULT_SUMMARY: tuple[SummaryKey, ...] = ("group", "topic", "error_class", "day")
 
 # The listing a notebook shows first: why it died, then what it was.
 LISTING_COLUMNS = (

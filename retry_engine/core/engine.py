@@ -65,7 +65,7 @@ from retry_engine.errors import (
     LakeResumeError,
     LeaseLostError,
 )
-from retry_engine.ops import maintenance, monitor
+from retry_engine.ops import maintenance, monitor, terms
 from retry_engine.ops.status import pending_retries, read_table_columns
 from retry_engine.schemas import ALL_TABLES, CONSUME_RESULTS, OUTCOMES, RETRY
 
@@ -453,7 +453,7 @@ def start(
 
     def lost(exc: LeaseLostError) -> None:
         log.error("engine %s stops: %s", app_id, exc)
-        _stopping(app_id, monitor.LEASE_LOST)
+        _stopping(app_id, terms.LEASE_LOST)
         query.stop()
 
     heartbeat = Heartbeat(
@@ -608,7 +608,7 @@ def _last_batch_id(query: StreamingQuery) -> int | None:
     return None if progress is None else int(progress["batchId"])
 
 
-def _stopping(app_id: str, reason: monitor.StopReason) -> None:
+def _stopping(app_id: str, reason: terms.StopReason) -> None:
     """Tell the query's progress recorder why it is about to be stopped (before ``query.stop()``)."""
     with _HELD_LOCK:
         recorder = _RECORDERS.get(app_id)
@@ -620,7 +620,7 @@ def stop(
     query: StreamingQuery,
     *,
     finish_batch_s: float = 0.0,
-    reason: monitor.StopReason = monitor.STOPPED,
+    reason: terms.StopReason = terms.STOPPED,
 ) -> LeaseLostError | None:
     """Stop the engine query, record its end, and release its lake lease.
 
@@ -716,7 +716,7 @@ def run_once(
         stop(
             query,
             finish_batch_s=finish_batch_s if requested else 0.0,
-            reason=monitor.FINISHED if finished else monitor.STOPPED,
+            reason=terms.FINISHED if finished else terms.STOPPED,
         )
     return finished
 

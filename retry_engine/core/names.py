@@ -15,6 +15,17 @@ RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 
+# The lake's tables (a folder each; their columns in :mod:`retry_engine.schemas`).
+TABLE_NAMES = (
+    "consume_results", "messages", "retry", "dlq", "quarantine", "outcomes", "metrics", "progress", "redrive_audit",
+    "redrive_tasks",
+)
+# Tables the engine and its operator tools write: maintained by default, in the engine too.
+ENGINE_TABLES = ("retry", "dlq", "quarantine", "outcomes", "metrics", "progress", "redrive_audit", "redrive_tasks")
+# The input, written by others: `maintain` covers it, the engine only when asked.
+INPUT_TABLES = ("consume_results",)
+MAINTAINED_TABLES = (*INPUT_TABLES, *ENGINE_TABLES)
+
 TOPIC_MAX_LENGTH = 127
 GROUP_MAX_LENGTH = 255
 VALID_CHARACTERS = "%|a-zA-Z0-9_-"

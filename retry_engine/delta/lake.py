@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import re
 
-from retry_engine.config import TABLE_NAMES, EngineConfig
+from retry_engine.config import EngineConfig
+from retry_engine.core.names import TABLE_NAMES
 from retry_engine.delta.storage import is_delta_table
 from retry_engine.errors import LakeNotFoundError
 

@@ -22,7 +22,6 @@ tell the two kinds apart. No Spark here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,15 +29,11 @@ from deltalake import DeltaTable
 
 from retry_engine.config import EngineConfig
 from retry_engine.delta.tables import open_table
+from retry_engine.ops.terms import REDRIVE_TARGETS, RedriveTarget
 from retry_engine.schemas import REDRIVE_AUDIT
 
 MOVED = "moved"
 AUDIT_TABLE = "redrive_audit"
-# The audit ``target`` of a re-drive, and of a resolution.
-# "consumer" is ``dlq resend`` (one dead letter to one consumer instance): a move like a re-drive's,
-# but not a ``--to`` of ``dlq redrive``.
-RedriveTarget = Literal["topic", "retry", "consumer"]
-REDRIVE_TARGETS: tuple[RedriveTarget, ...] = ("topic", "retry")
 MOVE_TARGETS: tuple[RedriveTarget, ...] = (*REDRIVE_TARGETS, "consumer")
 RESOLVE_ACTIONS = ("resolve", "purge")
 

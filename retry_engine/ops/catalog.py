@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import re
 
-from retry_engine.config import TABLE_NAMES, EngineConfig
+from retry_engine.config import EngineConfig
+from retry_engine.core.names import TABLE_NAMES
 from retry_engine.errors import ConfigError
 
 # A URI scheme of two or more characters ("s3a://", "abfss://", "file:/"); one letter is a Windows drive.

@@ -10,19 +10,12 @@ import tomllib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from retry_engine.config import (
-    DEFAULT_LAKE,
-    ENV_LAKE,
-    TABLE_NAMES,
-    EngineConfig,
-    config_file,
-    load_config,
-)
 from retry_engine.errors import LakeNotFoundError, RetryEngineError
-from retry_engine.ops import dlq_commands, redrive_commands
+from retry_engine.ops import dlq_arguments
 from retry_engine.ops.stopping import EXIT_STOPPED_BY_SIGINT
 
 if TYPE_CHECKING:
+    from retry_engine.config import EngineConfig
     from retry_engine.core.startup import Startup
 
 log = logging.getLogger("retry_engine")
@@ -88,8 +81,8 @@ def _parser() -> argparse.ArgumentParser:
         "check-config", help="validate a config file and print the resolved paths"
     )
     check.add_argument("--config")
-    dlq_commands.add_parser(sub)
-    redrive_commands.add_parser(sub)
+    dlq_arguments.add_dlq_parser(sub)
+    dlq_arguments.add_redrive_parser(sub)
     status = sub.add_parser(
         "status",
         help="is the engine running, last batch, backlog by level, oldest due time, lateness, dead letters "
@@ -116,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_schema_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from retry_engine.ops.schema_text import SCHEMA_FORMATS, TABLES
+    from retry_engine.core.names import TABLE_NAMES
+    from retry_engine.ops.terms import SCHEMA_FORMATS
 
     schema = sub.add_parser(
         "schema",
@@ -126,9 +120,9 @@ def _add_schema_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     schema.add_argument(
         "table",
         nargs="?",
-        choices=list(TABLES),
+        choices=TABLE_NAMES,
         metavar="TABLE",
-        help=f"one of {', '.join(TABLES)}",
+        help=f"one of {', '.join(TABLE_NAMES)}",
     )
     schema.add_argument(
         "--format",
@@ -149,7 +143,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _add_maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from retry_engine.ops.maintenance import MAINTAINED_TABLES
+    from retry_engine.core.names import MAINTAINED_TABLES
 
     maintain = sub.add_parser(
         "maintain",
@@ -232,11 +226,15 @@ def _add_lake_options(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace) -> EngineConfig:
     """The command's config: ``--config`` (or the default file), then RETRY_ENGINE_*, then ``--lake``."""
+    from retry_engine.config import load_config
+
     return load_config(args.config, lake=getattr(args, "lake", None))
 
 
 def _lake_origin(args: argparse.Namespace) -> str:
     """Where the lake setting of this command came from, for error messages."""
+    from retry_engine.config import DEFAULT_LAKE, ENV_LAKE, config_file
+
     if getattr(args, "lake", None):
         return f"--lake {args.lake!r}"
     if os.environ.get(ENV_LAKE):
@@ -454,6 +452,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from retry_engine.core.names import TABLE_NAMES
+
     config = _config(args)
     for table in TABLE_NAMES:
         print(f"{table:16} {config.table_path(table)}")
@@ -471,10 +471,14 @@ def _print_storage(config: EngineConfig) -> None:
 
 
 def _dlq(args: argparse.Namespace) -> int:
+    from retry_engine.ops import dlq_commands
+
     return dlq_commands.run(args, _reading_config(args))
 
 
 def _redrive_tasks(args: argparse.Namespace) -> int:
+    from retry_engine.ops import redrive_commands
+
     return redrive_commands.run(args, _reading_config(args))
 
 

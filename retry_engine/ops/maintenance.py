@@ -53,11 +53,11 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from retry_engine.config import (
-    TABLE_NAMES,
     EngineConfig,
     minimum_retention_hours,
     parse_retention_hours,
 )
+from retry_engine.core.names import ENGINE_TABLES, INPUT_TABLES, MAINTAINED_TABLES, TABLE_NAMES
 from retry_engine.delta._log import LOG_DIR, add_actions, join_path, snapshot_files
 from retry_engine.delta.storage import filesystem, open_delta, write_delta
 from retry_engine.delta.tables import ensure_table, open_table
@@ -67,20 +67,6 @@ from retry_engine.schemas import MAINTENANCE
 log = logging.getLogger(__name__)
 
 MAINTENANCE_DIR = "_maintenance"
-# Tables the engine and its operator tools write: maintained by default, in the engine too.
-ENGINE_TABLES = (
-    "retry",
-    "dlq",
-    "quarantine",
-    "outcomes",
-    "metrics",
-    "progress",
-    "redrive_audit",
-    "redrive_tasks",
-)
-# The input, written by others: `maintain` covers it, the engine only when asked.
-INPUT_TABLES = ("consume_results",)
-MAINTAINED_TABLES = (*INPUT_TABLES, *ENGINE_TABLES)
 # The lake's maintenance record (``_maintenance``) gets a commit per run: every run that
 # maintains an engine table maintains the record too, under this name in its report.
 RECORD_TABLE = MAINTENANCE_DIR

@@ -23,7 +23,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -44,26 +44,20 @@ from retry_engine.delta import append_arrow, ensure_table
 from retry_engine.delta.session import set_jvm_log_level
 from retry_engine.errors import ConfigError
 from retry_engine.ops.falling_behind import FallingBehind
+from retry_engine.ops.terms import (
+    FAILED,
+    IDLE,
+    PROGRESS_EVENT,
+    STARTED,
+    STOP_REASONS,
+    STOPPED,
+    TERMINATED,
+    StopReason,
+)
 from retry_engine.schemas import PROGRESS
 
 log = logging.getLogger(__name__)
 
-STARTED = "started"
-PROGRESS_EVENT = "progress"
-IDLE = "idle"
-TERMINATED = "terminated"
-
-# Why a query terminated (the ``reason`` of its terminated event).
-StopReason = Literal["stopped", "finished", "failed", "lease_lost"]
-# Stopped on request: a signal, engine.stop(), or the API's query.stop().
-STOPPED: StopReason = "stopped"
-# `run --once` processed the input it was started for.
-FINISHED: StopReason = "finished"
-# The query died with an exception.
-FAILED: StopReason = "failed"
-# Another engine took the lake over (this one was fenced and stopped).
-LEASE_LOST: StopReason = "lease_lost"
-STOP_REASONS: tuple[StopReason, ...] = (STOPPED, FINISHED, FAILED, LEASE_LOST)
 
 # Rows kept when the table cannot be written; beyond this the oldest are dropped (and logged).
 MAX_BUFFERED_ROWS = 10_000

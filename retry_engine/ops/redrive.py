@@ -79,8 +79,6 @@ from retry_engine.errors import ConcurrentWriteError, ConfigError, RedriveError
 from retry_engine.ops.audit import (
     AUDIT_TABLE,
     MOVED,
-    REDRIVE_TARGETS,
-    RedriveTarget,
     app_id,
     audit_snapshot,
     read_audit,
@@ -88,6 +86,7 @@ from retry_engine.ops.audit import (
     resolution_rows,
 )
 from retry_engine.ops.redrive_tasks import Cancelled, RunTracker
+from retry_engine.ops.terms import DEFAULT_CHUNK_SIZE, REDRIVE_TARGETS, RedriveTarget
 from retry_engine.schemas import MESSAGES, REDRIVE_AUDIT, RETRY
 
 log = logging.getLogger(__name__)
@@ -99,7 +98,6 @@ TARGET_TABLES: dict[str, str] = {"topic": "messages", "retry": "retry"}
 # Not a --to of ``dlq redrive``: it needs the instance, recorded in the audit's selection.
 RESEND_TARGET: Target = "consumer"
 TARGET_TABLES[RESEND_TARGET] = "retry"
-DEFAULT_CHUNK_SIZE = 100
 REDRIVE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Claims a re-drive may lose in a row before it gives up. Each lost claim is another
 # re-drive's claim, and there are only as many claims as chunks of work, so a re-drive

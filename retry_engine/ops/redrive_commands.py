@@ -9,46 +9,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 import pandas as pd
 
 from retry_engine.config import EngineConfig
 from retry_engine.ops import redrive_tasks
-from retry_engine.ops.dlq_commands import FORMATS
 from retry_engine.ops.dlq_commands import _emit as emit
 from retry_engine.ops.redrive import whoami
 
 EXIT_OK = 0
-
-
-def add_parser(sub: Any) -> None:
-    """Add ``redrive`` and its subcommands to the CLI's subparsers."""
-    parser = sub.add_parser(
-        "redrive",
-        help="list, watch and cancel re-drives (start one with: retry-engine dlq redrive)",
-        description="Re-drive tasks. State is running, cancelling, finished, interrupted (stopped by an error or "
-        "Ctrl-C, or silent for two minutes) or cancelled; moved/total counts messages.",
-    )
-    commands = parser.add_subparsers(dest="redrive_command", required=True)
-    listing = commands.add_parser("list", help="every re-drive, newest first")
-    _common(listing)
-    listing.add_argument(
-        "--state", choices=redrive_tasks.STATES, help="only re-drives in this state"
-    )
-    status = commands.add_parser("status", help="one re-drive: state, moved/total, who, when")
-    _common(status)
-    status.add_argument("redrive_id")
-    cancel = commands.add_parser(
-        "cancel",
-        help="stop a running re-drive at its next chunk (what moved stays moved; who and why are recorded)",
-    )
-    cancel.add_argument(
-        "--config", help="TOML config file (default: conf/retry-engine.toml if present)"
-    )
-    cancel.add_argument("redrive_id")
-    cancel.add_argument("--reason", help="why (recorded with the cancel)")
-    cancel.add_argument("--operator", help="who is cancelling (default: the OS user)")
 
 
 def run(
@@ -109,10 +79,3 @@ def _shown(frame: pd.DataFrame) -> pd.DataFrame:
             "selection",
         ]
     ]
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", help="TOML config file (default: conf/retry-engine.toml if present)"
-    )
-    parser.add_argument("--format", choices=FORMATS, default="table")

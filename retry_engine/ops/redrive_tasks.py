@@ -37,14 +37,15 @@ from retry_engine.config import EngineConfig
 from retry_engine.delta.tables import append_arrow, open_table
 from retry_engine.errors import RedriveError
 from retry_engine.ops.audit import MOVED, read_audit, redrive_rows
+from retry_engine.ops.terms import TASK_STATES, TaskState
 from retry_engine.schemas import REDRIVE_TASKS
 
 log = logging.getLogger(__name__)
 
 TASKS_TABLE = "redrive_tasks"
 TaskEvent = Literal["started", "alive", "finished", "stopped", "cancel", "cancelled"]
-State = Literal["running", "cancelling", "finished", "interrupted", "cancelled"]
-STATES: tuple[State, ...] = ("running", "cancelling", "finished", "interrupted", "cancelled")
+State = TaskState
+STATES: tuple[State, ...] = TASK_STATES
 # A run writes a heartbeat at most this often (one small commit), so a listing can tell a
 # run that is still going from one that was killed.
 HEARTBEAT_S = 15.0

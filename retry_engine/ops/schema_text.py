@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from pyspark.sql import types as T
 
 from retry_engine.core.decide import REQUIRED_COLUMNS
+from retry_engine.ops.terms import SchemaFormat
 from retry_engine.schemas import ALL_TABLES, CONSUME_RESULTS, Table
 
-SchemaFormat = Literal["arrow", "spark-ddl", "json"]
-SCHEMA_FORMATS: tuple[SchemaFormat, ...] = ("arrow", "spark-ddl", "json")
 TABLES: dict[str, Table] = {table.name: table for table in ALL_TABLES}
 
 

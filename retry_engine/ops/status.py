@@ -29,7 +29,7 @@ from retry_engine.core.metrics import nearest_rank
 from retry_engine.delta.storage import is_remote
 from retry_engine.delta.tables import open_table, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
-from retry_engine.ops.monitor import (
+from retry_engine.ops.terms import (
     FINISHED,
     LEASE_LOST,
     PROGRESS_EVENT,

@@ -19,16 +19,14 @@ from pyspark.sql.streaming.listener import (
 from retry_engine.errors import ConfigError
 from retry_engine.ops.falling_behind import RECOVERED_AFTER
 from retry_engine.ops.monitor import (
-    STARTED,
-    TERMINATED,
     ProgressRecorder,
-    StopReason,
     ensure_progress_table,
     lifecycle_row,
     parse_spark_time,
     progress_row,
 )
 from retry_engine.ops.status import query_state
+from retry_engine.ops.terms import STARTED, TERMINATED, StopReason
 from retry_engine.schemas import PROGRESS
 
 QUERY = "11111111-1111-1111-1111-111111111111"

@@ -14,13 +14,7 @@ from deltalake import write_deltalake
 from retry_engine.config import load_config
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
-from retry_engine.ops.monitor import (
-    PROGRESS_EVENT,
-    STARTED,
-    TERMINATED,
-    StopReason,
-    lifecycle_row,
-)
+from retry_engine.ops.monitor import lifecycle_row
 from retry_engine.ops.plots import backlog_from_ledger, backlog_from_metrics, dead_letters_by_class
 from retry_engine.ops.status import (
     _COLUMNS,
@@ -44,6 +38,7 @@ from retry_engine.ops.status import (
     status_json,
     summarise,
 )
+from retry_engine.ops.terms import PROGRESS_EVENT, STARTED, TERMINATED, StopReason
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
 from tests.lakehouse import Lake
 
