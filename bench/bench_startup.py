@@ -15,7 +15,12 @@ Each round, in a fresh temporary lake:
    the steady batch of the same size the first batch is compared with.
 3. **restart**: SIGTERM (a clean stop), one more commit of ``--rows``, and the
    same command again on the existing lake and checkpoint: restart to first
-   commit, with its breakdown.
+   commit, with its breakdown. That first commit is often a batch without input:
+   the batch Spark had planned when the stop came (an idle one, the schedule
+   stage's timeouts run every trigger) is replayed first, exactly once. So the
+   restart is also timed to the commit of its first batch *with* input (the new
+   rows; from the PROGRESS table's trigger time plus batch duration, against the
+   launch's wall clock).
 
 Each round runs every variant, interleaved, so they share the machine's load:
 
@@ -91,6 +96,9 @@ class Round:
     cold: Start
     restart: Start
     steady_ms: list[int] = field(default_factory=list)
+    # Restart: launch to the commit of its first batch with input, and that batch's duration.
+    restart_rows_s: float = float("nan")
+    restart_rows_batch_s: float = float("nan")
 
 
 class Engine:
@@ -98,6 +106,7 @@ class Engine:
 
     def __init__(self, config: Path, env: dict[str, str]) -> None:
         self.began = time.monotonic()
+        self.launched = time.time()
         self.proc = subprocess.Popen(
             [*CLI, "run", "--config", str(config)],
             stdout=subprocess.PIPE,
@@ -174,7 +183,9 @@ def progress_rows(work: Path) -> list[dict[str, object]]:
     path = work / "lake" / "progress"
     if not (path / "_delta_log").exists():
         return []
-    table = DeltaTable(str(path)).to_pyarrow_table(columns=["event", "batch_id", "num_input_rows", "duration_ms"])
+    table = DeltaTable(str(path)).to_pyarrow_table(
+        columns=["event", "batch_id", "num_input_rows", "duration_ms", "event_time", "batch_duration_ms"]
+    )
     return [r for r in table.to_pylist() if r["event"] == "progress"]
 
 
@@ -226,13 +237,20 @@ def one_round(work: Path, rows: int, steady: int, variant: str) -> Round:
     with_input = sorted((r for r in progress_rows(work) if (r["num_input_rows"] or 0) > 0),
                         key=lambda r: int(r["batch_id"]))  # type: ignore[arg-type]
     steady_ms = [int(dict(r["duration_ms"])["triggerExecution"]) for r in with_input[1:]]  # type: ignore[arg-type]
+    last_cold = max(int(r["batch_id"]) for r in progress_rows(work))  # type: ignore[arg-type]
     append(work, rows, (steady + 1) * rows)
     again = Engine(config, env)
     try:
         restart = again.wait_started()
+        new = [r for r in wait_for_batches_with_input(work, len(with_input) + 1)
+               if int(r["batch_id"]) > last_cold]  # type: ignore[arg-type]
     finally:
         again.stop()
-    return Round(cold=cold, restart=restart, steady_ms=steady_ms)
+    first = min(new, key=lambda r: int(r["batch_id"]))  # type: ignore[arg-type]
+    duration_s = int(first["batch_duration_ms"]) / 1000  # type: ignore[arg-type]
+    committed = first["event_time"].timestamp() + duration_s  # type: ignore[union-attr]
+    return Round(cold=cold, restart=restart, steady_ms=steady_ms,
+                 restart_rows_s=committed - again.launched, restart_rows_batch_s=duration_s)
 
 
 def _median(values: list[float]) -> float:
@@ -262,6 +280,10 @@ def report(results: dict[str, list[Round]], rows: int) -> None:
         line(name, lambda start, n=name: start.steps.get(n, float("nan")))  # type: ignore[misc]
     line("to first commit (engine line)", lambda start: start.total_s)
     line("to first commit (launch to line)", lambda start: start.wall_s)
+    for label, attr in (("restart: to first batch with input", "restart_rows_s"),
+                        ("restart: that batch", "restart_rows_batch_s")):
+        cells = [_median([getattr(r, attr) for r in results[v]]) for v in variants]
+        print(f"| {label:<34} | " + " | ".join(f"{'':>14} | {c:>14.1f}" for c in cells) + " |")
     print()
     for v in variants:
         rounds = results[v]
@@ -269,9 +291,13 @@ def report(results: dict[str, list[Round]], rows: int) -> None:
         cold_first = _median([r.cold.steps.get("first batch", float("nan")) for r in rounds])
         restart_first = _median([r.restart.steps.get("first batch", float("nan")) for r in rounds])
         restart_total = _median([r.restart.total_s for r in rounds])
+        restart_rows = _median([r.restart_rows_s for r in rounds])
+        restart_rows_batch = _median([r.restart_rows_batch_s for r in rounds])
         print(f"{v}: steady batch of {rows:,} results {steady_s:.2f} s; first batch / steady batch: cold "
-              f"{cold_first / steady_s:.1f}x, restart {restart_first / steady_s:.1f}x (target <= 2x); "
-              f"restart to first commit {restart_total:.1f} s (target <= 10 s)")
+              f"{cold_first / steady_s:.1f}x (target <= 2x), restart {restart_first / steady_s:.1f}x "
+              f"(its first batch, often a replayed one without input), the restart's first batch with input "
+              f"{restart_rows_batch / steady_s:.1f}x; restart to first commit {restart_total:.1f} s, to the "
+              f"first commit with input {restart_rows:.1f} s (target <= 10 s)")
     if len(variants) == 2:
         a, b = variants
         for kind in ("cold", "restart"):
