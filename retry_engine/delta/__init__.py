@@ -80,6 +80,11 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    """Every public name, loaded or not (a notebook's tab completion lists them all)."""
+    return sorted({*globals(), *_HOMES})
+
+
 __all__ = [
     "DEFAULT_MAX_FILES_PER_TRIGGER",
     "DeltaBatchReader",

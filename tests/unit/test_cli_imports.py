@@ -116,5 +116,12 @@ def test_the_delta_package_names_load_on_first_use() -> None:
     for name in retry_engine.delta.__all__:
         assert getattr(retry_engine.delta, name) is not None
     assert retry_engine.delta.FORMAT_NAME == "deltars"
+    # Before any is loaded (a new interpreter), dir() lists them all: a notebook's tab completion.
+    listed = subprocess.run(
+        [sys.executable, "-c", "import retry_engine.delta as d, sys; print(sorted(set(d.__all__) - set(dir(d))), "
+         "'pyspark' in sys.modules)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert listed == ["[]", "False"]
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         retry_engine.delta.nope  # noqa: B018
