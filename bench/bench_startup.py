@@ -234,10 +234,11 @@ def one_round(work: Path, rows: int, steady: int, variant: str) -> Round:
             wait_for_batches_with_input(work, i + 1)
     finally:
         engine.stop()
-    with_input = sorted((r for r in progress_rows(work) if (r["num_input_rows"] or 0) > 0),
+    cold_rows = progress_rows(work)
+    with_input = sorted((r for r in cold_rows if (r["num_input_rows"] or 0) > 0),
                         key=lambda r: int(r["batch_id"]))  # type: ignore[arg-type]
     steady_ms = [int(dict(r["duration_ms"])["triggerExecution"]) for r in with_input[1:]]  # type: ignore[arg-type]
-    last_cold = max(int(r["batch_id"]) for r in progress_rows(work))  # type: ignore[arg-type]
+    last_cold = max(int(r["batch_id"]) for r in cold_rows)  # type: ignore[arg-type]
     append(work, rows, (steady + 1) * rows)
     again = Engine(config, env)
     try:

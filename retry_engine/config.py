@@ -87,7 +87,6 @@ ENV_CHECKPOINT = "RETRY_ENGINE_CHECKPOINT"
 ENV_MASTER = "RETRY_ENGINE_MASTER"
 
 
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -67,7 +67,6 @@ def redrive_count_column() -> Column:
     return F.when(value.rlike(REDRIVE_COUNT_PATTERN), value.cast("int")).otherwise(F.lit(0))
 
 
-
 # The listing a notebook shows first: why it died, then what it was.
 LISTING_COLUMNS = (
     "dead_lettered_at",

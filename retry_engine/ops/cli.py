@@ -10,9 +10,11 @@ import tomllib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from retry_engine.core.names import MAINTAINED_TABLES, TABLE_NAMES
 from retry_engine.errors import LakeNotFoundError, RetryEngineError
 from retry_engine.ops import dlq_arguments
 from retry_engine.ops.stopping import EXIT_STOPPED_BY_SIGINT
+from retry_engine.ops.terms import SCHEMA_FORMATS
 
 if TYPE_CHECKING:
     from retry_engine.config import EngineConfig
@@ -109,9 +111,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_schema_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from retry_engine.core.names import TABLE_NAMES
-    from retry_engine.ops.terms import SCHEMA_FORMATS
-
     schema = sub.add_parser(
         "schema",
         help="print the tables' columns and types (what a writer of consume_results must give)",
@@ -143,8 +142,6 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _add_maintain_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from retry_engine.core.names import MAINTAINED_TABLES
-
     maintain = sub.add_parser(
         "maintain",
         help="compact small files, checkpoint and clean the Delta log, and vacuum old files of the lake's tables",
@@ -452,8 +449,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from retry_engine.core.names import TABLE_NAMES
-
     config = _config(args)
     for table in TABLE_NAMES:
         print(f"{table:16} {config.table_path(table)}")

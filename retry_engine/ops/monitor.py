@@ -58,7 +58,6 @@ from retry_engine.schemas import PROGRESS
 
 log = logging.getLogger(__name__)
 
-
 # Rows kept when the table cannot be written; beyond this the oldest are dropped (and logged).
 MAX_BUFFERED_ROWS = 10_000
 
