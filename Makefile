@@ -12,7 +12,7 @@ CRASH_KILLS ?= 40
 CRASH_SEED ?=
 SPARK_SUBMIT = $(shell $(PY) -c 'import pyspark, os; print(os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit"))' 2>/dev/null)
 
-.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io bench-startup clean dist submit cluster-test crash-test soak soak-property mutation
+.PHONY: help venv check-env run demo test test-fast lint bench bench-quick bench-io bench-startup bench-s3 clean dist submit cluster-test crash-test soak soak-property mutation
 
 help:
 	@echo "make run    - run the retry engine on the embedded default (local Spark, tables under ./data/lake)"
@@ -21,6 +21,7 @@ help:
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - the engine's benchmark table (ratios measured side by side; BENCH_ARGS=--quick for a smoke run)"
 	@echo "make bench-startup - where start-up time goes, cold and after a restart (STARTUP_ARGS='--rounds 3')"
+	@echo "make bench-s3      - S3 requests per micro-batch on moto, log checkpoints every 100 vs 10 commits (S3_ARGS)"
 	@echo "make dist   - dist/retry_engine.zip, the --py-files zip for spark-submit"
 	@echo "make submit MASTER=spark://host:7077 - spark-submit the engine to a cluster"
 	@echo "make cluster-test - start a standalone master+worker on 127.0.0.1, submit the engine, check, stop"
@@ -74,6 +75,12 @@ bench-io: check-env
 # Start-up (#14 part 3): `retry-engine run` to its first committed batch, cold and after a restart.
 bench-startup: check-env
 	$(PY) bench/bench_startup.py $(STARTUP_ARGS)
+
+# S3 requests per micro-batch (#14 part 4): moto's server behind a counting proxy, two variants in one run.
+S3_ARGS ?=
+
+bench-s3: check-env
+	$(PY) bench/bench_s3.py $(S3_ARGS)
 
 dist: venv
 	$(PY) -m retry_engine.ops.cli zip --output dist/retry_engine.zip

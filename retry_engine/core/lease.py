@@ -36,6 +36,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
 from retry_engine.delta.storage import create_delta, open_delta, write_delta
+from retry_engine.delta.tables import add_missing_properties
 from retry_engine.errors import LakeOwnedError, LeaseLostError
 from retry_engine.schemas import ENGINE_STATE
 
@@ -247,6 +248,8 @@ class LakeLease:
                             self.lake, before.owner.describe(), before.epoch, epoch,
                         )
                     log.info("lake %s: lease acquired, epoch %d, %s", self.lake, epoch, self.owner.describe())
+                    # An engine-state table of an earlier release gets this release's properties.
+                    add_missing_properties(self.path)
                     return before
         raise LeaseLostError(
             f"could not acquire the lease of {self.lake}: other engines kept committing", code="LEASE_CONTENDED"

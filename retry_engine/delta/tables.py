@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence, Sized
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -16,7 +17,13 @@ from retry_engine.delta._schema import (
     check_write_schema,
     schema_drift,
 )
-from retry_engine.delta.storage import add_columns, create_delta, open_delta
+from retry_engine.delta.storage import (
+    TABLE_PROPERTIES,
+    add_columns,
+    create_delta,
+    open_delta,
+    set_properties,
+)
 from retry_engine.errors import ConcurrentWriteError, ConfigError, SchemaMismatchError
 
 log = logging.getLogger(__name__)
@@ -64,7 +71,8 @@ def ensure_table(
     (added by a later release) are added to it first, logged one INFO line per
     column; existing rows read them as null. A missing NOT NULL column, an
     extra column or another type still raise: old rows cannot satisfy the
-    first, and the others are not additive.
+    first, and the others are not additive. Then the table properties it lacks
+    are set (:func:`add_missing_properties`). A table created here gets them all.
     """
     table = open_table(path)
     if table is None:
@@ -78,27 +86,62 @@ def ensure_table(
             path, arrow_schema, mode="ignore", partition_by=list(partition_by) or None
         )
         log.info("created Delta table %s partitioned by %s", path, list(partition_by))
-    elif add_missing:
+        return _checked(path, table, arrow_schema, partition_by)
+    if add_missing:
         table = _add_missing_columns(path, table, arrow_schema)
-    return _checked(path, table, arrow_schema, partition_by)
+    table = _checked(path, table, arrow_schema, partition_by)
+    # Only a table that passed the checks is changed further.
+    return add_missing_properties(path, table) if add_missing else table
 
 
-# Another engine (or an operator tool) upgrading the same table at once makes the column
-# commit conflict; each conflict re-reads the schema, which then usually has the columns.
+# Another engine (or an operator tool) upgrading the same table at once makes the upgrade's
+# commit conflict; each conflict re-reads the table, which then usually has the change.
 MAX_ADD_COLUMN_ATTEMPTS = 10
+
+
+def _upgrade(
+    path: str,
+    table: DeltaTable,
+    *,
+    what: str,
+    missing: Callable[[DeltaTable], Sized],
+    apply: Callable[[int, Any], None],
+) -> tuple[DeltaTable, Any]:
+    """The table after ``apply(version, missing(table))``, retried on conflicts; ``(table, applied)``.
+
+    ``missing`` says what the table lacks (empty: nothing to do, ``applied`` is
+    empty); ``apply`` commits it against ``version``, so a commit by anyone since
+    raises ``CommitFailedError`` and the table is read and checked again.
+    """
+    last_error: CommitFailedError | None = None
+    for attempt in range(1, MAX_ADD_COLUMN_ATTEMPTS + 1):
+        wanted = missing(table)
+        if not wanted:
+            return table, wanted
+        try:
+            apply(table.version(), wanted)
+        except CommitFailedError as exc:
+            last_error = exc
+            log.info("%s: %s conflicted with another commit (attempt %d); checking again", path, what, attempt)
+            table = open_delta(path)
+            continue
+        return open_delta(path), wanted
+    raise ConcurrentWriteError(
+        f"{path}: {what} conflicted {MAX_ADD_COLUMN_ATTEMPTS} times in a row with other commits: {last_error}",
+    ) from last_error
 
 
 def _add_missing_columns(path: str, table: DeltaTable, arrow_schema: pa.Schema) -> DeltaTable:
     """The table after adding the nullable columns of ``arrow_schema`` it lacks (see :func:`ensure_table`)."""
-    last_error: CommitFailedError | None = None
-    for attempt in range(1, MAX_ADD_COLUMN_ATTEMPTS + 1):
-        have = table_arrow_schema(table)
-        missing = [f for f in arrow_schema if f.name not in have.names]
-        if not missing:
-            return table
+
+    def missing(current: DeltaTable) -> list[pa.Field]:
+        have = table_arrow_schema(current)
+        lacking = [f for f in arrow_schema if f.name not in have.names]
+        if not lacking:
+            return lacking
         # Types and extra columns first: a table that fails them is left unchanged.
         check_write_schema(path, have, pa.schema([f for f in arrow_schema if f.name in have.names]))
-        not_null = [f for f in missing if not f.nullable]
+        not_null = [f for f in lacking if not f.nullable]
         if not_null:
             f = not_null[0]
             raise SchemaMismatchError(
@@ -107,30 +150,46 @@ def _add_missing_columns(path: str, table: DeltaTable, arrow_schema: pa.Schema) 
                 f"{have.names}. Rewrite the table with the new schema, or run the release that wrote it",
                 code="COLUMN_MISSING_IN_TABLE",
             )
-        try:
-            add_columns(path, missing, version=table.version())
-        except CommitFailedError as exc:
-            last_error = exc
-            log.info(
-                "%s: adding columns %s conflicted with another commit (attempt %d); checking again",
-                path,
-                [f.name for f in missing],
-                attempt,
-            )
-            table = open_delta(path)
-            continue
-        for f in missing:
-            log.info(
-                "%s: added column %r (%s, nullable) of this release's schema; existing rows read it as null",
-                path,
-                f.name,
-                f.type,
-            )
-        return open_delta(path)
-    raise ConcurrentWriteError(
-        f"{path}: adding columns {[f.name for f in missing]} conflicted {MAX_ADD_COLUMN_ATTEMPTS} times in a row "
-        f"with other commits: {last_error}",
-    ) from last_error
+        return lacking
+
+    table, added = _upgrade(
+        path,
+        table,
+        what="adding this release's columns",
+        missing=missing,
+        apply=lambda version, fields: add_columns(path, fields, version=version),
+    )
+    for f in added:
+        log.info(
+            "%s: added column %r (%s, nullable) of this release's schema; existing rows read it as null",
+            path,
+            f.name,
+            f.type,
+        )
+    return table
+
+
+def add_missing_properties(path: str, table: DeltaTable | None = None) -> DeltaTable:
+    """The table at ``path`` after setting the :data:`~retry_engine.delta.storage.TABLE_PROPERTIES` it lacks.
+
+    For the engine's own tables made by an earlier release: a property the
+    table has, whatever its value, is kept (an operator's choice).
+    """
+
+    def missing(current: DeltaTable) -> dict[str, str]:
+        have = current.metadata().configuration
+        return {k: v for k, v in TABLE_PROPERTIES.items() if k not in have}
+
+    table, added = _upgrade(
+        path,
+        table if table is not None else open_delta(path),
+        what="setting table properties",
+        missing=missing,
+        apply=lambda version, properties: set_properties(path, properties, version=version),
+    )
+    if added:
+        log.info("%s: set table properties %s (this release's default)", path, added)
+    return table
 
 
 def ensure_readable_table(

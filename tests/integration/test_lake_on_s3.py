@@ -36,7 +36,7 @@ from retry_engine.clients.consumer import CONSUME_SUCCESS, ConsumeContext, Consu
 from retry_engine.clients.producer import Message, Producer
 from retry_engine.config import EngineConfig, load_config
 from retry_engine.core import engine
-from retry_engine.core.lease import read_state
+from retry_engine.core.lease import read_state, state_path
 from retry_engine.delta import storage
 from retry_engine.delta.tables import read_table
 from retry_engine.errors import ConfigError
@@ -293,3 +293,17 @@ def test_a_checkpoint_on_s3_without_the_hadoop_jars_is_refused(
     with pytest.raises(ConfigError, match="CHECKPOINT_FILESYSTEM_MISSING"):
         storage.require_checkpoint_filesystem(spark, "s3a://bucket/checkpoints/engine")
     storage.require_checkpoint_filesystem(spark, str(tmp_path / "local"))
+
+
+def test_every_table_of_the_lake_asks_its_writers_for_a_checkpoint_every_10_commits(run: Run) -> None:
+    """#14 part 4: a reader on S3 replays at most 10 commits of a table (one GET each), not delta-rs's 100."""
+    paths = {
+        name: run.config.table_path(name)
+        for name in ("messages", "consume_results", "retry", "dlq", "outcomes", "metrics", "progress", "redrive_audit")
+    }
+    paths["_engine_state"] = state_path(run.config.engine.lake)
+    intervals = {
+        name: storage.open_delta(path).metadata().configuration.get("delta.checkpointInterval")
+        for name, path in paths.items()
+    }
+    assert intervals == dict.fromkeys(paths, "10")

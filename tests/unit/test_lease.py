@@ -339,3 +339,28 @@ def test_recording_a_batch_the_lake_already_has_writes_nothing(tmp_path: Path) -
         assert first.record_batch(batch("query-A", 4)) is True
         state = read_state(str(tmp_path))
         assert state is not None and state.last_batch == batch("query-A", 4)
+
+
+def test_the_engine_state_table_is_checkpointed_every_10_commits_also_on_an_old_lake(tmp_path: Path) -> None:
+    """#14 part 4: every lease operation reads this table; an earlier release's table gains the property at acquire."""
+    from deltalake import DeltaTable
+
+    from retry_engine.core.lease import state_path
+    from retry_engine.schemas import ENGINE_STATE
+
+    fresh, old = tmp_path / "fresh", tmp_path / "old"
+    DeltaTable.create(state_path(str(old)), ENGINE_STATE.arrow_schema)
+    for lake in (fresh, old):
+        clock = Clock()
+        with owning(lease(lake, "query-A", clock)) as mine:
+            assert mine is None
+            table = DeltaTable(state_path(str(lake)))
+            assert table.metadata().configuration["delta.checkpointInterval"] == "10"
+            first = lease(lake, "query-A", clock)
+            for _ in range(12):
+                clock.now += dt.timedelta(seconds=1)
+                first.acquire(take_over=True)
+        log_dir = Path(state_path(str(lake))) / "_delta_log"
+        assert any(".checkpoint." in p.name for p in log_dir.iterdir()), sorted(p.name for p in log_dir.iterdir())
+        state = read_state(str(lake))
+        assert state is not None and state.epoch == 13

@@ -1,4 +1,5 @@
-"""Upgrading a lake: the engine's own tables gain the nullable columns a later release added (#13 part 2).
+"""Upgrading a lake: the engine's own tables gain the nullable columns a later release added (#13 part 2)
+and the table properties it sets (#14 part 4: a log checkpoint every 10 commits).
 
 No Spark: real Delta tables written with an older schema, then ensured with
 the release's schema as the engine does at start.
@@ -7,6 +8,7 @@ the release's schema as the engine does at start.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,7 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from retry_engine.delta import storage, tables
 from retry_engine.delta.tables import append_arrow, ensure_table
-from retry_engine.errors import SchemaMismatchError
+from retry_engine.errors import ConcurrentWriteError, SchemaMismatchError
 
 OLD = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("note", pa.string())])
 NEW = pa.schema([*OLD, pa.field("reason", pa.string()), pa.field("count", pa.int64())])
@@ -124,4 +126,113 @@ def test_a_concurrent_adder_wins_and_the_loser_reloads_and_finds_the_columns(
         table = ensure_table(path, NEW, add_missing=True)
     assert calls == [0] and "conflicted with another commit (attempt 1)" in caplog.text
     assert "added column" not in caplog.text  # the other writer added them
-    assert table.version() == 1 and pa.schema(table.schema().to_arrow()).names == NEW.names
+    # Version 1: the other writer's columns; version 2: this release's table properties.
+    assert table.version() == 2 and pa.schema(table.schema().to_arrow()).names == NEW.names
+
+
+# ---------------------------------------------------------------------------- table properties
+
+INTERVAL = "delta.checkpointInterval"
+
+
+def configuration(path: str) -> dict[str, str]:
+    return dict(DeltaTable(path).metadata().configuration)
+
+
+def log_checkpoints(path: str) -> list[int]:
+    return sorted(int(n.split(".")[0]) for n in os.listdir(Path(path) / "_delta_log") if ".checkpoint." in n)
+
+
+def test_a_table_created_here_is_checkpointed_every_10_commits_by_delta_rs_writers(tmp_path: Path) -> None:
+    """#14 part 4: readers replay at most 10 commits (delta-rs's own default is 100), whoever appends."""
+    path = str(tmp_path / "t")
+    ensure_table(path, NEW)
+    assert configuration(path)[INTERVAL] == storage.TABLE_PROPERTIES[INTERVAL] == "10"
+    for i in range(12):
+        append_arrow(path, pa.table({"id": [i], "note": [None], "reason": [None], "count": [i]}, schema=NEW))
+    assert log_checkpoints(path) == [9]
+    # A configuration given to the create overrides the default.
+    other = str(tmp_path / "u")
+    storage.create_delta(other, NEW, configuration={INTERVAL: "50", "delta.appendOnly": "false"})
+    assert configuration(other) == {INTERVAL: "50", "delta.appendOnly": "false"}
+
+
+def test_an_old_table_gains_the_properties_once_and_only_with_add_missing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = old_table(tmp_path)
+    ensure_table(path, OLD)
+    assert INTERVAL not in configuration(path) and DeltaTable(path).version() == 0
+    with caplog.at_level(logging.INFO, logger="retry_engine.delta.tables"):
+        ensure_table(path, OLD, add_missing=True)
+    assert configuration(path)[INTERVAL] == "10" and DeltaTable(path).version() == 1
+    assert "set table properties {'delta.checkpointInterval': '10'}" in caplog.text
+    ensure_table(path, OLD, add_missing=True)
+    assert DeltaTable(path).version() == 1
+    # The rows are untouched by the metadata commit.
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 2
+
+
+@pytest.mark.parametrize("value", ["100", "abc", "-1", ""])
+def test_a_property_an_operator_set_is_kept_whatever_its_value(tmp_path: Path, value: str) -> None:
+    path = str(tmp_path / "t")
+    DeltaTable.create(path, OLD, configuration={INTERVAL: value})
+    ensure_table(path, OLD, add_missing=True)
+    assert configuration(path)[INTERVAL] == value and DeltaTable(path).version() == 0
+    # And the table still takes the engine's appends.
+    assert append_arrow(path, pa.table({"id": [1], "note": ["x"]}, schema=OLD), app_id="q", txn_version=0)
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 1
+
+
+def test_a_table_that_fails_the_checks_gets_no_properties(tmp_path: Path) -> None:
+    path = old_table(tmp_path)
+    with pytest.raises(SchemaMismatchError, match="PARTITION"):
+        ensure_table(path, OLD, partition_by=["note"], add_missing=True)
+    assert INTERVAL not in configuration(path) and DeltaTable(path).version() == 0
+
+
+def test_a_concurrent_append_is_not_a_conflict_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = old_table(tmp_path)
+    stale = DeltaTable(path)
+    append_arrow(path, pa.table({"id": [9], "note": ["other"]}, schema=OLD))
+    table = tables.add_missing_properties(path, stale)
+    assert table.version() == 2 and configuration(path)[INTERVAL] == "10"
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 3
+
+
+def test_a_concurrent_property_setter_wins_and_the_loser_finds_them_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two engines (or an engine and `maintain`) upgrading one table: the second commit conflicts, re-reads, is done."""
+    path = old_table(tmp_path)
+    real = storage.set_properties
+    calls: list[int] = []
+
+    def racing(uri: str, properties: dict[str, str], *, version: int) -> None:
+        calls.append(version)
+        if len(calls) == 1:
+            real(uri, properties, version=version)  # the other writer commits first, from the same snapshot
+        real(uri, properties, version=version)
+
+    monkeypatch.setattr(tables, "set_properties", racing)
+    with caplog.at_level(logging.INFO, logger="retry_engine.delta.tables"):
+        table = tables.add_missing_properties(path)
+    assert calls == [0] and "setting table properties conflicted with another commit (attempt 1)" in caplog.text
+    assert "set table properties" not in caplog.text  # the other writer set them
+    assert table.version() == 1 and configuration(path)[INTERVAL] == "10"
+
+
+def test_properties_that_keep_conflicting_raise_a_concurrent_write_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = old_table(tmp_path)
+
+    def always_late(uri: str, properties: dict[str, str], *, version: int) -> None:
+        # Another tool changes the table's metadata first, every time.
+        storage.set_properties(uri, {"delta.logRetentionDuration": f"interval {version + 1} days"}, version=version)
+        storage.set_properties(uri, properties, version=version)
+
+    monkeypatch.setattr(tables, "set_properties", always_late)
+    with pytest.raises(ConcurrentWriteError, match="setting table properties conflicted 10 times in a row"):
+        tables.add_missing_properties(path)
+    assert INTERVAL not in configuration(path)

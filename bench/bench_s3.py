@@ -1,0 +1,202 @@
+"""S3 requests per micro-batch, log checkpoints every 100 commits against every 10, side by side (#14 part 4).
+
+    python bench/bench_s3.py [--batches 120] [--rows 500]
+
+Every open of a Delta table reads its last checkpoint and then every commit
+after it, one GET each; the engine opens each table it commits to every batch.
+delta-rs checkpoints every 100 commits unless the table says otherwise (the
+engine's tables of earlier releases); this release creates tables with
+``delta.checkpointInterval = 10`` (Delta Spark's default).
+
+One run, two variants, each on a new bucket of moto's S3 server behind a
+counting proxy (``bench/_s3_proxy.py``): every table of the lake is created
+first with the variant's interval (the engine keeps an interval a table has),
+``--batches`` files of ``--rows`` consume results (10 % failures, a retry
+ladder of 1 s levels) are written, and the engine reads one file per trigger
+(in-engine maintenance off: it would not run within the bench anyway). After
+each batch with input the proxy's counts are read, so requests are per batch.
+Printed per variant: requests per batch (mean after the first batch, mean of
+the last half, max), GETs of ``_delta_log`` objects per batch by table, the
+median batch time; and the ratios 10 / 100. Local latency only: on real S3
+each request costs a round trip of milliseconds, so batch time there follows
+the request count more than here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _data import consume_results  # noqa: E402
+
+from retry_engine.config import parse_config  # noqa: E402
+from retry_engine.core import engine  # noqa: E402
+from retry_engine.core.lease import state_path  # noqa: E402
+from retry_engine.delta import storage  # noqa: E402
+from retry_engine.delta.session import build_session  # noqa: E402
+from retry_engine.schemas import ALL_TABLES, ENGINE_STATE  # noqa: E402
+from tests.s3 import free_port, moto_server  # noqa: E402
+
+PROXY = Path(__file__).resolve().parent / "_s3_proxy.py"
+INTERVAL = "delta.checkpointInterval"
+TIMEOUT_S = 1800.0
+
+
+@dataclass
+class Variant:
+    interval: int
+    # Per batch with input, after the first: requests by kind during that batch.
+    batches: list[collections.Counter[str]]
+    durations_ms: list[int]
+
+    def totals(self) -> list[int]:
+        return [sum(b.values()) for b in self.batches]
+
+
+def _counts(port: int) -> collections.Counter[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/__counts", timeout=30) as answer:
+        return collections.Counter(json.loads(answer.read()))
+
+
+def _wait_for_proxy(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            _counts(port)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def run_variant(spark: object, server: object, proxy_port: int, interval: int, batches: int, rows: int) -> Variant:
+    bucket = server.new_bucket()  # type: ignore[attr-defined]
+    options = server.storage_options()  # type: ignore[attr-defined]
+    options["aws_endpoint_url"] = f"http://127.0.0.1:{proxy_port}"
+    lake = f"s3://{bucket}/lake"
+    work = Path(tempfile.mkdtemp(prefix="bench-s3-"))
+    config = parse_config(
+        {
+            "engine": {
+                "lake": lake,
+                "checkpoint": str(work / "checkpoint"),
+                "trigger_interval": "200ms",
+                "max_files_per_trigger": 1,
+                "message_delay_level": "1s 1s 1s 1s",
+            },
+            "storage": options,
+            "maintenance": {"engine_tables": False},
+        }
+    )
+    properties = {INTERVAL: str(interval)}
+    for table in ALL_TABLES:
+        storage.create_delta(
+            config.table_path(table.name),
+            table.arrow_schema,
+            partition_by=list(table.partition_by) or None,
+            configuration=properties,
+        )
+    storage.create_delta(state_path(lake), ENGINE_STATE.arrow_schema, configuration=properties)
+    source = config.table_path("consume_results")
+    for i in range(batches):
+        storage.write_delta(source, consume_results(rows, failure_rate=0.1, seed=i, offset=i * rows), mode="append")
+    query = engine.start(spark, config)  # type: ignore[arg-type]
+    seen: list[dict[str, object]] = []
+    snapshots: list[collections.Counter[str]] = []
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while len(seen) < batches:
+            if query.exception() is not None:
+                raise RuntimeError(f"engine failed: {query.exception()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(seen)} of {batches} batches in {TIMEOUT_S:.0f} s")
+            fresh = [
+                p
+                for p in query.recentProgress
+                if (p.get("numInputRows") or 0) > 0 and p["batchId"] not in {s["batchId"] for s in seen}
+            ]
+            if fresh:
+                # Counted when the batch's progress is out: its commits are done.
+                counts = _counts(proxy_port)
+                for p in fresh:
+                    seen.append(p)
+                    snapshots.append(counts)
+                    print(f"  interval {interval}: batch {p['batchId']}: {sum(counts.values())} requests so far", flush=True)
+            time.sleep(0.05)
+    finally:
+        engine.stop(query)
+    per_batch = [snapshots[i] - snapshots[i - 1] for i in range(1, len(snapshots))]
+    durations = [int(p["durationMs"]["triggerExecution"]) for p in seen[1:]]  # type: ignore[index]
+    return Variant(interval, per_batch, durations)
+
+
+def report(variants: list[Variant]) -> None:
+    print()
+    print("| checkpoint every | requests / batch (mean) | last half | max | median batch ms |")
+    print("|---|---|---|---|---|")
+    for v in variants:
+        totals = v.totals()
+        half = totals[len(totals) // 2 :]
+        print(
+            f"| {v.interval} commits | {statistics.mean(totals):.0f} | {statistics.mean(half):.0f} | "
+            f"{max(totals)} | {statistics.median(v.durations_ms):.0f} |"
+        )
+    print()
+    print("GETs of _delta_log objects per batch, by table (mean):")
+    tables = sorted({k.split()[1] for v in variants for b in v.batches for k in b if k.startswith("GET ")})
+    for table in tables:
+        means = [
+            statistics.mean(sum(n for k, n in b.items() if k == f"GET {table} log") for b in v.batches)
+            for v in variants
+        ]
+        print(f"  {table:16s} " + "  ".join(f"{v.interval:>3d}: {m:6.1f}" for v, m in zip(variants, means, strict=True)))
+    base, new = variants
+    print()
+    for label, pick in (
+        ("requests per batch, mean", lambda v: statistics.mean(v.totals())),
+        ("requests per batch, last half", lambda v: statistics.mean(v.totals()[len(v.totals()) // 2 :])),
+        ("median batch time", lambda v: statistics.median(v.durations_ms)),
+    ):
+        print(f"ratio {label}, every 10 / every 100: {pick(new) / pick(base):.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=120, help="batches with input per variant")
+    parser.add_argument("--rows", type=int, default=500, help="consume results per batch")
+    args = parser.parse_args()
+    if args.batches < 4:
+        parser.error("--batches must be at least 4")
+    with moto_server() as server:
+        proxy_port = free_port()
+        target = server.endpoint.rsplit(":", 1)[1]
+        proxy = subprocess.Popen([sys.executable, str(PROXY), str(proxy_port), target])
+        try:
+            _wait_for_proxy(proxy_port)
+            spark = build_session(app_name="bench-s3", log_level="ERROR")
+            try:
+                variants = [
+                    run_variant(spark, server, proxy_port, interval, args.batches, args.rows) for interval in (100, 10)
+                ]
+            finally:
+                spark.stop()
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=30)
+    report(variants)
+
+
+if __name__ == "__main__":
+    main()
