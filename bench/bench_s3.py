@@ -20,6 +20,12 @@ the last half, max), GETs of ``_delta_log`` objects per batch by table, the
 median batch time; and the ratios 10 / 100. Local latency only: on real S3
 each request costs a round trip of milliseconds, so batch time there follows
 the request count more than here.
+
+``--part local`` instead prices the interval on a local disk, where a request
+is cheap: for tables of 2,000 and 10,000 files (an engine table between two
+hourly compactions), the time to write one checkpoint (paid every 10 or every
+100 commits) and to open the table 5 and 50 commits after its checkpoint (the
+mean replay of each interval), medians of 5.
 """
 
 from __future__ import annotations
@@ -27,12 +33,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,11 +181,78 @@ def report(variants: list[Variant]) -> None:
         print(f"ratio {label}, every 10 / every 100: {pick(new) / pick(base):.2f}")
 
 
+def _median_ms(action: Callable[[], float | None], repeat: int = 5) -> float:
+    """Median over ``repeat`` calls of the time ``action`` reports, or of the call when it reports None."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        reported = action()
+        times.append(reported if reported is not None else time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def _local_costs(files: int) -> tuple[float, float, float]:
+    """(checkpoint write, open 5 commits after a checkpoint, open 50 after) in ms, a table of ``files`` files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.transaction import AddAction
+
+    row = pa.table({"a": pa.array([1], pa.int64()), "s": ["x"]})
+    stats = json.dumps(
+        {"numRecords": 1, "minValues": {"a": 1, "s": "x"}, "maxValues": {"a": 1, "s": "x"}, "nullCount": {"a": 0, "s": 0}}
+    )
+    path = tempfile.mkdtemp(prefix="bench-s3-local-")
+    try:
+        DeltaTable.create(path, row.schema, configuration={INTERVAL: "1000000"})
+        pq.write_table(row, f"{path}/f.parquet")
+        size = os.path.getsize(f"{path}/f.parquet")
+        for i in range(files):
+            shutil.copy(f"{path}/f.parquet", f"{path}/f{i}.parquet")
+        table = DeltaTable(path)
+        adds = [AddAction(f"f{i}.parquet", size, {}, 0, True, stats) for i in range(files)]
+        table.create_write_transaction(adds, mode="append", schema=table.schema())
+
+        def checkpoint_after_a_commit() -> float:
+            write_deltalake(path, row, mode="append")
+            handle = DeltaTable(path)
+            start = time.perf_counter()
+            handle.create_checkpoint()
+            return time.perf_counter() - start
+
+        def open_latest() -> None:
+            DeltaTable(path).version()
+
+        write_ms = _median_ms(checkpoint_after_a_commit)
+        opens = []
+        for after in (5, 50):
+            DeltaTable(path).create_checkpoint()
+            for _ in range(after):
+                write_deltalake(path, row, mode="append")
+            opens.append(_median_ms(open_latest))
+        return write_ms, opens[0], opens[1]
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def local_costs(sizes: tuple[int, ...] = (2_000, 10_000)) -> None:
+    """Checkpoint write and table open times on a local disk (see the module's ``--part local``)."""
+    print("| files | checkpoint write ms | per commit, every 10 / 100 | open 5 after ms | open 50 after ms |")
+    print("|---|---|---|---|---|")
+    for files in sizes:
+        write_ms, open5, open50 = _local_costs(files)
+        print(f"| {files:,} | {write_ms:.1f} | {write_ms / 10:.1f} / {write_ms / 100:.2f} | {open5:.1f} | {open50:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=120, help="batches with input per variant")
     parser.add_argument("--rows", type=int, default=500, help="consume results per batch")
+    parser.add_argument("--part", choices=("s3", "local"), default="s3")
     args = parser.parse_args()
+    if args.part == "local":
+        local_costs()
+        return
     if args.batches < 4:
         parser.error("--batches must be at least 4")
     with moto_server() as server:
