@@ -35,8 +35,8 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
-from retry_engine.delta.storage import create_delta, open_delta, write_delta
-from retry_engine.delta.tables import add_missing_properties
+from retry_engine.delta.storage import TABLE_PROPERTIES, create_delta, open_delta, write_delta
+from retry_engine.delta.tables import add_missing_properties, writers_clean_log
 from retry_engine.errors import LakeOwnedError, LeaseLostError
 from retry_engine.schemas import ENGINE_STATE
 
@@ -49,7 +49,8 @@ DEFAULT_LEASE_TIMEOUT_MS = 60_000
 # write seen through a stale handle) is retried this many times.
 _CAS_ATTEMPTS = 5
 # Every row change is a commit with one tiny file (heartbeats, batches): every this many
-# versions the table gets a log checkpoint (fast loads) and replaced files are vacuumed.
+# versions the table gets a log checkpoint, expired log files are removed (its writers leave
+# them, see storage.TABLE_PROPERTIES) and replaced files are vacuumed.
 MAINTAIN_EVERY = 100
 # Readers only ever need the latest row; an hour covers any reader still on an old snapshot.
 VACUUM_RETENTION_HOURS = 1
@@ -293,7 +294,9 @@ class LakeLease:
     def _open(self) -> tuple[DeltaTable | None, EngineState | None]:
         table, state = _load(self.path)
         if table is None:
-            table = create_delta(self.path, ENGINE_STATE.arrow_schema, mode="ignore")
+            table = create_delta(
+                self.path, ENGINE_STATE.arrow_schema, mode="ignore", configuration=dict(TABLE_PROPERTIES)
+            )
             table, state = _load(self.path)
         return table, state
 
@@ -346,6 +349,9 @@ class LakeLease:
         table = open_delta(self.path)
         try:
             table.create_checkpoint()
+            if not writers_clean_log(table):
+                # This table's writers (this lease) leave expired log files to the one who maintains it.
+                table.cleanup_metadata()
             table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)
         except Exception:  # housekeeping only: the row is committed; the next round retries
             log.exception("lake %s: engine-state maintenance failed", self.lake)

@@ -197,13 +197,21 @@ def options_for(uri: str) -> dict[str, str] | None:
 
 # --------------------------------------------------------------------------- delta-rs, through here
 
-# Table properties of every table created here, and added to the engine's own tables
-# where absent (a value someone set is kept). delta-rs checkpoints the log every 100
-# commits unless told otherwise; Delta Spark's default is every 10. Every open of a
-# table (each micro-batch's commits, `status`, `dlq`, a notebook) reads every commit
-# since the last checkpoint, one object-store GET each: on S3 the engine made 359
-# requests per batch over its first 40 batches with 100, 206 with 10 (RESULTS run Z).
-TABLE_PROPERTIES: Mapping[str, str] = {"delta.checkpointInterval": "10"}
+# Table properties of the engine's own tables: set when the engine creates one, added where
+# absent when it starts on an earlier release's (a value a table has is kept).
+# * delta-rs checkpoints the log every 100 commits unless told otherwise (Delta Spark: 10), and
+#   every open of a table (each micro-batch's commits, `status`, `dlq`, a notebook) reads every
+#   commit since the last checkpoint, one object-store GET each: on S3 the engine made 359
+#   requests per batch over its first 40 batches with 100, 206 with 10 (RESULTS run Z).
+# * A delta-rs writer that writes a checkpoint also removes expired log files, and to find them
+#   it lists the whole ``_delta_log`` (30 days of commits by default: millions of objects for a
+#   table committed every second), so with checkpoints every 10 commits that listing would come
+#   every 10 commits. The engine's writers leave it to maintenance (``[maintenance]``, hourly
+#   by default, and `retry-engine maintain`), which also avoids two cleaners racing.
+TABLE_PROPERTIES: Mapping[str, str] = {
+    "delta.checkpointInterval": "10",
+    "delta.enableExpiredLogCleanup": "false",  # tables.EXPIRED_LOG_CLEANUP
+}
 
 
 def location(uri: str, options: Mapping[str, str] | None = None) -> TableLocation:
@@ -238,14 +246,11 @@ def create_delta(uri: str, schema: pa.Schema, **kwargs: Any) -> DeltaTable:
     every writer still on version 0 with "Metadata changed since last commit"
     and, were the schemas different, would replace the winner's. So the create
     is committed without retries; the loser gets the winner's table.
-
-    The table gets :data:`TABLE_PROPERTIES` (a ``configuration`` given overrides them).
     """
     from deltalake import CommitProperties, DeltaTable
     from deltalake.exceptions import CommitFailedError
 
     options = options_for(uri)
-    kwargs["configuration"] = {**TABLE_PROPERTIES, **(kwargs.get("configuration") or {})}
     if kwargs.get("mode") != "ignore":
         return DeltaTable.create(uri, schema, storage_options=options, **kwargs)
     kwargs.setdefault("commit_properties", CommitProperties(max_commit_retries=0))

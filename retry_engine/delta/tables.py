@@ -71,8 +71,9 @@ def ensure_table(
     (added by a later release) are added to it first, logged one INFO line per
     column; existing rows read them as null. A missing NOT NULL column, an
     extra column or another type still raise: old rows cannot satisfy the
-    first, and the others are not additive. Then the table properties it lacks
-    are set (:func:`add_missing_properties`). A table created here gets them all.
+    first, and the others are not additive. Then the engine's table properties
+    it lacks are set (:func:`add_missing_properties`); a table created with
+    ``add_missing`` gets them all, any other keeps delta-rs's defaults.
     """
     table = open_table(path)
     if table is None:
@@ -83,7 +84,11 @@ def ensure_table(
                 code="INVALID_OPTION",
             )
         table = create_delta(
-            path, arrow_schema, mode="ignore", partition_by=list(partition_by) or None
+            path,
+            arrow_schema,
+            mode="ignore",
+            partition_by=list(partition_by) or None,
+            configuration=dict(TABLE_PROPERTIES) if add_missing else None,
         )
         log.info("created Delta table %s partitioned by %s", path, list(partition_by))
         return _checked(path, table, arrow_schema, partition_by)
@@ -167,6 +172,24 @@ def _add_missing_columns(path: str, table: DeltaTable, arrow_schema: pa.Schema) 
             f.type,
         )
     return table
+
+
+# The table property that tells a table's writers to remove expired log files at each checkpoint.
+EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
+
+
+def writers_clean_log(table: DeltaTable) -> bool:
+    """Whether the table's writers remove its expired log files themselves (so maintenance must not).
+
+    True unless :data:`EXPIRED_LOG_CLEANUP` is ``false`` (Delta's default is
+    true; a value Delta would not parse as a boolean counts as the default).
+    Measured with delta-rs 1.6: two ``cleanup_metadata`` calls at once raise
+    ``FileNotFoundError`` on the file the other deleted first, and an append
+    whose post-commit checkpoint cleans the log while maintenance does raises
+    it too, after its commit landed.
+    """
+    value = table.metadata().configuration.get(EXPIRED_LOG_CLEANUP)
+    return value is None or str(value).strip().lower() != "false"
 
 
 def add_missing_properties(path: str, table: DeltaTable | None = None) -> DeltaTable:

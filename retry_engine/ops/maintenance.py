@@ -60,7 +60,12 @@ from retry_engine.config import (
 from retry_engine.core.names import ENGINE_TABLES, INPUT_TABLES, MAINTAINED_TABLES, TABLE_NAMES
 from retry_engine.delta._log import LOG_DIR, add_actions, join_path, snapshot_files
 from retry_engine.delta.storage import filesystem, open_delta, write_delta
-from retry_engine.delta.tables import ensure_table, open_table
+from retry_engine.delta.tables import (
+    EXPIRED_LOG_CLEANUP,
+    ensure_table,
+    open_table,
+    writers_clean_log,
+)
 from retry_engine.errors import ConfigError
 from retry_engine.schemas import MAINTENANCE
 
@@ -244,24 +249,6 @@ def maintain_table(
         files_vacuumed=len(vacuumed or []),
         error="; ".join(errors) or None,
     )
-
-
-# The table property that tells a table's writers to remove expired log files at each checkpoint.
-EXPIRED_LOG_CLEANUP = "delta.enableExpiredLogCleanup"
-
-
-def writers_clean_log(table: DeltaTable) -> bool:
-    """Whether the table's writers remove its expired log files themselves (so maintenance must not).
-
-    True unless :data:`EXPIRED_LOG_CLEANUP` is ``false`` (Delta's default is
-    true; a value Delta would not parse as a boolean counts as the default).
-    Measured with delta-rs 1.6: two ``cleanup_metadata`` calls at once raise
-    ``FileNotFoundError`` on the file the other deleted first, and an append
-    whose post-commit checkpoint cleans the log while maintenance does raises
-    it too, after its commit landed.
-    """
-    value = table.metadata().configuration.get(EXPIRED_LOG_CLEANUP)
-    return value is None or str(value).strip().lower() != "false"
 
 
 # --------------------------------------------------------------------------- the lake
@@ -548,6 +535,12 @@ def attach(
 
     The thread starts with :func:`start` once the query runs and ends with :func:`detach`.
     """
+    if not config.maintenance.engine_tables:
+        log.warning(
+            "in-engine maintenance of the engine's tables is off ([maintenance] engine_tables = false): nothing "
+            "compacts them, and their writers leave expired log files to maintenance, so their logs keep growing; "
+            "run `retry-engine maintain` regularly (hourly from cron, say)"
+        )
     if not config.maintenance.enabled:
         return writer
     engine = EngineMaintenance(config)
@@ -583,6 +576,7 @@ def _schedule_text(config: EngineConfig) -> str:
 
 __all__ = [
     "ENGINE_TABLES",
+    "EXPIRED_LOG_CLEANUP",
     "INPUT_TABLES",
     "MAINTAINED_TABLES",
     "EngineMaintenance",
@@ -597,4 +591,5 @@ __all__ = [
     "run_maintenance",
     "select_tables",
     "start",
+    "writers_clean_log",
 ]

@@ -341,26 +341,43 @@ def test_recording_a_batch_the_lake_already_has_writes_nothing(tmp_path: Path) -
         assert state is not None and state.last_batch == batch("query-A", 4)
 
 
-def test_the_engine_state_table_is_checkpointed_every_10_commits_also_on_an_old_lake(tmp_path: Path) -> None:
-    """#14 part 4: every lease operation reads this table; an earlier release's table gains the property at acquire."""
+def test_the_engine_state_table_is_checkpointed_every_10_commits_and_cleaned_by_the_lease_also_on_an_old_lake(
+    tmp_path: Path,
+) -> None:
+    """#14 part 4: every lease operation reads this table; an earlier release's table gains the properties at
+    acquire, and since its writers then leave expired log files alone, the lease's own upkeep removes them."""
     from deltalake import DeltaTable
 
-    from retry_engine.core.lease import state_path
+    from retry_engine.core.lease import MAINTAIN_EVERY, state_path
     from retry_engine.schemas import ENGINE_STATE
 
     fresh, old = tmp_path / "fresh", tmp_path / "old"
-    DeltaTable.create(state_path(str(old)), ENGINE_STATE.arrow_schema)
-    for lake in (fresh, old):
+    # The old table's log expires at once, so its upkeep has something to remove.
+    DeltaTable.create(
+        state_path(str(old)), ENGINE_STATE.arrow_schema, configuration={"delta.logRetentionDuration": "interval 0 seconds"}
+    )
+    for lake, rounds in ((fresh, 12), (old, MAINTAIN_EVERY + 2)):
         clock = Clock()
         with owning(lease(lake, "query-A", clock)) as mine:
             assert mine is None
-            table = DeltaTable(state_path(str(lake)))
-            assert table.metadata().configuration["delta.checkpointInterval"] == "10"
-            first = lease(lake, "query-A", clock)
-            for _ in range(12):
+            configuration = DeltaTable(state_path(str(lake))).metadata().configuration
+            assert configuration["delta.checkpointInterval"] == "10"
+            assert configuration["delta.enableExpiredLogCleanup"] == "false"
+            again = lease(lake, "query-A", clock)
+            for _ in range(rounds):
                 clock.now += dt.timedelta(seconds=1)
-                first.acquire(take_over=True)
-        log_dir = Path(state_path(str(lake))) / "_delta_log"
-        assert any(".checkpoint." in p.name for p in log_dir.iterdir()), sorted(p.name for p in log_dir.iterdir())
+                again.acquire(take_over=True)
         state = read_state(str(lake))
-        assert state is not None and state.epoch == 13
+        assert state is not None and state.epoch == rounds + 1
+    # Fresh: a checkpoint every 10 commits, nothing expired in 30 days; old: commits before the upkeep's
+    # checkpoint are gone, and the table reads from that checkpoint.
+    assert "00000000000000000000.json" in names_of(fresh)
+    assert "00000000000000000009.checkpoint.parquet" in names_of(fresh)
+    assert f"{MAINTAIN_EVERY - 1:020d}.checkpoint.parquet" in names_of(old)
+    assert min(n for n in names_of(old) if n.endswith(".json")) == f"{MAINTAIN_EVERY - 1:020d}.json"
+
+
+def names_of(lake: Path) -> list[str]:
+    from retry_engine.core.lease import state_path
+
+    return sorted(p.name for p in (Path(state_path(str(lake))) / "_delta_log").iterdir())

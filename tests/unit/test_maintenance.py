@@ -10,6 +10,7 @@ clear error naming the option that skips ahead.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
@@ -461,6 +462,29 @@ def test_maintenance_is_on_for_the_engine_tables_and_off_for_consume_results_by_
         section.every_batches,
     ) == (True, False, "1h", 0)
     assert section.retention == "7d"
+
+
+@pytest.mark.parametrize("engine_tables, consume_results, warned", [(True, False, False), (False, True, True), (False, False, True)])
+def test_the_engine_warns_when_nothing_maintains_its_tables(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, engine_tables: bool, consume_results: bool, warned: bool
+) -> None:
+    """The engine's writers leave expired log files to maintenance (storage.TABLE_PROPERTIES): without it, say so."""
+    from retry_engine.ops import maintenance
+
+    config = parse_config(
+        {"engine": {"lake": str(tmp_path)}, "maintenance": {"engine_tables": engine_tables, "consume_results": consume_results}}
+    )
+
+    def writer(batch: object, batch_id: int) -> None:
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="retry_engine.ops.maintenance"):
+        wrapped = maintenance.attach(config, "q-warn", writer)
+    try:
+        assert ("run `retry-engine maintain` regularly" in caplog.text) is warned
+        assert (wrapped is writer) is (not engine_tables and not consume_results)
+    finally:
+        maintenance.detach("q-warn")
 
 
 def test_due_every_n_batches_or_after_the_interval_whichever_first() -> None:

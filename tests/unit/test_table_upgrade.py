@@ -16,7 +16,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from retry_engine.delta import storage, tables
-from retry_engine.delta.tables import append_arrow, ensure_table
+from retry_engine.delta.tables import append_arrow, ensure_table, writers_clean_log
 from retry_engine.errors import ConcurrentWriteError, SchemaMismatchError
 
 OLD = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("note", pa.string())])
@@ -133,6 +133,7 @@ def test_a_concurrent_adder_wins_and_the_loser_reloads_and_finds_the_columns(
 # ---------------------------------------------------------------------------- table properties
 
 INTERVAL = "delta.checkpointInterval"
+CLEANUP = "delta.enableExpiredLogCleanup"
 
 
 def configuration(path: str) -> dict[str, str]:
@@ -143,18 +144,22 @@ def log_checkpoints(path: str) -> list[int]:
     return sorted(int(n.split(".")[0]) for n in os.listdir(Path(path) / "_delta_log") if ".checkpoint." in n)
 
 
-def test_a_table_created_here_is_checkpointed_every_10_commits_by_delta_rs_writers(tmp_path: Path) -> None:
-    """#14 part 4: readers replay at most 10 commits (delta-rs's own default is 100), whoever appends."""
+def test_an_engine_table_is_checkpointed_every_10_commits_and_its_writers_leave_the_log_to_maintenance(
+    tmp_path: Path,
+) -> None:
+    """#14 part 4: readers replay at most 10 commits (delta-rs's own default is 100); a writer's checkpoint
+    does not list the whole log for expired files (maintenance does, hourly)."""
     path = str(tmp_path / "t")
-    ensure_table(path, NEW)
-    assert configuration(path)[INTERVAL] == storage.TABLE_PROPERTIES[INTERVAL] == "10"
+    ensure_table(path, NEW, add_missing=True)
+    assert configuration(path) == {INTERVAL: "10", CLEANUP: "false"} == dict(storage.TABLE_PROPERTIES)
+    assert not writers_clean_log(DeltaTable(path))
     for i in range(12):
         append_arrow(path, pa.table({"id": [i], "note": [None], "reason": [None], "count": [i]}, schema=NEW))
     assert log_checkpoints(path) == [9]
-    # A configuration given to the create overrides the default.
+    # A table others write (created without add_missing) keeps delta-rs's defaults.
     other = str(tmp_path / "u")
-    storage.create_delta(other, NEW, configuration={INTERVAL: "50", "delta.appendOnly": "false"})
-    assert configuration(other) == {INTERVAL: "50", "delta.appendOnly": "false"}
+    ensure_table(other, NEW)
+    assert configuration(other) == {} and writers_clean_log(DeltaTable(other))
 
 
 def test_an_old_table_gains_the_properties_once_and_only_with_add_missing(
@@ -165,8 +170,10 @@ def test_an_old_table_gains_the_properties_once_and_only_with_add_missing(
     assert INTERVAL not in configuration(path) and DeltaTable(path).version() == 0
     with caplog.at_level(logging.INFO, logger="retry_engine.delta.tables"):
         ensure_table(path, OLD, add_missing=True)
-    assert configuration(path)[INTERVAL] == "10" and DeltaTable(path).version() == 1
-    assert "set table properties {'delta.checkpointInterval': '10'}" in caplog.text
+    assert configuration(path) == {INTERVAL: "10", CLEANUP: "false"} and DeltaTable(path).version() == 1
+    assert "set table properties {'delta.checkpointInterval': '10', 'delta.enableExpiredLogCleanup': 'false'}" in (
+        caplog.text
+    )
     ensure_table(path, OLD, add_missing=True)
     assert DeltaTable(path).version() == 1
     # The rows are untouched by the metadata commit.
@@ -176,9 +183,9 @@ def test_an_old_table_gains_the_properties_once_and_only_with_add_missing(
 @pytest.mark.parametrize("value", ["100", "abc", "-1", ""])
 def test_a_property_an_operator_set_is_kept_whatever_its_value(tmp_path: Path, value: str) -> None:
     path = str(tmp_path / "t")
-    DeltaTable.create(path, OLD, configuration={INTERVAL: value})
+    DeltaTable.create(path, OLD, configuration={INTERVAL: value, CLEANUP: value})
     ensure_table(path, OLD, add_missing=True)
-    assert configuration(path)[INTERVAL] == value and DeltaTable(path).version() == 0
+    assert configuration(path) == {INTERVAL: value, CLEANUP: value} and DeltaTable(path).version() == 0
     # And the table still takes the engine's appends.
     assert append_arrow(path, pa.table({"id": [1], "note": ["x"]}, schema=OLD), app_id="q", txn_version=0)
     assert DeltaTable(path).to_pyarrow_table().num_rows == 1
