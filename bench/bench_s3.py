@@ -5,12 +5,14 @@
 Every open of a Delta table reads its last checkpoint and then every commit
 after it, one GET each; the engine opens each table it commits to every batch.
 delta-rs checkpoints every 100 commits unless the table says otherwise (the
-engine's tables of earlier releases); this release creates tables with
+engine's tables of earlier releases); this release makes its own tables with
 ``delta.checkpointInterval = 10`` (Delta Spark's default).
 
 One run, two variants, each on a new bucket of moto's S3 server behind a
 counting proxy (``bench/_s3_proxy.py``): every table of the lake is created
-first with the variant's interval (the engine keeps an interval a table has),
+first with the variant's properties (the engine keeps what a table has): 100
+with the writers cleaning the log (delta-rs's defaults, an earlier release's
+tables) or this release's ``storage.TABLE_PROPERTIES`` (10, maintenance cleans),
 ``--batches`` files of ``--rows`` consume results (10 % failures, a retry
 ladder of 1 s levels) are written, and the engine reads one file per trigger
 (in-engine maintenance off: it would not run within the bench anyway). After
@@ -109,7 +111,12 @@ def run_variant(spark: object, server: object, proxy_port: int, interval: int, b
             "maintenance": {"engine_tables": False},
         }
     )
-    properties = {INTERVAL: str(interval)}
+    # This release's properties, or delta-rs's defaults written out (an engine keeps what a table has).
+    properties = (
+        dict(storage.TABLE_PROPERTIES)
+        if str(interval) == storage.TABLE_PROPERTIES[INTERVAL]
+        else {INTERVAL: str(interval), "delta.enableExpiredLogCleanup": "true"}
+    )
     for table in ALL_TABLES:
         storage.create_delta(
             config.table_path(table.name),
