@@ -168,6 +168,27 @@ def _compact(path: str) -> tuple[int, int]:
     )
 
 
+# Two cleaners at once (a `maintain` next to the engine's own maintenance) make delta-rs fail on
+# the file the other deleted first, sometimes both of them; each retry lists what is left.
+CLEAN_LOG_ATTEMPTS = 5
+
+
+def clean_log(path: str) -> None:
+    """Remove the table's expired log files (``cleanup_metadata``).
+
+    A file another cleaner removed first (``FileNotFoundError``) is not an
+    error: the cleanup starts again on what is left, up to :data:`CLEAN_LOG_ATTEMPTS` times.
+    """
+    for attempt in range(1, CLEAN_LOG_ATTEMPTS + 1):
+        try:
+            open_delta(path).cleanup_metadata()
+            return
+        except FileNotFoundError as exc:
+            if attempt == CLEAN_LOG_ATTEMPTS:
+                raise
+            log.info("%s: another cleaner removed a log file first (%s); cleaning what is left", path, exc)
+
+
 def maintain_table(
     name: str,
     path: str,
@@ -232,7 +253,7 @@ def maintain_table(
 
     report = replace(report, checkpoint_version=step("checkpoint", checkpoint))
     if not writers_clean_log(table):
-        step("log cleanup", lambda: open_delta(path).cleanup_metadata())
+        step("log cleanup", lambda: clean_log(path))
     vacuumed = step(
         "vacuum",
         lambda: open_delta(path).vacuum(
