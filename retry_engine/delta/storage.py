@@ -201,8 +201,8 @@ def options_for(uri: str) -> dict[str, str] | None:
 # absent when it starts on an earlier release's (a value a table has is kept).
 # * delta-rs checkpoints the log every 100 commits unless told otherwise (Delta Spark: 10), and
 #   every open of a table (each micro-batch's commits, `status`, `dlq`, a notebook) reads every
-#   commit since the last checkpoint, one object-store GET each: on S3 the engine made 359
-#   requests per batch over its first 40 batches with 100, 206 with 10 (RESULTS run Z).
+#   commit since the last checkpoint, one object-store GET each: on S3 the engine made 648
+#   requests per batch over 120 batches with 100, 217 with 10 (bench/RESULTS.md, run Z).
 # * A delta-rs writer that writes a checkpoint also removes expired log files, and to find them
 #   it lists the whole ``_delta_log`` (30 days of commits by default: millions of objects for a
 #   table committed every second), so with checkpoints every 10 commits that listing would come

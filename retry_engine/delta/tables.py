@@ -101,7 +101,7 @@ def ensure_table(
 
 # Another engine (or an operator tool) upgrading the same table at once makes the upgrade's
 # commit conflict; each conflict re-reads the table, which then usually has the change.
-MAX_ADD_COLUMN_ATTEMPTS = 10
+MAX_UPGRADE_ATTEMPTS = 10
 
 
 def _upgrade(
@@ -119,7 +119,7 @@ def _upgrade(
     raises ``CommitFailedError`` and the table is read and checked again.
     """
     last_error: CommitFailedError | None = None
-    for attempt in range(1, MAX_ADD_COLUMN_ATTEMPTS + 1):
+    for attempt in range(1, MAX_UPGRADE_ATTEMPTS + 1):
         wanted = missing(table)
         if not wanted:
             return table, wanted
@@ -132,7 +132,7 @@ def _upgrade(
             continue
         return open_delta(path), wanted
     raise ConcurrentWriteError(
-        f"{path}: {what} conflicted {MAX_ADD_COLUMN_ATTEMPTS} times in a row with other commits: {last_error}",
+        f"{path}: {what} conflicted {MAX_UPGRADE_ATTEMPTS} times in a row with other commits: {last_error}",
     ) from last_error
 
 
