@@ -47,6 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyspark.sql import SparkSession
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _data import consume_results  # noqa: E402
@@ -57,7 +59,7 @@ from retry_engine.core.lease import state_path  # noqa: E402
 from retry_engine.delta import storage  # noqa: E402
 from retry_engine.delta.session import build_session  # noqa: E402
 from retry_engine.schemas import ALL_TABLES, ENGINE_STATE  # noqa: E402
-from tests.s3 import free_port, moto_server  # noqa: E402
+from tests.s3 import S3Server, free_port, moto_server  # noqa: E402
 
 PROXY = Path(__file__).resolve().parent / "_s3_proxy.py"
 INTERVAL = "delta.checkpointInterval"
@@ -92,9 +94,11 @@ def _wait_for_proxy(port: int) -> None:
             time.sleep(0.1)
 
 
-def run_variant(spark: object, server: object, proxy_port: int, interval: int, batches: int, rows: int) -> Variant:
-    bucket = server.new_bucket()  # type: ignore[attr-defined]
-    options = server.storage_options()  # type: ignore[attr-defined]
+def run_variant(
+    spark: SparkSession, server: S3Server, proxy_port: int, interval: int, batches: int, rows: int
+) -> Variant:
+    bucket = server.new_bucket()
+    options = server.storage_options()
     options["aws_endpoint_url"] = f"http://127.0.0.1:{proxy_port}"
     lake = f"s3://{bucket}/lake"
     work = Path(tempfile.mkdtemp(prefix="bench-s3-"))
@@ -131,7 +135,7 @@ def run_variant(spark: object, server: object, proxy_port: int, interval: int, b
     source = config.table_path("consume_results")
     for i in range(batches):
         storage.write_delta(source, consume_results(rows, failure_rate=0.1, seed=i, offset=i * rows), mode="append")
-    query = engine.start(spark, config)  # type: ignore[arg-type]
+    query = engine.start(spark, config)
     seen: list[dict[str, object]] = []
     snapshots: list[collections.Counter[str]] = []
     deadline = time.monotonic() + TIMEOUT_S
