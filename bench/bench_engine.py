@@ -39,6 +39,11 @@
    driver (CPU time, unlike wall time, hardly depends on what else the
    machine runs); then the engine's rate at 50k-row batches against 250k-row
    batches on the same rows.
+7. ``--parts placement`` (not in the default run): the engine with its state
+   keys placed on the stateful stage's partitions (the default) against the
+   same engine with the keys hashed by Spark alone (a checkpoint recorded
+   without placement), at 100% and 10% failures, interleaved with the raw
+   copy; prints the placed / not placed ratio per failure rate.
 
 Its session's JVM compiles as the JVM does by default (C1 and C2), as a cluster
 would run Spark's native pipelines; ``retry-engine run`` launches its own with C1
@@ -52,6 +57,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import json
 import os
 import sys
 import tempfile
@@ -75,7 +81,7 @@ from retry_engine.core import engine  # noqa: E402
 from retry_engine.core._parked import PARKED_DIR  # noqa: E402
 from retry_engine.core._state_splits import SPLITS_DIR  # noqa: E402
 from retry_engine.core.metrics import OUTCOME_METRICS  # noqa: E402
-from retry_engine.core.schedule import ScheduleStage, StateKeySplit  # noqa: E402
+from retry_engine.core.schedule import KEYS_FILE, ScheduleStage, StateKeySplit  # noqa: E402
 from retry_engine.delta import write_stream  # noqa: E402
 from retry_engine.delta.session import (  # noqa: E402
     DRIVER_JAVA_OPTIONS,
@@ -337,10 +343,15 @@ REFERENCES = {
 }
 
 
-def engine_run(spark: Any, src: Path, work: Path, rows: int, files_per_batch: int, **engine_keys: Any) -> Rate:
+def engine_run(spark: Any, src: Path, work: Path, rows: int, files_per_batch: int, *,
+               state_keys: dict[str, Any] | None = None, **engine_keys: Any) -> Rate:
+    """``state_keys``: the checkpoint's state key rule (its KEYS_FILE) written before the engine starts."""
     # Fast levels, so the run also releases retries (their cost is part of the rate).
     config = engine_config(work / "lake", src, max_files_per_trigger=files_per_batch, trigger_interval="200ms",
                            message_delay_level="1s 1s 1s 1s", state_bucket="10s", **engine_keys)
+    if state_keys is not None:
+        Path(config.checkpoint_path).mkdir(parents=True, exist_ok=True)
+        (Path(config.checkpoint_path) / KEYS_FILE).write_text(json.dumps(state_keys))
     query = engine.start(spark, config)
     try:
         progress = wait_for_input(query, rows, timeout=1800, config=config)
@@ -727,6 +738,37 @@ def split_cost(spark: Any, work: Path, rows: int, batches: int, repeat: int) -> 
     return out
 
 
+# A checkpoint's state key rule without placement: what a release before it recorded, with partitions 1.
+UNPLACED_KEYS = {"subkeys": 1, "split_since_ms": None, "partitions": 1, "placed_since_ms": None}
+
+
+def placement_cost(spark: Any, work: Path, rows: int, batches: int, repeat: int) -> dict[str, Rate]:
+    """The engine with its state keys placed on the stateful stage's partitions (the default) and
+    without (keys hashed by Spark alone), at 100% and 10% failures, each round with a raw copy."""
+    out: dict[str, Rate] = {}
+    sources = {}
+    for label, rate in (("100%", 1.0), ("10%", 0.1)):
+        sources[label] = work / f"results_{label[:-1]}"
+        write_table(sources[label], consume_results(rows, failure_rate=rate, arrival_rate=ARRIVAL_RATE),
+                    files=batches * 4)
+    for r in range(repeat):
+        for label, src in sources.items():
+            _best(out, f"raw copy ({label})", raw_copy(spark, src, work / f"raw_{label[:-1]}_{r}", 4))
+            _best(out, f"engine, keys not placed ({label})",
+                  engine_run(spark, src, work / f"unplaced_{label[:-1]}_{r}", rows, 4, state_keys=UNPLACED_KEYS))
+            _best(out, f"engine, keys placed ({label})",
+                  engine_run(spark, src, work / f"placed_{label[:-1]}_{r}", rows, 4))
+    return out
+
+
+def print_side_by_side(rates: dict[str, Rate]) -> None:
+    """Each rate, and its ratio to the raw copy of the same failure rate."""
+    for name, rate in rates.items():
+        raw = rates.get(f"raw copy ({name.rsplit('(', 1)[-1]}")
+        ratio = f" = {rate.per_second / raw.per_second:.2f} of the raw copy" if raw and raw is not rate else ""
+        print(f"{name}: {rate.per_second:,.0f} results/s ({rate.batches} batches){ratio}")
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -831,7 +873,7 @@ def main() -> None:
     parser.add_argument("--backlog-chunk", type=int, default=250_000, help="rows per Delta commit when growing it")
     parser.add_argument("--repeat", type=int, default=2, help="throughput rounds (best of)")
     parser.add_argument("--parts", default="throughput,lateness,backlog,batchcost",
-                        help="comma-separated parts to run (also: onekey, splitcost)")
+                        help="comma-separated parts to run (also: onekey, splitcost, placement)")
     parser.add_argument("--idle-batches", type=int, default=20, help="batchcost: idle batches measured")
     parser.add_argument("--trickle-rows", type=int, default=300, help="batchcost: results per 200 ms in the trickle")
     parser.add_argument("--trickle-batches", type=int, default=30, help="batchcost: trickle batches measured")
@@ -873,11 +915,14 @@ def main() -> None:
                      if "batchcost" in parts else None)
         huge: list[OneKeyStep] = []
         cost: dict[str, Rate] = {}
+        placed: dict[str, Rate] = {}
         if "onekey" in parts:
             huge.append(one_key(spark, work, args.one_key_rows, args.one_key_chunk, split=True,
                                 max_bytes=args.state_key_max_bytes))
         if parts & {"onekey", "splitcost"}:
             cost = split_cost(spark, work / "split_cost", args.rows, args.batches, args.repeat)
+        if "placement" in parts:
+            placed = placement_cost(spark, work / "placement", args.rows, args.batches, args.repeat)
         if "onekey" in parts:
             # Last: without any split the JVM may run out of memory, which ends the session.
             huge.append(one_key(spark, work, args.one_key_rows, args.one_key_chunk, split=False,
@@ -899,11 +944,11 @@ def main() -> None:
                      "bounded by the threshold plus one micro-batch's share of a key, whatever the total; ")
         print(f"one key, {how}: {step.pending:,} pending in {step.state_keys} state keys, {step.seals} seals; "
               f"largest state value {step.max_value_mb:,.1f} MiB ({projected}Arrow's limit is 2,048 MiB)")
-    if cost:
-        raw = cost["raw copy (10%)"].per_second
-        for name, rate in cost.items():
-            ratio = f" = {rate.per_second / raw:.2f} of the raw copy" if raw and name != "raw copy (10%)" else ""
-            print(f"{name}: {rate.per_second:,.0f} results/s ({rate.batches} batches){ratio}")
+    print_side_by_side(cost)
+    print_side_by_side(placed)
+    for label in ("100%", "10%") if placed else ():
+        ratio = placed[f"engine, keys placed ({label})"].per_second / placed[f"engine, keys not placed ({label})"].per_second
+        print(f"engine at {label} failures, keys placed / not placed: {ratio:.2f}x")
 
 if __name__ == "__main__":
     main()

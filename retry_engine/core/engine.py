@@ -50,7 +50,7 @@ from retry_engine.delta import (
     table_version,
 )
 from retry_engine.delta._arrow_ipc import from_ipc
-from retry_engine.delta._checkpoint import remove_orphan_log_temps
+from retry_engine.delta._checkpoint import SHUFFLE_PARTITIONS_CONF, remove_orphan_log_temps
 from retry_engine.delta._log import add_actions
 from retry_engine.delta._offsets import Offset
 from retry_engine.delta._worker_heap import settle
@@ -252,12 +252,13 @@ def engine_frame(
     )
     floor = None if resume_at is None else resume_at.position_floor
     # Sub-keys of the schedule stage's state keys (#12 item 17): the base split fixed per
-    # checkpoint, and the keys sealed by size.
+    # checkpoint, and the keys sealed by size; base keys placed on the stateful stage's partitions.
     split = state_key_split(
         config.checkpoint_path,
         bucket_ms=config.state_bucket_ms,
         now_ms=int(time.time() * 1000),
         subkeys=config.engine.state_subkeys,
+        partitions=int(spark.conf.get(SHUFFLE_PARTITIONS_CONF) or 1),
     )
     decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
         _decide_batches(Decider(config), split, floor=floor, stateless=stateless), PACKED_SCHEMA

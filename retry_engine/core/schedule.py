@@ -49,7 +49,7 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import numpy as np
 import pandas as pd
@@ -60,6 +60,7 @@ from pyspark.sql.streaming.state import GroupState
 
 from retry_engine.config import DEFAULT_STATE_KEY_MAX_BYTES, DEFAULT_STATE_PARK_BYTES
 from retry_engine.core._parked import Chunk, ParkedStore, due_ms
+from retry_engine.core._placement import place, placing
 from retry_engine.core._schedule_state import (
     STATE_SCHEMA,
     KeyState,
@@ -73,7 +74,7 @@ from retry_engine.core.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, 
 from retry_engine.core.outputs import LEDGER_COLUMNS
 from retry_engine.core.packed import PACKED_ARROW_SCHEMA, as_work, payload_chunks
 from retry_engine.delta._arrow_ipc import from_ipc
-from retry_engine.delta._checkpoint import checkpoint_filesystem
+from retry_engine.delta._checkpoint import checkpoint_filesystem, shuffle_partitions_of
 from retry_engine.delta._worker_heap import settle
 from retry_engine.errors import StateSplitError, StateUnreadableError
 from retry_engine.schemas import WORK
@@ -395,13 +396,17 @@ class StateKeySplit:
     subkeys: int
     first_split_bucket: int | None = None
     seals: SealStore | None = field(default=None, compare=False)
+    # The stateful stage's partition count the base keys are placed on (1: not placed), and the
+    # first bucket placed (None: every bucket; earlier buckets keep the key an older release gave).
+    partitions: int = 1
+    first_placed_bucket: int | None = None
 
     def __call__(self, work: _Rows, *, batch_id: int | None = None) -> _Rows:
         if work.num_rows == 0:
             return work
         buckets = _flat(work.column("bucket"))
         stateful = pc.fill_null(pc.not_equal(buckets, NO_STATE_BUCKET), False)
-        work = self._base(work, buckets, stateful)
+        work = self._placed(self._base(work, buckets, stateful), buckets, stateful)
         if self.seals is None:
             return work
         sealed = self.seals.sealed_before(batch_id if batch_id is not None else _NO_BATCH)
@@ -415,17 +420,12 @@ class StateKeySplit:
             )
         routes = _flat(work.column("route"))
         walked = walk(routes, buckets, _flat(work.column("consumed_msg_id")), stateful, sealed, self.seals)
-        if walked is routes:
-            return work
-        index = work.schema.get_field_index("route")
-        return work.set_column(index, work.schema.field(index), walked)
+        return work if walked is routes else _with_routes(work, walked)
 
     def _base(self, work: _Rows, buckets: pa.Array, stateful: pa.Array) -> _Rows:
         if self.subkeys <= 1:
             return work
-        split = stateful
-        if self.first_split_bucket is not None:
-            split = pc.and_(split, pc.fill_null(pc.greater_equal(buckets, self.first_split_bucket), False))
+        split = _since(stateful, buckets, self.first_split_bucket)
         rows = pc.indices_nonzero(split)
         if len(rows) == 0:
             return work
@@ -436,8 +436,31 @@ class StateKeySplit:
             [f"{SUBKEY_SEPARATOR}{zlib.crc32((i or '').encode()) % self.subkeys:02d}" for i in ids], pa.string()
         )
         split_routes = pc.binary_join_element_wise(routes.take(rows), suffixes, "")
-        index = work.schema.get_field_index("route")
-        return work.set_column(index, work.schema.field(index), pc.replace_with_mask(routes, split, split_routes))
+        return _with_routes(work, pc.replace_with_mask(routes, split, split_routes))
+
+    def _placed(self, work: _Rows, buckets: pa.Array, stateful: pa.Array) -> _Rows:
+        """Stateful rows' base keys placed on the stateful stage's partitions (:mod:`retry_engine.core._placement`)."""
+        if not placing(self.partitions):
+            return work
+        placed = _since(stateful, buckets, self.first_placed_bucket)
+        rows = pc.indices_nonzero(placed)
+        if len(rows) == 0:
+            return work
+        routes = _flat(work.column("route"))
+        placed_routes = place(routes.take(rows), buckets.take(rows), self.partitions)
+        return _with_routes(work, pc.replace_with_mask(routes, placed, placed_routes))
+
+
+def _since(stateful: pa.Array, buckets: pa.Array, first_bucket: int | None) -> pa.Array:
+    """The stateful rows of buckets from ``first_bucket`` on (all of them for None)."""
+    if first_bucket is None:
+        return stateful
+    return pc.and_(stateful, pc.fill_null(pc.greater_equal(buckets, first_bucket), False))
+
+
+def _with_routes(work: _Rows, routes: pa.Array) -> _Rows:
+    index = work.schema.get_field_index("route")
+    return work.set_column(index, work.schema.field(index), routes)
 
 
 # Lists every seal (used only to tell whether any exists when no batch id is known).
@@ -449,20 +472,66 @@ def _flat(column: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 
 def state_key_split(
-    checkpoint: str, *, bucket_ms: int, now_ms: int, subkeys: int = STATE_SUBKEYS
+    checkpoint: str, *, bucket_ms: int, now_ms: int, subkeys: int = STATE_SUBKEYS, partitions: int = 1
 ) -> StateKeySplit:
-    """The sub-key rule of ``checkpoint``, recorded in its :data:`KEYS_FILE` on first use.
+    """The state key rule of ``checkpoint``, recorded in its :data:`KEYS_FILE` on first use.
 
     The rule carries the checkpoint's seals (:class:`~retry_engine.core._state_splits.SealStore`),
     so keys that grow past ``engine.state_key_max_bytes`` split further whatever the base count.
-    A new checkpoint (no ``offsets`` yet) splits every bucket into ``subkeys``; a recorded
-    count wins over ``subkeys`` (a different one is logged, never applied). An
-    existing one, started by a release without sub-keys, splits only buckets that start after
-    ``now_ms``: every message that release decided was stored before it stopped, so its
-    duplicates keep meeting its record under the plain key.
+    A new checkpoint (no ``offsets`` yet) splits every bucket into ``subkeys`` and places every
+    base key on one of ``partitions`` (the session's ``spark.sql.shuffle.partitions``, which Spark
+    records with the checkpoint; :mod:`retry_engine.core._placement`); a recorded count wins over
+    ``subkeys`` (a different one is logged, never applied). An existing checkpoint, started by a
+    release without sub-keys or without placement, takes them for buckets that start after
+    ``now_ms`` only (and the partition count Spark recorded in its offsets): every message that
+    release decided was stored before it stopped, so its duplicates keep meeting its record
+    under the key it had.
     """
     fs, root = checkpoint_filesystem(checkpoint)
     path = f"{root}/{KEYS_FILE}"
+    recorded = _read_keys(fs, path)
+    if recorded is None or "partitions" not in recorded:
+        started = bool(fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True)))
+        since = now_ms if started else None
+        placement = {
+            "partitions": (shuffle_partitions_of(checkpoint) if started else None) or partitions,
+            "placed_since_ms": since,
+        }
+        recorded = {"subkeys": subkeys, "split_since_ms": since} if recorded is None else recorded
+        recorded = {**recorded, **placement}
+        fs.create_dir(root, recursive=True)
+        # Written aside and renamed: a start killed mid-write must not leave a half file that
+        # stops every later start.
+        partial = f"{path}.{uuid.uuid4().hex}.tmp"
+        with fs.open_output_stream(partial) as stream:
+            stream.write((json.dumps(recorded) + "\n").encode("utf-8"))
+        fs.move(partial, path)
+        log.info("state keys of %s: %s", checkpoint, recorded)
+    _check_keys(recorded, path, "partitions", "placed_since_ms")
+    if recorded["subkeys"] != subkeys:
+        log.warning(
+            "state sub-keys: %s keeps the %d it was created with (engine.state_subkeys = %d applies to new "
+            "checkpoints only: re-routing would separate msg ids in state from their duplicates)",
+            checkpoint, recorded["subkeys"], subkeys,
+        )
+    return StateKeySplit(
+        subkeys=recorded["subkeys"],
+        first_split_bucket=_first_bucket(recorded["split_since_ms"], bucket_ms),
+        seals=SealStore(checkpoint),
+        partitions=recorded["partitions"],
+        first_placed_bucket=_first_bucket(recorded["placed_since_ms"], bucket_ms),
+    )
+
+
+_KEYS_FILE_SHAPE: Final = (
+    "{'subkeys': <int >= 1>, 'split_since_ms': <int or null>, 'partitions': <int >= 1>, "
+    "'placed_since_ms': <int or null>}"
+)
+
+
+def _read_keys(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
+    """The checkpoint's recorded rule, None when it has none; its first two entries checked (the
+    placement's two may be missing: a release before placement wrote it)."""
     try:
         with fs.open_input_stream(path) as stream:
             recorded = json.loads(stream.read().decode("utf-8"))
@@ -473,39 +542,29 @@ def state_key_split(
             code="STATE_KEYS_FILE_INVALID",
         ) from exc
     except FileNotFoundError:
-        offsets = fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True))
-        recorded = {"subkeys": subkeys, "split_since_ms": now_ms if offsets else None}
-        fs.create_dir(root, recursive=True)
-        # Written aside and renamed: a start killed mid-write must not leave a half file that
-        # stops every later start.
-        partial = f"{path}.{uuid.uuid4().hex}.tmp"
-        with fs.open_output_stream(partial) as stream:
-            stream.write((json.dumps(recorded) + "\n").encode("utf-8"))
-        fs.move(partial, path)
-        log.info("state keys of %s: %s", checkpoint, recorded)
-    since = recorded.get("split_since_ms") if isinstance(recorded, dict) else None
-    recorded_subkeys = recorded.get("subkeys") if isinstance(recorded, dict) else None
-    if (
-        not isinstance(recorded_subkeys, int)
-        or isinstance(recorded_subkeys, bool)
-        or recorded_subkeys < 1
-        or not (since is None or (isinstance(since, int) and not isinstance(since, bool)))
-    ):
+        return None
+    _check_keys(recorded, path)
+    return cast(dict[str, Any], recorded)
+
+
+def _check_keys(recorded: object, path: str, *placement: str) -> None:
+    """A JSON object whose ``subkeys`` (and ``partitions`` when named) are ints >= 1 and whose
+    ``*_since_ms`` are ints or null."""
+    names = ("subkeys", "split_since_ms", *placement)
+    if not isinstance(recorded, dict) or not all(n in recorded and _valid_key(n, recorded[n]) for n in names):
         raise StateUnreadableError(
-            f"{path} holds {recorded!r}; expected {{'subkeys': <int >= 1>, 'split_since_ms': <int or null>}}",
-            code="STATE_KEYS_FILE_INVALID",
+            f"{path} holds {recorded!r}; expected {_KEYS_FILE_SHAPE}", code="STATE_KEYS_FILE_INVALID"
         )
-    if recorded_subkeys != subkeys:
-        log.warning(
-            "state sub-keys: %s keeps the %d it was created with (engine.state_subkeys = %d applies to new "
-            "checkpoints only: re-routing would separate msg ids in state from their duplicates)",
-            checkpoint, recorded_subkeys, subkeys,
-        )
-    return StateKeySplit(
-        subkeys=recorded_subkeys,
-        first_split_bucket=None if since is None else int(since) // bucket_ms + 1,
-        seals=SealStore(checkpoint),
-    )
+
+
+def _valid_key(name: str, value: object) -> bool:
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    return (value is None or integer) if name.endswith("_since_ms") else (integer and cast(int, value) >= 1)
+
+
+def _first_bucket(since_ms: int | None, bucket_ms: int) -> int | None:
+    """The first bucket that starts after ``since_ms`` (None: every bucket)."""
+    return None if since_ms is None else since_ms // bucket_ms + 1
 
 
 def _packed(key: tuple[str, int], payloads: list[bytes]) -> pd.DataFrame:

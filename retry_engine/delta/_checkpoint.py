@@ -110,3 +110,28 @@ def ensure_query_id(checkpoint: str) -> str:
     with fs.open_output_stream(f"{root}/{METADATA_FILE}") as stream:
         stream.write((json.dumps({"id": query_id}) + "\n").encode("utf-8"))
     return query_id
+
+
+# Spark's setting that fixes a stateful operator's partition count when its checkpoint starts.
+SHUFFLE_PARTITIONS_CONF = "spark.sql.shuffle.partitions"
+
+
+def shuffle_partitions_of(checkpoint: str) -> int | None:
+    """The partition count a started checkpoint's stateful operators run with, None when no readable
+    ``offsets`` file says.
+
+    Spark writes its ``spark.sql.shuffle.partitions`` into every ``offsets/<n>`` (the metadata line
+    after ``v1``) and restores it on restart, whatever the session's setting is now.
+    """
+    fs, root = checkpoint_filesystem(checkpoint)
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True))
+    batches = [int(info.base_name) for info in infos if info.base_name.isdigit()]
+    if not batches:
+        return None
+    try:
+        with fs.open_input_stream(f"{root}/offsets/{max(batches)}") as stream:
+            metadata = json.loads(stream.read().decode("utf-8").splitlines()[1])
+        value = int(metadata["conf"][SHUFFLE_PARTITIONS_CONF])
+    except (OSError, UnicodeDecodeError, IndexError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+    return value if value >= 1 else None

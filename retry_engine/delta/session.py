@@ -27,6 +27,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from retry_engine.delta import _class_archive as class_archive
+from retry_engine.delta._checkpoint import SHUFFLE_PARTITIONS_CONF
 from retry_engine.delta._daemon import THREAD_FREE_ENV
 from retry_engine.errors import EnvironmentProblem
 
@@ -238,7 +239,7 @@ def spark_conf(
 ) -> dict[str, str]:
     """The Spark settings the engine relies on, as a plain dict (also used by spark-submit)."""
     conf = {
-        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        SHUFFLE_PARTITIONS_CONF: str(shuffle_partitions),
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         "spark.sql.session.timeZone": "UTC",

@@ -164,3 +164,5 @@ def test_a_checkpoint_of_the_previous_release_is_taken_over_without_a_second_ret
     assert lake.rows("quarantine") == []
     recorded = json.loads((Path(lake.config.checkpoint_path) / KEYS_FILE).read_text())
     assert recorded["subkeys"] == lake.config.engine.state_subkeys == 4 and isinstance(recorded["split_since_ms"], int)
+    # Placed from the same bucket on, on the partition count Spark recorded in the offsets.
+    assert recorded["partitions"] == 2 and recorded["placed_since_ms"] == recorded["split_since_ms"]

@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql import DataFrame
 
 from retry_engine.core import engine
+from retry_engine.core._placement import placed_route
 from retry_engine.core._state_splits import SPLITS_DIR
 from retry_engine.core.outputs import BatchWriter
 from tests.builders import Result
@@ -87,7 +88,11 @@ def test_a_mass_failure_in_one_key_seals_and_splits_and_duplicates_across_splits
     monkeypatch.undo()
     assert "test crash after batch" in str(query.exception())
     ((route, level, sealed_in, ids, path),) = _seals(lake)
-    assert (route, level) == ("G", 0) and ids == sorted(r.values["msg_id"] for r in a)
+    # Group G's key of the one store-time bucket, placed on one of the session's two partitions.
+    match = _SEAL.match(path.name)
+    assert match is not None
+    base = placed_route("G", int(match[1]), 2)
+    assert (route, level) == (base, 0) and ids == sorted(r.values["msg_id"] for r in a)
     first_attempt = (path.read_bytes(), path.stat().st_mtime_ns)
 
     query = engine.start(spark, lake.config)
@@ -126,9 +131,9 @@ def test_a_mass_failure_in_one_key_seals_and_splits_and_duplicates_across_splits
     seals = _seals(lake)
     assert (path.read_bytes(), path.stat().st_mtime_ns) == first_attempt  # the replay kept the file
     by_route = {s[0]: s for s in seals}
-    assert {"G", "G#L1.0", "G#L1.1"} <= set(by_route)
+    assert {base, f"{base}#L1.0", f"{base}#L1.1"} <= set(by_route)
     assert all(s[2] > sealed_in for s in seals if s[1] >= 1)
-    level1 = by_route["G#L1.0"][3] + by_route["G#L1.1"][3]
+    level1 = by_route[f"{base}#L1.0"][3] + by_route[f"{base}#L1.1"][3]
     assert sorted(level1) == sorted(r.values["msg_id"] for r in b)
-    assert all(zlib.crc32(i.encode()) >> 31 == 0 for i in by_route["G#L1.0"][3])
+    assert all(zlib.crc32(i.encode()) >> 31 == 0 for i in by_route[f"{base}#L1.0"][3])
     assert lake.rows("quarantine") == []

@@ -160,13 +160,16 @@ def test_the_sub_key_rule_is_fixed_per_checkpoint(tmp_path: Path) -> None:
     old = tmp_path / "old"
     (old / "offsets").mkdir(parents=True)
     (old / "offsets" / "0").write_text("v1\n")
+    # Placement (tests/unit/test_placement.py) starts with the sub-keys here: same bucket.
     assert state_key_split(str(old), bucket_ms=bucket_ms, now_ms=1_234_567, subkeys=32) == StateKeySplit(
-        32, 124
+        32, 124, first_placed_bucket=124
     )
     assert state_key_split(str(old), bucket_ms=bucket_ms, now_ms=9_999_999, subkeys=1) == StateKeySplit(
-        32, 124
+        32, 124, first_placed_bucket=124
     )
-    assert json.loads((old / KEYS_FILE).read_text()) == {"subkeys": 32, "split_since_ms": 1_234_567}
+    assert json.loads((old / KEYS_FILE).read_text()) == {
+        "subkeys": 32, "split_since_ms": 1_234_567, "partitions": 1, "placed_since_ms": 1_234_567
+    }
 
     for bad in (
         "{not json",
