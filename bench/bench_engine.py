@@ -59,6 +59,7 @@ import datetime as dt
 import functools
 import json
 import os
+import random
 import sys
 import tempfile
 import threading
@@ -79,6 +80,7 @@ from _data import consume_results, write_table  # noqa: E402
 from retry_engine.config import EngineConfig, parse_config  # noqa: E402
 from retry_engine.core import engine  # noqa: E402
 from retry_engine.core._parked import PARKED_DIR  # noqa: E402
+from retry_engine.core._placement import spark_partition, target_partition  # noqa: E402
 from retry_engine.core._state_splits import SPLITS_DIR  # noqa: E402
 from retry_engine.core.metrics import OUTCOME_METRICS  # noqa: E402
 from retry_engine.core.schedule import KEYS_FILE, ScheduleStage, StateKeySplit  # noqa: E402
@@ -740,31 +742,63 @@ def split_cost(spark: Any, work: Path, rows: int, batches: int, repeat: int) -> 
 
 # A checkpoint's state key rule without placement: what a release before it recorded, with partitions 1.
 UNPLACED_KEYS = {"subkeys": 1, "split_since_ms": None, "partitions": 1, "placed_since_ms": None}
+PLACEMENT_START = dt.datetime(2026, 11, 27, 0, 0, 3)
 
 
-def placement_cost(spark: Any, work: Path, rows: int, batches: int, repeat: int) -> dict[str, Rate]:
+def placement_cost(spark: Any, work: Path, rows: int, batches: int, layouts: int) -> list[dict[str, Rate]]:
     """The engine with its state keys placed on the stateful stage's partitions (the default) and
-    without (keys hashed by Spark alone), at 100% and 10% failures, each round with a raw copy."""
-    out: dict[str, Rate] = {}
-    sources = {}
-    for label, rate in (("100%", 1.0), ("10%", 0.1)):
-        sources[label] = work / f"results_{label[:-1]}"
-        write_table(sources[label], consume_results(rows, failure_rate=rate, arrival_rate=ARRIVAL_RATE),
-                    files=batches * 4)
-    for r in range(repeat):
-        for label, src in sources.items():
-            _best(out, f"raw copy ({label})", raw_copy(spark, src, work / f"raw_{label[:-1]}_{r}", 4))
-            _best(out, f"engine, keys not placed ({label})",
-                  engine_run(spark, src, work / f"unplaced_{label[:-1]}_{r}", rows, 4, state_keys=UNPLACED_KEYS))
-            _best(out, f"engine, keys placed ({label})",
-                  engine_run(spark, src, work / f"placed_{label[:-1]}_{r}", rows, 4))
+    without (keys hashed by Spark alone), at 100% and 10% failures, each with a raw copy, on
+    ``layouts`` inputs whose store times start 7 s apart: which keys a batch holds, and so how
+    Spark's hash spreads them, depends on where the buckets fall (one input is one draw)."""
+    out = []
+    for layout in range(layouts):
+        start = PLACEMENT_START + dt.timedelta(seconds=7 * layout)
+        rates: dict[str, Rate] = {}
+        for label, failed in (("100%", 1.0), ("10%", 0.1)):
+            src = work / f"results_{label[:-1]}_{layout}"
+            write_table(src, consume_results(rows, failure_rate=failed, arrival_rate=ARRIVAL_RATE, start=start),
+                        files=batches * 4)
+            prefix, suffix = f"layout {layout}, ", f" ({label})"
+            _best(rates, f"{prefix}raw copy{suffix}", raw_copy(spark, src, work / f"raw_{label[:-1]}_{layout}", 4))
+            _best(rates, f"{prefix}engine, keys not placed{suffix}",
+                  engine_run(spark, src, work / f"unplaced_{label[:-1]}_{layout}", rows, 4, state_keys=UNPLACED_KEYS))
+            _best(rates, f"{prefix}engine, keys placed{suffix}",
+                  engine_run(spark, src, work / f"placed_{label[:-1]}_{layout}", rows, 4))
+        out.append(rates)
+    return out
+
+
+def placement_model(trials: int = 400, buckets: int = 3, seed: int = 7) -> list[tuple[int, int, float, float]]:
+    """The stateful stage's balance without Spark: random group names, ``buckets`` consecutive buckets a
+    micro-batch (the edge ones part-filled), each key's rows on its partition by Spark's hash (verified
+    against Spark in tests/unit/test_placement.py) or by placement. Returns (partitions, groups, hashed,
+    placed): the mean over ``trials`` of the fullest partition's rows / the mean partition's, which
+    bounds the stage's time."""
+    rng = random.Random(seed)
+    out = []
+    for partitions in (2, 4):
+        for groups in (1, 2, 4, 8, 16):
+            ratios = {"hashed": 0.0, "placed": 0.0}
+            for _ in range(trials):
+                names = [f"group-{rng.randrange(10**9)}" for _ in range(groups)]
+                first = rng.randrange(10**8, 2 * 10**8)
+                weights = [rng.uniform(0.2, 1.0), *[1.0] * (buckets - 2), rng.uniform(0.2, 1.0)]
+                for how in ratios:
+                    load = [0.0] * partitions
+                    for name in names:
+                        for i, weight in enumerate(weights):
+                            where = spark_partition if how == "hashed" else target_partition
+                            load[where(name, first + i, partitions)] += weight
+                    ratios[how] += max(load) / (sum(load) / partitions) / trials
+            out.append((partitions, groups, ratios["hashed"], ratios["placed"]))
     return out
 
 
 def print_side_by_side(rates: dict[str, Rate]) -> None:
-    """Each rate, and its ratio to the raw copy of the same failure rate."""
+    """Each rate, and its ratio to the raw copy of the same failure rate (the name's "(...)")."""
     for name, rate in rates.items():
-        raw = rates.get(f"raw copy ({name.rsplit('(', 1)[-1]}")
+        raw = next((r for n, r in rates.items() if "raw copy" in n and n.rsplit("(", 1)[-1] == name.rsplit("(", 1)[-1]),
+                   None)
         ratio = f" = {rate.per_second / raw.per_second:.2f} of the raw copy" if raw and raw is not rate else ""
         print(f"{name}: {rate.per_second:,.0f} results/s ({rate.batches} batches){ratio}")
 
@@ -874,6 +908,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="throughput rounds (best of)")
     parser.add_argument("--parts", default="throughput,lateness,backlog,batchcost",
                         help="comma-separated parts to run (also: onekey, splitcost, placement)")
+    parser.add_argument("--layouts", type=int, default=3, help="placement: inputs with different store-time offsets")
     parser.add_argument("--idle-batches", type=int, default=20, help="batchcost: idle batches measured")
     parser.add_argument("--trickle-rows", type=int, default=300, help="batchcost: results per 200 ms in the trickle")
     parser.add_argument("--trickle-batches", type=int, default=30, help="batchcost: trickle batches measured")
@@ -915,14 +950,14 @@ def main() -> None:
                      if "batchcost" in parts else None)
         huge: list[OneKeyStep] = []
         cost: dict[str, Rate] = {}
-        placed: dict[str, Rate] = {}
+        placed: list[dict[str, Rate]] = []
         if "onekey" in parts:
             huge.append(one_key(spark, work, args.one_key_rows, args.one_key_chunk, split=True,
                                 max_bytes=args.state_key_max_bytes))
         if parts & {"onekey", "splitcost"}:
             cost = split_cost(spark, work / "split_cost", args.rows, args.batches, args.repeat)
         if "placement" in parts:
-            placed = placement_cost(spark, work / "placement", args.rows, args.batches, args.repeat)
+            placed = placement_cost(spark, work / "placement", args.rows, args.batches, args.layouts)
         if "onekey" in parts:
             # Last: without any split the JVM may run out of memory, which ends the session.
             huge.append(one_key(spark, work, args.one_key_rows, args.one_key_chunk, split=False,
@@ -945,10 +980,18 @@ def main() -> None:
         print(f"one key, {how}: {step.pending:,} pending in {step.state_keys} state keys, {step.seals} seals; "
               f"largest state value {step.max_value_mb:,.1f} MiB ({projected}Arrow's limit is 2,048 MiB)")
     print_side_by_side(cost)
-    print_side_by_side(placed)
+    for rates in placed:
+        print_side_by_side(rates)
+    if placed:
+        print("model (random group names, 3 buckets a batch, edges part-filled): fullest partition / mean, "
+              "keys hashed -> placed")
+        for partitions, groups, hashed, by_placement in placement_model():
+            print(f"  {partitions} partitions, {groups:2} groups: {hashed:.3f} -> {by_placement:.3f}")
     for label in ("100%", "10%") if placed else ():
-        ratio = placed[f"engine, keys placed ({label})"].per_second / placed[f"engine, keys not placed ({label})"].per_second
-        print(f"engine at {label} failures, keys placed / not placed: {ratio:.2f}x")
+        ratios = [rates[f"layout {i}, engine, keys placed ({label})"].per_second
+                  / rates[f"layout {i}, engine, keys not placed ({label})"].per_second for i, rates in enumerate(placed)]
+        print(f"engine at {label} failures, keys placed / not placed: "
+              f"{', '.join(f'{r:.2f}x' for r in ratios)} (geometric mean {float(np.exp(np.mean(np.log(ratios)))):.2f}x)")
 
 if __name__ == "__main__":
     main()
