@@ -23,7 +23,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -359,6 +359,28 @@ def new_msg_id(group: str, consumed_msg_id: str, target: str) -> str:
     return digest[:32].upper()
 
 
+# Hex digit -> its value, by ASCII code (lowercase, as hexdigest writes them).
+_HEX_VALUES: Final = np.zeros(256, dtype=np.int64)
+_HEX_VALUES[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16)
+_SHA1_HEX: Final = 40
+
+
+def new_msg_ids(groups: pa.Array, consumed: pa.Array, targets: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """:func:`new_msg_id` of each row (none null), and the int of each id's first 8 hex digits.
+
+    Per row only the SHA-1 itself runs in Python: the input text is joined, and the
+    digests cut, upper-cased and read, column-wise (half the loop's time at 100% failures).
+    """
+    if len(consumed) == 0:
+        return pa.array([], pa.string()), np.zeros(0, dtype=np.int64)
+    inputs = pc.binary_join_element_wise(groups, consumed, targets, "\0").cast(pa.binary())
+    sha1 = hashlib.sha1
+    digests = pa.array([sha1(value).hexdigest() for value in inputs.to_pylist()], pa.string())
+    chars = np.frombuffer(digests.buffers()[2], dtype=np.uint8, count=_SHA1_HEX * len(digests))
+    heads = (_HEX_VALUES[chars.reshape(-1, _SHA1_HEX)[:, :8]] << np.arange(28, -1, -4)).sum(axis=1)
+    return pc.utf8_upper(pc.utf8_slice_codeunits(digests, 0, 32)), heads
+
+
 def _matches_non_retryable(group: GroupConfig, error_class: str | None, error_message: str | None) -> str | None:
     rules = group.non_retryable
     if error_class and error_class_name(error_class) in rules.error_classes:
@@ -444,7 +466,7 @@ def _row_by_row(
     slow_rows = slow.to_pylist()
     py = {name: cols[name].take(slow).to_pylist() for name in _DECISION_INPUTS}
     attempts = cols["attempts"].take(slow).to_pylist()
-    py["redrive_count"] = _redrive_counts(cols["properties"].take(slow))
+    py["redrive_count"] = _redrive_counts(cols["properties"].take(slow)).tolist()
     buckets = _buckets(cols, slow, decider).tolist()
     positions = batch.column(POSITION).take(slow).to_pylist()
     rows: list[dict[str, Any]] = []
@@ -641,20 +663,15 @@ def _failure_rows(
     origin_in = col("origin_msg_id")
     origin = pc.if_else(blank_mask(origin_in), msg_id, origin_in)
     next_times = reconsume + 1
-    redrive = np.array(_redrive_counts(col("properties")), dtype=np.int64)
+    redrive = _redrive_counts(col("properties"))
     key = pc.binary_join_element_wise(origin, pa.array(next_times).cast(pa.string()), ":")
     if (redrive > 0).any():
         key = pc.if_else(pa.array(redrive > 0), pc.binary_join_element_wise(key, pa.array(redrive).cast(pa.string()), ":r"), key)
 
     # The new message's id (new_msg_id) and, for a retry, its queue: int(id[:8], 16) % retry_queue_nums.
-    prefixes = [f"{name}\0".encode() for name in names]
-    out_ids, heads = [], []
-    for code, consumed, is_dead in zip(codes.tolist(), msg_id.to_pylist(), dead.tolist(), strict=True):
-        digest = hashlib.sha1(prefixes[code] + consumed.encode() + (b"\0dlq" if is_dead else b"\0retry")).digest()
-        out_ids.append(digest[:16].hex().upper())
-        heads.append(int.from_bytes(digest[:4], "big"))
-    out_id = pa.array(out_ids, pa.string())
-    queue_id = np.where(dead, 0, np.array(heads, dtype=np.int64) % plan.queue_nums[codes])
+    targets = pc.if_else(pa.array(dead), pa.scalar("dlq"), pa.scalar("retry"))
+    out_id, heads = new_msg_ids(pa.array(names, pa.string()).take(pa.array(codes)), msg_id, targets)
+    queue_id = np.where(dead, 0, heads % plan.queue_nums[codes])
 
     error_message = _truncated(col("error_message"))
     level_arr = pa.array(level, pa.int32(), mask=dead)
@@ -762,9 +779,15 @@ def _appended(lists: pa.Array, items: pa.Array) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=lists.type)
 
 
-def _redrive_counts(properties: pa.Array) -> list[int]:
-    """The ``REDRIVE_COUNT`` property of each message (:func:`~retry_engine.core.names.parse_redrive_count`)."""
-    return [parse_redrive_count(v) for v in pc.map_lookup(properties, PROP_REDRIVE_COUNT, "first").to_pylist()]
+def _redrive_counts(properties: pa.Array) -> np.ndarray:
+    """The ``REDRIVE_COUNT`` property of each message (:func:`~retry_engine.core.names.parse_redrive_count`);
+    only messages that have one are parsed (re-driven ones: few)."""
+    values = pc.map_lookup(properties, PROP_REDRIVE_COUNT, "first")
+    counts = np.zeros(len(values), dtype=np.int64)
+    present = np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))
+    for i, value in zip(present.tolist(), values.take(pa.array(present)).to_pylist(), strict=True):
+        counts[i] = parse_redrive_count(value)
+    return counts
 
 
 def _ack_rows(
@@ -1129,4 +1152,5 @@ __all__: Sequence[str] = (
     "decide_or_quarantine",
     "is_blank",
     "new_msg_id",
+    "new_msg_ids",
 )

@@ -29,6 +29,7 @@ from retry_engine.core.decide import (
     check_input_schema,
     decide,
     new_msg_id,
+    new_msg_ids,
     truncate_error,
 )
 from retry_engine.errors import SchemaMismatchError
@@ -346,6 +347,24 @@ def test_b1_derived_ids_are_32_upper_case_hex_digits_stable_across_releases() ->
     """B1/B8: a replay, or an engine of a later release, derives the same id; RocketMQ's ids are 32 hex digits."""
     assert new_msg_id("G", "M-R", "retry") == "DEF00ECA692641629F135925C80BD2EF"
     assert new_msg_id("G", "M-D", "dlq") == "E42495FFE2ADA1C6EA305F0AC5EDDC6F"
+
+
+def test_b1_column_wise_ids_equal_the_row_wise_ones_for_any_text() -> None:
+    """B1: the failure path derives ids column-wise (new_msg_ids); for hostile ids (empty, NUL,
+    multi-byte, long, sliced arrays) they equal new_msg_id's, and each head is the int of its
+    first 8 hex digits (the retry queue, R2)."""
+    consumed = ["M-R", "", "\x00", "a\x00b", "日本語", "\U0001f600", "x" * 5000, "7F0000011A2B3C4D", "é" * 9]
+    groups = ["G", "%RETRY%a", "g|1", "G", "grp_-9", "G", "G", "G", "G"]
+    targets = ["retry", "dlq"] * 4 + ["retry"]
+    for lo in (0, 3):  # a slice: offsets that do not start at 0
+        ids, heads = new_msg_ids(
+            pa.array(["pad"] * lo + groups)[lo:], pa.array(["pad"] * lo + consumed)[lo:], pa.array(["pad"] * lo + targets)[lo:]
+        )
+        expected = [new_msg_id(g, c, t) for g, c, t in zip(groups, consumed, targets, strict=True)]
+        assert ids.to_pylist() == expected
+        assert heads.tolist() == [int(e[:8], 16) for e in expected]
+    empty_ids, empty_heads = new_msg_ids(pa.array([], pa.string()), pa.array([], pa.string()), pa.array([], pa.string()))
+    assert len(empty_ids) == 0 and len(empty_heads) == 0
 
 
 def test_b2_each_group_gets_its_own_backoff_in_one_batch() -> None:
