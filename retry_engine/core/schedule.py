@@ -47,7 +47,7 @@ import json
 import logging
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar, cast
 
@@ -425,30 +425,35 @@ class StateKeySplit:
     def _base(self, work: _Rows, buckets: pa.Array, stateful: pa.Array) -> _Rows:
         if self.subkeys <= 1:
             return work
-        split = _since(stateful, buckets, self.first_split_bucket)
-        rows = pc.indices_nonzero(split)
-        if len(rows) == 0:
-            return work
-        # Only stateful rows (failures) are hashed; acknowledgements, most of the traffic, are not.
-        routes = _flat(work.column("route"))
-        ids = work.column("consumed_msg_id").take(rows).to_pylist()
-        suffixes = pa.array(
-            [f"{SUBKEY_SEPARATOR}{zlib.crc32((i or '').encode()) % self.subkeys:02d}" for i in ids], pa.string()
-        )
-        split_routes = pc.binary_join_element_wise(routes.take(rows), suffixes, "")
-        return _with_routes(work, pc.replace_with_mask(routes, split, split_routes))
+
+        def split(rows: pa.Array, routes: pa.Array) -> pa.Array:
+            # Only stateful rows (failures) are hashed; acknowledgements, most of the traffic, are not.
+            ids = work.column("consumed_msg_id").take(rows).to_pylist()
+            suffixes = pa.array(
+                [f"{SUBKEY_SEPARATOR}{zlib.crc32((i or '').encode()) % self.subkeys:02d}" for i in ids], pa.string()
+            )
+            return pc.binary_join_element_wise(routes, suffixes, "")
+
+        return _rerouted(work, _since(stateful, buckets, self.first_split_bucket), split)
 
     def _placed(self, work: _Rows, buckets: pa.Array, stateful: pa.Array) -> _Rows:
         """Stateful rows' base keys placed on the stateful stage's partitions (:mod:`retry_engine.core._placement`)."""
         if not placing(self.partitions):
             return work
-        placed = _since(stateful, buckets, self.first_placed_bucket)
-        rows = pc.indices_nonzero(placed)
-        if len(rows) == 0:
-            return work
-        routes = _flat(work.column("route"))
-        placed_routes = place(routes.take(rows), buckets.take(rows), self.partitions)
-        return _with_routes(work, pc.replace_with_mask(routes, placed, placed_routes))
+        return _rerouted(
+            work,
+            _since(stateful, buckets, self.first_placed_bucket),
+            lambda rows, routes: place(routes, buckets.take(rows), self.partitions),
+        )
+
+
+def _rerouted(work: _Rows, mask: pa.Array, new_routes: Callable[[pa.Array, pa.Array], pa.Array]) -> _Rows:
+    """``work`` with the routes of the rows in ``mask`` replaced by ``new_routes(rows, their routes)``."""
+    rows = pc.indices_nonzero(mask)
+    if len(rows) == 0:
+        return work
+    routes = _flat(work.column("route"))
+    return _with_routes(work, pc.replace_with_mask(routes, mask, new_routes(rows, routes.take(rows))))
 
 
 def _since(stateful: pa.Array, buckets: pa.Array, first_bucket: int | None) -> pa.Array:
