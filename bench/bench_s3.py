@@ -1,6 +1,6 @@
-"""S3 requests per micro-batch, log checkpoints every 100 commits against every 10, side by side (#14 part 4).
+"""S3 requests per micro-batch: log checkpoints every 100 commits or every 10, tables reopened or kept open (#14 part 4).
 
-    python bench/bench_s3.py [--batches 120] [--rows 500]
+    python bench/bench_s3.py [--batches 120] [--rows 500] [--variants 100,10-reopen,10]
 
 Every open of a Delta table reads its last checkpoint and then every commit
 after it, one GET each; the engine opens each table it commits to every batch.
@@ -8,18 +8,20 @@ delta-rs checkpoints every 100 commits unless the table says otherwise (the
 engine's tables of earlier releases); this release makes its own tables with
 ``delta.checkpointInterval = 10`` (Delta Spark's default).
 
-One run, two variants, each on a new bucket of moto's S3 server behind a
+One run, up to three variants, each on a new bucket of moto's S3 server behind a
 counting proxy (``bench/_s3_proxy.py``): every table of the lake is created
 first with the variant's properties (the engine keeps what a table has): 100
 with the writers cleaning the log (delta-rs's defaults, an earlier release's
-tables) or this release's ``storage.TABLE_PROPERTIES`` (10, maintenance cleans),
+tables) or this release's ``storage.TABLE_PROPERTIES`` (10, maintenance cleans);
+``10-reopen`` is 10 with every commit opening its table afresh (releases before
+tables were kept open between commits, ``retry_engine.delta._handles``),
 ``--batches`` files of ``--rows`` consume results (10 % failures, a retry
 ladder of 1 s levels) are written, and the engine reads one file per trigger
 (in-engine maintenance off: it would not run within the bench anyway). After
 each batch with input the proxy's counts are read, so requests are per batch.
 Printed per variant: requests per batch (mean after the first batch, mean of
 the last half, max), GETs of ``_delta_log`` objects per batch by table, the
-median batch time; and the ratios 10 / 100. Local latency only: on real S3
+median batch time; and the ratios of each variant to the first. Local latency only: on real S3
 each request costs a round trip of milliseconds, so batch time there follows
 the request count more than here.
 
@@ -56,7 +58,7 @@ from _data import consume_results  # noqa: E402
 from retry_engine.config import parse_config  # noqa: E402
 from retry_engine.core import engine  # noqa: E402
 from retry_engine.core.lease import state_path  # noqa: E402
-from retry_engine.delta import storage  # noqa: E402
+from retry_engine.delta import _handles, storage  # noqa: E402
 from retry_engine.delta.session import build_session  # noqa: E402
 from retry_engine.schemas import ALL_TABLES, ENGINE_STATE  # noqa: E402
 from tests.s3 import S3Server, free_port, moto_server  # noqa: E402
@@ -68,6 +70,7 @@ TIMEOUT_S = 1800.0
 
 @dataclass
 class Variant:
+    name: str
     interval: int
     # Per batch with input, after the first: requests by kind during that batch.
     batches: list[collections.Counter[str]]
@@ -95,8 +98,11 @@ def _wait_for_proxy(port: int) -> None:
 
 
 def run_variant(
-    spark: SparkSession, server: S3Server, proxy_port: int, interval: int, batches: int, rows: int
+    spark: SparkSession, server: S3Server, proxy_port: int, name: str, batches: int, rows: int
 ) -> Variant:
+    interval = int(name.split("-")[0])
+    _handles.KEEP_OPEN = not name.endswith("-reopen")
+    _handles.forget()
     bucket = server.new_bucket()
     options = server.storage_options()
     options["aws_endpoint_url"] = f"http://127.0.0.1:{proxy_port}"
@@ -156,24 +162,24 @@ def run_variant(
                 for p in fresh:
                     seen.append(p)
                     snapshots.append(counts)
-                    print(f"  interval {interval}: batch {p['batchId']}: {sum(counts.values())} requests so far", flush=True)
+                    print(f"  {name}: batch {p['batchId']}: {sum(counts.values())} requests so far", flush=True)
             time.sleep(0.05)
     finally:
         engine.stop(query)
     per_batch = [snapshots[i] - snapshots[i - 1] for i in range(1, len(snapshots))]
     durations = [int(p["durationMs"]["triggerExecution"]) for p in seen[1:]]  # type: ignore[index]
-    return Variant(interval, per_batch, durations)
+    return Variant(name, interval, per_batch, durations)
 
 
 def report(variants: list[Variant]) -> None:
     print()
-    print("| checkpoint every | requests / batch (mean) | last half | max | median batch ms |")
+    print("| variant | requests / batch (mean) | last half | max | median batch ms |")
     print("|---|---|---|---|---|")
     for v in variants:
         totals = v.totals()
         half = totals[len(totals) // 2 :]
         print(
-            f"| {v.interval} commits | {statistics.mean(totals):.0f} | {statistics.mean(half):.0f} | "
+            f"| {v.name} | {statistics.mean(totals):.0f} | {statistics.mean(half):.0f} | "
             f"{max(totals)} | {statistics.median(v.durations_ms):.0f} |"
         )
     print()
@@ -184,15 +190,17 @@ def report(variants: list[Variant]) -> None:
             statistics.mean(sum(n for k, n in b.items() if k == f"GET {table} log") for b in v.batches)
             for v in variants
         ]
-        print(f"  {table:16s} " + "  ".join(f"{v.interval:>3d}: {m:6.1f}" for v, m in zip(variants, means, strict=True)))
-    base, new = variants
+        print(f"  {table:16s} " + "  ".join(f"{v.name}: {m:6.1f}" for v, m in zip(variants, means, strict=True)))
     print()
     for label, pick in (
         ("requests per batch, mean", lambda v: statistics.mean(v.totals())),
         ("requests per batch, last half", lambda v: statistics.mean(v.totals()[len(v.totals()) // 2 :])),
         ("median batch time", lambda v: statistics.median(v.durations_ms)),
     ):
-        print(f"ratio {label}, every 10 / every 100: {pick(new) / pick(base):.2f}")
+        for i, (base, new) in enumerate(zip(variants, variants[1:], strict=False)):
+            print(f"ratio {label}, {new.name} / {base.name}: {pick(new) / pick(base):.2f}")
+            if i:
+                print(f"ratio {label}, {new.name} / {variants[0].name}: {pick(new) / pick(variants[0]):.2f}")
 
 
 def _median_ms(action: Callable[[], float | None], repeat: int = 5) -> float:
@@ -263,6 +271,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=120, help="batches with input per variant")
     parser.add_argument("--rows", type=int, default=500, help="consume results per batch")
     parser.add_argument("--part", choices=("s3", "local"), default="s3")
+    parser.add_argument("--variants", default="100,10-reopen,10",
+                        help="comma-separated: checkpoint interval, '-reopen' for tables opened afresh every commit")
     args = parser.parse_args()
     if args.part == "local":
         local_costs()
@@ -278,7 +288,8 @@ def main() -> None:
             spark = build_session(app_name="bench-s3", log_level="ERROR")
             try:
                 variants = [
-                    run_variant(spark, server, proxy_port, interval, args.batches, args.rows) for interval in (100, 10)
+                    run_variant(spark, server, proxy_port, name, args.batches, args.rows)
+                    for name in args.variants.split(",")
                 ]
             finally:
                 spark.stop()

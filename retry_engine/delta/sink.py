@@ -32,6 +32,7 @@ from pyspark.sql.types import StructType
 from retry_engine.delta import storage
 from retry_engine.delta._checkpoint import read_query_id
 from retry_engine.delta._files import PartitionedWriter, WrittenFile, delete_quietly
+from retry_engine.delta._handles import keep, open_latest
 from retry_engine.delta._log import TableLocation, add_actions, data_file_path, join_path
 from retry_engine.delta._options import FORMAT_NAME, lower_keys, require_path
 from retry_engine.delta._worker_heap import settle
@@ -123,7 +124,9 @@ def commit_files(
     an overwrite always commits (it empties the table).
     """
     files = _written(messages)
-    table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
+    # Kept open from this process's last commit to the table when it is still the same table.
+    handle = open_latest(location)
+    table = handle.table
     if app_id is not None and txn_version is not None:
         done = table.transaction_version(app_id)
         if done is not None and done >= txn_version:
@@ -131,10 +134,12 @@ def commit_files(
                 "%s: transaction %s/%d already committed (table has %d); skipped, %d new file(s) dropped",
                 location.uri, app_id, txn_version, done, len(files),
             )
+            keep(handle)
             abort_files(location, messages)
             return False
     if not files and mode == "append":
         log.debug("%s: nothing to commit for %s/%s", location.uri, app_id, txn_version)
+        keep(handle)
         return False
     # delta-rs URL-encodes an action's path when it writes the log, so it takes the
     # physical path: passing the log form would encode the % of Hive folder names twice.
@@ -168,6 +173,7 @@ def commit_files(
             f"(another writer with the same id, or a conflicting change): {exc}",
             code="DELTA_COMMIT_FAILED",
         ) from exc
+    keep(handle)
     log.info(
         "%s: committed %d file(s), %d row(s) (%s, txn %s/%s)",
         location.uri, len(files), sum(f.num_records for f in files), mode, app_id, txn_version,

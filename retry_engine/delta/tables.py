@@ -11,6 +11,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
+from retry_engine.delta._handles import Handle, keep, open_latest
 from retry_engine.delta._schema import (
     SchemaDrift,
     check_partition_columns,
@@ -21,6 +22,7 @@ from retry_engine.delta.storage import (
     TABLE_PROPERTIES,
     add_columns,
     create_delta,
+    location,
     open_delta,
     set_properties,
 )
@@ -309,8 +311,9 @@ def append_arrow(
     for attempt in range(1, MAX_APPEND_ATTEMPTS + 1):
         checked = _checked_handle(path, table.schema, partition_by)
         try:
-            return _write_once(
-                path, checked, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by, strict=False
+            written = _write_once(
+                path, checked.table, table, app_id=app_id, txn_version=txn_version, partition_by=partition_by,
+                strict=False,
             )
         except CommitFailedError as exc:
             # Nothing was committed. delta-rs rebases appends over other appends itself, so this is
@@ -324,6 +327,9 @@ def append_arrow(
                 attempt,
                 exc,
             )
+            continue
+        keep(checked)
+        return written
     raise ConcurrentWriteError(
         f"{path}: append of {'rows' if app_id is None else f'transaction {app_id}/{txn_version}'} conflicted "
         f"{MAX_APPEND_ATTEMPTS} times in a row with other writers"
@@ -405,12 +411,17 @@ def _write_once(
     return True
 
 
-def _checked_handle(path: str, schema: pa.Schema, partition_by: Sequence[str]) -> DeltaTable:
-    """A handle on the latest snapshot, the table created first if missing (concurrent creators are fine)."""
-    existing = open_table(path)
-    if existing is None:
-        return ensure_table(path, schema, partition_by=partition_by)
-    return _checked(path, existing, schema, partition_by)
+def _checked_handle(path: str, schema: pa.Schema, partition_by: Sequence[str]) -> Handle:
+    """A handle on the latest snapshot (kept from this process's last append when still the same
+    table), the table created first if missing (concurrent creators are fine)."""
+    where = location(path)
+    try:
+        handle = open_latest(where)
+    except TableNotFoundError:
+        created = ensure_table(path, schema, partition_by=partition_by)
+        return Handle(where, created, created.version())
+    _checked(path, handle.table, schema, partition_by)
+    return handle
 
 
 def _checked(path: str, table: DeltaTable, schema: pa.Schema, partition_by: Sequence[str]) -> DeltaTable:
