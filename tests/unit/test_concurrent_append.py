@@ -170,6 +170,7 @@ def test_an_append_that_meets_an_operators_table_property_change_checks_again_an
     plain or with an app id, reads the table again and commits once; before, it raised
     CommitFailedError ("Metadata changed since last commit")."""
     from retry_engine.delta import tables
+    from retry_engine.delta._handles import Handle
 
     checked_handle = tables._checked_handle
     for n, (app_id, txn) in enumerate([(None, None), ("job", 1)]):
@@ -177,10 +178,10 @@ def test_an_append_that_meets_an_operators_table_property_change_checks_again_an
         append_arrow(path, _rows(0, "setup"))
         raced: list[int] = []
 
-        def stale_handle(path: str, schema: pa.Schema, partition_by: object, raced: list[int] = raced) -> DeltaTable:
+        def stale_handle(path: str, schema: pa.Schema, partition_by: object, raced: list[int] = raced) -> Handle:
             handle = checked_handle(path, schema, partition_by)  # type: ignore[arg-type]
             if not raced:  # the operator commits right after we read
-                raced.append(handle.version())
+                raced.append(handle.table.version())
                 DeltaTable(path).alter.set_table_properties({"delta.logRetentionDuration": "interval 7 days"})
             return handle
 
