@@ -22,6 +22,7 @@ use them; nothing is shared between processes.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -54,8 +55,15 @@ _lock = threading.Lock()
 _kept: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], Handle] = OrderedDict()
 
 
+# Environment variables object stores take their settings from when no option gives them.
+_STORE_ENV_PREFIXES: Final = ("AWS_", "AZURE_", "GOOGLE_")
+
+
 def _key(location: TableLocation) -> tuple[str, tuple[tuple[str, str], ...]]:
-    return location.table_uri, tuple(sorted((location.storage_options or {}).items()))
+    """A kept handle's store was built from its options and the environment's store settings: with
+    other settings (another endpoint, other credentials) it is another store, so another key."""
+    env = ((k, v) for k, v in os.environ.items() if k.startswith(_STORE_ENV_PREFIXES))
+    return location.table_uri, tuple(sorted((location.storage_options or {}).items())) + tuple(sorted(env))
 
 
 def _commit_bytes(location: TableLocation, version: int) -> bytes:

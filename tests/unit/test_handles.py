@@ -111,6 +111,21 @@ def test_a_kept_version_rewritten_or_cleaned_away_opens_the_table_afresh(
     assert DeltaTable(path).version() == 5
 
 
+def test_a_handle_kept_under_other_store_settings_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept handle's object store was built from the environment's settings then (an endpoint,
+    credentials): once they change, the table is opened with the new ones instead (a handle bound to
+    an old endpoint would retry a dead one for minutes)."""
+    path = str(tmp_path / "t")
+    append_arrow(path, pa.table({"w": ["a"]}))
+    first = open_latest(storage.location(path))
+    keep(first)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    other = open_latest(storage.location(path))
+    assert other.table is not first.table
+    keep(other)
+    assert open_latest(storage.location(path)).table is other.table
+
+
 def test_a_handle_is_never_shared_between_threads(tmp_path: Path) -> None:
     """Writers on several threads append to one table through the cache: every row lands once."""
     path = str(tmp_path / "t")
