@@ -35,7 +35,14 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
-from retry_engine.delta.storage import TABLE_PROPERTIES, create_delta, open_delta, write_delta
+from retry_engine.delta._handles import Handle, keep, open_latest
+from retry_engine.delta.storage import (
+    TABLE_PROPERTIES,
+    create_delta,
+    location,
+    open_delta,
+    write_delta,
+)
 from retry_engine.delta.tables import add_missing_properties, writers_clean_log
 from retry_engine.errors import LakeOwnedError, LeaseLostError
 from retry_engine.schemas import ENGINE_STATE
@@ -155,8 +162,12 @@ def _load(path: str) -> tuple[DeltaTable | None, EngineState | None]:
         table = open_delta(path)
     except TableNotFoundError:
         return None, None
+    return table, _row(table)
+
+
+def _row(table: DeltaTable) -> EngineState | None:
     rows = table.to_pyarrow_table().to_pylist()
-    return table, EngineState.from_row(rows[0]) if rows else None
+    return EngineState.from_row(rows[0]) if rows else None
 
 
 def read_state(lake: str) -> EngineState | None:
@@ -221,7 +232,7 @@ class LakeLease:
         """
         with self._lock:
             for _ in range(_CAS_ATTEMPTS):
-                table, before = self._open()
+                handle, before = self._open()
                 now = self.clock()
                 holder = before.owner if before is not None else None
                 if (
@@ -231,6 +242,7 @@ class LakeLease:
                     and not take_over
                     and not _abandoned(self.path, before)
                 ):
+                    keep(handle)
                     raise LakeOwnedError(
                         f"the lake {self.lake} is owned by another engine ({holder.describe()}, "
                         f"epoch {before.epoch}, last heartbeat {_iso(before.heartbeat)}); this engine "
@@ -241,7 +253,7 @@ class LakeLease:
                     )
                 epoch = (before.epoch if before is not None else 0) + 1
                 after = EngineState(epoch, self.owner, now, False, before.last_batch if before else None)
-                if self._swap(table, after, epoch):
+                if self._swap(handle, after, epoch):
                     self.epoch = epoch
                     if before is not None and before.owner is not None and before.owner.query_id != self.owner.query_id:
                         log.warning(
@@ -279,7 +291,9 @@ class LakeLease:
     def check(self) -> EngineState:
         """The current state, or :class:`LeaseLostError` if this engine no longer owns the lake."""
         with self._lock:
-            return self._owned(self._open()[1], what="commit")
+            handle, state = self._open()
+            keep(handle)
+            return self._owned(state, what="commit")
 
     def release(self) -> None:
         """Give the lease up (graceful stop): the next engine starts without ``--take-over``."""
@@ -291,14 +305,19 @@ class LakeLease:
 
     # ------------------------------------------------------------------ internals
 
-    def _open(self) -> tuple[DeltaTable | None, EngineState | None]:
-        table, state = _load(self.path)
-        if table is None:
-            table = create_delta(
-                self.path, ENGINE_STATE.arrow_schema, mode="ignore", configuration=dict(TABLE_PROPERTIES)
-            )
-            table, state = _load(self.path)
-        return table, state
+    def _open(self) -> tuple[Handle, EngineState | None]:
+        """The table at its latest version and its row. The handle is the one this process's last
+        change or read of the table left when the table is still the same (kept between batches:
+        on object storage a fresh open reads the last checkpoint and every commit since, each
+        micro-batch), else a fresh one; whoever takes it gives it back with ``keep`` once it is
+        known good, never after a failed commit."""
+        where = location(self.path)
+        try:
+            handle = open_latest(where)
+        except TableNotFoundError:
+            create_delta(self.path, ENGINE_STATE.arrow_schema, mode="ignore", configuration=dict(TABLE_PROPERTIES))
+            handle = open_latest(where)
+        return handle, _row(handle.table)
 
     def _owned(self, state: EngineState | None, *, what: str) -> EngineState:
         if self.epoch is None:
@@ -319,20 +338,22 @@ class LakeLease:
         """Compare-and-swap the row through ``change``; False if ``change`` wanted no write."""
         with self._lock:
             for _ in range(_CAS_ATTEMPTS):
-                table, state = self._open()
+                handle, state = self._open()
                 current = self._owned(state, what=what)
                 wanted = change(current)
                 if wanted is None:
+                    keep(handle)
                     return False
-                if self._swap(table, wanted, current.epoch):
+                if self._swap(handle, wanted, current.epoch):
                     return True
             raise LeaseLostError(f"{what}: the lease of {self.lake} kept changing under this engine", code="LEASE_LOST")
 
-    def _swap(self, table: DeltaTable | None, state: EngineState, epoch: int) -> bool:
-        """Overwrite the row from ``table``'s snapshot; False if another commit got there first."""
+    def _swap(self, handle: Handle, state: EngineState, epoch: int) -> bool:
+        """Overwrite the row from ``handle``'s snapshot; False if another commit got there first."""
+        table = handle.table
         try:
             write_delta(
-                table if table is not None else self.path,
+                table,
                 state.to_arrow(),
                 mode="overwrite",
                 commit_properties=CommitProperties(app_transactions=[Transaction(LEASE_APP_ID, epoch)]),
@@ -340,8 +361,10 @@ class LakeLease:
         except CommitFailedError as exc:
             log.info("lake %s: engine-state commit conflicted (%s); re-reading", self.lake, exc)
             return False
-        # The overwrite conflicts with any commit since the snapshot, so it landed right after it.
-        if table is not None and (table.version() + 1) % MAINTAIN_EVERY == 0:
+        keep(handle)
+        # The write moved ``table`` to its commit (the overwrite conflicts with any commit since the
+        # snapshot, so it landed right after it).
+        if (table.version() + 1) % MAINTAIN_EVERY == 0:
             self._maintain()
         return True
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -108,6 +109,62 @@ def test_take_over_bumps_epoch_and_fences_the_old_owner(tmp_path: Path) -> None:
             first.check()
         state = read_state(str(tmp_path))
         assert state is not None and state.epoch == 2 and state.last_batch == batch("query-A", 0)
+
+
+def _take_over_from_another_process(lake: Path, query_id: str) -> None:
+    """A take-over by an engine in another process: it has no handle this process keeps."""
+    code = (
+        "import datetime as dt, sys; from retry_engine.core.lease import LakeLease, Owner; "
+        "LakeLease(sys.argv[1], Owner('other-host', 1, sys.argv[2], '/b', dt.datetime.now(dt.UTC)))"
+        ".acquire(take_over=True)"
+    )
+    subprocess.run([sys.executable, "-c", code, str(lake), query_id], check=True, cwd=Path(__file__).parents[2])
+
+
+def _kept_lease_table(lake: Path) -> Any:
+    from retry_engine.delta import _handles, storage
+    from retry_engine.delta._handles import _key
+
+    kept = _handles._kept.get(_key(storage.location(str(lake / "_engine_state"))))
+    return None if kept is None else kept.table
+
+
+def test_the_lease_keeps_its_table_open_between_batches_and_sees_another_processs_take_over(tmp_path: Path) -> None:
+    """#14 part 4: each batch record and heartbeat reads the row through the handle the last one left (on S3 a
+    fresh open re-reads the checkpoint and every commit since), and a take-over by an engine in another process
+    (whose commit the kept handle did not make) still fences this one."""
+    first = lease(tmp_path, "query-A", Clock())
+    with owning(first):
+        first.record_batch(batch("query-A", 0))
+        table = _kept_lease_table(tmp_path)
+        assert table is not None
+        first.heartbeat()
+        first.record_batch(batch("query-A", 1))
+        assert _kept_lease_table(tmp_path) is table
+        _take_over_from_another_process(tmp_path, "query-B")
+        with pytest.raises(LeaseLostError, match="LEASE_LOST.*query id query-B.*epoch 2"):
+            first.record_batch(batch("query-A", 2))
+    state = read_state(str(tmp_path))
+    assert state is not None and state.epoch == 2 and state.last_batch == batch("query-A", 1)
+
+
+@pytest.mark.parametrize("records", [0, 3])
+def test_a_lease_table_re_created_under_its_kept_handle_is_read_afresh(tmp_path: Path, records: int) -> None:
+    """An operator drops ``_engine_state`` and another engine starts on the lake; the new table's log is shorter
+    (its version 2 is not there) or as long (another version 2): the kept handle is not used, the new owner is
+    seen and this engine's record is refused."""
+    first = lease(tmp_path, "query-A", Clock())
+    with owning(first):
+        first.record_batch(batch("query-A", 0))  # the kept handle is at version 2: creation, acquire, record
+        shutil.rmtree(tmp_path / "_engine_state")
+        _take_over_from_another_process(tmp_path, "query-B")
+        for _ in range(records):
+            _take_over_from_another_process(tmp_path, "query-B")
+        with pytest.raises(LeaseLostError, match="LEASE_LOST.*query id query-B"):
+            first.record_batch(batch("query-A", 1))
+    state = read_state(str(tmp_path))
+    assert state is not None and state.owner is not None and state.owner.query_id == "query-B"
+    assert state.last_batch is None
 
 
 def test_take_over_between_check_and_commit_is_refused(tmp_path: Path) -> None:

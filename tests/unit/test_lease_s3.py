@@ -3,45 +3,27 @@
 from __future__ import annotations
 
 import datetime as dt
-import socket
 from collections.abc import Iterator
 
 import pytest
 
 from retry_engine.core.lease import BatchRecord, LakeLease, Owner, read_state
 from retry_engine.errors import LakeOwnedError, LeaseLostError
+from tests.s3 import REGION, S3Server
 
-moto_server = pytest.importorskip("moto.server")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+pytest.importorskip("moto.server")
 
 
 @pytest.fixture
-def s3_lake(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """``s3://lake/engine`` on a local S3 server; delta-rs finds it through the AWS_* environment."""
-    import boto3
-
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    try:
-        env = {
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-            "AWS_ALLOW_HTTP": "true",
-            "AWS_REGION": "us-east-1",
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-        }
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
-        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(Bucket="lake")
-        yield "s3://lake/engine"
-    finally:
-        server.stop()
+def s3_lake(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``s3://<bucket>/engine`` on the run's S3 server (its own process); delta-rs finds it through
+    the AWS_* environment, as an engine configured by its environment does."""
+    bucket = s3_server.new_bucket()
+    options = s3_server.storage_options()
+    for key in ("aws_endpoint_url", "aws_allow_http", "aws_access_key_id", "aws_secret_access_key"):
+        monkeypatch.setenv(key.upper(), options[key])
+    monkeypatch.setenv("AWS_REGION", REGION)
+    yield f"s3://{bucket}/engine"
 
 
 def test_lease_refuses_takes_over_and_fences_on_s3(s3_lake: str) -> None:
