@@ -21,7 +21,7 @@ help:
 	@echo "make lint   - ruff and mypy"
 	@echo "make bench  - the engine's benchmark table (ratios measured side by side; BENCH_ARGS=--quick for a smoke run)"
 	@echo "make bench-startup - where start-up time goes, cold and after a restart (STARTUP_ARGS='--rounds 3')"
-	@echo "make bench-s3      - S3 requests per micro-batch on moto, log checkpoints every 100 vs 10 commits (S3_ARGS)"
+	@echo "make bench-s3      - S3 requests and batch time per micro-batch on moto: checkpoint interval, kept tables, parallel commits (S3_ARGS)"
 	@echo "make dist   - dist/retry_engine.zip, the --py-files zip for spark-submit"
 	@echo "make submit MASTER=spark://host:7077 - spark-submit the engine to a cluster"
 	@echo "make cluster-test - start a standalone master+worker on 127.0.0.1, submit the engine, check, stop"

@@ -1,7 +1,10 @@
-"""A counting HTTP proxy in front of an S3 server: ``python bench/_s3_proxy.py LISTEN_PORT TARGET_PORT``.
+"""A counting HTTP proxy in front of an S3 server: ``python bench/_s3_proxy.py LISTEN_PORT TARGET_PORT [LATENCY_MS]``.
 
 Every request is forwarded unchanged and counted by method, table (the lake
-folder its key names) and kind (log, data, LIST). ``GET /__counts`` answers the
+folder its key names) and kind (log, data, LIST). With ``LATENCY_MS`` each
+request waits that long before it is forwarded (requests in flight wait side by
+side), as a round trip to a remote object store would: moto on 127.0.0.1 answers
+in about a millisecond, S3 in tens of them. ``GET /__counts`` answers the
 counts so far as JSON; nothing else of the proxy's own is exposed. Its own
 process, so the engine's driver (whose delta-rs calls may hold the GIL while
 they wait) never waits on it.
@@ -16,6 +19,7 @@ import json
 import socketserver
 import sys
 import threading
+import time
 import urllib.parse
 
 COUNTS: collections.Counter[str] = collections.Counter()
@@ -35,7 +39,7 @@ def kind(method: str, path: str) -> str:
     return f"{method} {table} {where}{' LIST' if 'list-type' in key else ''}"
 
 
-def handler(target_port: int) -> type[http.server.BaseHTTPRequestHandler]:
+def handler(target_port: int, latency_s: float = 0.0) -> type[http.server.BaseHTTPRequestHandler]:
     class Forward(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -55,6 +59,8 @@ def handler(target_port: int) -> type[http.server.BaseHTTPRequestHandler]:
             payload = self.rfile.read(n) if n else None
             with LOCK:
                 COUNTS[kind(self.command, self.path)] += 1
+            if latency_s:
+                time.sleep(latency_s)
             upstream = http.client.HTTPConnection("127.0.0.1", target_port, timeout=120)
             headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
             upstream.request(self.command, self.path, body=payload, headers=headers)
@@ -87,4 +93,5 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
 if __name__ == "__main__":
     listen, target = int(sys.argv[1]), int(sys.argv[2])
-    _Server(("127.0.0.1", listen), handler(target)).serve_forever()
+    latency_ms = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+    _Server(("127.0.0.1", listen), handler(target, latency_ms / 1000)).serve_forever()

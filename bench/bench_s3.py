@@ -1,6 +1,6 @@
 """S3 requests per micro-batch: log checkpoints every 100 commits or every 10, tables reopened or kept open (#14 part 4).
 
-    python bench/bench_s3.py [--batches 120] [--rows 500] [--variants 100,10-reopen,10]
+    python bench/bench_s3.py [--batches 120] [--rows 500] [--variants 100,10-reopen,10] [--latency-ms 0]
 
 Every open of a Delta table reads its last checkpoint and then every commit
 after it, one GET each; the engine opens each table it commits to every batch.
@@ -15,15 +15,18 @@ with the writers cleaning the log (delta-rs's defaults, an earlier release's
 tables) or this release's ``storage.TABLE_PROPERTIES`` (10, maintenance cleans);
 ``10-reopen`` is 10 with every commit opening its table afresh (releases before
 tables were kept open between commits, ``retry_engine.delta._handles``),
+``10-serial`` commits a batch's tables one after another (releases before they
+were committed side by side, ``retry_engine.core.outputs.PARALLEL_COMMITS``),
 ``--batches`` files of ``--rows`` consume results (10 % failures, a retry
 ladder of 1 s levels) are written, and the engine reads one file per trigger
 (in-engine maintenance off: it would not run within the bench anyway). After
 each batch with input the proxy's counts are read, so requests are per batch.
 Printed per variant: requests per batch (mean after the first batch, mean of
 the last half, max), GETs of ``_delta_log`` objects per batch by table, the
-median batch time; and the ratios of each variant to the first. Local latency only: on real S3
-each request costs a round trip of milliseconds, so batch time there follows
-the request count more than here.
+median batch time; and the ratios of each variant to the first. With
+``--latency-ms`` the proxy holds every request that long before forwarding it,
+as a round trip to S3 would (moto itself answers in about a millisecond), so
+batch times show what the request count and the order of requests cost.
 
 ``--part local`` instead prices the interval on a local disk, where a request
 is cheap: for tables of 2,000 and 10,000 files (an engine table between two
@@ -56,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _data import consume_results  # noqa: E402
 
 from retry_engine.config import parse_config  # noqa: E402
-from retry_engine.core import engine  # noqa: E402
+from retry_engine.core import engine, outputs  # noqa: E402
 from retry_engine.core.lease import state_path  # noqa: E402
 from retry_engine.delta import _handles, storage  # noqa: E402
 from retry_engine.delta.session import build_session  # noqa: E402
@@ -100,8 +103,9 @@ def _wait_for_proxy(port: int) -> None:
 def run_variant(
     spark: SparkSession, server: S3Server, proxy_port: int, name: str, batches: int, rows: int
 ) -> Variant:
-    interval = int(name.split("-")[0])
-    _handles.KEEP_OPEN = not name.endswith("-reopen")
+    interval, *flags = name.split("-")
+    _handles.KEEP_OPEN = "reopen" not in flags
+    outputs.PARALLEL_COMMITS = "serial" not in flags
     _handles.forget()
     bucket = server.new_bucket()
     options = server.storage_options()
@@ -168,7 +172,7 @@ def run_variant(
         engine.stop(query)
     per_batch = [snapshots[i] - snapshots[i - 1] for i in range(1, len(snapshots))]
     durations = [int(p["durationMs"]["triggerExecution"]) for p in seen[1:]]  # type: ignore[index]
-    return Variant(name, interval, per_batch, durations)
+    return Variant(name, int(interval), per_batch, durations)
 
 
 def report(variants: list[Variant]) -> None:
@@ -272,7 +276,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=500, help="consume results per batch")
     parser.add_argument("--part", choices=("s3", "local"), default="s3")
     parser.add_argument("--variants", default="100,10-reopen,10",
-                        help="comma-separated: checkpoint interval, '-reopen' for tables opened afresh every commit")
+                        help="comma-separated: checkpoint interval, '-reopen' for tables opened afresh every commit, "
+                             "'-serial' for a batch's tables committed one after another")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="added to every S3 request by the proxy")
     args = parser.parse_args()
     if args.part == "local":
         local_costs()
@@ -282,7 +288,7 @@ def main() -> None:
     with moto_server() as server:
         proxy_port = free_port()
         target = server.endpoint.rsplit(":", 1)[1]
-        proxy = subprocess.Popen([sys.executable, str(PROXY), str(proxy_port), target])
+        proxy = subprocess.Popen([sys.executable, str(PROXY), str(proxy_port), target, str(args.latency_ms)])
         try:
             _wait_for_proxy(proxy_port)
             spark = build_session(app_name="bench-s3", log_level="ERROR")

@@ -8,7 +8,9 @@ driver the files' add-action fields plus the batch's partial counts and
 lateness samples. The driver then commits one Delta transaction per table,
 and the METRICS rows (:mod:`retry_engine.core.metrics`) as a fifth, each with
 Delta's idempotent-write token (``txnAppId`` = the query id, ``txnVersion``
-= the batch id).
+= the batch id). The transactions are independent of each other, so they run
+side by side, one thread each (:data:`PARALLEL_COMMITS`): on object storage a
+commit is several round trips, and one after another a batch paid their sum.
 
 Replay (B1): a table that already records the batch's transaction skips it
 (checked before the job, so its tasks write nothing, and again at commit);
@@ -29,9 +31,11 @@ offset. A recorded batch's files are never deleted.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Final, TypeVar
 
@@ -83,6 +87,9 @@ _RENAMES: Final[Mapping[str, Mapping[str, str]]] = {
     },
 }
 ROUTED_TABLES: Final = (RETRY, DLQ, QUARANTINE, OUTCOMES)
+# A batch's table commits (and its metrics append) run side by side, one thread each; False: one
+# after another, in table order (what bench/bench_s3.py compares against).
+PARALLEL_COMMITS = True
 # The WORK columns read from a row that goes to the outcomes table only (a retry's or a
 # duplicate's ledger row): the table's own, under their WORK names, and what routing and the
 # metrics (metrics.partial_counts, metrics.lateness_samples) read. The schedule stage sends such
@@ -504,19 +511,17 @@ class BatchWriter:
                 abort_files(
                     storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))]
                 )
-        else:
-            self._commit(batch_id, files, recorded=self.lease is not None)
+        metric_rows = None
         if METRICS.name not in skip:
-            rows = metrics.metric_rows(
+            metric_rows = metrics.metric_rows(
                 counts, samples, batch_id=batch_id, batch_time=dt.datetime.now(dt.UTC)
             )
-            if rows.num_rows:
-                append_arrow(
-                    self.config.table_path(METRICS.name),
-                    rows,
-                    app_id=self.app_id,
-                    txn_version=batch_id,
-                )
+        self._commit(
+            batch_id,
+            files if recorded else {},
+            recorded=self.lease is not None,
+            metric_rows=metric_rows if metric_rows is not None and metric_rows.num_rows else None,
+        )
         summary = metrics.outcome_summary(merged)
         if summary:
             log.info(
@@ -551,34 +556,72 @@ class BatchWriter:
         return True
 
     def _commit(
-        self, batch_id: int, files: dict[str, list[WrittenFile]], *, recorded: bool = False
+        self,
+        batch_id: int,
+        files: dict[str, list[WrittenFile]],
+        *,
+        recorded: bool = False,
+        metric_rows: pa.Table | None = None,
     ) -> None:
-        """One idempotent transaction per routed table.
+        """One idempotent transaction per routed table with ``files``, and the metrics append.
 
-        On error, uncommitted files are deleted, unless the batch is ``recorded``
-        in the lake: then its files stay for :func:`roll_forward`.
+        On error, the files of every table whose commit did not land are deleted
+        (none reference them), unless the batch is ``recorded`` in the lake: then
+        its files stay for :func:`roll_forward`. The first error (in table order)
+        is raised once every commit has ended.
         """
-        pending = [t for t in self._targets if t.name in files]
-        for i, target in enumerate(pending):
-            location = storage.location(target.uri)
-            try:
-                commit_files(
-                    location,
+        commits: dict[str, Callable[[], object]] = {}
+        for target in self._targets:
+            if target.name in files:
+                commits[target.name] = functools.partial(
+                    commit_files,
+                    storage.location(target.uri),
                     [FilesWritten(tuple(files[target.name]))],
                     mode="append",
                     partition_by=target.partition_by,
                     app_id=self.app_id,
                     txn_version=batch_id,
                 )
-            except BaseException:
-                if recorded:
-                    raise
-                # This table's files and every later table's are not referenced by any commit.
-                for later in pending[i:]:
-                    abort_files(
-                        storage.location(later.uri), [FilesWritten(tuple(files[later.name]))]
-                    )
-                raise
+        if metric_rows is not None:
+            commits[METRICS.name] = functools.partial(
+                append_arrow,
+                self.config.table_path(METRICS.name),
+                metric_rows,
+                app_id=self.app_id,
+                txn_version=batch_id,
+            )
+        failed = _run_all(commits)
+        if not failed:
+            return
+        if not recorded:
+            # Files no commit references; a later table's in sequence was never attempted.
+            for name in files:
+                if name in failed:
+                    uri = self.config.table_path(name)
+                    abort_files(storage.location(uri), [FilesWritten(tuple(files[name]))])
+        raise next(iter(failed.values()))
+
+
+def _run_all(commits: Mapping[str, Callable[[], object]]) -> dict[str, BaseException]:
+    """Run ``commits`` (side by side with :data:`PARALLEL_COMMITS`, else in order, stopping at the
+    first error); the error of each one that failed or, in order, never ran, in ``commits``' order."""
+    failed: dict[str, BaseException] = {}
+    if not PARALLEL_COMMITS or len(commits) < 2:
+        for name, commit in commits.items():
+            if failed:
+                failed[name] = next(iter(failed.values()))
+                continue
+            try:
+                commit()
+            except BaseException as exc:
+                failed[name] = exc
+        return failed
+    with ThreadPoolExecutor(max_workers=len(commits), thread_name_prefix="retry-engine-commit") as pool:
+        futures = {name: pool.submit(commit) for name, commit in commits.items()}
+    for name, future in futures.items():
+        if (error := future.exception()) is not None:
+            failed[name] = error
+    return failed
 
 
 __all__ = [

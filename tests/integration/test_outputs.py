@@ -86,6 +86,60 @@ def test_b1_a_table_that_got_the_batch_elsewhere_meanwhile_drops_the_files_writt
     _assert_no_orphan_files(lake)
 
 
+@pytest.mark.parametrize("parallel", [True, False])
+def test_a_batchs_tables_commit_side_by_side_and_a_failed_commit_loses_nothing(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: bool
+) -> None:
+    """On object storage a commit is several round trips, so a batch's transactions (each routed table's
+    and the metrics append) run at once: every one of them waits here until all have started, which one
+    after another would never happen. A commit that fails (the DLQ's, a storage error) fails the batch;
+    its files are deleted, the tables that committed keep the batch, and the replay fills in the DLQ
+    once. In order (``PARALLEL_COMMITS = False``) the tables after the failed one are not attempted."""
+    import threading
+
+    from retry_engine.core import outputs
+
+    lake = Lake.make(tmp_path)
+    df, rows = _batch(spark)
+    expected = {name: table.num_rows for name, table in route(rows, 0).items()}
+    assert set(expected) == {"retry", "dlq", "quarantine", "outcomes"}
+    monkeypatch.setattr(outputs, "PARALLEL_COMMITS", parallel)
+    started = threading.Barrier(len(expected) + 1, timeout=30)  # the four tables and the metrics
+    real_commit, real_append = outputs.commit_files, outputs.append_arrow
+    failing = {"dlq"}
+
+    def commit(location: Any, *args: Any, **kwargs: Any) -> Any:
+        if parallel:
+            started.wait()
+        if failing and location.uri.endswith("/dlq"):
+            raise OSError("storage unavailable")
+        return real_commit(location, *args, **kwargs)
+
+    def append(path: str, *args: Any, **kwargs: Any) -> Any:
+        if parallel:
+            started.wait()
+        return real_append(path, *args, **kwargs)
+
+    monkeypatch.setattr(outputs, "commit_files", commit)
+    monkeypatch.setattr(outputs, "append_arrow", append)
+    writer = BatchWriter(lake.config, "app-1")
+    with pytest.raises(OSError, match="storage unavailable"):
+        writer(df, 0)
+    counts = _counts(lake)
+    assert counts["dlq"] == 0
+    # Routed tables commit in table order (retry, dlq, quarantine, outcomes), then the metrics.
+    committed = {"retry", "quarantine", "outcomes", "metrics"} if parallel else {"retry"}
+    assert {t for t, n in counts.items() if n} == committed
+    _assert_no_orphan_files(lake)
+    failing.clear()
+    if parallel:
+        started = threading.Barrier(1)  # the replay commits only what is missing
+    writer(df, 0)
+    after = _counts(lake)
+    assert {t: after[t] for t in expected} == expected and after["metrics"] > 0
+    _assert_no_orphan_files(lake)
+
+
 def _decided_by_a_task(writer: BatchWriter, work: pa.Table, batch_id: int, *, min_rows: int = 1) -> pa.Table:
     """``work`` as one decide task hands it on with stateless writes: stateful rows packed, and a
     packed row of what the task wrote itself (retry_engine.core.outputs.StatelessWrites)."""
