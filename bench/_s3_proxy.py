@@ -42,6 +42,9 @@ def kind(method: str, path: str) -> str:
 def handler(target_port: int, latency_s: float = 0.0) -> type[http.server.BaseHTTPRequestHandler]:
     class Forward(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # The headers and the body go out in two writes: with Nagle's algorithm the body then waits
+        # for the client's delayed ACK (~40 ms a response), which the engine's requests would pay.
+        disable_nagle_algorithm = True
 
         def log_message(self, *args: object) -> None:
             pass

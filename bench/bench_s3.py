@@ -28,6 +28,11 @@ median batch time; and the ratios of each variant to the first. With
 as a round trip to S3 would (moto itself answers in about a millisecond), so
 batch times show what the request count and the order of requests cost.
 
+``--part uploads`` times one write task's files (``--files``, one per partition,
+as a batch's retry rows by consumer group) through the proxy at ``--latency-ms``,
+finished one after another or side by side (``retry_engine.delta._files.PARALLEL_UPLOADS``),
+interleaved, medians of ``--rounds``; no Spark.
+
 ``--part local`` instead prices the interval on a local disk, where a request
 is cheap: for tables of 2,000 and 10,000 files (an engine table between two
 hourly compactions), the time to write one checkpoint (paid every 10 or every
@@ -270,11 +275,43 @@ def local_costs(sizes: tuple[int, ...] = (2_000, 10_000)) -> None:
         print(f"| {files:,} | {write_ms:.1f} | {write_ms / 10:.1f} / {write_ms / 100:.2f} | {open5:.1f} | {open50:.1f} |")
 
 
+def upload_times(server: S3Server, proxy_port: int, *, files: int, rounds: int, latency_ms: float) -> None:
+    """One write task's ``files`` Parquet files through the proxy, finished in sequence or side by side."""
+    import pyarrow as pa
+
+    from retry_engine.delta import _files
+
+    options = server.storage_options()
+    options["aws_endpoint_url"] = f"http://127.0.0.1:{proxy_port}"
+    uri = f"s3://{server.new_bucket()}/uploads"
+    fs, root = storage.location(uri, options).filesystem()
+    rows = pa.table({"consumer_group": [f"group_{i % files}" for i in range(files * 1000)],
+                     "value": list(range(files * 1000))})
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for parallel in (False, True):
+            _files.PARALLEL_UPLOADS = parallel
+            started = time.perf_counter()
+            writer = _files.PartitionedWriter(fs, root, rows.schema, partition_by=["consumer_group"], uri=uri)
+            for batch in rows.to_batches():
+                writer.write(batch)
+            written = writer.close()
+            times[parallel].append((time.perf_counter() - started) * 1000)
+            assert len(written) == files
+    _files.PARALLEL_UPLOADS = True
+    serial, side = statistics.median(times[False]), statistics.median(times[True])
+    print(f"{files} files of a write task at {latency_ms:g} ms a request, medians of {rounds} interleaved rounds: "
+          f"one after another {serial:,.0f} ms, side by side {side:,.0f} ms; side by side / in sequence "
+          f"{side / serial:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=120, help="batches with input per variant")
     parser.add_argument("--rows", type=int, default=500, help="consume results per batch")
-    parser.add_argument("--part", choices=("s3", "local"), default="s3")
+    parser.add_argument("--part", choices=("s3", "uploads", "local"), default="s3")
+    parser.add_argument("--files", type=int, default=6, help="--part uploads: files a task writes")
+    parser.add_argument("--rounds", type=int, default=5, help="--part uploads: interleaved rounds")
     parser.add_argument("--variants", default="100,10-reopen,10",
                         help="comma-separated: checkpoint interval, '-reopen' for tables opened afresh every commit, "
                              "'-serial' for a batch's tables committed one after another")
@@ -291,6 +328,9 @@ def main() -> None:
         proxy = subprocess.Popen([sys.executable, str(PROXY), str(proxy_port), target, str(args.latency_ms)])
         try:
             _wait_for_proxy(proxy_port)
+            if args.part == "uploads":
+                upload_times(server, proxy_port, files=args.files, rounds=args.rounds, latency_ms=args.latency_ms)
+                return
             spark = build_session(app_name="bench-s3", log_level="ERROR")
             try:
                 variants = [

@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -32,6 +33,10 @@ from retry_engine.errors import DeltaSinkError, DeltaSourceError
 
 READ_BATCH_ROWS = 65_536
 ROW_GROUP_ROWS = 131_072
+# Files a task finishes at once on object storage (each upload a few round trips in a row);
+# PARALLEL_UPLOADS False finishes them one after another (what bench/bench_s3.py compares against).
+MAX_PARALLEL_UPLOADS = 16
+PARALLEL_UPLOADS = True
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 POSITION_ROW_DIGITS = 9
 
@@ -352,9 +357,17 @@ def _repeats(column: pa.Array, n: int) -> bool:
 
 @dataclass
 class _OpenFile:
+    """One file of a task's output, opened (its stream and Parquet writer) at its first row group."""
+
     relative: str
-    writer: pq.ParquetWriter
     partition_values: dict[str, str | None]
+    fs: pafs.FileSystem
+    full: str
+    schema: pa.Schema
+    writer: pq.ParquetWriter | None = None
+    # The file's stream: its position once the writer closes is the file's size (asking the store
+    # for it cost a listing and a HEAD per file on object storage).
+    stream: pa.NativeFile | None = None
     pending: list[pa.RecordBatch] = field(default_factory=list)
     pending_rows: int = 0
     rows: int = 0
@@ -362,11 +375,23 @@ class _OpenFile:
     mins: dict[str, Any] = field(default_factory=dict)
     maxs: dict[str, Any] = field(default_factory=dict)
 
+    def _open(self, first: pa.RecordBatch) -> pq.ParquetWriter:
+        parent = self.full.rsplit("/", 1)[0]
+        if parent:
+            self.fs.create_dir(parent, recursive=True)
+        self.stream = self.fs.open_output_stream(self.full)
+        self.writer = pq.ParquetWriter(
+            self.stream, self.schema, compression="snappy",
+            use_dictionary=dictionary_columns(self.schema, first),
+        )
+        return self.writer
+
     def flush(self) -> None:
         if not self.pending:
             return
+        writer = self.writer if self.writer is not None else self._open(self.pending[0])
         table = pa.Table.from_batches(self.pending)
-        self.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        writer.write_table(table, row_group_size=max(table.num_rows, 1))
         for name in table.column_names:
             column = table.column(name)
             if not _has_stats(column.type):
@@ -379,6 +404,35 @@ class _OpenFile:
             self.mins[name] = lo if name not in self.mins else min(self.mins[name], lo)
             self.maxs[name] = hi if name not in self.maxs else max(self.maxs[name], hi)
         self.pending, self.pending_rows = [], 0
+
+    def finish(self, modification_time: int) -> WrittenFile:
+        """Write what is pending and the footer, and end the file (on object storage: its upload)."""
+        self.flush()
+        assert self.writer is not None and self.stream is not None  # a file exists once it has a row
+        self.writer.close()  # writes the footer; the stream stays open
+        size = self.stream.tell()
+        self.stream.close()
+        return WrittenFile(
+            path=quote(self.relative, safe="/="),
+            size=int(size),
+            partition_values=self.partition_values,
+            modification_time=modification_time,
+            num_records=self.rows,
+            stats=self.stats(),
+        )
+
+    def discard(self) -> None:
+        """Close and delete the file, if it was opened."""
+        if self.stream is None:
+            return
+        try:
+            try:
+                if self.writer is not None:
+                    self.writer.close()
+            finally:
+                self.stream.close()
+        finally:
+            delete_quietly(self.fs, self.full)
 
     def stats(self) -> str:
         return json.dumps(
@@ -435,7 +489,7 @@ class PartitionedWriter:
         for key, values, part in self._split(batch):
             target = self.open.get(key)
             if target is None:
-                target = self.open[key] = self._open(values, part)
+                target = self.open[key] = self._open(values)
             target.pending.append(part.select(self.file_schema.names))
             target.pending_rows += part.num_rows
             target.rows += part.num_rows
@@ -460,48 +514,34 @@ class PartitionedWriter:
             values = {c: partition_value_string(groups.column(c)[g].as_py()) for c in self.partition_by}
             yield tuple(values.values()), values, batch.take(rows[g].values)
 
-    def _open(self, values: dict[str, str | None], first: pa.RecordBatch) -> _OpenFile:
+    def _open(self, values: dict[str, str | None]) -> _OpenFile:
         folder = partition_folder(values, self.partition_by)
         name = f"part-{uuid.uuid4()}.snappy.parquet"
         relative = f"{folder}/{name}" if folder else name
-        full = join_path(self.root, relative)
-        parent = full.rsplit("/", 1)[0]
-        if parent:
-            self.fs.create_dir(parent, recursive=True)
-        writer = pq.ParquetWriter(
-            full, self.file_schema, filesystem=self.fs, compression="snappy",
-            use_dictionary=dictionary_columns(self.file_schema, first),
-        )
-        return _OpenFile(relative, writer, values)
+        return _OpenFile(relative, values, self.fs, join_path(self.root, relative), self.file_schema)
 
     def close(self) -> list[WrittenFile]:
-        """Finish every file; returns what was written (empty if no rows)."""
+        """Finish every file; returns what was written (empty if no rows).
+
+        On object storage the files are finished side by side, one thread each: finishing one
+        uploads it (a multipart upload's create, part and completion, one round trip after the
+        other), and most of a task's files are opened here too (at their first row group).
+        """
         now = int(time.time() * 1000)
-        for target in self.open.values():
-            target.flush()
-            target.writer.close()
-            full = join_path(self.root, target.relative)
-            size = self.fs.get_file_info(full).size or 0
-            self.done.append(
-                WrittenFile(
-                    path=quote(target.relative, safe="/="),
-                    size=int(size),
-                    partition_values=target.partition_values,
-                    modification_time=now,
-                    num_records=target.rows,
-                    stats=target.stats(),
-                )
-            )
+        targets = list(self.open.values())
+        if PARALLEL_UPLOADS and len(targets) > 1 and not isinstance(self.fs, pafs.LocalFileSystem):
+            with ThreadPoolExecutor(max_workers=min(len(targets), MAX_PARALLEL_UPLOADS)) as pool:
+                written = list(pool.map(lambda target: target.finish(now), targets))
+        else:
+            written = [target.finish(now) for target in targets]
+        self.done.extend(written)
         self.open.clear()
         return self.done
 
     def discard(self) -> None:
         """Close and delete every open file (the task failed)."""
         for target in self.open.values():
-            try:
-                target.writer.close()
-            finally:
-                delete_quietly(self.fs, join_path(self.root, target.relative))
+            target.discard()
         self.open.clear()
 
 

@@ -6,7 +6,9 @@ Tables are real Delta tables written with delta-rs into a temp folder.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
+import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -399,11 +401,136 @@ def test_partitioned_writer_and_commit_are_idempotent(tmp_path: Path) -> None:
     assert not commit_files(location, [message], mode="append", partition_by=["grp"], app_id="q", txn_version=0)
     table = read_table(path)
     assert sorted(table.column("id").to_pylist()) == [1, 2, 3, 4]
+
     assert sorted(table.column("grp").to_pylist(), key=lambda v: (v is None, v or "")) == ["%x|y", "a/b", "a/b", None]
     assert DeltaTable(path).transaction_version("q") == 0
     # Stats are exact enough for delta-rs to skip files on them.
     filtered = DeltaTable(path).to_pyarrow_dataset().to_table(filter=pa.compute.field("ts") == pa.scalar(ts))
     assert filtered.num_rows == 4
+
+
+class _CountingFileSystem(pafs.FileSystemHandler):
+    """The local file system, counting the stat calls made through it."""
+
+    def __init__(self) -> None:
+        self.local = pafs.LocalFileSystem()
+        self.stats = 0
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    def get_type_name(self) -> str:
+        return "counting"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        self.stats += len(paths)
+        return self.local.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        self.stats += 1
+        return self.local.get_file_info(selector)
+
+    def create_dir(self, path: str, recursive: bool) -> None:
+        self.local.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path: str) -> None:
+        self.local.delete_dir(path)
+
+    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
+        self.local.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self) -> None:
+        raise NotImplementedError
+
+    def delete_file(self, path: str) -> None:
+        self.local.delete_file(path)
+
+    def move(self, src: str, dest: str) -> None:
+        self.local.move(src, dest)
+
+    def copy_file(self, src: str, dest: str) -> None:
+        self.local.copy_file(src, dest)
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        return self.local.open_input_stream(path)
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        return self.local.open_input_file(path)
+
+    def open_output_stream(self, path: str, metadata: dict[str, str] | None = None) -> pa.NativeFile:
+        return self.local.open_output_stream(path, metadata=metadata)
+
+    def open_append_stream(self, path: str, metadata: dict[str, str] | None = None) -> pa.NativeFile:
+        return self.local.open_append_stream(path, metadata=metadata)
+
+
+class _SlowUploads(_CountingFileSystem):
+    """An object store's uploads: a written file is finished when its stream closes, and each close here waits
+    until ``parties`` of them are closing at once (one after another, the first would wait forever)."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        self.closing = threading.Barrier(parties, timeout=30)
+
+    def open_output_stream(self, path: str, metadata: dict[str, str] | None = None) -> pa.NativeFile:
+        barrier = self.closing
+
+        class Upload(io.FileIO):
+            def close(self) -> None:
+                if not self.closed:
+                    barrier.wait()
+                super().close()
+
+        return pa.PythonFile(Upload(path, "w"), mode="w")
+
+
+def test_on_object_storage_a_tasks_files_are_uploaded_side_by_side(tmp_path: Path) -> None:
+    """#14 part 4: finishing a file on object storage is its upload (a few round trips in a row); a task's files
+    (one per partition, per table) are finished at once instead of one after another."""
+    path = str(tmp_path / "w")
+    schema = pa.schema([("id", pa.int64()), ("grp", pa.string())])
+    ensure_table(path, schema, partition_by=["grp"])
+    store = _SlowUploads(parties=4)
+    writer = PartitionedWriter(pafs.PyFileSystem(store), path, schema, partition_by=["grp"], uri=path)
+    writer.write(pa.record_batch([pa.array(range(4000), pa.int64()), pa.array(["a", "b", "c", "d"] * 1000)], schema=schema))
+    files = writer.close()
+    assert sorted(f.partition_values["grp"] for f in files) == ["a", "b", "c", "d"]
+    for f in files:
+        assert f.size == (Path(path) / data_file_path(f.path)).stat().st_size
+    assert commit_files(TableLocation(path), [FilesWritten(tuple(files))], mode="append", partition_by=["grp"],
+                        app_id=None, txn_version=None)
+    assert sorted(read_table(path).column("id").to_pylist()) == list(range(4000))
+
+
+def test_the_writer_takes_each_files_size_from_what_it_wrote_not_from_the_store(tmp_path: Path) -> None:
+    """#14 part 4: on object storage a stat of a written file is a listing and a HEAD; the add action's size
+    is the bytes the file's stream took, and it is the file's size (a reader finds the footer by it)."""
+    path = str(tmp_path / "w")
+    schema = pa.schema([("id", pa.int64()), ("grp", pa.string())])
+    ensure_table(path, schema, partition_by=["grp"])
+    counting = _CountingFileSystem()
+    writer = PartitionedWriter(pafs.PyFileSystem(counting), path, schema, partition_by=["grp"], uri=path)
+    writer.write(pa.record_batch([pa.array(range(3000), pa.int64()), pa.array(["a", "b", "c"] * 1000)], schema=schema))
+    files = writer.close()
+    assert counting.stats == 0
+    assert len(files) == 3
+    for f in files:
+        assert f.size == (Path(path) / data_file_path(f.path)).stat().st_size
+    assert commit_files(TableLocation(path), [FilesWritten(tuple(files))], mode="append", partition_by=["grp"],
+                        app_id=None, txn_version=None)
+    assert sorted(read_table(path).column("id").to_pylist()) == list(range(3000))
+    # A task that fails deletes what it had open.
+    failed = PartitionedWriter(pafs.PyFileSystem(counting), path, schema, partition_by=["grp"], uri=path)
+    failed.write(pa.record_batch([pa.array([1], pa.int64()), pa.array(["d"])], schema=schema))
+    failed.discard()
+    assert not list(Path(path, "grp=d").glob("*.parquet"))
+
 
 
 def test_files_written_are_found_by_delta_rs_filters_on_every_column(tmp_path: Path) -> None:
