@@ -508,6 +508,33 @@ def test_on_object_storage_a_tasks_files_are_uploaded_side_by_side(tmp_path: Pat
     assert sorted(read_table(path).column("id").to_pylist()) == list(range(4000))
 
 
+class _FailingUpload(_CountingFileSystem):
+    """An object store whose upload of one partition's file fails when it completes."""
+
+    def open_output_stream(self, path: str, metadata: dict[str, str] | None = None) -> pa.NativeFile:
+        class Upload(io.FileIO):
+            def close(self) -> None:
+                if not self.closed and "grp=c" in path:
+                    super().close()
+                    raise OSError("upload failed")
+                super().close()
+
+        return pa.PythonFile(Upload(path, "w"), mode="w")
+
+
+def test_a_failed_upload_fails_the_task_and_its_files_are_deleted(tmp_path: Path) -> None:
+    """The files finished side by side with the failed one are not left behind: the task's discard deletes them."""
+    path = str(tmp_path / "w")
+    schema = pa.schema([("id", pa.int64()), ("grp", pa.string())])
+    writer = PartitionedWriter(pafs.PyFileSystem(_FailingUpload()), path, schema, partition_by=["grp"], uri=path)
+    writer.write(pa.record_batch([pa.array(range(400), pa.int64()), pa.array(["a", "b", "c", "d"] * 100)], schema=schema))
+    with pytest.raises(OSError, match="upload failed"):
+        writer.close()
+    assert len(list(Path(path).rglob("*.parquet"))) == 4
+    writer.discard()
+    assert not list(Path(path).rglob("*.parquet"))
+
+
 def test_the_writer_takes_each_files_size_from_what_it_wrote_not_from_the_store(tmp_path: Path) -> None:
     """#14 part 4: on object storage a stat of a written file is a listing and a HEAD; the add action's size
     is the bytes the file's stream took, and it is the file's size (a reader finds the footer by it)."""
