@@ -1,4 +1,4 @@
-"""S3 requests per micro-batch: log checkpoints every 100 commits or every 10, tables reopened or kept open (#14 part 4).
+"""S3 requests and batch time per micro-batch: log checkpoints every 100 commits or every 10, tables reopened or kept open, commits in sequence or side by side (#14 part 4).
 
     python bench/bench_s3.py [--batches 120] [--rows 500] [--variants 100,10-reopen,10] [--latency-ms 0]
 
