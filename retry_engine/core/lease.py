@@ -35,7 +35,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
-from retry_engine.delta._handles import Handle, keep, open_latest
+from retry_engine.delta._handles import Handle, keep, open_or_create
 from retry_engine.delta.storage import (
     TABLE_PROPERTIES,
     create_delta,
@@ -311,12 +311,12 @@ class LakeLease:
         on object storage a fresh open reads the last checkpoint and every commit since, each
         micro-batch), else a fresh one; whoever takes it gives it back with ``keep`` once it is
         known good, never after a failed commit."""
-        where = location(self.path)
-        try:
-            handle = open_latest(where)
-        except TableNotFoundError:
-            create_delta(self.path, ENGINE_STATE.arrow_schema, mode="ignore", configuration=dict(TABLE_PROPERTIES))
-            handle = open_latest(where)
+        handle = open_or_create(
+            location(self.path),
+            lambda: create_delta(
+                self.path, ENGINE_STATE.arrow_schema, mode="ignore", configuration=dict(TABLE_PROPERTIES)
+            ),
+        )
         return handle, _row(handle.table)
 
     def _owned(self, state: EngineState | None, *, what: str) -> EngineState:

@@ -25,12 +25,14 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from retry_engine.delta._log import TableLocation, commit_log_path, join_path
 
 if TYPE_CHECKING:
+    import pyarrow.fs as pafs
     from deltalake import DeltaTable
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,14 @@ class Handle:
     table: DeltaTable
     version: int
     commit: bytes | None = None
+    # The file system the same-table check reads through, built once per handle: on object storage
+    # building one is a new store client (~5 ms of CPU), and a kept handle is checked every commit.
+    _files: tuple[pafs.FileSystem, str] | None = field(default=None, repr=False)
+
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        if self._files is None:
+            self._files = self.location.filesystem()
+        return self._files
 
 
 _lock = threading.Lock()
@@ -66,8 +76,8 @@ def _key(location: TableLocation) -> tuple[str, tuple[tuple[str, str], ...]]:
     return location.table_uri, tuple(sorted((location.storage_options or {}).items())) + tuple(sorted(env))
 
 
-def _commit_bytes(location: TableLocation, version: int) -> bytes:
-    fs, root = location.filesystem()
+def _commit_bytes(handle: Handle, version: int) -> bytes:
+    fs, root = handle.filesystem()
     with fs.open_input_stream(join_path(root, commit_log_path(version))) as stream:
         data: bytes = stream.read()
     return data
@@ -81,7 +91,7 @@ def open_latest(location: TableLocation) -> Handle:
         kept = _kept.pop(_key(location), None)
     if kept is not None:
         try:
-            same = kept.commit is not None and _commit_bytes(location, kept.version) == kept.commit
+            same = kept.commit is not None and _commit_bytes(kept, kept.version) == kept.commit
             if same:
                 kept.table.update_incremental()
                 kept.commit = kept.commit if kept.table.version() == kept.version else None
@@ -99,6 +109,17 @@ def open_latest(location: TableLocation) -> Handle:
     return Handle(location, table, table.version())
 
 
+def open_or_create(location: TableLocation, create: Callable[[], DeltaTable]) -> Handle:
+    """:func:`open_latest`, or the table ``create`` makes when there is none."""
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return open_latest(location)
+    except TableNotFoundError:
+        created = create()
+        return Handle(location, created, created.version())
+
+
 def keep(handle: Handle) -> None:
     """Keep ``handle`` for the next :func:`open_latest` of its table (after a successful commit or
     read; never after a failed one). A handle whose commit file cannot be read is not kept."""
@@ -107,11 +128,11 @@ def keep(handle: Handle) -> None:
     version = handle.table.version()
     commit = handle.commit if version == handle.version else None
     try:
-        commit = commit if commit is not None else _commit_bytes(handle.location, version)
+        commit = commit if commit is not None else _commit_bytes(handle, version)
     except Exception as exc:
         log.info("%s: not keeping the table open (%s)", handle.location.uri, exc)
         return
-    kept = Handle(handle.location, handle.table, version, commit)
+    kept = Handle(handle.location, handle.table, version, commit, handle._files)
     with _lock:
         _kept[_key(handle.location)] = kept
         _kept.move_to_end(_key(handle.location))
@@ -128,4 +149,4 @@ def forget(location: TableLocation | None = None) -> None:
             _kept.pop(_key(location), None)
 
 
-__all__ = ["KEEP_OPEN", "MAX_KEPT", "Handle", "forget", "keep", "open_latest"]
+__all__ = ["KEEP_OPEN", "MAX_KEPT", "Handle", "forget", "keep", "open_latest", "open_or_create"]

@@ -11,7 +11,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
-from retry_engine.delta._handles import Handle, keep, open_latest
+from retry_engine.delta._handles import Handle, keep, open_or_create
 from retry_engine.delta._schema import (
     SchemaDrift,
     check_partition_columns,
@@ -414,13 +414,8 @@ def _write_once(
 def _checked_handle(path: str, schema: pa.Schema, partition_by: Sequence[str]) -> Handle:
     """A handle on the latest snapshot (kept from this process's last append when still the same
     table), the table created first if missing (concurrent creators are fine)."""
-    where = location(path)
-    try:
-        handle = open_latest(where)
-    except TableNotFoundError:
-        created = ensure_table(path, schema, partition_by=partition_by)
-        return Handle(where, created, created.version())
-    _checked(path, handle.table, schema, partition_by)
+    handle = open_or_create(location(path), lambda: ensure_table(path, schema, partition_by=partition_by))
+    _checked(path, handle.table, schema, partition_by)  # the snapshot's metadata: no I/O
     return handle
 
 

@@ -126,10 +126,40 @@ def test_a_handle_kept_under_other_store_settings_is_not_used(tmp_path: Path, mo
     assert open_latest(storage.location(path)).table is other.table
 
 
+def test_a_kept_handle_builds_its_file_system_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same-table check reads a commit file every commit; on object storage a file system is a new store
+    client (~5 ms of CPU each), so a kept handle builds one and reuses it for every later check."""
+    from retry_engine.delta._log import TableLocation
+
+    path = str(tmp_path / "t")
+    append_arrow(path, pa.table({"w": ["a"]}))
+    built: list[str] = []
+    real = TableLocation.filesystem
+
+    def counted(self: TableLocation) -> tuple[object, str]:
+        built.append(self.uri)
+        return real(self)
+
+    monkeypatch.setattr(TableLocation, "filesystem", counted)
+    _handles.forget()  # the next append opens the table afresh and keeps that handle
+    for i in range(5):
+        assert append_arrow(path, pa.table({"w": [f"b{i}"]}), app_id="engine", txn_version=i)
+    assert len(built) == 1
+    assert len(_rows(path)) == 6
+
+
 def test_a_handle_is_never_shared_between_threads(tmp_path: Path) -> None:
-    """Writers on several threads append to one table through the cache: every row lands once."""
+    """A kept handle is taken out of the cache while one caller uses it: a second caller meanwhile gets a table
+    of its own, and the handle is there again only once given back. Writers on several threads then append
+    through the cache at once: every row lands once."""
     path = str(tmp_path / "t")
     append_arrow(path, pa.table({"w": ["setup"]}))
+    first = open_latest(storage.location(path))  # the handle the append kept
+    second = open_latest(storage.location(path))
+    assert second.table is not first.table
+    keep(first)
+    assert open_latest(storage.location(path)).table is first.table
+    keep(first)
     errors: list[BaseException] = []
 
     def write(t: int) -> None:
