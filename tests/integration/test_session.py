@@ -170,6 +170,7 @@ spark.range(3).count()
 jvm = spark.sparkContext._jvm
 bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
     jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+print("ThreadStackSize", bean.getVMOption("ThreadStackSize").getValue())
 print("TieredStopAtLevel", bean.getVMOption("TieredStopAtLevel").getValue())
 """
 
@@ -177,7 +178,8 @@ print("TieredStopAtLevel", bean.getVMOption("TieredStopAtLevel").getValue())
 def test_a_prepared_class_archive_is_mapped_by_the_next_local_session(tmp_path: Path) -> None:
     """#14 part 3: `retry-engine prepare` (make venv runs it) writes the archive; a session launched after
     maps Spark's classes from it instead of loading them from the jars. The engine's commands launch it
-    compiling with C1 only (quick_jit), the user's own JVM options kept, and the archive still maps."""
+    compiling with C1 only (quick_jit), the user's own JVM options kept, and the archive still maps; the
+    user's options keep the engine's -Xss32m too (they replaced it before)."""
     home = os.environ.get("SPARK_HOME") or worker_spark_home()
     java = session_module.java_version_text()
     assert home is not None and java is not None
@@ -192,6 +194,8 @@ def test_a_prepared_class_archive_is_mapped_by_the_next_local_session(tmp_path: 
     mapped = subprocess.run([sys.executable, "-c", _MAPPED, str(log)], env={**env, "SPARK_HOME": home},
                             check=True, timeout=300, capture_output=True, text=True)
     assert mapped.stdout.splitlines()[-1] == "TieredStopAtLevel 1", mapped.stdout
+    # The user's options (a class-load log) did not replace the stream thread's large stack (32m, in KiB).
+    assert mapped.stdout.splitlines()[-2] == "ThreadStackSize 32768", mapped.stdout
     sources = Counter(line.rsplit(" source: ", 1)[-1] for line in log.read_text().splitlines() if " source: " in line)
     shared = sources["shared objects file (top)"]
     assert shared > 5_000 and shared > 10 * sum(n for s, n in sources.items() if s.startswith(("jar:", "file:"))), sources
