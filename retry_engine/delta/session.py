@@ -222,6 +222,8 @@ DAEMON_KEYS = (DAEMON_MODULE_KEY, *DAEMON_ENV_CONF)
 DRIVER_JAVA_OPTIONS = "-Xss32m"
 # Options by which a user's spark.driver.extraJavaOptions already sets the threads' stack size.
 _STACK_SIZE_CHOICES = ("-Xss", "ThreadStackSize")
+# The smallest driver thread stack (KiB) a stop during a batch was measured to need (16m; see with_stack_size).
+MIN_STACK_KIB = 16 * 1024
 # The engine's own local JVM compiles with C1 only (HotSpot's client compiler, no C2):
 # see quick_jit_options.
 QUICK_JIT_OPTION = "-XX:TieredStopAtLevel=1"
@@ -280,6 +282,42 @@ def with_stack_size(options: str) -> str:
     if any(option in options for option in _STACK_SIZE_CHOICES):
         return options
     return f"{DRIVER_JAVA_OPTIONS} {options}".strip()
+
+
+def driver_stack_kib(spark: SparkSession) -> int | None:
+    """The driver JVM's thread stack size in KiB (HotSpot's ``ThreadStackSize``; 0: the platform's
+    default), or None where the JVM does not say (not HotSpot, or no JVM)."""
+    try:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+            jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+        return int(bean.getVMOption("ThreadStackSize").getValue())
+    except Exception as exc:  # noqa: BLE001 - only a check; any JVM still runs the engine
+        log.debug("the driver JVM's thread stack size is not known: %s", exc)
+        return None
+
+
+def small_stack_warning(kib: int | None) -> str | None:
+    """What to tell a user whose driver JVM has a thread stack below :data:`MIN_STACK_KIB`; None if it is large
+    enough or not known."""
+    if kib is None or kib >= MIN_STACK_KIB:
+        return None
+    size = "the platform's default" if kib <= 0 else f"{kib} KiB"
+    return (
+        f"the driver JVM's thread stack is {size}: stopping the engine during a batch can overflow it in "
+        "Spark's stop check (a StackOverflowError on the stream thread instead of a clean stop; the Python "
+        f"process may then crash at exit); start the driver with {DRIVER_JAVA_OPTIONS} "
+        f"(spark-submit --driver-java-options {DRIVER_JAVA_OPTIONS})"
+    )
+
+
+def warn_on_small_stack(spark: SparkSession) -> None:
+    """Log :func:`small_stack_warning` for the session's driver JVM: under spark-submit, or a session that
+    existed before, the JVM's options are not the engine's to set (:func:`with_stack_size`)."""
+    warning = small_stack_warning(driver_stack_kib(spark))
+    if warning is not None:
+        log.warning(warning)
 
 
 def quick_jit_options(options: str) -> str:
@@ -355,6 +393,7 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    warn_on_small_stack(spark)
     register(spark)
     log.info("spark session ready: master=%s app=%s", master, app_name)
     return spark

@@ -201,6 +201,27 @@ def test_a_prepared_class_archive_is_mapped_by_the_next_local_session(tmp_path: 
     assert shared > 5_000 and shared > 10 * sum(n for s, n in sources.items() if s.startswith(("jar:", "file:"))), sources
 
 
+_SMALL_STACK = """
+from retry_engine.delta.session import build_session, driver_stack_kib
+spark = build_session(log_level="ERROR", extra_conf={"spark.driver.extraJavaOptions": "-Xss1m"})
+print("ThreadStackSize", driver_stack_kib(spark))
+"""
+
+
+def test_a_driver_jvm_with_a_small_stack_is_named_at_start(spark: SparkSession, caplog: pytest.LogCaptureFixture) -> None:
+    """A driver JVM whose thread stack is too small for a stop during a batch (spark-submit without
+    --driver-java-options -Xss32m, or a user's own -Xss1m) gets a warning that says what to do; the
+    engine's own session (the tests') has 32m and gets none."""
+    assert session_module.driver_stack_kib(spark) == 32 * 1024
+    with caplog.at_level(logging.WARNING, logger=session_module.__name__):
+        session_module.warn_on_small_stack(spark)
+    assert not caplog.records
+    small = subprocess.run([sys.executable, "-c", _SMALL_STACK], check=True, timeout=300, capture_output=True, text=True)
+    assert small.stdout.splitlines()[-1] == "ThreadStackSize 1024", small.stdout
+    assert "the driver JVM's thread stack is 1024 KiB: stopping the engine during a batch" in small.stderr, small.stderr
+    assert "--driver-java-options -Xss32m" in small.stderr
+
+
 def _worker_origin(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     import gc
     import os

@@ -12,6 +12,7 @@ import pytest
 from retry_engine.delta.session import (
     DRIVER_JAVA_OPTIONS,
     DRIVER_JAVA_OPTIONS_KEY,
+    small_stack_warning,
     spark_conf,
     with_stack_size,
 )
@@ -39,3 +40,16 @@ def test_a_user_s_driver_options_keep_the_large_stack(theirs: str) -> None:
 def test_a_user_s_own_stack_size_is_kept_as_it_is(theirs: str) -> None:
     assert spark_conf(extra={DRIVER_JAVA_OPTIONS_KEY: theirs})[DRIVER_JAVA_OPTIONS_KEY] == theirs
     assert with_stack_size(theirs) == theirs
+
+
+@pytest.mark.parametrize("kib", [None, 16 * 1024, 32 * 1024, 1024 * 1024])
+def test_a_large_or_unknown_stack_gets_no_warning(kib: int | None) -> None:
+    assert small_stack_warning(kib) is None
+
+
+@pytest.mark.parametrize(("kib", "said"), [(1024, "1024 KiB"), (16 * 1024 - 1, "16383 KiB"), (0, "the platform's default"),
+                                           (-5, "the platform's default")])
+def test_a_small_stack_is_named_with_what_to_do(kib: int, said: str) -> None:
+    warning = small_stack_warning(kib)
+    assert warning is not None and f"thread stack is {said}:" in warning
+    assert "StackOverflowError" in warning and "--driver-java-options -Xss32m" in warning
