@@ -689,6 +689,7 @@ def run_once(
     wait: Callable[[float], bool] | None = None,
     finish_batch_s: float = 0.0,
     startup: Startup | None = None,
+    quiet: Callable[[], None] | None = None,
 ) -> bool:
     """Process every consume result in the table when this is called, then stop.
 
@@ -702,6 +703,11 @@ def run_once(
     Returns True when the input was processed (terminated event ``finished``),
     False when stopped on request (``stopped``). The query is stopped from
     the calling thread either way.
+
+    ``quiet`` is called right before either stop (not before the stop of a
+    query that failed): the engine plans its batches back to back, so the stop
+    interrupts a planned batch (replayed at the next start) and Spark logs that
+    interruption (``retry-engine run --once`` silences those loggers with it).
     """
     through = table_version(config.table_path("consume_results"))
     query = start(
@@ -714,6 +720,8 @@ def run_once(
         )
     finally:
         requested = finished is False
+        if finished is not None and quiet is not None:
+            quiet()
         stop(
             query,
             finish_batch_s=finish_batch_s if requested else 0.0,

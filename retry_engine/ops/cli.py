@@ -329,22 +329,19 @@ def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace, startu
 
     with StopSignals() as signals:
 
-        def stop_requested(timeout: float) -> bool:
-            if not signals.wait(timeout):
-                return False
-            # The command ends after this stop: these loggers would only report its interruption.
-            quiet_stop_logs(spark)
-            return True
-
         try:
             finished = engine.run_once(
                 spark,
                 config,
                 take_over=args.take_over,
                 discard_pending=args.discard_pending,
-                wait=stop_requested,
+                wait=signals.wait,
                 finish_batch_s=STOP_FINISH_BATCH_SECONDS,
                 startup=startup,
+                # The command ends after the stop, requested or not: these loggers would only report
+                # its interruption of the planned batch (WARN "Failed to cancel job group", ERROR
+                # "Store broadcast ... fail" after every run that processed its input, before).
+                quiet=lambda: quiet_stop_logs(spark),
             )
         finally:
             if signals.requested:

@@ -151,7 +151,8 @@ def test_run_once_that_processes_its_input_records_finished_and_prints_no_stop_l
     assert main(["run", "--once", "--config", str(conf)]) == 0
     assert capsys.readouterr().out == ""
     assert stops == [{"finish_batch_s": 0.0, "reason": "finished"}]
-    assert quieted == []
+    # The stop interrupts the batch Spark planned next: its noise is silenced as on a signal (not drained).
+    assert quieted == ["spark"]
 
 
 class GoneSession:
@@ -173,3 +174,25 @@ def test_stopping_a_session_whose_jvm_is_gone_still_stops_it_and_raises_nothing(
     gone = GoneSession()
     assert stop_session(gone, drain_s=1.0) is False  # type: ignore[arg-type]
     assert gone.stopped
+
+
+class FailedQuery(IdleQuery):
+    """A query that died: its failure must show, so nothing is silenced before its stop."""
+
+    def exception(self) -> RuntimeError:  # type: ignore[override]
+        return RuntimeError("the batch failed")
+
+
+def test_run_once_whose_query_failed_silences_nothing(
+    once: tuple[Path, list[dict[str, Any]], list[object]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from retry_engine.core import engine
+    from retry_engine.ops.cli import main
+
+    conf, stops, quieted = once
+    monkeypatch.setattr(engine, "start", lambda *a, **k: FailedQuery(done=False))
+    with pytest.raises(RuntimeError, match="the batch failed"):
+        main(["run", "--once", "--config", str(conf)])
+    assert stops == [{"finish_batch_s": 0.0, "reason": "stopped"}]
+    assert quieted == []
