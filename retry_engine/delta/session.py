@@ -220,8 +220,9 @@ DAEMON_MODULE = "retry_engine.delta._daemon"
 DAEMON_ENV_CONF = {f"spark.executorEnv.{name}": value for name, value in THREAD_FREE_ENV.items()}
 DAEMON_KEYS = (DAEMON_MODULE_KEY, *DAEMON_ENV_CONF)
 DRIVER_JAVA_OPTIONS = "-Xss32m"
-# Options by which a user's spark.driver.extraJavaOptions already sets the threads' stack size.
-_STACK_SIZE_CHOICES = ("-Xss", "ThreadStackSize")
+# Options by which a user's spark.driver.extraJavaOptions already set the threads' stack size
+# (not -XX:CompilerThreadStackSize or -XX:VMThreadStackSize: other threads').
+_STACK_SIZE_CHOICES = ("-Xss", "-XX:ThreadStackSize=")
 # The smallest driver thread stack (KiB) a stop during a batch was measured to need (16m; see with_stack_size).
 MIN_STACK_KIB = 16 * 1024
 # The engine's own local JVM compiles with C1 only (HotSpot's client compiler, no C2):
@@ -279,7 +280,7 @@ def with_stack_size(options: str) -> str:
     16m sufficed in a measured stop; 32m leaves room. A user's own options
     (``engine.spark_conf``) used to replace it.
     """
-    if any(option in options for option in _STACK_SIZE_CHOICES):
+    if any(option.startswith(_STACK_SIZE_CHOICES) for option in options.split()):
         return options
     return f"{DRIVER_JAVA_OPTIONS} {options}".strip()
 

@@ -27,6 +27,8 @@ def test_the_engine_s_own_sessions_get_the_large_stack() -> None:
     [
         "-Dlog4j2.configurationFile=file:/etc/spark/log4j2.properties",
         "-XX:+UseG1GC -Xlog:gc:file=/tmp/gc.log",
+        # Other threads' stacks, not the stream thread's.
+        "-XX:CompilerThreadStackSize=2048 -XX:VMThreadStackSize=2048",
         "",
         "   ",
     ],
