@@ -13,6 +13,7 @@ checkpoint is new (:mod:`retry_engine.core.resume`). :func:`stop` releases the l
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -292,9 +293,38 @@ def _counting_inputs(recorder: monitor.ProgressRecorder) -> OnCounts:
 _HELD: dict[str, tuple[LakeLease, Heartbeat]] = {}
 # Their progress recorders, by query id: stop() waits for the terminated event to be written.
 _RECORDERS: dict[str, monitor.ProgressRecorder] = {}
+# Their queries, by query id, until stop(): what _stop_left_at_exit stops.
+_STARTED: dict[str, StreamingQuery] = {}
 _HELD_LOCK = threading.Lock()
 # How long stop() waits for the progress recorder to write the terminated event.
 RECORDER_CLOSE_SECONDS = 30.0
+# The same wait for a query stopped at interpreter exit (_stop_left_at_exit): the event arrives
+# at once from a live JVM; if the session is gone, the row is written without it sooner.
+EXIT_RECORD_SECONDS = 5.0
+
+
+def _stop_left_at_exit() -> None:
+    """At interpreter exit, :func:`stop` every engine query this process started and did not stop with it.
+
+    A script or notebook that ended after ``query.stop()``, or with its query
+    still running, left the engine's end unrecorded: Spark delivers the
+    terminated event to the progress recorder asynchronously, and it came after
+    the Python side had gone (an ERROR trace from Spark's listener bus), so
+    ``retry-engine status`` said ``running`` until stale, and the lease stayed
+    held (its heartbeat thread died with the process) until its timeout or a
+    start on the same host. Here the query is stopped (a no-op if it was),
+    its terminated event recorded and its lease released, as :func:`stop` does.
+    """
+    with _HELD_LOCK:
+        left = list(_STARTED.values())
+    for query in left:
+        try:
+            stop(query, record_timeout_s=EXIT_RECORD_SECONDS)
+        except Exception:  # noqa: BLE001 - the process is ending: say what was not done, stop the others
+            log.exception("engine %s: stopping it at exit failed", query.id)
+
+
+atexit.register(_stop_left_at_exit)
 
 
 def _resume_point(
@@ -465,6 +495,7 @@ def start(
     )
     with _HELD_LOCK:
         _HELD[app_id] = (lease, heartbeat)
+        _STARTED[app_id] = query
     heartbeat.start()
     maintenance.start(app_id, alive=lambda: bool(query.isActive))
     log.info(
@@ -622,6 +653,7 @@ def stop(
     *,
     finish_batch_s: float = 0.0,
     reason: terms.StopReason = terms.STOPPED,
+    record_timeout_s: float = RECORDER_CLOSE_SECONDS,
 ) -> LeaseLostError | None:
     """Stop the engine query, record its end, and release its lake lease.
 
@@ -636,7 +668,8 @@ def stop(
     replay of the same batch id, or were already committed and are skipped.
 
     Returns after the PROGRESS table holds the query's ``terminated`` event
-    (so ``retry-engine status`` says ``stopped``), the progress recorder's
+    (so ``retry-engine status`` says ``stopped``; if Spark's event has not come
+    within ``record_timeout_s``, the row is written without it), the progress recorder's
     and the lease heartbeat's threads have ended (none is left inside a
     delta-rs call when the interpreter exits), and the lease is released (the
     next engine starts without ``--take-over``). Returns the error if the
@@ -658,6 +691,7 @@ def stop(
         with _HELD_LOCK:
             held = _HELD.pop(app_id, None)
             recorder = _RECORDERS.pop(app_id, None)
+            _STARTED.pop(app_id, None)
         # The heartbeat first: seeing the query stopped, it would release the lease itself.
         if held is not None:
             held[1].stop()
@@ -665,7 +699,7 @@ def stop(
             recorder.finish(
                 run_id=str(query.runId),
                 exception=_exception_text(query),
-                timeout=RECORDER_CLOSE_SECONDS,
+                timeout=record_timeout_s,
             )
         if held is not None:
             held[0].release()

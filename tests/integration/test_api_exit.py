@@ -1,0 +1,69 @@
+"""A script that starts the engine through the API and ends without `engine.stop` ends it cleanly (B8).
+
+Before, a script (or a notebook's kernel) that ended right after the API's own ``query.stop()``, or
+with its query still running, left the engine's end unrecorded: Spark delivers the terminated event
+to the progress recorder asynchronously and it came after the Python side had gone (an ERROR trace
+from Spark's listener bus), so ``retry-engine status`` said ``running`` until stale and the lease
+stayed held. :func:`retry_engine.core.engine._stop_left_at_exit` now stops such queries at exit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from retry_engine.core.lease import read_state
+from retry_engine.ops.terms import TERMINATED
+from tests.lakehouse import Lake
+
+REPO = Path(__file__).resolve().parents[2]
+
+_SCRIPT = """
+import sys, time
+from pathlib import Path
+from retry_engine.core import engine
+from retry_engine.delta.session import build_session
+from tests.builders import Result
+from tests.lakehouse import Lake
+
+root, how = Path(sys.argv[1]), sys.argv[2]
+lake = Lake.make(root)
+lake.write_results([Result.of().ok().with_(result_id=f"{root.name}-ok"), Result.of().failed().with_(result_id=f"{root.name}-fail")])
+query = engine.start(build_session(log_level="WARN"), lake.config)
+deadline = time.monotonic() + 240
+while query.lastProgress is None or query.lastProgress["batchId"] < 1:
+    assert time.monotonic() < deadline, "no second batch"
+    time.sleep(0.05)
+if how == "query.stop":
+    query.stop()  # the API's own stop, then the script ends
+print("ending", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["query.stop", "not stopped"])
+def test_a_script_that_ends_without_engine_stop_records_the_end_and_frees_the_lake(tmp_path: Path, how: str) -> None:
+    root = tmp_path / "lake"
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(root), how],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)},
+    )
+    context = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-6000:]}"
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "ending", context
+    lake = Lake.make(root)
+    events = sorted(lake.rows("progress"), key=lambda r: r["recorded_at"])
+    assert events and events[-1]["event"] == TERMINATED, ([e["event"] for e in events], context)
+    assert (events[-1]["reason"], events[-1]["exception"]) == ("stopped", None), context
+    state = read_state(str(root))
+    assert state is not None and state.released, (state, context)
+    # Both results decided once, before the end (B1).
+    outcomes = sorted((o["result_id"], o["outcome"]) for o in lake.rows("outcomes"))
+    assert outcomes == [("lake-fail", "retry"), ("lake-ok", "acknowledged")], outcomes
+    # The listener's terminated callback reached a live Python side. (Spark's own stop noise, e.g. an
+    # ERROR "Store broadcast ... fail" when query.stop() interrupts a batch, is the user's stop's.)
+    for noise in ("StreamingQueryListenerBus", "Traceback", "py4j", "Exception in thread", "terminate called"):
+        assert noise not in done.stdout + done.stderr, f"{noise!r} in the output\n{context}"
