@@ -37,6 +37,7 @@ Pure parts (the listener calls, :func:`consume_batch`) need no Spark.
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import hashlib
 import json
@@ -647,6 +648,33 @@ class _Heartbeater:
                 log.warning("consumer %s: heartbeat failed: %s", self.membership.member, exc)
 
 
+# Consumers started in this process and not shut down, by id: what _shut_down_at_exit shuts down.
+_RUNNING: dict[int, tuple[Consumer, StreamingQuery]] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def _shut_down_at_exit() -> None:
+    """At interpreter exit, :meth:`Consumer.shutdown` every consumer this process started and did not shut down.
+
+    A script that ended after ``query.stop()``, or with its consumer running,
+    stayed a member of its group (the heartbeat thread died with the process
+    before it saw the query stop), so its queues waited for the heartbeat
+    expiry (30 s) before the other instances took them; RocketMQ's broker sees
+    a client's connection close and rebalances at once. Here the query is
+    stopped (a no-op if it was) and the instance leaves the group.
+    """
+    with _RUNNING_LOCK:
+        running = list(_RUNNING.values())
+    for consumer, query in running:
+        try:
+            consumer.shutdown(query)
+        except Exception:  # noqa: BLE001 - the process is ending: say what was not done, go on
+            log.exception("consumer %s: shutting it down at exit failed", consumer.member_id)
+
+
+atexit.register(_shut_down_at_exit)
+
+
 # -- the consumer -----------------------------------------------------------------------
 
 
@@ -801,6 +829,8 @@ class Consumer:
 
     def shutdown(self, query: StreamingQuery | None = None) -> None:
         """Stop ``query`` (if given) and leave the group: the other instances take its queues at their next batch."""
+        with _RUNNING_LOCK:
+            _RUNNING.pop(id(self), None)
         try:
             if query is not None:
                 query.stop()
@@ -979,6 +1009,8 @@ class Consumer:
         if self._heartbeater is not None:
             self._heartbeater.query = query
             self._heartbeater.start()
+        with _RUNNING_LOCK:
+            _RUNNING[id(self)] = (self, query)
         log.info(
             "consumer started: group %s (%s) as %s, topics %s, retry %s, checkpoint %s",
             self.group, self.message_model, self.member_id, sorted(self._subscriptions), self.reads_retry,

@@ -67,3 +67,47 @@ def test_a_script_that_ends_without_engine_stop_records_the_end_and_frees_the_la
     # ERROR "Store broadcast ... fail" when query.stop() interrupts a batch, is the user's stop's.)
     for noise in ("StreamingQueryListenerBus", "Traceback", "py4j", "Exception in thread", "terminate called"):
         assert noise not in done.stdout + done.stderr, f"{noise!r} in the output\n{context}"
+
+
+_CONSUMER = """
+import sys, time
+from pathlib import Path
+from retry_engine.clients.consumer import CONSUME_SUCCESS, Consumer
+from retry_engine.clients.producer import Message, Producer
+from retry_engine.delta.session import build_session
+from tests.lakehouse import Lake
+
+root, how = Path(sys.argv[1]), sys.argv[2]
+lake = Lake.make(root)
+Producer(lake.path("messages")).send_batch([Message("orders", f"m-{i}") for i in range(4)])
+consumer = Consumer(build_session(log_level="WARN"), lake.config, group="G", consumer_id="A", instance_name="one",
+                    trigger_interval="300 milliseconds", heartbeat_interval_seconds=10, heartbeat_expiry_seconds=6000)
+consumer.subscribe("orders").register_message_listener(lambda message, context: CONSUME_SUCCESS)
+query = consumer.start()
+deadline = time.monotonic() + 240
+while len(lake.rows("consume_results")) < 4:
+    assert query.exception() is None and time.monotonic() < deadline, query.exception()
+    time.sleep(0.1)
+if how == "query.stop":
+    query.stop()
+print("members", len(list((root / "_consumers").rglob("*.json"))), flush=True)
+"""
+
+
+def test_a_script_whose_consumer_was_not_shut_down_leaves_its_group_at_exit(tmp_path: Path) -> None:
+    """A clean process end is a consumer's graceful close: its queues move at the others' next batch,
+    not after the heartbeat expiry (RocketMQ's broker rebalances when a client's connection closes).
+    The script ends with its consumer running (after ``query.stop()`` the hook does the same)."""
+    how = "not stopped"
+    root = tmp_path / "lake"
+    done = subprocess.run(
+        [sys.executable, "-c", _CONSUMER, str(root), how],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)},
+    )
+    context = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-6000:]}"
+    # A member while the script ran; none once it had ended.
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "members 1", context
+    assert list((root / "_consumers").rglob("*.json")) == [], context
+    for noise in ("Traceback", "py4j", "Exception in thread", "terminate called"):
+        assert noise not in done.stdout + done.stderr, f"{noise!r} in the output\n{context}"
