@@ -37,8 +37,8 @@ Pure parts (the listener calls, :func:`consume_batch`) need no Spark.
 
 from __future__ import annotations
 
-import atexit
 import datetime as dt
+import functools
 import hashlib
 import json
 import logging
@@ -67,6 +67,7 @@ from retry_engine.clients.rebalance import (
     window_bound,
 )
 from retry_engine.config import EngineConfig
+from retry_engine.core import at_exit
 from retry_engine.core.decide import (
     BROADCASTING,
     CLUSTERING,
@@ -653,26 +654,22 @@ _RUNNING: dict[int, tuple[Consumer, StreamingQuery]] = {}
 _RUNNING_LOCK = threading.Lock()
 
 
-def _shut_down_at_exit() -> None:
-    """At interpreter exit, :meth:`Consumer.shutdown` every consumer this process started and did not shut down.
+def _left_at_exit() -> list[at_exit.Ending]:
+    """The consumers this process started and did not shut down, to shut down at exit.
 
     A script that ended after ``query.stop()``, or with its consumer running,
     stayed a member of its group (the heartbeat thread died with the process
     before it saw the query stop), so its queues waited for the heartbeat
     expiry (30 s) before the other instances took them; RocketMQ's broker sees
-    a client's connection close and rebalances at once. Here the query is
-    stopped (a no-op if it was) and the instance leaves the group.
+    a client's connection close and rebalances at once. At exit each query is
+    stopped (a no-op if it was) and the instance leaves its group.
     """
     with _RUNNING_LOCK:
         running = list(_RUNNING.values())
-    for consumer, query in running:
-        try:
-            consumer.shutdown(query)
-        except Exception:  # noqa: BLE001 - the process is ending: say what was not done, go on
-            log.exception("consumer %s: shutting it down at exit failed", consumer.member_id)
+    return [(consumer.member_id, functools.partial(consumer.shutdown, query)) for consumer, query in running]
 
 
-atexit.register(_shut_down_at_exit)
+at_exit.at_exit("consumer", _left_at_exit)
 
 
 # -- the consumer -----------------------------------------------------------------------

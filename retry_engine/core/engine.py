@@ -13,8 +13,8 @@ checkpoint is new (:mod:`retry_engine.core.resume`). :func:`stop` releases the l
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -31,7 +31,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from retry_engine.config import EngineConfig
-from retry_engine.core import resume
+from retry_engine.core import at_exit, resume
 from retry_engine.core._parked import ParkedStore
 from retry_engine.core._state_splits import current_batch_id
 from retry_engine.core.decide import BATCH_TS, POSITION, Decider, check_input_schema
@@ -303,8 +303,8 @@ RECORDER_CLOSE_SECONDS = 30.0
 EXIT_RECORD_SECONDS = 5.0
 
 
-def _stop_left_at_exit() -> None:
-    """At interpreter exit, :func:`stop` every engine query this process started and did not stop with it.
+def _left_at_exit() -> list[at_exit.Ending]:
+    """The engine queries this process started and did not stop with :func:`stop`, to stop at exit.
 
     A script or notebook that ended after ``query.stop()``, or with its query
     still running, left the engine's end unrecorded: Spark delivers the
@@ -312,19 +312,15 @@ def _stop_left_at_exit() -> None:
     the Python side had gone (an ERROR trace from Spark's listener bus), so
     ``retry-engine status`` said ``running`` until stale, and the lease stayed
     held (its heartbeat thread died with the process) until its timeout or a
-    start on the same host. Here the query is stopped (a no-op if it was),
-    its terminated event recorded and its lease released, as :func:`stop` does.
+    start on the same host. At exit each is stopped as :func:`stop` does (a
+    no-op stop for a stopped query), within :data:`at_exit.EXIT_SECONDS`.
     """
     with _HELD_LOCK:
         left = list(_STARTED.values())
-    for query in left:
-        try:
-            stop(query, record_timeout_s=EXIT_RECORD_SECONDS)
-        except Exception:  # noqa: BLE001 - the process is ending: say what was not done, stop the others
-            log.exception("engine %s: stopping it at exit failed", query.id)
+    return [(str(q.id), functools.partial(stop, q, record_timeout_s=EXIT_RECORD_SECONDS)) for q in left]
 
 
-atexit.register(_stop_left_at_exit)
+at_exit.at_exit("engine", _left_at_exit)
 
 
 def _resume_point(
@@ -701,7 +697,8 @@ def stop(
                 exception=_exception_text(query),
                 timeout=record_timeout_s,
             )
-        if held is not None:
+        # Unless its heartbeat did already: the query had stopped without stop() (query.stop()).
+        if held is not None and not held[1].released:
             held[0].release()
     return held[1].lost if held is not None else None
 

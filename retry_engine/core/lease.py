@@ -397,6 +397,8 @@ class Heartbeat:
         self._lease, self._interval, self._alive, self._on_lost = lease, interval_s, alive, on_lost
         # Set when a heartbeat found the lease taken over.
         self.lost: LeaseLostError | None = None
+        # Set once this thread released the lease (the query stopped without engine.stop()).
+        self.released = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="retry-engine-lease", daemon=True)
 
@@ -417,6 +419,7 @@ class Heartbeat:
             if not self._alive():
                 # The query stopped without engine.stop() (failure, or query.stop()).
                 self._lease.release()
+                self.released = True
                 return
             try:
                 self._lease.heartbeat()

@@ -175,7 +175,7 @@ def run(spark: Any, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactor
         )
     finally:
         for q in queries[:1]:
-            q.stop()
+            engine.stop(q)  # records its end and releases its lease while the S3 server still runs
         if consumer is not None:
             # Stops its query and leaves the group: its heartbeat object is deleted from S3.
             consumer.shutdown(queries[1] if len(queries) > 1 else None)
