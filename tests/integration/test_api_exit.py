@@ -44,15 +44,20 @@ print("ending", flush=True)
 """
 
 
-@pytest.mark.parametrize("how", ["query.stop", "not stopped"])
-def test_a_script_that_ends_without_engine_stop_records_the_end_and_frees_the_lake(tmp_path: Path, how: str) -> None:
-    root = tmp_path / "lake"
+def _script(script: str, root: Path, how: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run ``script`` in a Python process of its own on the lake ``root``; (its result, its output for messages)."""
     done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(root), how],
+        [sys.executable, "-c", script, str(root), how],
         capture_output=True, text=True, timeout=300, cwd=REPO,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)},
     )
-    context = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-6000:]}"
+    return done, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-6000:]}"
+
+
+@pytest.mark.parametrize("how", ["query.stop", "not stopped"])
+def test_a_script_that_ends_without_engine_stop_records_the_end_and_frees_the_lake(tmp_path: Path, how: str) -> None:
+    root = tmp_path / "lake"
+    done, context = _script(_SCRIPT, root, how)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "ending", context
     lake = Lake.make(root)
     events = sorted(lake.rows("progress"), key=lambda r: r["recorded_at"])
@@ -98,14 +103,8 @@ def test_a_script_whose_consumer_was_not_shut_down_leaves_its_group_at_exit(tmp_
     """A clean process end is a consumer's graceful close: its queues move at the others' next batch,
     not after the heartbeat expiry (RocketMQ's broker rebalances when a client's connection closes).
     The script ends with its consumer running (after ``query.stop()`` the hook does the same)."""
-    how = "not stopped"
     root = tmp_path / "lake"
-    done = subprocess.run(
-        [sys.executable, "-c", _CONSUMER, str(root), how],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)},
-    )
-    context = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-6000:]}"
+    done, context = _script(_CONSUMER, root, "not stopped")
     # A member while the script ran; none once it had ended.
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "members 1", context
     assert list((root / "_consumers").rglob("*.json")) == [], context
