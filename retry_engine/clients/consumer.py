@@ -649,7 +649,7 @@ class _Heartbeater:
                 log.warning("consumer %s: heartbeat failed: %s", self.membership.member, exc)
 
 
-# Consumers started in this process and not shut down, by id: what _shut_down_at_exit shuts down.
+# Consumers started in this process and not shut down, by id: what _left_at_exit lists at exit.
 _RUNNING: dict[int, tuple[Consumer, StreamingQuery]] = {}
 _RUNNING_LOCK = threading.Lock()
 

@@ -293,12 +293,12 @@ def _counting_inputs(recorder: monitor.ProgressRecorder) -> OnCounts:
 _HELD: dict[str, tuple[LakeLease, Heartbeat]] = {}
 # Their progress recorders, by query id: stop() waits for the terminated event to be written.
 _RECORDERS: dict[str, monitor.ProgressRecorder] = {}
-# Their queries, by query id, until stop(): what _stop_left_at_exit stops.
+# Their queries, by query id, until stop(): what _left_at_exit lists at exit.
 _STARTED: dict[str, StreamingQuery] = {}
 _HELD_LOCK = threading.Lock()
 # How long stop() waits for the progress recorder to write the terminated event.
 RECORDER_CLOSE_SECONDS = 30.0
-# The same wait for a query stopped at interpreter exit (_stop_left_at_exit): the event arrives
+# The same wait for a query stopped at interpreter exit (_left_at_exit): the event arrives
 # at once from a live JVM; if the session is gone, the row is written without it sooner.
 EXIT_RECORD_SECONDS = 5.0
 

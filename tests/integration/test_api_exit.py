@@ -4,7 +4,7 @@ Before, a script (or a notebook's kernel) that ended right after the API's own `
 with its query still running, left the engine's end unrecorded: Spark delivers the terminated event
 to the progress recorder asynchronously and it came after the Python side had gone (an ERROR trace
 from Spark's listener bus), so ``retry-engine status`` said ``running`` until stale and the lease
-stayed held. :func:`retry_engine.core.engine._stop_left_at_exit` now stops such queries at exit.
+stayed held. The engine now stops such queries at exit (:mod:`retry_engine.core.at_exit`).
 """
 
 from __future__ import annotations
