@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 
@@ -26,8 +27,18 @@ Ending = tuple[str, Callable[[], object]]
 
 
 def at_exit(what: str, left: Callable[[], Sequence[Ending]]) -> None:
-    """At interpreter exit, call each ``(name, end)`` that ``left()`` returns then, in order."""
-    atexit.register(end_left, what, left)
+    """At interpreter exit, call each ``(name, end)`` that ``left()`` returns then, in order.
+
+    Only in this process: a child forked from it that exits through the interpreter (not
+    ``os._exit``, as multiprocessing's children do) inherits the list but must never stop
+    or release what the parent runs.
+    """
+    atexit.register(end_left_in, os.getpid(), what, left)
+
+
+def end_left_in(pid: int, what: str, left: Callable[[], Sequence[Ending]]) -> bool:
+    """:func:`end_left` in the process ``pid``; in any other (a forked child) nothing."""
+    return os.getpid() != pid or end_left(what, left)
 
 
 def end_left(what: str, left: Callable[[], Sequence[Ending]], *, timeout_s: float | None = None) -> bool:

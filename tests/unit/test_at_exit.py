@@ -40,3 +40,17 @@ def test_an_end_that_hangs_is_left_after_the_bound_with_a_warning(caplog: pytest
         release.set()
     assert 0.3 <= took < 10
     assert "consumer: ending A@one at exit took longer than 0 s" in caplog.text
+
+
+def test_a_forked_child_ends_nothing_of_its_parent() -> None:
+    """The child inherits the parent's list; stopping those would stop the parent's engine."""
+    import os
+
+    from retry_engine.core.at_exit import end_left_in
+
+    ended: list[str] = []
+    items = [("q", lambda: ended.append("q"))]
+    assert end_left_in(os.getpid() + 1, "engine", lambda: items)
+    assert ended == []
+    assert end_left_in(os.getpid(), "engine", lambda: items)
+    assert ended == ["q"]
