@@ -61,7 +61,7 @@ def end_left(what: str, left: Callable[[], Sequence[Ending]], *, timeout_s: floa
     if done.wait(bound):
         return True
     log.warning(
-        "%s: ending %s at exit took longer than %.0f s; the process ends without waiting (as after a crash: "
+        "%s: ending %s at exit took longer than %g s; the process ends without waiting (as after a crash: "
         "a lease then expires, a consumer's heartbeat too)",
         what, ", ".join(name for name, _ in items), bound,
     )

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -289,12 +289,19 @@ def _counting_inputs(recorder: monitor.ProgressRecorder) -> OnCounts:
     return on_counts
 
 
-# Leases of the engines started in this process, by query id (released by stop()).
-_HELD: dict[str, tuple[LakeLease, Heartbeat]] = {}
+class _Held(NamedTuple):
+    """What an engine started in this process holds until :func:`stop`."""
+
+    lease: LakeLease
+    heartbeat: Heartbeat
+    # What _left_at_exit stops at exit if stop() never came.
+    query: StreamingQuery
+
+
+# The engines started in this process, by query id (their leases released by stop()).
+_HELD: dict[str, _Held] = {}
 # Their progress recorders, by query id: stop() waits for the terminated event to be written.
 _RECORDERS: dict[str, monitor.ProgressRecorder] = {}
-# Their queries, by query id, until stop(): what _left_at_exit lists at exit.
-_STARTED: dict[str, StreamingQuery] = {}
 _HELD_LOCK = threading.Lock()
 # How long stop() waits for the progress recorder to write the terminated event.
 RECORDER_CLOSE_SECONDS = 30.0
@@ -316,7 +323,7 @@ def _left_at_exit() -> list[at_exit.Ending]:
     no-op stop for a stopped query), within :data:`at_exit.EXIT_SECONDS`.
     """
     with _HELD_LOCK:
-        left = list(_STARTED.values())
+        left = [held.query for held in _HELD.values()]
     return [(str(q.id), functools.partial(stop, q, record_timeout_s=EXIT_RECORD_SECONDS)) for q in left]
 
 
@@ -490,8 +497,7 @@ def start(
         on_lost=lost,
     )
     with _HELD_LOCK:
-        _HELD[app_id] = (lease, heartbeat)
-        _STARTED[app_id] = query
+        _HELD[app_id] = _Held(lease, heartbeat, query)
     heartbeat.start()
     maintenance.start(app_id, alive=lambda: bool(query.isActive))
     log.info(
@@ -687,10 +693,9 @@ def stop(
         with _HELD_LOCK:
             held = _HELD.pop(app_id, None)
             recorder = _RECORDERS.pop(app_id, None)
-            _STARTED.pop(app_id, None)
         # The heartbeat first: seeing the query stopped, it would release the lease itself.
         if held is not None:
-            held[1].stop()
+            held.heartbeat.stop()
         if recorder is not None:
             recorder.finish(
                 run_id=str(query.runId),
@@ -698,9 +703,9 @@ def stop(
                 timeout=record_timeout_s,
             )
         # Unless its heartbeat did already: the query had stopped without stop() (query.stop()).
-        if held is not None and not held[1].released:
-            held[0].release()
-    return held[1].lost if held is not None else None
+        if held is not None and not held.heartbeat.released:
+            held.lease.release()
+    return held.heartbeat.lost if held is not None else None
 
 
 def _exception_text(query: StreamingQuery) -> str | None:

@@ -499,23 +499,17 @@ class BatchWriter:
             recorded = self._record(batch_id, files, merged)
         except BaseException:
             # Fenced (LeaseLostError) or the record failed: no commit will reference these files.
-            for name, written in files.items():
-                abort_files(
-                    storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))]
-                )
+            self._abort(files)
             raise
         if not recorded:
             # Replay of a batch the lake already records: its recorded files were
             # committed at start (roll_forward); this attempt's files are dropped.
-            for name, written in files.items():
-                abort_files(
-                    storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))]
-                )
-        metric_rows = None
-        if METRICS.name not in skip:
-            metric_rows = metrics.metric_rows(
-                counts, samples, batch_id=batch_id, batch_time=dt.datetime.now(dt.UTC)
-            )
+            self._abort(files)
+        metric_rows = (
+            metrics.metric_rows(counts, samples, batch_id=batch_id, batch_time=dt.datetime.now(dt.UTC))
+            if METRICS.name not in skip
+            else None
+        )
         self._commit(
             batch_id,
             files if recorded else {},
@@ -595,11 +589,13 @@ class BatchWriter:
             return
         if not recorded:
             # Files no commit references; a later table's in sequence was never attempted.
-            for name in files:
-                if name in failed:
-                    uri = self.config.table_path(name)
-                    abort_files(storage.location(uri), [FilesWritten(tuple(files[name]))])
+            self._abort({name: written for name, written in files.items() if name in failed})
         raise next(iter(failed.values()))
+
+    def _abort(self, files: Mapping[str, list[WrittenFile]]) -> None:
+        """Delete ``files`` (by table name), which no commit references."""
+        for name, written in files.items():
+            abort_files(storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))])
 
 
 def _run_all(commits: Mapping[str, Callable[[], object]]) -> dict[str, BaseException]:

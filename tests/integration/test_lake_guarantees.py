@@ -256,7 +256,7 @@ def test_new_checkpoint_resumes_inside_a_commit_the_last_batch_read_in_part(
         if split_ids & set(per_result(lake, "outcomes", "result_id")):
             raise RuntimeError("stopped after the first file of the split commit")
         if not inner:  # the engine's own writer, with the lease start() took
-            lease, _ = engine._HELD[lake_query_id]
+            lease = engine._HELD[lake_query_id].lease
             inner.append(
                 BatchWriter(
                     lake.config, lake_query_id, lease=lease, checkpoint=lake.config.checkpoint_path

@@ -23,10 +23,22 @@ def test_each_item_is_ended_in_order_and_a_failing_one_does_not_stop_the_rest(ca
     assert "engine b: ending it at exit failed" in caplog.text and "storage gone" in caplog.text
 
 
-def test_nothing_left_starts_nothing() -> None:
-    before = threading.active_count()
+def test_nothing_left_starts_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from retry_engine.core import at_exit
+
+    started: list[dict[str, object]] = []
+    thread = threading.Thread
+
+    def spy(*args: object, **kwargs: object) -> threading.Thread:
+        started.append(kwargs)
+        return thread(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(at_exit.threading, "Thread", spy)
     assert end_left("engine", list, timeout_s=0.01)
-    assert threading.active_count() == before
+    assert started == []
+    # The same spy sees the thread when there is something to end.
+    assert end_left("engine", lambda: [("q", lambda: None)], timeout_s=30)
+    assert [k.get("name") for k in started] == ["retry-engine-exit-engine"]
 
 
 def test_an_end_that_hangs_is_left_after_the_bound_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -39,7 +51,7 @@ def test_an_end_that_hangs_is_left_after_the_bound_with_a_warning(caplog: pytest
     finally:
         release.set()
     assert 0.3 <= took < 10
-    assert "consumer: ending A@one at exit took longer than 0 s" in caplog.text
+    assert "consumer: ending A@one at exit took longer than 0.3 s" in caplog.text
 
 
 def test_a_forked_child_ends_nothing_of_its_parent() -> None:
