@@ -288,13 +288,6 @@ class LakeLease:
 
         return self._update(change, what=f"batch {batch.batch_id}")
 
-    def check(self) -> EngineState:
-        """The current state, or :class:`LeaseLostError` if this engine no longer owns the lake."""
-        with self._lock:
-            handle, state = self._open()
-            keep(handle)
-            return self._owned(state, what="commit")
-
     def release(self) -> None:
         """Give the lease up (graceful stop): the next engine starts without ``--take-over``."""
         try:
