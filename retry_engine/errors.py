@@ -173,3 +173,9 @@ class StateSplitError(RetryEngineError, RuntimeError):
     """Raised when a sealed state key's published msg ids are missing or damaged, or a seal cannot be placed."""
 
     code = "STATE_SPLIT_ERROR"
+
+
+class StorageError(RetryEngineError, OSError):
+    """Raised when the storage holding a table cannot be reached or refuses the request (the code says which)."""
+
+    code = "STORAGE_UNAVAILABLE"

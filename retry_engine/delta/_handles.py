@@ -86,7 +86,7 @@ def _commit_bytes(handle: Handle, version: int) -> bytes:
 def open_latest(location: TableLocation) -> Handle:
     """The table at ``location`` at its latest version: the kept handle brought up to date when its
     table is still the same, else opened afresh. Raises what ``DeltaTable(...)`` raises (delta-rs's
-    ``TableNotFoundError`` when there is no table)."""
+    ``TableNotFoundError`` when there is no table), a storage failure as a ``StorageError``."""
     with _lock:
         kept = _kept.pop(_key(location), None)
     if kept is not None:
@@ -105,7 +105,10 @@ def open_latest(location: TableLocation) -> Handle:
             log.info("%s: kept handle not usable (%s); opening the table afresh", location.uri, exc)
     from deltalake import DeltaTable
 
-    table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
+    from retry_engine.delta.storage import reaching
+
+    with reaching(location.uri):
+        table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
     return Handle(location, table, table.version())
 
 

@@ -122,7 +122,8 @@ def migrate_partition_folders(
     last: CommitFailedError | None = None
     for attempt in range(1, MAX_MIGRATION_ATTEMPTS + 1):
         try:
-            table = DeltaTable(location.table_uri, storage_options=options)
+            with storage.reaching(uri):
+                table = DeltaTable(location.table_uri, storage_options=options)
         except TableNotFoundError:
             return LayoutMigration(uri, 0, 0, None)
         misplaced = misplaced_files(table)

@@ -28,10 +28,11 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from retry_engine.errors import ConfigError
+from retry_engine.errors import ConfigError, StorageError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -214,6 +215,87 @@ TABLE_PROPERTIES: Mapping[str, str] = {
 }
 
 
+# --------------------------------------------------------------------------- storage failures
+
+# delta-rs reports a store it cannot reach as a bare OSError whose text is a chain of causes,
+# one per line, each behind a coloured "↳", an S3 error body as XML among them.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_S3_ERROR = re.compile(r"(?:<\?xml[^>]*>\s*)?<Error>.*?</Error>", re.DOTALL)
+_S3_PART = re.compile(r"<(Code|Message)>([^<]*)</\1>")
+# Secret values shorter than this are not searched for in messages (they would blank ordinary words).
+_SHORTEST_SECRET = 4
+# What a cause says -> (the error's code, what to check); the first match wins.
+_DIAGNOSES: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (
+        re.compile(r"NoSuchBucket"),
+        "NO_SUCH_BUCKET",
+        "the bucket does not exist: check the URI (engine.lake or [tables]) and the endpoint",
+    ),
+    (
+        re.compile(r"169\.254\.169\.254|IMDS|loading credentials|no credentials|CredentialsNotLoaded", re.IGNORECASE),
+        "NO_CREDENTIALS",
+        "no credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, "
+        "or an instance role), or aws_access_key_id and aws_secret_access_key in [storage]",
+    ),
+    (
+        re.compile(r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|ExpiredToken|403 Forbidden"),
+        "ACCESS_DENIED",
+        "the store refused the credentials or the request: check the key pair, its permissions and aws_region",
+    ),
+    (
+        re.compile(r"connect error|Connection refused|dns error|failed to lookup address|timed out|error sending request", re.IGNORECASE),
+        "STORAGE_UNREACHABLE",
+        "the store did not answer: check aws_endpoint_url (and aws_allow_http for http://), "
+        "the network, and that the store is up",
+    ),
+)
+
+
+def _causes(text: str) -> list[str]:
+    """delta-rs's chain of causes as plain lines: colours, arrows, repeats and S3's XML wrapping gone."""
+    causes: list[str] = []
+    text = _S3_ERROR.sub(lambda m: ": ".join(part for _, part in _S3_PART.findall(m[0])), _ANSI.sub("", text))
+    for line in text.splitlines():
+        line = line.strip().lstrip("↳").strip()
+        if line and line not in causes:
+            causes.append(line)
+    return causes
+
+
+def storage_error(uri: str, exc: BaseException) -> StorageError:
+    """A :class:`StorageError` for delta-rs's failure ``exc`` on ``uri``: the causes in one line and what to check.
+
+    Secret option values of ``uri`` never appear in it, even if the store echoed one.
+    """
+    causes = _causes(str(exc)) or [type(exc).__name__]
+    reason = ": ".join(causes)
+    code, advice = StorageError.code, ""
+    for pattern, name, what in _DIAGNOSES:
+        if pattern.search(reason):
+            code, advice = name, f"; {what}"
+            break
+    message = f"cannot reach {uri}: {reason}{advice}"
+    for key, value in (options_for(uri) or {}).items():
+        if _SECRET.search(key) and len(value) >= _SHORTEST_SECRET:
+            message = message.replace(value, REDACTED)
+    return StorageError(message, code=code)
+
+
+@contextmanager
+def reaching(uri: str) -> Iterator[None]:
+    """Turn delta-rs's failure to reach the storage of ``uri`` (a bare ``OSError``) into :func:`storage_error`.
+
+    Only a bare ``OSError``: its subclasses (``FileNotFoundError`` and the like) and
+    delta-rs's own errors (``TableNotFoundError``, ``CommitFailedError``) pass as they are.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if type(exc) is not OSError:
+            raise
+        raise storage_error(uri, exc) from exc
+
+
 def location(uri: str, options: Mapping[str, str] | None = None) -> TableLocation:
     """The table at ``uri`` with its storage options: ``options`` if given, else the registered ones."""
     from retry_engine.delta._log import TableLocation
@@ -222,17 +304,23 @@ def location(uri: str, options: Mapping[str, str] | None = None) -> TableLocatio
 
 
 def open_delta(uri: str, *, version: int | None = None) -> DeltaTable:
-    """``DeltaTable(uri)`` with the storage options of ``uri``; raises delta-rs's ``TableNotFoundError`` if none."""
+    """``DeltaTable(uri)`` with the storage options of ``uri``.
+
+    Raises delta-rs's ``TableNotFoundError`` if there is no table, and
+    :class:`~retry_engine.errors.StorageError` if the storage cannot be reached.
+    """
     from deltalake import DeltaTable
 
-    return DeltaTable(uri, version=version, storage_options=options_for(uri))
+    with reaching(uri):
+        return DeltaTable(uri, version=version, storage_options=options_for(uri))
 
 
 def is_delta_table(uri: str) -> bool:
-    """Whether a Delta table exists at ``uri``."""
+    """Whether a Delta table exists at ``uri`` (:class:`~retry_engine.errors.StorageError` if the storage cannot say)."""
     from deltalake import DeltaTable
 
-    return DeltaTable.is_deltatable(uri, storage_options=options_for(uri))
+    with reaching(uri):
+        return DeltaTable.is_deltatable(uri, storage_options=options_for(uri))
 
 
 def create_delta(uri: str, schema: pa.Schema, **kwargs: Any) -> DeltaTable:
@@ -252,12 +340,14 @@ def create_delta(uri: str, schema: pa.Schema, **kwargs: Any) -> DeltaTable:
 
     options = options_for(uri)
     if kwargs.get("mode") != "ignore":
-        return DeltaTable.create(uri, schema, storage_options=options, **kwargs)
+        with reaching(uri):
+            return DeltaTable.create(uri, schema, storage_options=options, **kwargs)
     kwargs.setdefault("commit_properties", CommitProperties(max_commit_retries=0))
     try:
-        return DeltaTable.create(uri, schema, storage_options=options, **kwargs)
+        with reaching(uri):
+            return DeltaTable.create(uri, schema, storage_options=options, **kwargs)
     except CommitFailedError:
-        if not DeltaTable.is_deltatable(uri, storage_options=options):
+        if not is_delta_table(uri):
             raise
         log.info("%s was created by another writer meanwhile; using that table", uri)
         return open_delta(uri)

@@ -39,7 +39,7 @@ from retry_engine.core import engine
 from retry_engine.core.lease import read_state, state_path
 from retry_engine.delta import storage
 from retry_engine.delta.tables import read_table
-from retry_engine.errors import ConfigError
+from retry_engine.errors import ConfigError, StorageError
 from retry_engine.ops.cli import EXIT_OK, main
 from tests.lakehouse import FAST_LEVELS, wait_for
 from tests.s3 import S3Server
@@ -293,6 +293,20 @@ def test_a_checkpoint_on_s3_without_the_hadoop_jars_is_refused(
     with pytest.raises(ConfigError, match="CHECKPOINT_FILESYSTEM_MISSING"):
         storage.require_checkpoint_filesystem(spark, "s3a://bucket/checkpoints/engine")
     storage.require_checkpoint_filesystem(spark, str(tmp_path / "local"))
+
+
+def test_an_engine_on_a_missing_bucket_stops_at_start_naming_it(
+    spark: Any, s3_server: S3Server, tmp_path: Path
+) -> None:
+    """Bad-input rule, #14 part 4: `run` on a lake whose bucket does not exist ends with a StorageError naming
+    the bucket and what to check (the CLI prints it as its one line), not delta-rs's multi-line OSError."""
+    bucket = f"gone-{uuid.uuid4().hex[:8]}"
+    conf = tmp_path / "engine.toml"
+    conf.write_text(_toml(s3_server, f"s3://{bucket}/lake", str(tmp_path / "checkpoints")))
+    with pytest.raises(StorageError, match=rf"^\[NO_SUCH_BUCKET\] cannot reach s3://{bucket}/lake/") as caught:
+        engine.start(spark, load_config(conf))
+    assert "\n" not in str(caught.value) and SECRET not in str(caught.value)
+    assert not spark.streams.active
 
 
 def test_the_engines_tables_are_checkpointed_every_10_commits_and_others_tables_keep_their_defaults(run: Run) -> None:

@@ -462,3 +462,121 @@ def test_an_old_engine_table_gains_the_releases_nullable_columns_on_the_object_s
         {"query_id": "q-new", "reason": "stopped"},
         {"query_id": "q-old", "reason": None},
     ]
+
+
+# --------------------------------------------------------------------------- a store that fails
+
+# What delta-rs 1.6.6 raised (a bare OSError) when the AWS credential chain found nothing and
+# ended at the instance metadata service, which this sandbox's proxy refuses: recorded, since a
+# test cannot rely on what 169.254.169.254 does on the machine running it.
+_NO_CREDENTIALS = (
+    "Kernel error -> Generic S3 error\n"
+    "          \x1b[31m↳\x1b[0m Error performing PUT http://169.254.169.254/latest/api/token in 1.7ms"
+    " - Server returned non-2xx status code\n"
+    "           \x1b[31m↳\x1b[0m 403 Forbidden\n"
+    "            \x1b[31m↳\x1b[0m resolve_deny\n"
+    "             \x1b[31m↳\x1b[0m denied destination\n"
+)
+
+
+def _clean(text: str) -> None:
+    for raw in ("Traceback", "\x1b[", "↳", "<Error>", "<?xml", "RequestId", SECRET):
+        assert raw not in text, f"{raw!r} in:\n{text}"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["dlq", "list"], ["dlq", "stats"], ["maintain", "--dry-run"], ["redrive", "list"]],
+)
+def test_a_missing_bucket_is_named_with_what_to_check(
+    s3_server: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """Bad-input rule, #14 part 4: a lake URI whose bucket does not exist is a one-line error, not a traceback."""
+    bucket = f"gone-{uuid.uuid4().hex[:8]}"
+    conf = tmp_path / "engine.toml"
+    conf.write_text(_toml(s3_server.storage_options(SECRET), f"s3://{bucket}/lake"))
+
+    assert main([*command, "--config", str(conf)]) == EXIT_ERROR
+
+    err = capsys.readouterr().err
+    assert f"retry-engine: [NO_SUCH_BUCKET] cannot reach s3://{bucket}/lake/" in err, err
+    assert "The specified bucket does not exist" in err and "check the URI" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    _clean(err)
+
+
+def test_a_store_that_does_not_answer_is_named_with_what_to_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad-input rule, #14 part 4: a wrong endpoint (nothing listening) says so, with the setting to check."""
+    from tests.s3 import free_port
+
+    options = {
+        "aws_endpoint_url": f"http://127.0.0.1:{free_port()}",
+        "aws_region": "us-east-1",
+        "aws_allow_http": "true",
+        "aws_access_key_id": "k",
+        "aws_secret_access_key": SECRET,
+    }
+    conf = tmp_path / "engine.toml"
+    conf.write_text(_toml(options, "s3://lake/here"))
+
+    assert main(["dlq", "list", "--config", str(conf)]) == EXIT_ERROR
+
+    err = capsys.readouterr().err
+    assert "retry-engine: [STORAGE_UNREACHABLE] cannot reach s3://lake/here/" in err, err
+    assert "Connection refused" in err and "check aws_endpoint_url" in err, err
+    _clean(err)
+
+
+def test_the_notebook_api_raises_a_storage_error_that_is_an_oserror(s3_server: S3Server) -> None:
+    """#14 part 4: `dlq.dead_letters` on a missing bucket raises StorageError (also an OSError, as before)."""
+    from retry_engine import dlq
+    from retry_engine.errors import StorageError
+
+    bucket = f"gone-{uuid.uuid4().hex[:8]}"
+    config = parse_config({"engine": {"lake": f"s3://{bucket}/lake"}, "storage": s3_server.storage_options()})
+    with pytest.raises(StorageError, match=r"^\[NO_SUCH_BUCKET\] cannot reach s3://") as caught:
+        dlq.dead_letters(config)
+    assert isinstance(caught.value, OSError) and caught.value.code == "NO_SUCH_BUCKET"
+    assert isinstance(caught.value.__cause__, OSError)  # delta-rs's own error stays attached
+
+
+def test_no_credentials_are_named_with_where_to_give_them() -> None:
+    """A credential chain that found nothing: the causes on one line and where credentials come from."""
+    error = storage.storage_error("s3://bucket/lake/dlq", OSError(_NO_CREDENTIALS))
+
+    assert error.code == "NO_CREDENTIALS"
+    assert str(error) == (
+        "[NO_CREDENTIALS] cannot reach s3://bucket/lake/dlq: Kernel error -> Generic S3 error: "
+        "Error performing PUT http://169.254.169.254/latest/api/token in 1.7ms - Server returned non-2xx "
+        "status code: 403 Forbidden: resolve_deny: denied destination; no credentials were found: set "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or an instance role), or "
+        "aws_access_key_id and aws_secret_access_key in [storage]"
+    )
+
+
+def test_a_secret_the_store_echoes_is_not_shown() -> None:
+    """Secrets stay out of error messages even when the store's answer repeats one (a short value is not searched)."""
+    lake = f"s3://echo-{uuid.uuid4().hex[:8]}/lake"
+    parse_config({"engine": {"lake": lake}, "storage": {"aws_secret_access_key": SECRET, "aws_access_key_id": "k"}})
+
+    error = storage.storage_error(f"{lake}/dlq", OSError(f"403 Forbidden\n  ↳ SignatureDoesNotMatch for {SECRET}"))
+
+    assert error.code == "ACCESS_DENIED" and SECRET not in str(error) and "for ***" in str(error), str(error)
+    assert "Forbidden" in str(error)  # "k" (the key id) is too short to be searched for
+
+
+def test_only_delta_rs_bare_storage_errors_are_translated() -> None:
+    """A FileNotFoundError or delta-rs's TableNotFoundError passes through `reaching` as it is."""
+    from deltalake.exceptions import TableNotFoundError
+
+    from retry_engine.errors import StorageError
+
+    for exc in (FileNotFoundError("x"), TableNotFoundError("y")):
+        with pytest.raises(type(exc)) as caught, storage.reaching("s3://b/t"):
+            raise exc
+        assert caught.value is exc
+    with pytest.raises(StorageError, match=r"^\[STORAGE_UNAVAILABLE\] cannot reach s3://b/t: disk on fire$"):
+        with storage.reaching("s3://b/t"):
+            raise OSError("disk on fire")
