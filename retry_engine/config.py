@@ -76,6 +76,14 @@ DEFAULT_DIRECT_WRITE_ROWS = 8192
 DEFAULT_PROGRESS_FLUSH_INTERVAL = "5s"
 # The lake lease (B8) expires this long after its owner's last heartbeat (every quarter of it).
 DEFAULT_LEASE_TIMEOUT = "60s"
+# `retry-engine run` restarts a query that failed (a storage outage, a lost executor) after
+# restart_delay, doubled after each restart in a row up to MAX_RESTART_DELAY; after
+# restart_attempts restarts in a row without a completed micro-batch it exits 1. The defaults
+# ride out about 25 minutes of failing storage.
+DEFAULT_RESTART_ATTEMPTS = 10
+DEFAULT_RESTART_DELAY = "5s"
+MAX_RESTART_DELAY_MS = 5 * 60 * 1000
+MAX_RESTART_DELAY_SETTING_MS = 24 * 3600 * 1000
 DEFAULT_RETRY_QUEUE_NUMS = 1
 DEFAULT_RETRY_MAX_TIMES = 16
 # "deltars": the delta-rs bridge (no jars); "delta": Spark's own Delta format (needs the jars).
@@ -216,11 +224,14 @@ class EngineSection(_Strict):
     auto_create_groups: bool = True
     progress_flush_interval: Duration = DEFAULT_PROGRESS_FLUSH_INTERVAL
     lease_timeout: Duration = DEFAULT_LEASE_TIMEOUT
+    restart_attempts: StrictInt = Field(default=DEFAULT_RESTART_ATTEMPTS, ge=0, le=1_000_000)
+    restart_delay: Duration = DEFAULT_RESTART_DELAY
     table_format: TableFormat = DEFAULT_TABLE_FORMAT
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
     _dur = field_validator(
-        "trigger_interval", "dedup_window", "state_bucket", "progress_flush_interval", "lease_timeout"
+        "trigger_interval", "dedup_window", "state_bucket", "progress_flush_interval", "lease_timeout",
+        "restart_delay",
     )(
         classmethod(lambda cls, v: _check_duration(v))
     )
@@ -229,6 +240,13 @@ class EngineSection(_Strict):
     @classmethod
     def _levels(cls, value: str) -> str:
         parse_delay_levels(value)
+        return value
+
+    @field_validator("restart_delay")
+    @classmethod
+    def _restart_delay(cls, value: str) -> str:
+        if parse_duration_ms(value) > MAX_RESTART_DELAY_SETTING_MS:
+            raise ValueError(f"{value!r} is longer than a day; a failed engine would wait that long to restart")
         return value
 
     @field_validator("lake")
@@ -522,6 +540,11 @@ class EngineConfig(_Strict):
     @property
     def lease_timeout_ms(self) -> int:
         return parse_duration_ms(self.engine.lease_timeout)
+
+    def restart_delay_s(self, attempt: int) -> float:
+        """Seconds before restart ``attempt`` (1, 2, ...) in a row: ``restart_delay`` doubled each time, at most 5 min."""
+        first = parse_duration_ms(self.engine.restart_delay)
+        return float(min(first * 2 ** min(max(attempt, 1) - 1, 32), max(first, MAX_RESTART_DELAY_MS))) / 1000
 
     def group(self, name: str) -> GroupConfig | None:
         """The group's config; defaults for an unknown group when groups are auto-created."""

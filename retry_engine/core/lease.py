@@ -289,12 +289,22 @@ class LakeLease:
         return self._update(change, what=f"batch {batch.batch_id}")
 
     def release(self) -> None:
-        """Give the lease up (graceful stop): the next engine starts without ``--take-over``."""
+        """Give the lease up (graceful stop): the next engine starts without ``--take-over``.
+
+        Storage that cannot be written (an outage: what may have failed the query) leaves
+        the lease as a crash would, with a warning: an engine on this host takes it back at
+        once, one elsewhere after ``lease_timeout``.
+        """
         try:
             self._update(lambda s: replace(s, released=True, heartbeat=self.clock()), what="release")
             log.info("lake %s: lease released (epoch %s)", self.lake, self.epoch)
         except LeaseLostError as exc:
             log.info("lake %s: nothing to release: %s", self.lake, exc)
+        except OSError as exc:
+            log.warning(
+                "lake %s: could not release the lease (%s); an engine on this host takes it back at once, "
+                "one on another host after %d s", self.lake, exc, self.timeout_ms // 1000,
+            )
 
     # ------------------------------------------------------------------ internals
 

@@ -251,15 +251,15 @@ _DIAGNOSES: tuple[tuple[re.Pattern[str], str, str], ...] = (
 )
 
 
-def _causes(text: str) -> list[str]:
+def causes(text: str) -> list[str]:
     """delta-rs's chain of causes as plain lines: colours, arrows, repeats and S3's XML wrapping gone."""
-    causes: list[str] = []
+    found: list[str] = []
     text = _S3_ERROR.sub(lambda m: ": ".join(part for _, part in _S3_PART.findall(m[0])), _ANSI.sub("", text))
     for line in text.splitlines():
         line = line.strip().lstrip("↳").strip()
-        if line and line not in causes:
-            causes.append(line)
-    return causes
+        if line and line not in found:
+            found.append(line)
+    return found
 
 
 def storage_error(uri: str, exc: BaseException) -> StorageError:
@@ -267,8 +267,7 @@ def storage_error(uri: str, exc: BaseException) -> StorageError:
 
     Secret option values of ``uri`` never appear in it, even if the store echoed one.
     """
-    causes = _causes(str(exc)) or [type(exc).__name__]
-    reason = ": ".join(causes)
+    reason = ": ".join(causes(str(exc)) or [type(exc).__name__])
     code, advice = StorageError.code, ""
     for pattern, name, what in _DIAGNOSES:
         if pattern.search(reason):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from retry_engine.ops.terms import SCHEMA_FORMATS
 if TYPE_CHECKING:
     from retry_engine.config import EngineConfig
     from retry_engine.core.startup import Startup
+    from retry_engine.ops.stopping import StopSignals
 
 log = logging.getLogger("retry_engine")
 
@@ -354,6 +356,27 @@ def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace, startu
     return exit_code(signals.received)
 
 
+# The header line of a Python exception inside Spark's error text ("OSError: ...", "retry_engine.errors.X: ...").
+_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception): \S")
+
+
+def failure_reason(text: str) -> str:
+    """One line saying why a query failed: the last Python error in Spark's text (with its chain of
+    causes on one line), else Spark's own first line."""
+    from retry_engine.delta.storage import causes
+
+    lines = text.splitlines()
+    headers = [i for i, line in enumerate(lines) if _PYTHON_ERROR.match(line)]
+    if not headers:
+        return lines[0] if lines else text
+    block = []
+    for line in lines[headers[-1]:]:
+        if not line.strip() or line.lstrip().startswith(("SQLSTATE", "at ")) or line.startswith("\t"):
+            break
+        block.append(line)
+    return ": ".join(causes("\n".join(block)))
+
+
 def _stopped_line(signum: int, config: EngineConfig) -> str:
     """The one line a command prints after a clean stop on a signal."""
     from retry_engine.ops.stopping import signal_name
@@ -364,44 +387,90 @@ def _stopped_line(signum: int, config: EngineConfig) -> str:
 def _run_until_stopped(
     spark: Any, config: EngineConfig, args: argparse.Namespace, startup: Startup
 ) -> int:
-    """Run the engine until SIGINT/SIGTERM (clean stop, exit 130/0) or until its query fails (exit 1).
+    """Run the engine until SIGINT/SIGTERM (clean stop, exit 130/0), restarting a failed query.
 
-    The signal handler only sets a flag; this thread stops the query, so the
-    stop never interrupts a py4j call (see :mod:`retry_engine.ops.stopping`).
+    A query that fails (a storage outage, a lost executor) is stopped, its lease
+    released, and started again from its checkpoint after ``engine.restart_delay``,
+    doubled for each restart in a row; after ``engine.restart_attempts`` restarts
+    in a row without a completed micro-batch between them the command exits 1, as
+    it does at once when another engine took the lake over or a start fails other
+    than on storage. The signal handler only sets a flag; this thread stops the
+    query, so the stop never interrupts a py4j call (see :mod:`retry_engine.ops.stopping`).
     """
+    from retry_engine.ops.stopping import StopSignals, stop_session
+
+    with StopSignals() as signals:
+        try:
+            code, last_words = _run_restarting(spark, config, args, startup, signals)
+        finally:
+            stop_session(spark)
+    for line, stream in last_words:
+        print(line, file=stream, flush=True)
+    return code
+
+
+def _run_restarting(
+    spark: Any, config: EngineConfig, args: argparse.Namespace, startup: Startup, signals: StopSignals
+) -> tuple[int, list[tuple[str, Any]]]:
+    """:func:`_run_until_stopped`'s loop: its exit code and the lines to print once the session is stopped."""
     from retry_engine.core import engine
-    from retry_engine.ops.stopping import StopSignals, exit_code, quiet_stop_logs, stop_session
+    from retry_engine.errors import StorageError
+    from retry_engine.ops.stopping import exit_code, quiet_stop_logs
 
     lake = os.path.abspath(config.engine.lake)
-    with StopSignals() as signals:
-        query = engine.start(
-            spark,
-            config,
-            take_over=args.take_over,
-            discard_pending=args.discard_pending,
-            startup=startup,
-        )
-        print(_running_line(config, args.config, query_id=str(query.id)), flush=True)
+    attempts = config.engine.restart_attempts
+    in_a_row = 0
+    while True:
         try:
-            while not signals.wait(RUN_POLL_SECONDS) and query.isActive:
-                pass
-        finally:
-            if signals.requested:
-                quiet_stop_logs(spark)
-            lost = engine.stop(
-                query, finish_batch_s=STOP_FINISH_BATCH_SECONDS if signals.requested else 0.0
+            query = engine.start(
+                spark,
+                config,
+                take_over=args.take_over and in_a_row == 0,
+                discard_pending=args.discard_pending and in_a_row == 0,
+                startup=startup if in_a_row == 0 else None,
             )
-            failure = None if signals.requested else query.exception()
-            stop_session(spark)
-    if lost is not None:
-        print(f"retry-engine: {lost}", file=sys.stderr)
-        return EXIT_ERROR
-    if signals.received is not None:
-        print(_stopped_line(signals.received, config), flush=True)
-        return exit_code(signals.received)
-    reason = str(failure).splitlines()[0] if failure is not None else "the query stopped"
-    print(f"retry-engine: the engine stopped: {reason}; tables under {lake}", file=sys.stderr)
-    return EXIT_ERROR
+        except StorageError as exc:
+            if in_a_row == 0:
+                raise  # the first start: a store that is misconfigured, not one that went away
+            reason = str(exc)
+        else:
+            if in_a_row == 0:
+                print(_running_line(config, args.config, query_id=str(query.id)), flush=True)
+            else:
+                print(f"retry-engine: restarted (query {query.id})", file=sys.stderr, flush=True)
+            try:
+                while not signals.wait(RUN_POLL_SECONDS) and query.isActive:
+                    pass
+            finally:
+                if signals.requested:
+                    quiet_stop_logs(spark)
+                lost = engine.stop(query, finish_batch_s=STOP_FINISH_BATCH_SECONDS if signals.requested else 0.0)
+            if lost is not None:
+                return EXIT_ERROR, [(f"retry-engine: {lost}", sys.stderr)]
+            if signals.received is not None:
+                return exit_code(signals.received), [(_stopped_line(signals.received, config), sys.stdout)]
+            failure = query.exception()
+            reason = failure_reason(str(failure)) if failure is not None else "the query stopped"
+            if query.recentProgress:  # it completed a micro-batch: this failure starts a new row
+                in_a_row = 0
+        in_a_row += 1
+        if in_a_row > attempts:
+            said = [(f"retry-engine: the engine stopped: {reason}; tables under {lake}", sys.stderr)]
+            if attempts:
+                said.append((
+                    f"retry-engine: gave up after {attempts} restarts in a row without a completed "
+                    "micro-batch (engine.restart_attempts)", sys.stderr,
+                ))
+            return EXIT_ERROR, said
+        delay = config.restart_delay_s(in_a_row)
+        print(
+            f"retry-engine: the engine stopped: {reason}; restarting in {delay:g} s "
+            f"(restart {in_a_row} of {attempts} in a row, engine.restart_attempts)",
+            file=sys.stderr, flush=True,
+        )
+        if signals.wait(delay):
+            assert signals.received is not None
+            return exit_code(signals.received), [(_stopped_line(signals.received, config), sys.stdout)]
 
 
 def _running_line(config: EngineConfig, config_file: str | None, *, query_id: str) -> str:

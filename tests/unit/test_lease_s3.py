@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -57,3 +58,26 @@ def test_lease_refuses_takes_over_and_fences_on_s3(s3_lake: str) -> None:
     state = read_state(s3_lake)
     assert state is not None and state.epoch == 3 and state.owner is not None and state.owner.query_id == "query-C"
     assert state.last_batch == BatchRecord("query-A", 0, None, {}, 0)
+
+
+def test_a_release_the_store_refuses_is_left_as_a_crash_would_leave_it(
+    s3_lake: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An engine whose query failed on a storage outage stops without raising from the release (B8): the lease
+    stays held, a warning says who takes it back when, and this host's next start takes it back."""
+    from tests.s3 import free_port
+
+    owner = Owner("host-a", 1, "query-A", "/a", dt.datetime.now(dt.UTC))
+    lease = LakeLease(s3_lake, owner)
+    lease.acquire()
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+
+    with caplog.at_level("WARNING", logger="retry_engine.core.lease"):
+        lease.release()
+
+    assert "could not release the lease ([STORAGE_UNREACHABLE] cannot reach" in caplog.text
+    assert "one on another host after 60 s" in caplog.text
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    state = read_state(s3_lake)
+    assert state is not None and not state.released and state.owner == owner
