@@ -5,9 +5,10 @@ as a network partition or a store restarting does); the test itself writes and r
 directly. delta-rs retries each request only once here (``max_retries = "1"`` in ``[storage]``), so
 the query fails within a second of the cut instead of after ten retries.
 
-One engine process: results A are decided; the relay is cut until the engine reports its query
-failed, and a few seconds more (its restarts fail, each counted); the relay comes back, the engine
-restarts from its checkpoint, decides results B, and every result has exactly one outcome. Then
+One engine process: results A are decided; results B (3,000) are appended and the relay is cut
+while the engine works on them, until the engine reports its query failed and a few seconds more
+(its restarts fail, each counted); the relay comes back, the engine restarts from its checkpoint,
+decides B and then C, and every result has exactly one outcome. Then
 the relay is cut for good: after ``engine.restart_attempts`` restarts in a row without a completed
 micro-batch the command gives up with exit code 1, its last lines saying why in one line each.
 """
@@ -38,6 +39,10 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 RESTARTS = 3
+A, B = 6, 3000
+# B's append returns once its commit is on the store; the engine's next batch starts within its
+# 200 ms trigger and reads, decides and commits B over about a second on this machine.
+CUT_AFTER_S = 0.4
 
 
 class Relay:
@@ -125,11 +130,11 @@ def _engine_toml(relay: Relay, server: S3Server, lake: str, checkpoint: Path) ->
     ]) + "\n"
 
 
-def _results(tag: str) -> list[dict[str, Any]]:
+def _results(tag: str, count: int) -> list[dict[str, Any]]:
     return [
         {"consumer_group": "G", "msg_id": f"{tag}-{i}", "topic": "orders", "body": b"x",
          "status": "CONSUME_SUCCESS" if i % 2 else "RECONSUME_LATER"}
-        for i in range(6)
+        for i in range(count)
     ]
 
 
@@ -149,7 +154,7 @@ def test_the_engine_restarts_after_a_storage_outage_and_gives_up_when_it_lasts(
     conf = tmp_path / "engine.toml"
     conf.write_text(_engine_toml(relay, s3_server, lake, tmp_path / "checkpoints"))
     err_path = tmp_path / "engine.err"
-    append_consume_results(direct, _results("a"))
+    append_consume_results(direct, _results("a", A))
 
     with err_path.open("w") as err:
         proc = subprocess.Popen(
@@ -159,18 +164,22 @@ def test_the_engine_restarts_after_a_storage_outage_and_gives_up_when_it_lasts(
         )
     context = lambda: f"engine stderr:\n{err_path.read_text()[-8000:]}"  # noqa: E731
     try:
-        wait_for(lambda: len(_outcomes(direct)) == 6, timeout=180, what=f"results A decided\n{context()}")
+        wait_for(lambda: len(_outcomes(direct)) == A, timeout=180, what=f"results A decided\n{context()}")
 
+        # B arrives and the store goes away while the engine reads, decides or commits it.
+        append_consume_results(direct, _results("b", B))
+        time.sleep(CUT_AFTER_S)
         relay.set_cut(True)
         wait_for(lambda: "restarting in" in err_path.read_text(), timeout=60, what=f"the failure\n{context()}")
         time.sleep(3)  # a restart or two fails on the cut store, each counted
         assert proc.poll() is None, context()
         relay.set_cut(False)
-        append_consume_results(direct, _results("b"))
-        wait_for(lambda: len(_outcomes(direct)) == 12, timeout=120, what=f"results B decided\n{context()}")
+        append_consume_results(direct, _results("c", A))
+        wait_for(lambda: len(_outcomes(direct)) == A + B + A, timeout=120, what=f"results B, C decided\n{context()}")
 
         # B1: each result decided exactly once across the failure and the restarts.
-        assert _outcomes(direct) == Counter({f"{t}-{i}": 1 for t in "ab" for i in range(6)}), context()
+        want = Counter({f"{t}-{i}": 1 for t, n in (("a", A), ("b", B), ("c", A)) for i in range(n)})
+        assert _outcomes(direct) == want, context()
         text = err_path.read_text()
         assert "retry-engine: restarted (query " in text, context()
         failed = [line for line in text.splitlines() if line.startswith("retry-engine: the engine stopped:")]
