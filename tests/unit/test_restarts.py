@@ -5,6 +5,8 @@ The restarts themselves run against a real store in tests/integration/test_stora
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from retry_engine.config import parse_config
@@ -90,3 +92,108 @@ def test_the_failure_line_names_the_last_python_error_and_falls_back_to_sparks_f
     )
     assert failure_reason("Executor lost\nmore") == "Executor lost"
     assert failure_reason("") == ""
+
+
+# --------------------------------------------------------------------------- the loop's decisions
+# The loop with the engine's start and stop standing in (a real outage, restart and give-up run in
+# tests/integration/test_storage_outage.py): what it counts, when it gives up, a stop request.
+
+
+class _Query:
+    def __init__(self, *, progressed: bool, failure: str | None = "OSError: store gone") -> None:
+        self.id = "q"
+        self.isActive = False
+        self.recentProgress = [{"batchId": 0}] if progressed else []
+        self._failure = failure
+
+    def exception(self) -> Exception | None:
+        return Exception(self._failure) if self._failure else None
+
+
+class _Signals:
+    """StopSignals as the loop sees it: ``stop_on_wait`` turns the n-th wait into a SIGTERM."""
+
+    def __init__(self, stop_on_wait: int | None = None) -> None:
+        self.received: int | None = None
+        self.waits: list[float] = []
+        self._stop_on = stop_on_wait
+
+    @property
+    def requested(self) -> bool:
+        return self.received is not None
+
+    def wait(self, timeout: float) -> bool:
+        if timeout == 0:  # the poll while a query runs (RUN_POLL_SECONDS, 0 here)
+            return self.received is not None
+        self.waits.append(timeout)
+        if self._stop_on is not None and len(self.waits) >= self._stop_on:
+            import signal
+
+            self.received = signal.SIGTERM
+        return self.received is not None
+
+
+def _loop(monkeypatch: pytest.MonkeyPatch, starts: list[object], signals: _Signals, attempts: int = 3):  # type: ignore[no-untyped-def]
+    import argparse
+
+    from retry_engine.core import engine
+    from retry_engine.ops import cli
+
+    config = parse_config({"engine": {"restart_attempts": attempts, "restart_delay": "1s"}})
+    calls: list[dict[str, object]] = []
+
+    def start(spark: object, config: object, **kwargs: object) -> object:
+        calls.append(kwargs)
+        outcome = starts.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(engine, "start", start)
+    monkeypatch.setattr(engine, "stop", lambda query, **kwargs: None)
+    monkeypatch.setattr(cli, "RUN_POLL_SECONDS", 0.0)
+    args = argparse.Namespace(take_over=True, discard_pending=True, config=None)
+    code, last = cli._run_restarting(None, config, args, None, signals)  # type: ignore[arg-type]
+    return code, [line for line, _ in last], calls, signals.waits
+
+
+def test_restarts_in_a_row_double_the_wait_and_run_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    from retry_engine.errors import StorageError
+
+    gone = StorageError("cannot reach s3://b/lake/_engine_state: refused", code="STORAGE_UNREACHABLE")
+    code, last, calls, waits = _loop(monkeypatch, [_Query(progressed=True), gone, _Query(progressed=False), gone], _Signals())
+
+    assert code == 1 and waits == [1.0, 2.0, 4.0]
+    assert last == [
+        "retry-engine: the engine stopped: [STORAGE_UNREACHABLE] cannot reach s3://b/lake/_engine_state: refused; "
+        f"tables under {os.path.abspath('./data/lake')}",
+        "retry-engine: gave up after 3 restarts in a row without a completed micro-batch (engine.restart_attempts)",
+    ]
+    # --take-over and --discard-pending are the operator's answer for the first start only.
+    assert calls[0]["take_over"] is True and all(c["take_over"] is False for c in calls[1:])
+    assert calls[0]["discard_pending"] is True and all(c["discard_pending"] is False for c in calls[1:])
+
+
+def test_a_restart_that_completes_a_batch_ends_the_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    queries = [_Query(progressed=False), _Query(progressed=True), _Query(progressed=False), _Query(progressed=False)]
+    code, _, calls, waits = _loop(monkeypatch, queries, _Signals(), attempts=2)
+
+    assert code == 1 and len(calls) == 4 and waits == [1.0, 1.0, 2.0]
+
+
+def test_a_stop_during_the_wait_ends_at_once_with_the_signals_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, last, calls, waits = _loop(monkeypatch, [_Query(progressed=True)], _Signals(stop_on_wait=1))
+
+    assert code == 0 and len(calls) == 1 and waits == [1.0]
+    assert last[0].startswith("retry-engine: stopped on SIGTERM")
+
+
+def test_no_restarts_and_a_first_start_on_a_store_that_fails_end_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from retry_engine.errors import StorageError
+
+    code, last, calls, waits = _loop(monkeypatch, [_Query(progressed=True)], _Signals(), attempts=0)
+    assert code == 1 and len(calls) == 1 and waits == [] and len(last) == 1
+    assert last[0].startswith("retry-engine: the engine stopped: OSError: store gone;")
+
+    with pytest.raises(StorageError):
+        _loop(monkeypatch, [StorageError("no bucket", code="NO_SUCH_BUCKET")], _Signals())
