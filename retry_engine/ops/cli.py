@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -356,27 +355,6 @@ def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace, startu
     return exit_code(signals.received)
 
 
-# The header line of a Python exception inside Spark's error text ("OSError: ...", "retry_engine.errors.X: ...").
-_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception): \S")
-
-
-def failure_reason(text: str) -> str:
-    """One line saying why a query failed: the last Python error in Spark's text (with its chain of
-    causes on one line), else Spark's own first line."""
-    from retry_engine.delta.storage import causes
-
-    lines = text.splitlines()
-    headers = [i for i, line in enumerate(lines) if _PYTHON_ERROR.match(line)]
-    if not headers:
-        return lines[0] if lines else text
-    block = []
-    for line in lines[headers[-1]:]:
-        if not line.strip() or line.lstrip().startswith(("SQLSTATE", "at ")) or line.startswith("\t"):
-            break
-        block.append(line)
-    return ": ".join(causes("\n".join(block)))
-
-
 def _stopped_line(signum: int, config: EngineConfig) -> str:
     """The one line a command prints after a clean stop on a signal."""
     from retry_engine.ops.stopping import signal_name
@@ -415,6 +393,7 @@ def _run_restarting(
     """:func:`_run_until_stopped`'s loop: its exit code and the lines to print once the session is stopped."""
     from retry_engine.core import engine
     from retry_engine.errors import StorageError
+    from retry_engine.ops.status import failure_reason
     from retry_engine.ops.stopping import exit_code, quiet_stop_logs
 
     lake = os.path.abspath(config.engine.lake)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,6 +47,8 @@ QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]
 # Spark reports a progress or an idle event at least every 10 s
 # (spark.sql.streaming.noDataProgressEventInterval), so 30 s is never normal silence.
 STALE_TRIGGERS = 10
+# How much of a failed query's error `status` shows (one line: the Python error and its causes).
+FAILURE_SHOWN_CHARS = 300
 MIN_STALE_MS = 30_000
 
 # Columns each summary needs; only these are read.
@@ -246,6 +249,27 @@ def _latest(table: pa.Table, column: str) -> dict[str, Any] | None:
     return row
 
 
+# The header line of a Python exception inside Spark's error text ("OSError: ...", "retry_engine.errors.X: ...").
+_PYTHON_ERROR = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception): \S")
+
+
+def failure_reason(text: str) -> str:
+    """One line saying why a query failed: the last Python error in Spark's text (with its chain of
+    causes on one line), else Spark's own first line."""
+    from retry_engine.delta.storage import causes
+
+    lines = text.splitlines()
+    headers = [i for i, line in enumerate(lines) if _PYTHON_ERROR.match(line)]
+    if not headers:
+        return lines[0] if lines else text
+    block = []
+    for line in lines[headers[-1]:]:
+        if not line.strip() or line.lstrip().startswith(("SQLSTATE", "at ")) or line.startswith("\t"):
+            break
+        block.append(line)
+    return ": ".join(causes("\n".join(block)))
+
+
 def query_state(
     progress: pa.Table, *, now: dt.datetime, trigger_interval_ms: int, flush_interval_ms: int
 ) -> tuple[QueryState, str, dict[str, Any] | None, LastBatch | None]:
@@ -279,10 +303,10 @@ def query_state(
     if last["event"] == TERMINATED:
         reason = _stop_reason_text(last["reason"])
         if last["exception"]:
-            first_line = str(last["exception"]).splitlines()[0][:200]
             return (
                 "failed",
-                f"terminated at {_iso(last['event_time'])}{reason} with: {first_line}",
+                f"terminated at {_iso(last['event_time'])}{reason} with: "
+                f"{failure_reason(str(last['exception']))[:FAILURE_SHOWN_CHARS]}",
                 last,
                 last_batch,
             )

@@ -11,7 +11,7 @@ import pytest
 
 from retry_engine.config import parse_config
 from retry_engine.errors import ConfigError
-from retry_engine.ops.cli import failure_reason
+from retry_engine.ops.status import failure_reason
 
 # What Spark said of a query whose source could not list consume_results's log (delta-rs's OSError
 # inside the Python data source's traceback, Spark's stack after it), recorded from a run.

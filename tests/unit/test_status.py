@@ -134,6 +134,25 @@ def test_query_state_follows_the_latest_run() -> None:
     assert judge(restarted, T + ms(700))[0] == "running"
 
 
+def test_a_failed_querys_python_error_is_shown_not_sparks_traceback_header() -> None:
+    """Spark's first line of a Python data source's failure ends in "Traceback (most recent call last):";
+    status shows the Python error with its chain of causes on one line instead."""
+    spark_text = (
+        "[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source perform "
+        "latestOffset: Traceback (most recent call last):\n"
+        '  File "/x/retry_engine/delta/_log.py", line 461, in table\n'
+        "OSError: Kernel error -> Generic S3 error\n"
+        "          \x1b[31m↳\x1b[0m Connection reset by peer (os error 104)\n"
+        "\n SQLSTATE: 38000\n\tat org.apache.spark.sql.errors.X(x.scala:1)\n"
+    )
+    failed = progress(event(TERMINATED, T + ms(400), exception=spark_text))
+    assert judge(failed, T + ms(500)) == (
+        "failed",
+        "terminated at 2026-11-22T12:00:00.400Z (reason: failed) with: "
+        "OSError: Kernel error -> Generic S3 error: Connection reset by peer (os error 104)",
+    )
+
+
 @pytest.mark.parametrize(
     "reason, shown",
     [
