@@ -49,10 +49,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="process the consume results already in the table, then stop (pending retries wait for the next run)",
     )
-    run.add_argument(
+    owner = run.add_mutually_exclusive_group()
+    owner.add_argument(
         "--take-over",
         action="store_true",
         help="start even if another live engine owns the lake; it is fenced (its next commit is refused) and stops",
+    )
+    owner.add_argument(
+        "--standby",
+        action="store_true",
+        help="while another live engine owns the lake, wait; start as soon as it stops or its lease expires "
+        "(a hot standby; not with --once)",
     )
     run.add_argument(
         "--discard-pending",
@@ -290,6 +297,10 @@ def _run(args: argparse.Namespace) -> int:
     from retry_engine.delta.lake import require_lake_folder
     from retry_engine.delta.session import build_session, warm_python_workers, warming_workers
 
+    if args.once and args.standby:
+        print("retry-engine run: error: --standby waits to run on, --once stops when the input is processed; "
+              "give one", file=sys.stderr)
+        return EXIT_USAGE
     config = _config(args)
     require_lake_folder(config, origin=_lake_origin(args))
     startup = Startup()
@@ -387,34 +398,52 @@ def _run_until_stopped(
     return code
 
 
+def standby_poll_s(config: EngineConfig) -> float:
+    """How often a standby engine tries the lake's lease: a tenth of ``engine.lease_timeout``, 1-5 s."""
+    return min(max(config.lease_timeout_ms / 10_000, 1.0), 5.0)
+
+
 def _run_restarting(
     spark: Any, config: EngineConfig, args: argparse.Namespace, startup: Startup, signals: StopSignals
 ) -> tuple[int, list[tuple[str, Any]]]:
     """:func:`_run_until_stopped`'s loop: its exit code and the lines to print once the session is stopped."""
     from retry_engine.core import engine
-    from retry_engine.errors import StorageError
+    from retry_engine.errors import LakeOwnedError, StorageError
     from retry_engine.ops.status import failure_reason
     from retry_engine.ops.stopping import exit_code, quiet_stop_logs
 
     lake = os.path.abspath(config.engine.lake)
     attempts = config.engine.restart_attempts
     in_a_row = 0
+    started = False
+    standing_by = False
     while True:
         try:
             query = engine.start(
                 spark,
                 config,
-                take_over=args.take_over and in_a_row == 0,
-                discard_pending=args.discard_pending and in_a_row == 0,
-                startup=startup if in_a_row == 0 else None,
+                take_over=args.take_over and not started,
+                discard_pending=args.discard_pending and not started,
+                startup=startup if not started else None,
             )
+        except LakeOwnedError as exc:
+            if not getattr(args, "standby", False):
+                raise
+            if not standing_by:
+                print(f"retry-engine: standing by: {exc}", file=sys.stderr, flush=True)
+                standing_by = True
+            if signals.wait(standby_poll_s(config)):
+                assert signals.received is not None
+                return exit_code(signals.received), [(_stopped_line(signals.received, config), sys.stdout)]
+            continue
         except StorageError as exc:
-            if in_a_row == 0:
+            if not started:
                 raise  # the first start: a store that is misconfigured, not one that went away
             reason = str(exc)
         else:
-            if in_a_row == 0:
+            if not started:
                 print(_running_line(config, args.config, query_id=str(query.id)), flush=True)
+                started = True
             else:
                 print(f"retry-engine: restarted (query {query.id})", file=sys.stderr, flush=True)
             try:

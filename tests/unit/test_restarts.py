@@ -133,7 +133,9 @@ class _Signals:
         return self.received is not None
 
 
-def _loop(monkeypatch: pytest.MonkeyPatch, starts: list[object], signals: _Signals, attempts: int = 3):  # type: ignore[no-untyped-def]
+def _loop(  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch, starts: list[object], signals: _Signals, attempts: int = 3, standby: bool = False
+):
     import argparse
 
     from retry_engine.core import engine
@@ -152,7 +154,7 @@ def _loop(monkeypatch: pytest.MonkeyPatch, starts: list[object], signals: _Signa
     monkeypatch.setattr(engine, "start", start)
     monkeypatch.setattr(engine, "stop", lambda query, **kwargs: None)
     monkeypatch.setattr(cli, "RUN_POLL_SECONDS", 0.0)
-    args = argparse.Namespace(take_over=True, discard_pending=True, config=None)
+    args = argparse.Namespace(take_over=not standby, discard_pending=True, config=None, standby=standby)
     code, last = cli._run_restarting(None, config, args, None, signals)  # type: ignore[arg-type]
     return code, [line for line, _ in last], calls, signals.waits
 
@@ -197,3 +199,49 @@ def test_no_restarts_and_a_first_start_on_a_store_that_fails_end_at_once(monkeyp
 
     with pytest.raises(StorageError):
         _loop(monkeypatch, [StorageError("no bucket", code="NO_SUCH_BUCKET")], _Signals())
+
+
+def _owned() -> Exception:
+    from retry_engine.errors import LakeOwnedError
+
+    return LakeOwnedError("the lake /l is owned by another engine (host h, pid 1)", code="LAKE_OWNED")
+
+
+def test_a_standby_waits_while_the_lake_is_owned_then_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, calls, waits = _loop(
+        monkeypatch, [_owned(), _owned(), _Query(progressed=True)], _Signals(), attempts=0, standby=True
+    )
+
+    assert code == 1 and len(calls) == 3 and waits == [5.0, 5.0]  # a tenth of the 60 s lease, at most 5 s
+    err = capsys.readouterr()
+    assert err.err.count("retry-engine: standing by: [LAKE_OWNED] the lake /l is owned") == 1
+    assert "retry-engine: running (query q)" in err.out
+
+
+def test_a_standby_stops_on_a_signal_and_an_owned_lake_without_standby_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from retry_engine.errors import LakeOwnedError
+
+    code, last, calls, _ = _loop(monkeypatch, [_owned()], _Signals(stop_on_wait=1), standby=True)
+    assert code == 0 and len(calls) == 1 and last[0].startswith("retry-engine: stopped on SIGTERM")
+
+    with pytest.raises(LakeOwnedError):
+        _loop(monkeypatch, [_owned()], _Signals())
+
+
+def test_standby_polls_a_tenth_of_the_lease_within_1_to_5_seconds() -> None:
+    from retry_engine.ops.cli import standby_poll_s
+
+    assert [standby_poll_s(parse_config({"engine": {"lease_timeout": t}})) for t in ("5s", "20s", "60s", "1h")] == [
+        1.0, 2.0, 5.0, 5.0,
+    ]
+
+
+def test_standby_with_once_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from retry_engine.ops.cli import EXIT_USAGE, main
+
+    assert main(["run", "--once", "--standby"]) == EXIT_USAGE
+    assert "--standby" in capsys.readouterr().err
