@@ -432,12 +432,13 @@ def _run_restarting(
             if not standing_by:
                 print(f"retry-engine: standing by: {exc}", file=sys.stderr, flush=True)
                 standing_by = True
+            in_a_row = 0  # the store answered
             if signals.wait(standby_poll_s(config)):
                 assert signals.received is not None
                 return exit_code(signals.received), [(_stopped_line(signals.received, config), sys.stdout)]
             continue
         except StorageError as exc:
-            if not started:
+            if not started and not standing_by:
                 raise  # the first start: a store that is misconfigured, not one that went away
             reason = str(exc)
         else:
@@ -462,8 +463,9 @@ def _run_restarting(
             if query.recentProgress:  # it completed a micro-batch: this failure starts a new row
                 in_a_row = 0
         in_a_row += 1
+        what = "the engine stopped" if started else "the standby could not reach the lake"
         if in_a_row > attempts:
-            said = [(f"retry-engine: the engine stopped: {reason}; tables under {lake}", sys.stderr)]
+            said = [(f"retry-engine: {what}: {reason}; tables under {lake}", sys.stderr)]
             if attempts:
                 said.append((
                     f"retry-engine: gave up after {attempts} restarts in a row without a completed "
@@ -472,7 +474,7 @@ def _run_restarting(
             return EXIT_ERROR, said
         delay = config.restart_delay_s(in_a_row)
         print(
-            f"retry-engine: the engine stopped: {reason}; restarting in {delay:g} s "
+            f"retry-engine: {what}: {reason}; {'restarting' if started else 'trying again'} in {delay:g} s "
             f"(restart {in_a_row} of {attempts} in a row, engine.restart_attempts)",
             file=sys.stderr, flush=True,
         )

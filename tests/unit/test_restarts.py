@@ -245,3 +245,21 @@ def test_standby_with_once_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
 
     assert main(["run", "--once", "--standby"]) == EXIT_USAGE
     assert "--standby" in capsys.readouterr().err
+
+
+def test_a_standby_rides_out_an_outage_of_the_store_it_already_reached(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from retry_engine.errors import StorageError
+
+    gone = StorageError("cannot reach s3://b/lake/_engine_state", code="STORAGE_UNREACHABLE")
+    starts = [_owned(), gone, gone, _owned(), gone, gone, _Query(progressed=True), gone, gone]
+    code, _, calls, waits = _loop(monkeypatch, starts, _Signals(), attempts=2, standby=True)
+
+    # Two failed starts in a row at most (the lease answered between them), then the engine ran,
+    # failed, and its restarts ran out.
+    assert code == 1 and len(calls) == 9 and waits == [5.0, 1.0, 2.0, 5.0, 1.0, 2.0, 1.0, 2.0]
+    err = capsys.readouterr().err
+    assert "retry-engine: the standby could not reach the lake: [STORAGE_UNREACHABLE]" in err
+    assert "; trying again in 1 s (restart 1 of 2 in a row" in err
+    assert "retry-engine: the engine stopped: OSError: store gone; restarting in 1 s" in err
