@@ -77,12 +77,13 @@ DEFAULT_PROGRESS_FLUSH_INTERVAL = "5s"
 # The lake lease (B8) expires this long after its owner's last heartbeat (every quarter of it).
 DEFAULT_LEASE_TIMEOUT = "60s"
 # `retry-engine run` restarts a query that failed (a storage outage, a lost executor) after
-# restart_delay, doubled after each restart in a row up to MAX_RESTART_DELAY; after
+# restart_delay, doubled after each restart in a row up to 5 min; after
 # restart_attempts restarts in a row without a completed micro-batch it exits 1. The defaults
 # ride out about 25 minutes of failing storage.
 DEFAULT_RESTART_ATTEMPTS = 10
 DEFAULT_RESTART_DELAY = "5s"
 MAX_RESTART_DELAY_MS = 5 * 60 * 1000
+# A longer restart_delay is refused: no restart at all (restart_attempts = 0) says that better.
 MAX_RESTART_DELAY_SETTING_MS = 24 * 3600 * 1000
 DEFAULT_RETRY_QUEUE_NUMS = 1
 DEFAULT_RETRY_MAX_TIMES = 16

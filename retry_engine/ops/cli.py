@@ -410,7 +410,7 @@ def _run_restarting(
     from retry_engine.core import engine
     from retry_engine.errors import LakeOwnedError, StorageError
     from retry_engine.ops.status import failure_reason
-    from retry_engine.ops.stopping import exit_code, quiet_stop_logs
+    from retry_engine.ops.stopping import quiet_stop_logs
 
     lake = os.path.abspath(config.engine.lake)
     attempts = config.engine.restart_attempts
@@ -427,15 +427,14 @@ def _run_restarting(
                 startup=startup if not started else None,
             )
         except LakeOwnedError as exc:
-            if not getattr(args, "standby", False):
+            if not args.standby:
                 raise
             if not standing_by:
                 print(f"retry-engine: standing by: {exc}", file=sys.stderr, flush=True)
                 standing_by = True
             in_a_row = 0  # the store answered
             if signals.wait(standby_poll_s(config)):
-                assert signals.received is not None
-                return exit_code(signals.received), [(_stopped_line(signals.received, config), sys.stdout)]
+                return _stopped_by(signals, config)
             continue
         except StorageError as exc:
             if not started and not standing_by:
@@ -456,8 +455,8 @@ def _run_restarting(
                 lost = engine.stop(query, finish_batch_s=STOP_FINISH_BATCH_SECONDS if signals.requested else 0.0)
             if lost is not None:
                 return EXIT_ERROR, [(f"retry-engine: {lost}", sys.stderr)]
-            if signals.received is not None:
-                return exit_code(signals.received), [(_stopped_line(signals.received, config), sys.stdout)]
+            if signals.requested:
+                return _stopped_by(signals, config)
             failure = query.exception()
             reason = failure_reason(str(failure)) if failure is not None else "the query stopped"
             if query.recentProgress:  # it completed a micro-batch: this failure starts a new row
@@ -479,8 +478,15 @@ def _run_restarting(
             file=sys.stderr, flush=True,
         )
         if signals.wait(delay):
-            assert signals.received is not None
-            return exit_code(signals.received), [(_stopped_line(signals.received, config), sys.stdout)]
+            return _stopped_by(signals, config)
+
+
+def _stopped_by(signals: StopSignals, config: EngineConfig) -> tuple[int, list[tuple[str, Any]]]:
+    """The exit code of a stop on a signal and its one line."""
+    from retry_engine.ops.stopping import exit_code
+
+    assert signals.received is not None
+    return exit_code(signals.received), [(_stopped_line(signals.received, config), sys.stdout)]
 
 
 def _running_line(config: EngineConfig, config_file: str | None, *, query_id: str) -> str:

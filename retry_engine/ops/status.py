@@ -47,9 +47,9 @@ QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]
 # Spark reports a progress or an idle event at least every 10 s
 # (spark.sql.streaming.noDataProgressEventInterval), so 30 s is never normal silence.
 STALE_TRIGGERS = 10
+MIN_STALE_MS = 30_000
 # How much of a failed query's error `status` shows (one line: the Python error and its causes).
 FAILURE_SHOWN_CHARS = 300
-MIN_STALE_MS = 30_000
 
 # Columns each summary needs; only these are read.
 _COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
