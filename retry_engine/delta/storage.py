@@ -374,9 +374,11 @@ def write_delta(target: str | DeltaTable, data: Any, **kwargs: Any) -> None:
     from deltalake import write_deltalake
 
     if isinstance(target, str):
-        write_deltalake(target, data, storage_options=options_for(target), **kwargs)
+        with reaching(target):
+            write_deltalake(target, data, storage_options=options_for(target), **kwargs)
     else:
-        write_deltalake(target, data, **kwargs)
+        with reaching(target.table_uri):
+            write_deltalake(target, data, **kwargs)
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

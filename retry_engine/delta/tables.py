@@ -24,6 +24,7 @@ from retry_engine.delta.storage import (
     create_delta,
     location,
     open_delta,
+    reaching,
     set_properties,
 )
 from retry_engine.errors import ConcurrentWriteError, ConfigError, SchemaMismatchError
@@ -399,15 +400,16 @@ def _write_once(
         if app_id is not None and txn_version is not None
         else None
     )
-    write_deltalake(
-        checked,
-        table,
-        mode="append",
-        partition_by=list(partition_by) or None,
-        commit_properties=CommitProperties(
-            app_transactions=transactions, max_commit_retries=0 if strict else None
-        ),
-    )
+    with reaching(path):
+        write_deltalake(
+            checked,
+            table,
+            mode="append",
+            partition_by=list(partition_by) or None,
+            commit_properties=CommitProperties(
+                app_transactions=transactions, max_commit_retries=0 if strict else None
+            ),
+        )
     return True
 
 

@@ -580,3 +580,24 @@ def test_only_delta_rs_bare_storage_errors_are_translated() -> None:
     with pytest.raises(StorageError, match=r"^\[STORAGE_UNAVAILABLE\] cannot reach s3://b/t: disk on fire$"):
         with storage.reaching("s3://b/t"):
             raise OSError("disk on fire")
+
+
+def test_a_send_to_a_store_that_went_away_fails_naming_it_in_one_line(s3_server: S3Server) -> None:
+    """R12-style send failure on an outage: the producer's SendFailedError carries the one-line storage error."""
+    from retry_engine.clients.producer import Producer
+    from retry_engine.errors import SendFailedError
+    from tests.s3 import free_port
+
+    lake = f"s3://{s3_server.new_bucket()}/lake"
+    parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
+    producer = Producer(f"{lake}/messages", retry_times_when_send_failed=1, send_timeout_ms=30_000)
+    producer.send("orders", b"one")
+    # The same lake, its endpoint now answering nothing (how a store's outage looks to a client).
+    gone = {**s3_server.storage_options(), "aws_endpoint_url": f"http://127.0.0.1:{free_port()}", "max_retries": "0"}
+    parse_config({"engine": {"lake": lake}, "storage": gone})
+
+    with pytest.raises(SendFailedError) as caught:
+        producer.send("orders", b"two")
+
+    assert f"[STORAGE_UNREACHABLE] cannot reach {lake}/messages" in str(caught.value), str(caught.value)
+    assert "\x1b[" not in str(caught.value) and "↳" not in str(caught.value)
