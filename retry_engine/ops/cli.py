@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -329,13 +330,28 @@ RUN_POLL_SECONDS = 0.5
 
 
 def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace, startup: Startup) -> int:
-    """``run --once``: exit 0 when the input is processed; on SIGINT/SIGTERM a clean stop (exit 130/0).
+    """``run --once``: exit 0 when the input is processed; on SIGINT/SIGTERM a clean stop (exit 130/0);
+    a failed query (never restarted: the scheduler decides) exits 1 with one line saying why.
 
     As in :func:`_run_until_stopped`, the signal handler only sets a flag and
     this thread stops the query (:func:`retry_engine.core.engine.run_once` polls
     the flag between its checks), so the terminated event and the lease
     release are written either way.
     """
+    from pyspark.errors import StreamingQueryException
+
+    from retry_engine.ops.status import failure_reason
+
+    try:
+        return _run_once_until_done(spark, config, args, startup)
+    except StreamingQueryException as exc:
+        # The query failed (the query's own stop already recorded it): one line, as `run` prints.
+        lake = os.path.abspath(config.engine.lake)
+        print(f"retry-engine: the engine stopped: {failure_reason(str(exc))}; tables under {lake}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _run_once_until_done(spark: Any, config: EngineConfig, args: argparse.Namespace, startup: Startup) -> int:
     from retry_engine.core import engine
     from retry_engine.ops.stopping import StopSignals, drain_tasks, exit_code, quiet_stop_logs
 
@@ -396,6 +412,25 @@ def _run_until_stopped(
     for line, stream in last_words:
         print(line, file=stream, flush=True)
     return code
+
+
+# Codes of the package's own errors that a restart may mend: the store failing (also as the source
+# or sink report it) and writers racing. Every other code the engine raises in a query waits for an
+# operator (a vacuumed data file or cleaned commit, a damaged state file, a checkpoint that cannot
+# resume): restarting would only fail the same way for `engine.restart_attempts` rounds. A failure
+# without one of the package's codes (a lost executor, Spark's own errors) is restarted.
+RESTARTABLE_CODES = frozenset({
+    "STORAGE_UNAVAILABLE", "STORAGE_UNREACHABLE", "NO_SUCH_BUCKET", "NO_CREDENTIALS", "ACCESS_DENIED",
+    "DELTA_TABLE_UNREADABLE", "DELTA_COMMIT_FAILED", "DELTA_SINK_ERROR", "TABLE_MOVED", "LEASE_CONTENDED",
+    "ENGINE_STOPPED",
+})
+_OWN_ERROR = re.compile(r"^retry_engine\.errors\.\w+: \[([A-Z][A-Z0-9_]*)\]")
+
+
+def needs_operator(reason: str) -> str | None:
+    """The code of the package's error that failed the query if restarting cannot mend it, else None."""
+    found = _OWN_ERROR.match(reason)
+    return found[1] if found and found[1] not in RESTARTABLE_CODES else None
 
 
 def standby_poll_s(config: EngineConfig) -> float:
@@ -459,6 +494,12 @@ def _run_restarting(
                 return _stopped_by(signals, config)
             failure = query.exception()
             reason = failure_reason(str(failure)) if failure is not None else "the query stopped"
+            code = needs_operator(reason)
+            if code is not None:
+                return EXIT_ERROR, [
+                    (f"retry-engine: the engine stopped: {reason}; tables under {lake}", sys.stderr),
+                    (f"retry-engine: not restarted: [{code}] needs an operator (see above)", sys.stderr),
+                ]
             if query.recentProgress:  # it completed a micro-batch: this failure starts a new row
                 in_a_row = 0
         in_a_row += 1

@@ -263,3 +263,32 @@ def test_a_standby_rides_out_an_outage_of_the_store_it_already_reached(
     assert "retry-engine: the standby could not reach the lake: [STORAGE_UNREACHABLE]" in err
     assert "; trying again in 1 s (restart 1 of 2 in a row" in err
     assert "retry-engine: the engine stopped: OSError: store gone; restarting in 1 s" in err
+
+
+@pytest.mark.parametrize(
+    ("reason", "code"),
+    [
+        ("retry_engine.errors.DeltaSourceError: [DELTA_FILE_MISSING] data file x is gone", "DELTA_FILE_MISSING"),
+        ("retry_engine.errors.StateUnreadableError: [STATE_UNREADABLE] state value of key k", "STATE_UNREADABLE"),
+        ("retry_engine.errors.StorageError: [STORAGE_UNREACHABLE] cannot reach s3://b/t: refused", None),
+        ("retry_engine.errors.DeltaSourceError: [DELTA_TABLE_UNREADABLE] cannot load Delta table", None),
+        ("OSError: Kernel error -> Generic S3 error: Connection reset by peer", None),
+        ("org.apache.spark.SparkException: Job aborted due to stage failure: executor lost", None),
+        ("ValueError: [NOT_OURS] a user's error with a bracket", None),
+        ("", None),
+    ],
+)
+def test_only_the_packages_own_errors_outside_the_restartable_codes_need_an_operator(
+    reason: str, code: str | None
+) -> None:
+    from retry_engine.ops.cli import needs_operator
+
+    assert needs_operator(reason) == code
+
+
+def test_a_failure_that_needs_an_operator_is_not_restarted(monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = _Query(progressed=True, failure="retry_engine.errors.DeltaSourceError: [DELTA_FILE_MISSING] file f gone")
+    code, last, calls, waits = _loop(monkeypatch, [failed], _Signals())
+
+    assert code == 1 and len(calls) == 1 and waits == []
+    assert last[1] == "retry-engine: not restarted: [DELTA_FILE_MISSING] needs an operator (see above)"
