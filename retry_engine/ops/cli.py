@@ -445,7 +445,6 @@ def _run_restarting(
     from retry_engine.core import engine
     from retry_engine.errors import LakeOwnedError, StorageError
     from retry_engine.ops.status import failure_reason
-    from retry_engine.ops.stopping import quiet_stop_logs
 
     lake = os.path.abspath(config.engine.lake)
     attempts = config.engine.restart_attempts
@@ -481,13 +480,7 @@ def _run_restarting(
                 started = True
             else:
                 print(f"retry-engine: restarted (query {query.id})", file=sys.stderr, flush=True)
-            try:
-                while not signals.wait(RUN_POLL_SECONDS) and query.isActive:
-                    pass
-            finally:
-                if signals.requested:
-                    quiet_stop_logs(spark)
-                lost = engine.stop(query, finish_batch_s=STOP_FINISH_BATCH_SECONDS if signals.requested else 0.0)
+            lost = _watch(spark, query, signals)
             if lost is not None:
                 return EXIT_ERROR, [(f"retry-engine: {lost}", sys.stderr)]
             if signals.requested:
@@ -520,6 +513,22 @@ def _run_restarting(
         )
         if signals.wait(delay):
             return _stopped_by(signals, config)
+
+
+def _watch(spark: Any, query: Any, signals: StopSignals) -> Exception | None:
+    """Wait until ``query`` ends or a stop is requested, then stop it (letting its batch finish on a
+    request); the error if it had stopped because another engine took the lake over."""
+    from retry_engine.core import engine
+    from retry_engine.ops.stopping import quiet_stop_logs
+
+    try:
+        while not signals.wait(RUN_POLL_SECONDS) and query.isActive:
+            pass
+    finally:
+        if signals.requested:
+            quiet_stop_logs(spark)
+        lost = engine.stop(query, finish_batch_s=STOP_FINISH_BATCH_SECONDS if signals.requested else 0.0)
+    return lost
 
 
 def _stopped_by(signals: StopSignals, config: EngineConfig) -> tuple[int, list[tuple[str, Any]]]:
