@@ -102,3 +102,25 @@ def test_readme_non_retryable_example_is_valid_config(tmp_path: Path) -> None:
     conf.write_text(block)
     group = load_config(conf, env={}).group("billing")
     assert group is not None and group.non_retryable.error_classes == ["ValueError", "myapp.errors.InvalidOrder"]
+
+
+def test_spark_settings_written_as_toml_numbers_and_booleans_are_spark_strings(tmp_path: Path) -> None:
+    """A user writes `"spark.ui.port" = 4040` and `"spark.ui.enabled" = true` (TOML's own types): they were
+    refused ("Input should be a valid string"); Spark's own builder turns them into "4040" and "true"."""
+    conf = tmp_path / "c.toml"
+    conf.write_text(
+        '[engine.spark_conf]\n"spark.ui.port" = 4040\n"spark.ui.enabled" = true\n"spark.memory.fraction" = 0.5\n'
+    )
+    extra = load_config(conf, env={}).engine.spark_conf
+    assert extra == {"spark.ui.port": "4040", "spark.ui.enabled": "true", "spark.memory.fraction": "0.5"}
+    assert spark_conf(extra=extra)["spark.ui.enabled"] == "true"
+
+
+@pytest.mark.parametrize("table", ['"" = "x"', '" " = "x"', '"spark.x" = [1]', '"spark.x" = { a = 1 }'])
+def test_spark_settings_without_a_name_or_with_a_list_or_table_value_are_refused(tmp_path: Path, table: str) -> None:
+    from retry_engine.errors import ConfigError
+
+    conf = tmp_path / "c.toml"
+    conf.write_text(f"[engine.spark_conf]\n{table}\n")
+    with pytest.raises(ConfigError, match="engine.spark_conf"):
+        load_config(conf, env={})
