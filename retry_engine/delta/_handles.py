@@ -105,8 +105,9 @@ def open_latest(location: TableLocation) -> Handle:
             log.info("%s: kept handle not usable (%s); opening the table afresh", location.uri, exc)
     from deltalake import DeltaTable
 
-    from retry_engine.delta.storage import reaching
+    from retry_engine.delta.storage import reaching, settle_reads_at_exit
 
+    settle_reads_at_exit()
     with reaching(location.uri):
         table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
     return Handle(location, table, table.version())
