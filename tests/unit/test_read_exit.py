@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,7 +20,7 @@ RUNS = 12
 SCRIPT = (
     "import sys\n"
     "from retry_engine.delta.storage import open_delta\n"
-    "print(open_delta(sys.argv[1]).to_pyarrow_table(columns=['id']).num_rows)\n"
+    "open_delta(sys.argv[1]).to_pyarrow_table(columns=['id'])\n"  # the last line: nothing after the read
 )
 
 
@@ -30,11 +29,11 @@ def test_a_script_ending_with_a_read_exits_cleanly(tmp_path: Path) -> None:
     for i in range(60):
         write_deltalake(path, pa.table({"id": [f"{i}-{j}" for j in range(100)], "v": list(range(100))}), mode="append")
 
-    def run(_: int) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", SCRIPT, path], capture_output=True, text=True, timeout=120)
+    # One after another: runs side by side on two cores aborted less often without the pause (2 of 12).
+    done = [
+        subprocess.run([sys.executable, "-c", SCRIPT, path], capture_output=True, text=True, timeout=120)
+        for _ in range(RUNS)
+    ]
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        done = list(pool.map(run, range(RUNS)))
-
-    failed = [(d.returncode, d.stderr[-300:]) for d in done if d.returncode != 0 or d.stdout.strip() != "6000"]
+    failed = [(d.returncode, d.stderr[-300:]) for d in done if d.returncode != 0 or d.stderr]
     assert not failed, f"{len(failed)} of {RUNS} runs failed: {failed[:3]}"
