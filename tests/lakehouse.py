@@ -53,6 +53,16 @@ class Lake:
     def path(self, table: str) -> str:
         return self.config.table_path(table)
 
+    def engine_toml(self, path: Path, **extra: str) -> Path:
+        """A config file for an engine process on this lake (fast levels, 200 ms trigger), ``extra``
+        more ``[engine]`` settings given as TOML values (``lease_timeout='"20s"'``)."""
+        lines = [
+            "[engine]", f'lake = "{self.root}"', 'trigger_interval = "200ms"', 'state_bucket = "1s"',
+            f'message_delay_level = "{FAST_LEVELS}"', *(f"{key} = {value}" for key, value in extra.items()),
+        ]
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
     def write_results(
         self, results: list[Result], schema: pa.Schema = CONSUME_RESULTS.arrow_schema
     ) -> None:

@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, main
 from tests.builders import Result
-from tests.lakehouse import FAST_LEVELS, Lake
+from tests.lakehouse import Lake
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +32,7 @@ def test_a_vacuumed_file_the_engine_still_needs_ends_run_and_run_once_in_one_lin
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lake = Lake.make(tmp_path / "lake")
-    conf = tmp_path / "engine.toml"
-    conf.write_text(
-        f'[engine]\nlake = "{lake.root}"\ntrigger_interval = "200ms"\nstate_bucket = "1s"\n'
-        f'message_delay_level = "{FAST_LEVELS}"\nrestart_delay = "1s"\n'
-    )
+    conf = lake.engine_toml(tmp_path / "engine.toml", restart_delay='"1s"')
     lake.write_results([Result.of(f"a-{i}").ok() for i in range(3)])
     assert main(["run", "--once", "--config", str(conf)]) == EXIT_OK
     for tag in "bcd":  # three commits the engine has not read

@@ -16,18 +16,14 @@ from collections import Counter
 from pathlib import Path
 
 from tests.builders import Result
-from tests.lakehouse import FAST_LEVELS, STOP_NOISE, Lake
+from tests.lakehouse import STOP_NOISE, Lake
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_run_once_decides_its_input_once_and_prints_no_stop_noise(tmp_path: Path) -> None:
     lake = Lake.make(tmp_path / "lake")
-    conf = tmp_path / "engine.toml"
-    conf.write_text(
-        f'[engine]\nlake = "{lake.root}"\ntrigger_interval = "200ms"\nstate_bucket = "1s"\n'
-        f'message_delay_level = "{FAST_LEVELS}"\n'
-    )
+    conf = lake.engine_toml(tmp_path / "engine.toml")
     rows = [Result.of(f"ok-{i}").ok() for i in range(3)] + [Result.of(f"fail-{i}").failed() for i in range(2)]
     lake.write_results(rows)
     done = subprocess.run(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.builders import Result
-from tests.lakehouse import FAST_LEVELS, Lake, wait_for
+from tests.lakehouse import Lake, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -54,11 +54,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def test_a_standby_engine_takes_over_when_the_running_one_dies(tmp_path: Path) -> None:
     lake = Lake.make(tmp_path / "lake")
-    conf = tmp_path / "engine.toml"
-    conf.write_text(
-        f'[engine]\nlake = "{lake.root}"\ntrigger_interval = "200ms"\nstate_bucket = "1s"\n'
-        f'message_delay_level = "{FAST_LEVELS}"\nlease_timeout = "20s"\n'
-    )
+    conf = lake.engine_toml(tmp_path / "engine.toml", lease_timeout='"20s"')
     first = [Result.of(f"x-{i}").ok() for i in range(4)] + [Result.of(f"y-{i}").failed() for i in range(4)]
     lake.write_results(first)
     log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
