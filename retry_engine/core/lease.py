@@ -431,7 +431,9 @@ class Heartbeat:
                 self.lost = exc
                 self._on_lost(exc)
                 return
-            except Exception:  # a transient storage error: the next beat retries; expiry is the backstop
+            except OSError as exc:  # the store (a StorageError says it in one line): the next beat retries
+                log.warning("lake %s: heartbeat failed, the next one retries: %s", self._lease.lake, exc)
+            except Exception:  # anything else: the same, with its traceback; expiry is the backstop
                 log.exception("lake %s: heartbeat failed", self._lease.lake)
 
 

@@ -81,3 +81,37 @@ def test_a_release_the_store_refuses_is_left_as_a_crash_would_leave_it(
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     state = read_state(s3_lake)
     assert state is not None and not state.released and state.owner == owner
+
+
+def test_heartbeats_the_store_refuses_are_one_line_warnings_and_the_lease_survives(
+    s3_lake: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """During an outage each missed beat logs one line (it logged a traceback every beat); the next beat
+    after the store is back renews the lease, which nothing else took meanwhile."""
+    import time
+
+    from retry_engine.core.lease import Heartbeat
+    from tests.s3 import free_port
+
+    lease = LakeLease(s3_lake, Owner("host-a", 1, "query-A", "/a", dt.datetime.now(dt.UTC)))
+    lease.acquire()
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    beat = Heartbeat(lease, interval_s=0.2, alive=lambda: True, on_lost=lambda exc: None)
+    with caplog.at_level("WARNING", logger="retry_engine.core.lease"):
+        beat.start()
+        deadline = time.monotonic() + 30
+        while "heartbeat failed" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.1)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        before = read_state(s3_lake)
+        time.sleep(1.0)
+        beat.stop()
+
+    failed = [r for r in caplog.records if "heartbeat failed" in r.getMessage()]
+    assert failed and all(r.exc_info is None for r in failed), caplog.text
+    assert "the next one retries: [STORAGE_UNREACHABLE] cannot reach" in failed[0].getMessage()
+    after = read_state(s3_lake)
+    assert before is not None and after is not None and after.epoch == before.epoch == lease.epoch
+    assert after.heartbeat is not None and before.heartbeat is not None and after.heartbeat > before.heartbeat
+    assert beat.lost is None
