@@ -460,14 +460,20 @@ class ProgressRecorder(JsonProgressListener):
             return 0
         try:
             append_arrow(self.path, pa.Table.from_pylist(rows, schema=PROGRESS.arrow_schema))
-        except Exception:
-            log.exception(
-                "progress recorder %s: could not append %d rows to %s (batch ids %s..%s); will retry",
+        except Exception as exc:
+            # The store failing (a StorageError says it in one line) is a warning; anything else an error
+            # with its traceback.
+            storage = isinstance(exc, OSError)
+            log.log(
+                logging.WARNING if storage else logging.ERROR,
+                "progress recorder %s: could not append %d rows to %s (batch ids %s..%s); will retry%s",
                 self.query_id,
                 len(rows),
                 self.path,
                 rows[0].get("batch_id"),
                 rows[-1].get("batch_id"),
+                f": {exc}" if storage else "",
+                exc_info=not storage,
             )
             with self._lock:
                 self._rows = rows + self._rows

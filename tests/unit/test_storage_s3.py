@@ -601,3 +601,31 @@ def test_a_send_to_a_store_that_went_away_fails_naming_it_in_one_line(s3_server:
 
     assert f"[STORAGE_UNREACHABLE] cannot reach {lake}/messages" in str(caught.value), str(caught.value)
     assert "\x1b[" not in str(caught.value) and "↳" not in str(caught.value)
+
+
+def test_a_progress_flush_the_store_refuses_is_a_one_line_warning_and_keeps_its_rows(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """B7 during an outage: the recorder's failed appends warned with a traceback every flush; now one line."""
+    import logging
+
+    from pyspark.sql.streaming.listener import QueryProgressEvent
+
+    from retry_engine.ops.monitor import ProgressRecorder
+    from tests.s3 import free_port
+    from tests.unit.test_monitor import QUERY, progress_json
+
+    lake = f"s3://{s3_server.new_bucket()}/lake"
+    gone = {**s3_server.storage_options(), "aws_endpoint_url": f"http://127.0.0.1:{free_port()}", "max_retries": "0"}
+    parse_config({"engine": {"lake": lake}, "storage": gone})
+    recorder = ProgressRecorder(f"{lake}/progress", query_id=QUERY, flush_interval_ms=60_000)
+    recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(0)}))
+
+    with caplog.at_level(logging.WARNING, logger="retry_engine.ops.monitor"):
+        assert recorder.flush() == 0
+
+    (record,) = [r for r in caplog.records if "could not append 1 rows" in r.getMessage()]
+    assert record.levelno == logging.WARNING and not record.exc_info
+    assert "; will retry: [STORAGE_UNREACHABLE] cannot reach" in record.getMessage()
+    parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
+    assert recorder.flush() == 1  # the rows were kept for the store's return
