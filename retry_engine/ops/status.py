@@ -50,6 +50,8 @@ STALE_TRIGGERS = 10
 MIN_STALE_MS = 30_000
 # How much of a failed query's error `status` shows (one line: the Python error and its causes).
 FAILURE_SHOWN_CHARS = 300
+# How far back `status` counts failed queries.
+FAILURES_WINDOW = dt.timedelta(hours=24)
 
 # Columns each summary needs; only these are read.
 _COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
@@ -230,6 +232,11 @@ class Status:
     lateness: list[LatenessEntry]
     dead_letters: list[DeadLetterEntry]
     lag: list[LagEntry] = dataclasses.field(default_factory=list)
+    # Queries that failed within FAILURES_WINDOW before checked_at (`run` restarts them: a running
+    # engine that keeps failing shows here), the last one's time and reason.
+    failures_24h: int = 0
+    last_failure_at: dt.datetime | None = None
+    last_failure: str | None = None
 
 
 def stale_after_ms(
@@ -338,6 +345,24 @@ _STOP_REASON_MEANING: dict[str, str] = {
     FINISHED: "run --once processed its input",
     LEASE_LOST: "another engine took the lake over",
 }
+
+
+def recent_failures(progress: pa.Table, *, now: dt.datetime) -> tuple[int, dt.datetime | None, str | None]:
+    """Failed queries (terminated events with an exception) within :data:`FAILURES_WINDOW` before
+    ``now``: how many, and the last one's time and reason."""
+    if progress.num_rows == 0:
+        return 0, None, None
+    since = pa.scalar(now - FAILURES_WINDOW, progress.schema.field("event_time").type)
+    failed = progress.filter(
+        pc.and_(
+            pc.and_(pc.equal(progress["event"], TERMINATED), pc.is_valid(progress["exception"])),
+            pc.fill_null(pc.greater_equal(progress["event_time"], since), False),
+        )
+    )
+    last = _latest(failed, "event_time")
+    if last is None:
+        return 0, None, None
+    return failed.num_rows, last["event_time"], failure_reason(str(last["exception"]))[:FAILURE_SHOWN_CHARS]
 
 
 def _stop_reason_text(reason: str | None) -> str:
@@ -487,6 +512,7 @@ def summarise(
         trigger_interval_ms=trigger_interval_ms,
         flush_interval_ms=flush_interval_ms,
     )
+    failures, last_failure_at, last_failure = recent_failures(lake.progress, now=now)
     entries = backlog(lake.outcomes, lake.retry)
     due = [e.oldest_due_at for e in entries if e.oldest_due_at is not None]
     oldest = min(due) if due else None
@@ -508,6 +534,9 @@ def summarise(
         lateness=lateness(lake.retry),
         dead_letters=dead_letters(lake.dlq),
         lag=lag(lake.consume_results, lake.outcomes, lake.retry, now=now),
+        failures_24h=failures,
+        last_failure_at=last_failure_at,
+        last_failure=last_failure,
     )
 
 
@@ -553,6 +582,11 @@ def format_status(status: Status) -> str:
         f"query id    {status.query_id or '-'}",
         f"checked at  {_iso(status.checked_at)}",
     ]
+    if status.failures_24h:
+        lines.append(
+            f"failures    {status.failures_24h} in the last 24 h (`run` restarts a failed query); "
+            f"the last at {_iso(status.last_failure_at)}: {status.last_failure}"
+        )
     batch = status.last_batch
     if batch is None:
         lines.append("last batch  -")

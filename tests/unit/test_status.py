@@ -38,7 +38,7 @@ from retry_engine.ops.status import (
     status_json,
     summarise,
 )
-from retry_engine.ops.terms import PROGRESS_EVENT, STARTED, TERMINATED, StopReason
+from retry_engine.ops.terms import PROGRESS_EVENT, STARTED, STOPPED, TERMINATED, StopReason
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
 from tests.lakehouse import Lake
 
@@ -151,6 +151,29 @@ def test_a_failed_querys_python_error_is_shown_not_sparks_traceback_header() -> 
         "terminated at 2026-11-22T12:00:00.400Z (reason: failed) with: "
         "OSError: Kernel error -> Generic S3 error: Connection reset by peer (os error 104)",
     )
+
+
+def test_failed_runs_of_the_last_24_hours_are_counted_while_the_restarted_query_runs() -> None:
+    """`run` restarts a failed query, so `status` says running; the failures behind it are counted."""
+    from retry_engine.ops.status import recent_failures
+
+    day = dt.timedelta(hours=24)
+    rows = progress(
+        event(TERMINATED, T - day - ms(1), run="run-0", exception="ValueError: a day and a bit ago"),
+        event(TERMINATED, T + ms(100), run="run-1", exception="OSError: store gone\n\tat x"),
+        event(STARTED, T + ms(200), run="run-2"),
+        event(TERMINATED, T + ms(300), run="run-2", reason=STOPPED),  # stopped on request: no failure
+        event(STARTED, T + ms(400), run="run-3"),
+        event(TERMINATED, T + ms(500), run="run-3", exception="retry_engine.errors.StorageError: [STORAGE_UNREACHABLE] x"),
+        event(STARTED, T + ms(600), run="run-4"),
+        batch(0, T + ms(700), run="run-4"),
+    )
+    assert judge(rows, T + ms(800))[0] == "running"
+    assert recent_failures(rows, now=T + ms(800)) == (
+        2, T + ms(500), "retry_engine.errors.StorageError: [STORAGE_UNREACHABLE] x"
+    )
+    assert recent_failures(rows, now=T + day + ms(150)) == (1, T + ms(500), "retry_engine.errors.StorageError: [STORAGE_UNREACHABLE] x")
+    assert recent_failures(progress(), now=T) == (0, None, None)
 
 
 @pytest.mark.parametrize(
@@ -420,6 +443,9 @@ def sample_status() -> Status:
             LagEntry("orders-consumer", 183, 183, 0, 181, 181, 0),
             LagEntry(None, 2, 2, 0, 0, 0, 0),
         ],
+        failures_24h=2,
+        last_failure_at=T + ms(400),
+        last_failure="OSError: Generic S3 error: Connection reset by peer (os error 104)",
     )
 
 
