@@ -61,6 +61,13 @@ log = logging.getLogger(__name__)
 # Rows kept when the table cannot be written; beyond this the oldest are dropped (and logged).
 MAX_BUFFERED_ROWS = 10_000
 
+# Rows a closed recorder could not write (the store failed until the end: an outage is what fails
+# the query that `retry-engine run` then restarts), by progress table: the next recorder on the
+# same table in this process writes them first, so the failed run's events (its terminated event
+# with the exception) reach the table once the store is back.
+_UNWRITTEN: dict[str, list[dict[str, Any]]] = {}
+_UNWRITTEN_LOCK = threading.Lock()
+
 
 def parse_spark_time(value: str) -> dt.datetime:
     """Spark's event timestamps (``2026-11-22T12:00:00.123Z``) as aware UTC datetimes."""
@@ -243,7 +250,8 @@ class ProgressRecorder(JsonProgressListener):
         self.query_id = query_id
         self.flush_interval_ms = flush_interval_ms
         self._on_close = on_close
-        self._rows: list[dict[str, Any]] = []
+        with _UNWRITTEN_LOCK:
+            self._rows: list[dict[str, Any]] = _UNWRITTEN.pop(path, [])
         self._input_rows: dict[int, int] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -495,6 +503,15 @@ class ProgressRecorder(JsonProgressListener):
             self._wake.clear()
             self.flush()
         self.flush()
+        with self._lock:
+            left, self._rows = self._rows, []
+        if left:
+            with _UNWRITTEN_LOCK:
+                _UNWRITTEN[self.path] = (_UNWRITTEN.get(self.path, []) + left)[-MAX_BUFFERED_ROWS:]
+            log.warning(
+                "progress recorder %s: %d rows not written to %s; the next recorder on it in this process "
+                "writes them", self.query_id, len(left), self.path,
+            )
         if self._on_close is not None:
             try:
                 self._on_close(self)

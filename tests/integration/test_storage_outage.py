@@ -186,6 +186,17 @@ def test_the_engine_restarts_after_a_storage_outage_and_gives_up_when_it_lasts(
         assert failed and all("restarting in" in line for line in failed), context()
         assert all("Traceback" not in line and "\x1b[" not in line for line in failed), context()
 
+        # B7: the failed run's terminated event (with its exception), buffered while the store was gone,
+        # reaches the progress table through the restarted query's recorder.
+        def failed_runs() -> int:
+            try:
+                events = read_table(direct.table_path("progress")).select(["event", "exception"]).to_pylist()
+            except Exception:
+                return 0
+            return sum(1 for e in events if e["event"] == "terminated" and e["exception"])
+
+        wait_for(lambda: failed_runs() >= 1, timeout=60, what=f"the failed run recorded\n{context()}")
+
         relay.set_cut(True)  # for good: the restarts run out
         assert proc.wait(timeout=180) == 1, context()
         last = err_path.read_text().splitlines()[-2:]

@@ -629,3 +629,28 @@ def test_a_progress_flush_the_store_refuses_is_a_one_line_warning_and_keeps_its_
     assert "; will retry: [STORAGE_UNREACHABLE] cannot reach" in record.getMessage()
     parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
     assert recorder.flush() == 1  # the rows were kept for the store's return
+
+
+def test_rows_a_closed_recorder_could_not_write_are_written_by_the_next_on_its_table(s3_server: S3Server) -> None:
+    """B7 across `run`'s restart after an outage: the failed run's events (its terminated event) were dropped
+    with its recorder; the restarted query's recorder on the same table now writes them first."""
+    from pyspark.sql.streaming.listener import QueryProgressEvent
+
+    from retry_engine.ops.monitor import ProgressRecorder
+    from tests.s3 import free_port
+    from tests.unit.test_monitor import QUERY, progress_json
+
+    lake = f"s3://{s3_server.new_bucket()}/lake"
+    gone = {**s3_server.storage_options(), "aws_endpoint_url": f"http://127.0.0.1:{free_port()}", "max_retries": "0"}
+    parse_config({"engine": {"lake": lake}, "storage": gone})
+    first = ProgressRecorder(f"{lake}/progress", query_id=QUERY, flush_interval_ms=60_000)
+    first.start()
+    first.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(7)}))
+    first.close(timeout=30)
+    assert first.closed and first.rows_written == 0
+
+    parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
+    second = ProgressRecorder(f"{lake}/progress", query_id=QUERY, flush_interval_ms=60_000)
+    assert second.flush() == 1
+    assert read_table(f"{lake}/progress")["batch_id"].to_pylist() == [7]
+    assert ProgressRecorder(f"{lake}/progress", query_id=QUERY, flush_interval_ms=60_000).flush() == 0  # once
