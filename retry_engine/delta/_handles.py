@@ -90,6 +90,8 @@ def open_latest(location: TableLocation) -> Handle:
     with _lock:
         kept = _kept.pop(_key(location), None)
     if kept is not None:
+        from retry_engine.delta.storage import causes
+
         try:
             same = kept.commit is not None and _commit_bytes(kept, kept.version) == kept.commit
             if same:
@@ -102,7 +104,10 @@ def open_latest(location: TableLocation) -> Handle:
                 "opening it afresh", location.uri, kept.version,
             )
         except Exception as exc:  # a cleaned log, storage: the fresh open below says what is wrong
-            log.info("%s: kept handle not usable (%s); opening the table afresh", location.uri, exc)
+            log.info(
+                "%s: kept handle not usable (%s); opening the table afresh",
+                location.uri, ": ".join(causes(str(exc))) or type(exc).__name__,
+            )
     from deltalake import DeltaTable
 
     from retry_engine.delta.storage import reaching, settle_reads_at_exit
