@@ -56,6 +56,10 @@ class S3Server:
             "aws_secret_access_key": secret,
         }
 
+    def unreachable_options(self) -> dict[str, str]:
+        """This server's options with an endpoint where nothing listens (a store gone away), one try a request."""
+        return {**self.storage_options(), "aws_endpoint_url": f"http://127.0.0.1:{free_port()}", "max_retries": "0"}
+
     def objects(self, bucket: str) -> dict[str, bytes]:
         """Every object of ``bucket``, by key."""
         client = self.client()

@@ -586,14 +586,13 @@ def test_a_send_to_a_store_that_went_away_fails_naming_it_in_one_line(s3_server:
     """R12-style send failure on an outage: the producer's SendFailedError carries the one-line storage error."""
     from retry_engine.clients.producer import Producer
     from retry_engine.errors import SendFailedError
-    from tests.s3 import free_port
 
     lake = f"s3://{s3_server.new_bucket()}/lake"
     parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
     producer = Producer(f"{lake}/messages", retry_times_when_send_failed=1, send_timeout_ms=30_000)
     producer.send("orders", b"one")
     # The same lake, its endpoint now answering nothing (how a store's outage looks to a client).
-    gone = {**s3_server.storage_options(), "aws_endpoint_url": f"http://127.0.0.1:{free_port()}", "max_retries": "0"}
+    gone = s3_server.unreachable_options()
     parse_config({"engine": {"lake": lake}, "storage": gone})
 
     with pytest.raises(SendFailedError) as caught:
@@ -612,11 +611,10 @@ def test_a_progress_flush_the_store_refuses_is_a_one_line_warning_and_keeps_its_
     from pyspark.sql.streaming.listener import QueryProgressEvent
 
     from retry_engine.ops.monitor import ProgressRecorder
-    from tests.s3 import free_port
     from tests.unit.test_monitor import QUERY, progress_json
 
     lake = f"s3://{s3_server.new_bucket()}/lake"
-    gone = {**s3_server.storage_options(), "aws_endpoint_url": f"http://127.0.0.1:{free_port()}", "max_retries": "0"}
+    gone = s3_server.unreachable_options()
     parse_config({"engine": {"lake": lake}, "storage": gone})
     recorder = ProgressRecorder(f"{lake}/progress", query_id=QUERY, flush_interval_ms=60_000)
     recorder.onQueryProgress(QueryProgressEvent.fromJson({"progress": progress_json(0)}))
@@ -637,11 +635,10 @@ def test_rows_a_closed_recorder_could_not_write_are_written_by_the_next_on_its_t
     from pyspark.sql.streaming.listener import QueryProgressEvent
 
     from retry_engine.ops.monitor import ProgressRecorder
-    from tests.s3 import free_port
     from tests.unit.test_monitor import QUERY, progress_json
 
     lake = f"s3://{s3_server.new_bucket()}/lake"
-    gone = {**s3_server.storage_options(), "aws_endpoint_url": f"http://127.0.0.1:{free_port()}", "max_retries": "0"}
+    gone = s3_server.unreachable_options()
     parse_config({"engine": {"lake": lake}, "storage": gone})
     first = ProgressRecorder(f"{lake}/progress", query_id=QUERY, flush_interval_ms=60_000)
     first.start()
