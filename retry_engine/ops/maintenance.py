@@ -40,6 +40,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import random
 import threading
 import time
 import uuid
@@ -169,8 +170,12 @@ def _compact(path: str) -> tuple[int, int]:
 
 
 # Two cleaners at once (a `maintain` next to the engine's own maintenance) make delta-rs fail on
-# the file the other deleted first, sometimes both of them; each retry lists what is left.
-CLEAN_LOG_ATTEMPTS = 5
+# the file the other deleted first, sometimes both of them; each retry lists what is left. Two
+# cleaners retrying in step kept colliding: on a loaded machine both used up 5 attempts on one
+# table in 1 of 30 and 2 of 40 races of two (a CI run failed on it); a random pause before each retry,
+# growing with the attempt, lets one get ahead (0 of 80 with it).
+CLEAN_LOG_ATTEMPTS = 10
+CLEAN_LOG_PAUSE_S = 0.02
 
 
 def clean_log(path: str) -> None:
@@ -187,6 +192,7 @@ def clean_log(path: str) -> None:
             if attempt == CLEAN_LOG_ATTEMPTS:
                 raise
             log.info("%s: another cleaner removed a log file first (%s); cleaning what is left", path, exc)
+            time.sleep(random.uniform(0, CLEAN_LOG_PAUSE_S * attempt))
 
 
 def maintain_table(
