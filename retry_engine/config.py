@@ -247,17 +247,16 @@ class EngineSection(_Strict):
     @classmethod
     def _spark_values(cls, value: Any) -> Any:
         # TOML has numbers and booleans; Spark's settings are strings ("4040", "true"), as
-        # SparkSession.builder.config turns them. A blank key would set nothing Spark knows.
+        # SparkSession.builder.config turns them (the same rule as [storage]). A blank key would
+        # set nothing Spark knows.
+        from retry_engine.delta.storage import setting_text
+
         if not isinstance(value, dict):
             return value
         for key in value:
             if not isinstance(key, str) or not key.strip():
                 raise ValueError(f"a Spark setting needs a name, got {key!r}")
-        return {
-            key: ("true" if item else "false") if isinstance(item, bool)
-            else str(item) if isinstance(item, (int, float)) else item
-            for key, item in value.items()
-        }
+        return {key: setting_text(item) for key, item in value.items()}
 
     @field_validator("restart_delay")
     @classmethod

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from retry_engine.delta._log import TableLocation, commit_log_path, join_path
+from retry_engine.delta.storage import causes, reaching, settle_reads_at_exit
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -90,8 +91,6 @@ def open_latest(location: TableLocation) -> Handle:
     with _lock:
         kept = _kept.pop(_key(location), None)
     if kept is not None:
-        from retry_engine.delta.storage import causes
-
         try:
             same = kept.commit is not None and _commit_bytes(kept, kept.version) == kept.commit
             if same:
@@ -109,8 +108,6 @@ def open_latest(location: TableLocation) -> Handle:
                 location.uri, ": ".join(causes(str(exc))) or type(exc).__name__,
             )
     from deltalake import DeltaTable
-
-    from retry_engine.delta.storage import reaching, settle_reads_at_exit
 
     settle_reads_at_exit()
     with reaching(location.uri):

@@ -78,6 +78,16 @@ def is_secret(key: str) -> bool:
     return _SECRET.search(key) is not None
 
 
+def setting_text(value: Any) -> Any:
+    """A TOML scalar as the string a delta-rs or Spark setting takes (``true``/``false``, a number as
+    written, a string as it is); anything else is returned unchanged for the caller to refuse."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
 def normalize(options: Mapping[str, Any]) -> dict[str, str]:
     """Options with lower-case keys and string values (delta-rs keys are case-insensitive)."""
     out: dict[str, str] = {}
@@ -87,11 +97,8 @@ def normalize(options: Mapping[str, Any]) -> dict[str, str]:
                 f"storage option name {key!r} must be a non-empty string",
                 code="INVALID_STORAGE_OPTION",
             )
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, str | int | float):
-            text = str(value)
-        else:
+        text = setting_text(value)
+        if not isinstance(text, str):
             shown = REDACTED if is_secret(key) else repr(value)
             raise ConfigError(
                 f"storage option {key} = {shown} must be a string, number or boolean",
@@ -315,8 +322,13 @@ def _settle_reads() -> None:
 
 
 def settle_reads_at_exit() -> None:
-    """Have this process pause :data:`READ_SETTLE_S` at exit, for reads still finishing (once per process)."""
+    """Have this process pause :data:`READ_SETTLE_S` at exit, for reads still finishing (once per process).
+
+    Called at every table open: after the first, only a flag is read (no lock).
+    """
     global _settle_registered
+    if _settle_registered:
+        return
     with _settling:
         if not _settle_registered:
             atexit.register(_settle_reads)
