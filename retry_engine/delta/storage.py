@@ -260,6 +260,10 @@ _DIAGNOSES: tuple[tuple[re.Pattern[str], str, str], ...] = (
 )
 
 
+# Every code a StorageError can carry.
+STORAGE_CODES = frozenset({StorageError.code, *(name for _, name, _ in _DIAGNOSES)})
+
+
 def causes(text: str) -> list[str]:
     """delta-rs's chain of causes as plain lines: colours, arrows, repeats and S3's XML wrapping gone."""
     found: list[str] = []

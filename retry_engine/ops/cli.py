@@ -346,8 +346,7 @@ def _run_once(spark: Any, config: EngineConfig, args: argparse.Namespace, startu
         return _run_once_until_done(spark, config, args, startup)
     except StreamingQueryException as exc:
         # The query failed (the query's own stop already recorded it): one line, as `run` prints.
-        lake = os.path.abspath(config.engine.lake)
-        print(f"retry-engine: the engine stopped: {failure_reason(str(exc))}; tables under {lake}", file=sys.stderr)
+        print(_failed_line("the engine stopped", failure_reason(str(exc)), config), file=sys.stderr)
         return EXIT_ERROR
 
 
@@ -382,6 +381,11 @@ def _run_once_until_done(spark: Any, config: EngineConfig, args: argparse.Namesp
     return exit_code(signals.received)
 
 
+def _failed_line(what: str, reason: str, config: EngineConfig) -> str:
+    """The last line of a run that ends on a failure: what happened, why, where the tables are."""
+    return f"retry-engine: {what}: {reason}; tables under {os.path.abspath(config.engine.lake)}"
+
+
 def _stopped_line(signum: int, config: EngineConfig) -> str:
     """The one line a command prints after a clean stop on a signal."""
     from retry_engine.ops.stopping import signal_name
@@ -414,23 +418,29 @@ def _run_until_stopped(
     return code
 
 
-# Codes of the package's own errors that a restart may mend: the store failing (also as the source
-# or sink report it) and writers racing. Every other code the engine raises in a query waits for an
-# operator (a vacuumed data file or cleaned commit, a damaged state file, a checkpoint that cannot
-# resume): restarting would only fail the same way for `engine.restart_attempts` rounds. A failure
-# without one of the package's codes (a lost executor, Spark's own errors) is restarted.
-RESTARTABLE_CODES = frozenset({
-    "STORAGE_UNAVAILABLE", "STORAGE_UNREACHABLE", "NO_SUCH_BUCKET", "NO_CREDENTIALS", "ACCESS_DENIED",
-    "DELTA_TABLE_UNREADABLE", "DELTA_COMMIT_FAILED", "DELTA_SINK_ERROR", "TABLE_MOVED", "LEASE_CONTENDED",
-    "ENGINE_STOPPED",
-})
 _OWN_ERROR = re.compile(r"^retry_engine\.errors\.\w+: \[([A-Z][A-Z0-9_]*)\]")
+
+
+def restartable_codes() -> frozenset[str]:
+    """Codes of the package's own errors that a restart may mend: the store failing (every
+    StorageError code, and the source's and sink's reports of it) and writers racing.
+
+    Every other code the engine raises in a query waits for an operator (a vacuumed data file or
+    cleaned commit, a damaged state file, a checkpoint that cannot resume): restarting would only
+    fail the same way for `engine.restart_attempts` rounds. A failure without one of the package's
+    codes (a lost executor, Spark's own errors) is restarted.
+    """
+    from retry_engine.delta.storage import STORAGE_CODES
+    from retry_engine.errors import ConcurrentWriteError, DeltaSinkError, EngineStoppedError
+
+    racing = {ConcurrentWriteError.code, DeltaSinkError.code, EngineStoppedError.code, "LEASE_CONTENDED"}
+    return STORAGE_CODES | racing | {"DELTA_TABLE_UNREADABLE", "DELTA_COMMIT_FAILED"}
 
 
 def needs_operator(reason: str) -> str | None:
     """The code of the package's error that failed the query if restarting cannot mend it, else None."""
     found = _OWN_ERROR.match(reason)
-    return found[1] if found and found[1] not in RESTARTABLE_CODES else None
+    return found[1] if found and found[1] not in restartable_codes() else None
 
 
 def standby_poll_s(config: EngineConfig) -> float:
@@ -446,7 +456,6 @@ def _run_restarting(
     from retry_engine.errors import LakeOwnedError, StorageError
     from retry_engine.ops.status import failure_reason
 
-    lake = os.path.abspath(config.engine.lake)
     attempts = config.engine.restart_attempts
     in_a_row = 0
     started = False
@@ -490,7 +499,7 @@ def _run_restarting(
             code = needs_operator(reason)
             if code is not None:
                 return EXIT_ERROR, [
-                    (f"retry-engine: the engine stopped: {reason}; tables under {lake}", sys.stderr),
+                    (_failed_line("the engine stopped", reason, config), sys.stderr),
                     (f"retry-engine: not restarted: [{code}] needs an operator (see above)", sys.stderr),
                 ]
             if query.recentProgress:  # it completed a micro-batch: this failure starts a new row
@@ -498,7 +507,7 @@ def _run_restarting(
         in_a_row += 1
         what = "the engine stopped" if started else "the standby could not reach the lake"
         if in_a_row > attempts:
-            said = [(f"retry-engine: {what}: {reason}; tables under {lake}", sys.stderr)]
+            said = [(_failed_line(what, reason, config), sys.stderr)]
             if attempts:
                 said.append((
                     f"retry-engine: gave up after {attempts} restarts in a row without a completed "

@@ -313,7 +313,7 @@ def query_state(
             return (
                 "failed",
                 f"terminated at {_iso(last['event_time'])}{reason} with: "
-                f"{failure_reason(str(last['exception']))[:FAILURE_SHOWN_CHARS]}",
+                f"{_shown_failure(last)}",
                 last,
                 last_batch,
             )
@@ -362,7 +362,12 @@ def recent_failures(progress: pa.Table, *, now: dt.datetime) -> tuple[int, dt.da
     last = _latest(failed, "event_time")
     if last is None:
         return 0, None, None
-    return failed.num_rows, last["event_time"], failure_reason(str(last["exception"]))[:FAILURE_SHOWN_CHARS]
+    return failed.num_rows, last["event_time"], _shown_failure(last)
+
+
+def _shown_failure(terminated: dict[str, Any]) -> str:
+    """A failed query's error as status shows it: the Python error and its causes, cut short."""
+    return failure_reason(str(terminated["exception"]))[:FAILURE_SHOWN_CHARS]
 
 
 def _stop_reason_text(reason: str | None) -> str:

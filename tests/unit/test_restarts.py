@@ -292,3 +292,13 @@ def test_a_failure_that_needs_an_operator_is_not_restarted(monkeypatch: pytest.M
 
     assert code == 1 and len(calls) == 1 and waits == []
     assert last[1] == "retry-engine: not restarted: [DELTA_FILE_MISSING] needs an operator (see above)"
+
+
+def test_every_storage_error_code_is_restartable() -> None:
+    """A store that fails is what restarts are for: no code a StorageError can carry (a new diagnosis
+    included) may end `run` as needing an operator."""
+    from retry_engine.delta.storage import STORAGE_CODES
+    from retry_engine.ops.cli import needs_operator
+
+    assert {"STORAGE_UNAVAILABLE", "STORAGE_UNREACHABLE", "NO_SUCH_BUCKET", "NO_CREDENTIALS", "ACCESS_DENIED"} <= STORAGE_CODES
+    assert [c for c in STORAGE_CODES if needs_operator(f"retry_engine.errors.StorageError: [{c}] x")] == []
