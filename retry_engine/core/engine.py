@@ -191,6 +191,9 @@ def _read_results(
         .option("sourcePositionColumn", POSITION)
         .option("packedColumn", PACKED_INPUT)
         .option("readPartitions", read_parallelism(spark))
+        # Due retries are released by the schedule stage's timeouts, which fire only in a batch:
+        # a restart on a fully committed checkpoint must run one even when no result arrives.
+        .option("wakeOnStart", "true")
         .options(**_source_options(config, starting_version))
         .load()
     )
@@ -746,13 +749,16 @@ def run_once(
     interruption (``retry-engine run --once`` silences those loggers with it).
     """
     through = table_version(config.table_path("consume_results"))
+    # A batch the last run planned is replayed first, at its own (old) time: retries due since then
+    # are released only in a batch planned now (the source's wakeOnStart plans one).
+    replayed = resume.last_planned(config.checkpoint_path) if config.engine.table_format == "deltars" else None
     query = start(
         spark, config, take_over=take_over, discard_pending=discard_pending, startup=startup
     )
     finished: bool | None = None
     try:
         finished = wait_until_idle(
-            query, through_version=0 if through is None else through, wait=wait
+            query, through_version=0 if through is None else through, wait=wait, after_batch=replayed
         )
     finally:
         requested = finished is False
@@ -789,6 +795,7 @@ def wait_until_idle(
     through_version: int | None = None,
     poll_seconds: float = 0.2,
     wait: Callable[[float], bool] | None = None,
+    after_batch: int | None = None,
 ) -> bool:
     """Block until the query has processed the consume results through table version ``through_version``.
 
@@ -805,6 +812,9 @@ def wait_until_idle(
     ``wait(seconds)`` sleeps between polls and returns True when a stop was
     requested (e.g. :meth:`StopSignals.wait <retry_engine.ops.stopping.StopSignals.wait>`);
     the wait then ends, returning False. Returns True once the input is processed.
+
+    ``after_batch``: only a batch with a greater id counts (one planned by this
+    run, at its time, rather than a replay of the last run's).
     """
     pause = wait or _sleep
     while True:
@@ -815,7 +825,7 @@ def wait_until_idle(
                 f"the engine query {query.id} stopped before it had processed table version {through_version}"
             )
         progress = query.lastProgress
-        if progress is not None:
+        if progress is not None and (after_batch is None or progress["batchId"] > after_batch):
             if through_version is None:
                 if progress["numInputRows"] == 0:
                     return True

@@ -55,9 +55,14 @@ class ResumePoint:
 
 def is_fresh(checkpoint: str) -> bool:
     """True if Spark has planned no batch in ``checkpoint`` (no offset log yet)."""
+    return last_planned(checkpoint) is None
+
+
+def last_planned(checkpoint: str) -> int | None:
+    """The id of the last batch Spark planned in ``checkpoint`` (its newest ``offsets`` file), None if none."""
     fs, root = checkpoint_filesystem(checkpoint)
     info = fs.get_file_info(pafs.FileSelector(f"{root}/{OFFSETS_DIR}", allow_not_found=True))
-    return not any(i.type == pafs.FileType.File and i.base_name.isdigit() for i in info)
+    return max((int(i.base_name) for i in info if i.type == pafs.FileType.File and i.base_name.isdigit()), default=None)
 
 
 def planned_end(checkpoint: str, batch_id: int) -> dict[str, Any] | None:
@@ -166,4 +171,4 @@ def plan(
     return point
 
 
-__all__ = ["RESUME_FILE", "ResumePoint", "is_fresh", "plan", "planned_end", "store", "stored"]
+__all__ = ["RESUME_FILE", "ResumePoint", "is_fresh", "last_planned", "plan", "planned_end", "store", "stored"]

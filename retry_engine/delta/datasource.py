@@ -28,7 +28,8 @@ class DeltaRsDataSource(DataSource):
     date or timestamp: the first commit at or after it), ``versionAsOf`` (batch),
     ``sourcePositionColumn``, ``packedColumn`` (rows packed as Arrow IPC
     batches in one binary column), ``readPartitions`` (at most this many read
-    tasks a batch, files grouped by size; default one task per file). Writing: ``partitionBy`` (comma-separated),
+    tasks a batch, files grouped by size; default one task per file), ``wakeOnStart``
+    (a restarted query plans a batch at its first trigger without new files). Writing: ``partitionBy`` (comma-separated),
     ``txnAppId`` + ``txnVersion`` (idempotent batch writes; streams use the
     query id from ``checkpointLocation``).
     """

@@ -14,6 +14,15 @@ the immutable log, and ``read`` of a file is deterministic, so a replayed
 micro-batch yields the same rows in the same order (and the same
 ``sourcePositionColumn`` values).
 
+``wakeOnStart`` is for stateful queries with processing-time timeouts (the
+engine's schedule stage): Spark runs a batch without new data only after a
+batch ran in the same query execution, so a query restarted on a checkpoint
+whose every planned batch was committed ran nothing, and fired no timeout, until
+new input arrived. With it, the first ``latestOffset`` of a restarted query's reader that finds
+no new file still moves the offset (a ``wake`` count, read as the same
+position), so Spark plans one empty batch at the first trigger. A new query
+(no checkpoint yet) has no state, so nothing to wake.
+
 ``packedColumn`` is for Python consumers of the stream (``mapInArrow``): each
 Spark row then holds a slice of an Arrow batch as read (table columns plus the
 position column; about :data:`PACKED_MAX_BYTES`), as an Arrow IPC stream in
@@ -97,6 +106,8 @@ class SourceOptions:
     packed_column: str | None = None
     read_partitions: int | None = None
     """``readPartitions``: at most this many read tasks a batch (None: one per file)."""
+    wake_on_start: bool = False
+    """``wakeOnStart``: a query's first trigger plans a batch even without new files."""
     # ``storage.<key>`` options (not in repr: they may hold credentials); None: the registered ones.
     storage_options: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
 
@@ -150,6 +161,7 @@ class SourceOptions:
             position_column=opts.get("sourcepositioncolumn", "").strip() or None,
             packed_column=opts.get("packedcolumn", "").strip() or None,
             read_partitions=parse_positive_int(opts, "readPartitions"),
+            wake_on_start=parse_bool(opts, "wakeOnStart"),
         )
 
     @property
@@ -315,6 +327,7 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         self._log: DeltaLog | None = None
         self._reservoir_id: str | None = None
         self._initial: dict[str, Any] | None = None
+        self._woken = not options.wake_on_start
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors only need options and schema; delta-rs handles do not pickle.
@@ -398,11 +411,18 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
             until = delta_log.latest_version()
         files = files_after(delta_log, begin, through_version=until, rules=self.options.rules, on_commit=self._on_commit)
         end = end_offset(files, begin, until_version=until, admission=self.options.admission(limit))
+        # A new query (it starts at initialOffset) has no state to wake: only a restarted one does.
+        wake = not self._woken and end.key == begin.key and start != self._initial
+        self._woken = True
         if end.key != begin.key and start == self._initial:
             # The query's first batch: Spark logs only its end, and asks initialOffset()
             # anew if it must run it again after a restart (see replay_start).
             end = end.starting_from(begin)
-        return end.to_json()
+        if not wake:
+            return end.to_json()
+        # Nothing new: ``end`` is ``start``, without where a first batch started (this one reads nothing).
+        end = Offset(end.version, end.index, end.is_starting_version, end.reservoir_id)
+        return {**end.to_json(), WAKE: _next_wake(start)}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """One partition per file in ``(start, end]``, in stream order.
@@ -436,6 +456,16 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
 
 
 HANGUP_ERRORS = (EOFError, BrokenPipeError, ConnectionResetError)
+
+# The offset key ``wakeOnStart`` counts in; offsets read it as nothing (the same position).
+WAKE = "wake"
+
+
+def _next_wake(offset: Mapping[str, Any]) -> int:
+    """A wake count that differs from ``offset``'s, whatever a checkpoint holds there."""
+    value = offset.get(WAKE)
+    count = (value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0) + 1
+    return count + 1 if value == count else count  # True == 1 and 1.0 == 1 in Python
 
 
 def _quiet_after_hangup(previous: Callable[..., Any]) -> Callable[..., Any]:
