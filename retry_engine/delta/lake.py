@@ -59,15 +59,42 @@ def require_lake(config: EngineConfig, *, origin: str) -> None:
     )
 
 
-def require_lake_folder(config: EngineConfig, *, origin: str) -> None:
-    """Raise :class:`~retry_engine.errors.LakeNotFoundError` when the lake is a file (the engine creates a missing one)."""
+def require_lake_folder(config: EngineConfig, *, origin: str, read_before: str | None = None) -> None:
+    """Raise :class:`~retry_engine.errors.LakeNotFoundError` when the lake is a file (the engine creates a missing one).
+
+    ``read_before``: where releases before 2026-11-23 read the config file's relative ``engine.lake``
+    (from the working directory; since then from the file's folder). When no lake is at the config's
+    place but one is there, the engine would start a new, empty lake beside the one it ran on
+    (``LAKE_PATH_MOVED``).
+    """
     lake = config.engine.lake
-    if is_local(lake) and os.path.isfile(_local_form(lake)):
+    if not is_local(lake):
+        return
+    if os.path.isfile(_local_form(lake)):
         raise LakeNotFoundError(
             f"the lake {_local_form(lake)} is a file, not a folder; the lake comes from {origin}. "
             "Pass --lake with a folder (it is created if missing), or fix engine.lake",
             code="LAKE_NOT_A_FOLDER",
         )
+    moved = _lake_read_before(config, read_before)
+    if moved is not None:
+        raise LakeNotFoundError(
+            f"no lake at {_local_form(lake)} (from {origin}), but {moved} holds one: the same path from the "
+            "working directory, where releases before 2026-11-23 read it (a path in a config file is now "
+            f"relative to the file's folder). Set engine.lake to {moved!r}, or pass --lake {moved} to run on "
+            f"it; pass --lake {_local_form(lake)} to start a new lake there instead",
+            code="LAKE_PATH_MOVED",
+        )
+
+
+def _lake_read_before(config: EngineConfig, read_before: str | None) -> str | None:
+    """``read_before`` made absolute if it holds engine tables and the config's lake holds none."""
+    if read_before is None:
+        return None
+    before, now = os.path.abspath(read_before), _local_form(config.engine.lake)
+    if before == now or any(is_delta_table(os.path.join(now, name)) for name in TABLE_NAMES):
+        return None
+    return before if any(is_delta_table(os.path.join(before, name)) for name in TABLE_NAMES) else None
 
 
 def engine_tables(config: EngineConfig) -> list[tuple[str, str, str]]:

@@ -239,24 +239,39 @@ def _config(args: argparse.Namespace) -> EngineConfig:
 
 def _lake_origin(args: argparse.Namespace) -> str:
     """Where the lake setting of this command came from, for error messages."""
-    from retry_engine.config import DEFAULT_LAKE, ENV_LAKE, config_file
+    from retry_engine.config import DEFAULT_LAKE, ENV_LAKE
 
     if getattr(args, "lake", None):
         return f"--lake {args.lake!r}"
     if os.environ.get(ENV_LAKE):
         return f"{ENV_LAKE}={os.environ[ENV_LAKE]!r}"
-    path = config_file(args.config)
-    if path is not None:
-        with open(path, "rb") as handle:
-            lake = tomllib.load(handle).get("engine", {}).get("lake")
-        if isinstance(lake, str):
-            relative = (
-                ""
-                if os.path.isabs(os.path.expanduser(lake))
-                else ", relative to that file's folder"
-            )
-            return f"engine.lake = {lake!r} in {path}{relative}"
+    found = _file_lake(args)
+    if found is not None:
+        path, lake = found
+        relative = "" if os.path.isabs(os.path.expanduser(lake)) else ", relative to that file's folder"
+        return f"engine.lake = {lake!r} in {path}{relative}"
     return f"the default engine.lake ({DEFAULT_LAKE!r}, relative to the working directory)"
+
+
+def _file_lake(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The config file and its ``engine.lake`` as written, when that is where the command's lake comes from."""
+    from retry_engine.config import ENV_LAKE, config_file
+
+    path = None if getattr(args, "lake", None) or os.environ.get(ENV_LAKE) else config_file(args.config)
+    if path is None:
+        return None
+    with open(path, "rb") as handle:
+        lake = tomllib.load(handle).get("engine", {}).get("lake")
+    return (str(path), lake) if isinstance(lake, str) else None
+
+
+def _file_lake_read_before(args: argparse.Namespace) -> str | None:
+    """A config file's relative ``engine.lake`` as releases before 2026-11-23 read it (from the working
+    directory), when the file is where the lake comes from; else None."""
+    found = _file_lake(args)
+    if found is None or "://" in found[1] or os.path.isabs(os.path.expanduser(found[1])):
+        return None
+    return os.path.abspath(found[1])
 
 
 def _reading_config(args: argparse.Namespace) -> EngineConfig:
@@ -303,7 +318,7 @@ def _run(args: argparse.Namespace) -> int:
               "give one", file=sys.stderr)
         return EXIT_USAGE
     config = _config(args)
-    require_lake_folder(config, origin=_lake_origin(args))
+    require_lake_folder(config, origin=_lake_origin(args), read_before=_file_lake_read_before(args))
     startup = Startup()
     # Under spark-submit the JVM (and its --master) already exists; don't override it.
     master = None if "PYSPARK_GATEWAY_PORT" in os.environ else config.engine.master

@@ -17,6 +17,7 @@ import pytest
 from deltalake import write_deltalake
 
 from retry_engine.config import ENV_LAKE, load_config
+from retry_engine.errors import LakeNotFoundError
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, _parser, main
 from retry_engine.schemas import DLQ
 
@@ -194,3 +195,63 @@ def test_a_folder_without_engine_tables_is_not_a_lake(tmp_path: Path, capsys: py
     (tmp_path / "empty").mkdir()
     assert main(["status", "--lake", str(tmp_path / "empty")]) == EXIT_USAGE
     assert f"no lake at {tmp_path / 'empty'}: it holds no engine table" in capsys.readouterr().err
+
+
+# -- a config written for releases that read it from the working directory ---------------
+
+
+def _config_beside_an_old_lake(tmp_path: Path, lake: str = "./data/lake") -> tuple[Path, Path]:
+    """conf/c.toml with a relative engine.lake, run from a folder whose ./data/lake holds the lake an
+    earlier release (paths from the working directory) ran on; nothing at conf/data/lake."""
+    conf = tmp_path / "elsewhere" / "conf" / "c.toml"
+    conf.parent.mkdir()
+    conf.write_text(f'[engine]\nlake = "{lake}"\n')
+    old = tmp_path / "elsewhere" / "data" / "lake"
+    old.mkdir(parents=True)
+    return conf, _dlq_lake(old)
+
+
+def test_run_refuses_to_start_a_new_lake_beside_the_one_an_earlier_release_ran_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The upgrade trap: `run --config conf/c.toml` from the same folder as before would have created
+    an empty lake at conf/data/lake and run on nothing while the real one (and its waiting retries)
+    stayed at ./data/lake. Refused before Spark starts, naming both places and the three ways on."""
+    conf, old = _config_beside_an_old_lake(tmp_path)
+    assert main(["run", "--config", "conf/c.toml"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    new = conf.parent / "data" / "lake"
+    assert f"[LAKE_PATH_MOVED] no lake at {new} (from engine.lake = './data/lake' in conf/c.toml" in err
+    assert f"but {old} holds one" in err and f"--lake {old}" in err and f"--lake {new}" in err
+    assert not new.exists()
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["the lake is where the file says", "--lake", "RETRY_ENGINE_LAKE", "an absolute engine.lake", "a URI", "no old lake"],
+)
+def test_the_moved_lake_check_stays_out_of_the_way(tmp_path: Path, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the trap is refused: the lake at the file's place, an explicit --lake or environment
+    lake, a path that means the same anywhere, or nothing at the old place all pass `run`'s check."""
+    from retry_engine.delta.lake import require_lake_folder
+    from retry_engine.ops.cli import _config, _file_lake_read_before, _lake_origin
+
+    lake = {"an absolute engine.lake": str(tmp_path / "abs"), "a URI": "s3://bucket/lake"}.get(how, "./data/lake")
+    conf, old = _config_beside_an_old_lake(tmp_path, lake)
+    argv = ["run", "--config", "conf/c.toml"]
+    if how == "the lake is where the file says":
+        _dlq_lake(conf.parent / "data" / "lake")
+    elif how == "--lake":
+        argv += ["--lake", str(tmp_path / "new")]
+    elif how == "RETRY_ENGINE_LAKE":
+        monkeypatch.setenv(ENV_LAKE, str(tmp_path / "new"))
+    elif how == "no old lake":
+        (old / "dlq" / "_delta_log").rename(old / "not_a_log")
+    args = _parser().parse_args(argv)
+    require_lake_folder(_config(args), origin=_lake_origin(args), read_before=_file_lake_read_before(args))
+    # ... and the trap itself through the same three calls:
+    trap = _parser().parse_args(["run", "--config", "conf/c.toml"])
+    if how in ("--lake", "RETRY_ENGINE_LAKE"):
+        monkeypatch.delenv(ENV_LAKE, raising=False)
+        with pytest.raises(LakeNotFoundError, match="LAKE_PATH_MOVED"):
+            require_lake_folder(_config(trap), origin=_lake_origin(trap), read_before=_file_lake_read_before(trap))
