@@ -604,8 +604,8 @@ def _sweeping_parked(
         if batch_id % SWEEP_EVERY_BATCHES == 0 and batch_id > retain:
             try:
                 deleted = store.sweep(batch_id - retain)
-            except Exception:
-                log.exception("deleting released parked retries' files failed; the next sweep tries again")
+            except Exception as exc:
+                storage.log_failure(log, "deleting released parked retries' files failed; the next sweep tries again", exc)
             else:
                 log.debug("deleted %d released parked retries' files", len(deleted))
 

@@ -40,6 +40,7 @@ from retry_engine.delta.storage import (
     TABLE_PROPERTIES,
     create_delta,
     location,
+    log_failure,
     open_delta,
     write_delta,
 )
@@ -379,8 +380,8 @@ class LakeLease:
                 # This table's writers (this lease) leave expired log files to the one who maintains it.
                 table.cleanup_metadata()
             table.vacuum(retention_hours=VACUUM_RETENTION_HOURS, enforce_retention_duration=False, dry_run=False)
-        except Exception:  # housekeeping only: the row is committed; the next round retries
-            log.exception("lake %s: engine-state maintenance failed", self.lake)
+        except Exception as exc:  # housekeeping only: the row is committed; the next round retries
+            log_failure(log, f"lake {self.lake}: engine-state maintenance failed, the next round retries", exc)
 
 
 def _iso(value: dt.datetime | None) -> str:
@@ -431,10 +432,8 @@ class Heartbeat:
                 self.lost = exc
                 self._on_lost(exc)
                 return
-            except OSError as exc:  # the store (a StorageError says it in one line): the next beat retries
-                log.warning("lake %s: heartbeat failed, the next one retries: %s", self._lease.lake, exc)
-            except Exception:  # anything else: the same, with its traceback; expiry is the backstop
-                log.exception("lake %s: heartbeat failed", self._lease.lake)
+            except Exception as exc:  # the next beat retries; expiry is the backstop
+                log_failure(log, f"lake {self._lease.lake}: heartbeat failed, the next one retries", exc)
 
 
 __all__ = [

@@ -275,6 +275,19 @@ def causes(text: str) -> list[str]:
     return found
 
 
+def log_failure(logger: logging.Logger, message: str, exc: BaseException) -> None:
+    """Log that something a later round retries failed (housekeeping, a heartbeat) with ``exc``.
+
+    The store failing (an ``OSError``: a :class:`StorageError` says it in one line, delta-rs's own in
+    several) is one warning line with its causes, as often as the store is down; anything else is an
+    error with its traceback (a bug wants its stack).
+    """
+    if isinstance(exc, OSError):
+        logger.warning("%s: %s", message, ": ".join(causes(str(exc))) or type(exc).__name__)
+    else:
+        logger.error("%s", message, exc_info=exc)
+
+
 def storage_error(uri: str, exc: BaseException) -> StorageError:
     """A :class:`StorageError` for delta-rs's failure ``exc`` on ``uri``: the causes in one line and what to check.
 

@@ -60,7 +60,7 @@ from retry_engine.config import (
 )
 from retry_engine.core.names import ENGINE_TABLES, INPUT_TABLES, MAINTAINED_TABLES, TABLE_NAMES
 from retry_engine.delta._log import LOG_DIR, add_actions, join_path, snapshot_files
-from retry_engine.delta.storage import filesystem, open_delta, write_delta
+from retry_engine.delta.storage import filesystem, log_failure, open_delta, write_delta
 from retry_engine.delta.tables import (
     EXPIRED_LOG_CLEANUP,
     ensure_table,
@@ -244,7 +244,7 @@ def maintain_table(
             with guard:
                 return action()
         except Exception as exc:  # housekeeping: the next step and the next run still go on
-            log.exception("%s: %s failed", path, what)
+            log_failure(log, f"{path}: {what} failed", exc)
             errors.append(f"{what}: {type(exc).__name__}: {exc}")
             return None
 
@@ -377,8 +377,8 @@ def run_maintenance(
     if not dry_run:
         try:
             record(config.engine.lake, reports, trigger=trigger, hours=hours, run_at=run_at)
-        except Exception:  # the tables are maintained; only the record is missing
-            log.exception("lake %s: could not record the maintenance run", config.engine.lake)
+        except Exception as exc:  # the tables are maintained; only the record is missing
+            log_failure(log, f"lake {config.engine.lake}: could not record the maintenance run", exc)
     return reports
 
 
@@ -547,8 +547,8 @@ class EngineMaintenance:
                 continue
             try:
                 self.run_now()
-            except Exception:  # never stops the stream; the next due time tries again
-                log.exception("in-engine maintenance failed")
+            except Exception as exc:  # never stops the stream; the next due time tries again
+                log_failure(log, "in-engine maintenance failed, the next due run retries", exc)
 
 
 _ENGINES: dict[str, EngineMaintenance] = {}

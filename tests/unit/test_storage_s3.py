@@ -651,3 +651,40 @@ def test_rows_a_closed_recorder_could_not_write_are_written_by_the_next_on_its_t
     assert second.flush() == 1
     assert read_table(f"{lake}/progress")["batch_id"].to_pylist() == [7]
     assert ProgressRecorder(f"{lake}/progress", query_id=QUERY, flush_interval_ms=60_000).flush() == 0  # once
+
+
+def test_in_engine_maintenance_on_a_store_gone_away_logs_one_line_each_round(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """#14 parts 1, 4 during an outage: the maintenance thread logged delta-rs's multi-line chain with a
+    traceback each due round (as the heartbeat did every beat); now one warning line, and the stream's
+    writer and the thread go on."""
+    import logging
+    import time
+
+    from retry_engine.ops.maintenance import EngineMaintenance
+
+    lake = f"s3://{s3_server.new_bucket()}/lake"
+    parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
+    append_arrow(f"{lake}/outcomes", pa.table({"n": [1]}))  # reachable at first: a table to maintain
+    config = parse_config(
+        {"engine": {"lake": lake}, "storage": s3_server.unreachable_options(), "maintenance": {"every_batches": 1}}
+    )
+    maintenance = EngineMaintenance(config)
+    written: list[int] = []
+    write = maintenance.wrap(lambda frame, batch_id: written.append(batch_id))
+    with caplog.at_level(logging.WARNING):
+        maintenance.start(alive=lambda: True)
+        try:
+            write(None, 0)
+            deadline = time.monotonic() + 60
+            while "in-engine maintenance failed" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.1)
+            write(None, 1)
+        finally:
+            maintenance.stop()
+    failed = [r for r in caplog.records if "in-engine maintenance failed" in r.getMessage()]
+    assert failed and all(r.levelno == logging.WARNING and not r.exc_info for r in failed), caplog.text
+    message = failed[0].getMessage()
+    assert "the next due run retries: [STORAGE_UNREACHABLE] cannot reach" in message and "\n" not in message
+    assert written == [0, 1]
