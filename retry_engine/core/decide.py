@@ -108,10 +108,12 @@ class Decider:
 
     config: EngineConfig
     _policies: dict[str, BackoffPolicy] = field(default_factory=dict, compare=False, repr=False)
+    # The state keys' bucket width, when the checkpoint's differs from engine.state_bucket.
+    state_bucket_ms: int | None = None
 
     @property
     def bucket_ms(self) -> int:
-        return self.config.state_bucket_ms
+        return self.state_bucket_ms or self.config.state_bucket_ms
 
     def policy(self, group_name: str, group: GroupConfig) -> BackoffPolicy:
         if group_name not in self._policies:

@@ -265,7 +265,8 @@ def engine_frame(
         partitions=int(spark.conf.get(SHUFFLE_PARTITIONS_CONF) or 1),
     )
     decided = results.withColumn(BATCH_TS, F.current_timestamp()).mapInArrow(
-        _decide_batches(Decider(config), split, floor=floor, stateless=stateless), PACKED_SCHEMA
+        _decide_batches(Decider(config, state_bucket_ms=split.bucket_ms), split, floor=floor, stateless=stateless),
+        PACKED_SCHEMA,
     )
     stage = ScheduleStage(
         dedup_window_ms=parse_duration_ms(config.engine.dedup_window),

@@ -400,6 +400,9 @@ class StateKeySplit:
     # first bucket placed (None: every bucket; earlier buckets keep the key an older release gave).
     partitions: int = 1
     first_placed_bucket: int | None = None
+    # The width of the store-time buckets in the checkpoint's keys (engine.state_bucket when it was
+    # created); None: not known (a split built without a checkpoint).
+    bucket_ms: int | None = None
 
     def __call__(self, work: _Rows, *, batch_id: int | None = None) -> _Rows:
         if work.num_rows == 0:
@@ -491,19 +494,29 @@ def state_key_split(
     ``now_ms`` only (and the partition count Spark recorded in its offsets): every message that
     release decided was stored before it stopped, so its duplicates keep meeting its record
     under the key it had.
+
+    The bucket width (``engine.state_bucket``) is recorded too and kept: a msg id's key is its
+    store time's bucket, so a duplicate decided after a change of width would miss its record and
+    be retried a second time (B1). A keys file of a release that did not record it gains the
+    configured width (the one that release most likely ran with).
     """
     fs, root = checkpoint_filesystem(checkpoint)
     path = f"{root}/{KEYS_FILE}"
     recorded = _read_keys(fs, path)
-    if recorded is None or "partitions" not in recorded:
-        started = bool(fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True)))
-        since = now_ms if started else None
-        placement = {
-            "partitions": (shuffle_partitions_of(checkpoint) if started else None) or partitions,
-            "placed_since_ms": since,
-        }
-        recorded = {"subkeys": subkeys, "split_since_ms": since} if recorded is None else recorded
-        recorded = {**recorded, **placement}
+    if recorded is not None and ("partitions" in recorded or "bucket_ms" in recorded):
+        # What a start recorded is checked before anything is added (a damaged file is left as it is).
+        _check_keys(recorded, path, "partitions", "placed_since_ms", *(["bucket_ms"] if "bucket_ms" in recorded else []))
+    if recorded is None or "partitions" not in recorded or "bucket_ms" not in recorded:
+        added: dict[str, Any] = {}
+        if recorded is None or "partitions" not in recorded:
+            started = bool(fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True)))
+            since = now_ms if started else None
+            added = {
+                "partitions": (shuffle_partitions_of(checkpoint) if started else None) or partitions,
+                "placed_since_ms": since,
+            }
+            recorded = {"subkeys": subkeys, "split_since_ms": since} if recorded is None else recorded
+        recorded = {**recorded, **added, "bucket_ms": recorded.get("bucket_ms", bucket_ms)}
         fs.create_dir(root, recursive=True)
         # Written aside and renamed: a start killed mid-write must not leave a half file that
         # stops every later start.
@@ -512,31 +525,39 @@ def state_key_split(
             stream.write((json.dumps(recorded) + "\n").encode("utf-8"))
         fs.move(partial, path)
         log.info("state keys of %s: %s", checkpoint, recorded)
-    _check_keys(recorded, path, "partitions", "placed_since_ms")
+    _check_keys(recorded, path, "partitions", "placed_since_ms", "bucket_ms")
     if recorded["subkeys"] != subkeys:
         log.warning(
             "state sub-keys: %s keeps the %d it was created with (engine.state_subkeys = %d applies to new "
             "checkpoints only: re-routing would separate msg ids in state from their duplicates)",
             checkpoint, recorded["subkeys"], subkeys,
         )
+    width = recorded["bucket_ms"]
+    if width != bucket_ms:
+        log.warning(
+            "state buckets: %s keeps the %d ms it was created with (engine.state_bucket = %d ms applies to new "
+            "checkpoints only: other buckets would separate msg ids in state from their duplicates)",
+            checkpoint, width, bucket_ms,
+        )
     return StateKeySplit(
         subkeys=recorded["subkeys"],
-        first_split_bucket=_first_bucket(recorded["split_since_ms"], bucket_ms),
+        first_split_bucket=_first_bucket(recorded["split_since_ms"], width),
         seals=SealStore(checkpoint),
         partitions=recorded["partitions"],
-        first_placed_bucket=_first_bucket(recorded["placed_since_ms"], bucket_ms),
+        first_placed_bucket=_first_bucket(recorded["placed_since_ms"], width),
+        bucket_ms=width,
     )
 
 
 _KEYS_FILE_SHAPE: Final = (
     "{'subkeys': <int >= 1>, 'split_since_ms': <int or null>, 'partitions': <int >= 1>, "
-    "'placed_since_ms': <int or null>}"
+    "'placed_since_ms': <int or null>, 'bucket_ms': <int >= 1>}"
 )
 
 
 def _read_keys(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
     """The checkpoint's recorded rule, None when it has none; its first two entries checked (the
-    placement's two may be missing: a release before placement wrote it)."""
+    placement's two and the bucket width may be missing: an earlier release wrote it)."""
     try:
         with fs.open_input_stream(path) as stream:
             recorded = json.loads(stream.read().decode("utf-8"))

@@ -166,3 +166,33 @@ def test_a_checkpoint_of_the_previous_release_is_taken_over_without_a_second_ret
     assert recorded["subkeys"] == lake.config.engine.state_subkeys == 4 and isinstance(recorded["split_since_ms"], int)
     # Placed from the same bucket on, on the partition count Spark recorded in the offsets.
     assert recorded["partitions"] == 2 and recorded["placed_since_ms"] == recorded["split_since_ms"]
+    assert recorded["bucket_ms"] == lake.config.state_bucket_ms
+
+
+def test_a_changed_state_bucket_keeps_the_checkpoints_width_so_duplicates_meet_their_record(
+    spark: Any, tmp_path: Path
+) -> None:
+    """B1 across an operator's config change: a msg id's state key is its store time's bucket, so an
+    engine restarted with another engine.state_bucket decided a duplicate of a result decided before
+    the change as a second retry. The checkpoint now keeps the width it was created with (logged)."""
+    failing = Result.of("DUP").failed()
+    before = Lake.make(tmp_path / "lake", engine={"state_bucket": "1s"})
+    before.write_results([failing])
+    query = engine.start(spark, before.config)
+    try:
+        wait_for(lambda: before.rows("outcomes"), what="the first outcome")
+    finally:
+        engine.stop(query)
+
+    after = Lake.make(tmp_path / "lake", engine={"state_bucket": "1h"})
+    after.write_results([failing.with_(result_id="again")])
+    query = engine.start(spark, after.config)
+    try:
+        wait_for(lambda: len(after.rows("outcomes")) == 2 and after.rows("retry"), what="the duplicate and the retry")
+    finally:
+        engine.stop(query)
+    assert {o["result_id"]: o["outcome"] for o in after.rows("outcomes")} == {
+        failing.values["result_id"]: "retry", "again": "duplicate"
+    }
+    assert [r["origin_msg_id"] for r in after.rows("retry")] == ["DUP"]
+    assert json.loads((Path(after.config.checkpoint_path) / KEYS_FILE).read_text())["bucket_ms"] == 1000

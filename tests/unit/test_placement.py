@@ -228,20 +228,20 @@ def test_the_keys_file_records_placement_and_an_earlier_releases_file_gains_it(t
     session's) and places only buckets after the start; later starts read it back unchanged."""
     fresh = tmp_path / "fresh"
     assert state_key_split(str(fresh), bucket_ms=BUCKET_MS, now_ms=5, partitions=2) == StateKeySplit(
-        1, None, partitions=2, first_placed_bucket=None
+        1, None, partitions=2, first_placed_bucket=None, bucket_ms=BUCKET_MS
     )
     assert json.loads((fresh / KEYS_FILE).read_text()) == {
-        "subkeys": 1, "split_since_ms": None, "partitions": 2, "placed_since_ms": None,
+        "subkeys": 1, "split_since_ms": None, "partitions": 2, "placed_since_ms": None, "bucket_ms": BUCKET_MS,
     }
     assert state_key_split(str(fresh), bucket_ms=BUCKET_MS, now_ms=9_000_000, partitions=8).partitions == 2
 
     old = tmp_path / "old"
     _offsets(old, "v1", json.dumps({"batchWatermarkMs": 0, "conf": {"spark.sql.shuffle.partitions": "3"}}), "{}")
     old.joinpath(KEYS_FILE).write_text('{"subkeys": 4, "split_since_ms": 1000}\n')
-    expected = StateKeySplit(4, 1, partitions=3, first_placed_bucket=124)
+    expected = StateKeySplit(4, 1, partitions=3, first_placed_bucket=124, bucket_ms=BUCKET_MS)
     assert state_key_split(str(old), bucket_ms=BUCKET_MS, now_ms=1_234_567, subkeys=1, partitions=2) == expected
     assert json.loads((old / KEYS_FILE).read_text()) == {
-        "subkeys": 4, "split_since_ms": 1000, "partitions": 3, "placed_since_ms": 1_234_567,
+        "subkeys": 4, "split_since_ms": 1000, "partitions": 3, "placed_since_ms": 1_234_567, "bucket_ms": BUCKET_MS,
     }
     assert state_key_split(str(old), bucket_ms=BUCKET_MS, now_ms=9_999_999, subkeys=4, partitions=2) == expected
     assert sorted(p.name for p in old.iterdir()) == ["offsets", KEYS_FILE]  # no partial left

@@ -149,11 +149,11 @@ def test_the_sub_key_rule_is_fixed_per_checkpoint(tmp_path: Path) -> None:
     bucket_ms = 10_000
     fresh = tmp_path / "fresh"
     assert state_key_split(str(fresh), bucket_ms=bucket_ms, now_ms=1_000_000, subkeys=32) == StateKeySplit(
-        32, None
+        32, None, bucket_ms=bucket_ms
     )
     # A later start with another engine.state_subkeys keeps the checkpoint's count.
     assert state_key_split(str(fresh), bucket_ms=bucket_ms, now_ms=9_000_000, subkeys=4) == StateKeySplit(
-        32, None
+        32, None, bucket_ms=bucket_ms
     )
     assert [p.name for p in fresh.iterdir()] == [KEYS_FILE]  # written aside and renamed: no partial left
 
@@ -162,13 +162,14 @@ def test_the_sub_key_rule_is_fixed_per_checkpoint(tmp_path: Path) -> None:
     (old / "offsets" / "0").write_text("v1\n")
     # Placement (tests/unit/test_placement.py) starts with the sub-keys here: same bucket.
     assert state_key_split(str(old), bucket_ms=bucket_ms, now_ms=1_234_567, subkeys=32) == StateKeySplit(
-        32, 124, first_placed_bucket=124
+        32, 124, first_placed_bucket=124, bucket_ms=bucket_ms
     )
     assert state_key_split(str(old), bucket_ms=bucket_ms, now_ms=9_999_999, subkeys=1) == StateKeySplit(
-        32, 124, first_placed_bucket=124
+        32, 124, first_placed_bucket=124, bucket_ms=bucket_ms
     )
     assert json.loads((old / KEYS_FILE).read_text()) == {
-        "subkeys": 32, "split_since_ms": 1_234_567, "partitions": 1, "placed_since_ms": 1_234_567
+        "subkeys": 32, "split_since_ms": 1_234_567, "partitions": 1, "placed_since_ms": 1_234_567,
+        "bucket_ms": bucket_ms,
     }
 
     for bad in (
@@ -192,9 +193,11 @@ def test_a_new_checkpoint_takes_the_configured_sub_key_count(tmp_path: Path) -> 
     from retry_engine.config import parse_config
 
     assert parse_config({}).engine.state_subkeys == 1
-    assert state_key_split(str(tmp_path / "d"), bucket_ms=1000, now_ms=0) == StateKeySplit(1, None)
+    assert state_key_split(str(tmp_path / "d"), bucket_ms=1000, now_ms=0) == StateKeySplit(1, None, bucket_ms=1000)
     configured = parse_config({"engine": {"state_subkeys": 64}}).engine.state_subkeys
-    assert state_key_split(str(tmp_path / "c"), bucket_ms=1000, now_ms=0, subkeys=configured) == StateKeySplit(64, None)
+    assert state_key_split(str(tmp_path / "c"), bucket_ms=1000, now_ms=0, subkeys=configured) == StateKeySplit(
+        64, None, bucket_ms=1000
+    )
 
 
 @pytest.mark.parametrize("value", [0, -1, 1025, 2**63, "4", 4.5, True, None])
@@ -204,3 +207,30 @@ def test_state_subkeys_config_refuses_hostile_values(value: object) -> None:
 
     with pytest.raises(ConfigError, match="state_subkeys"):
         parse_config({"engine": {"state_subkeys": value}})
+
+
+def test_the_bucket_width_is_fixed_per_checkpoint(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """B1: a new checkpoint records engine.state_bucket; a later start with another width keeps the
+    recorded one (and says so), and a keys file of an earlier release gains the configured width."""
+    fresh = tmp_path / "fresh"
+    assert state_key_split(str(fresh), bucket_ms=10_000, now_ms=0).bucket_ms == 10_000
+    with caplog.at_level("WARNING", logger="retry_engine.core.schedule"):
+        assert state_key_split(str(fresh), bucket_ms=3_600_000, now_ms=0).bucket_ms == 10_000
+    assert "keeps the 10000 ms it was created with (engine.state_bucket = 3600000 ms" in caplog.text
+
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / KEYS_FILE).write_text('{"subkeys": 4, "split_since_ms": 5, "partitions": 2, "placed_since_ms": 5}\n')
+    assert state_key_split(str(earlier), bucket_ms=2_000, now_ms=99).bucket_ms == 2_000
+    assert json.loads((earlier / KEYS_FILE).read_text()) == {
+        "subkeys": 4, "split_since_ms": 5, "partitions": 2, "placed_since_ms": 5, "bucket_ms": 2_000,
+    }
+
+
+@pytest.mark.parametrize("width", ["0", "-1000", '"1000"', "true", "1.5", "null", "[1]"])
+def test_a_damaged_bucket_width_stops_the_start_and_is_left_as_it_was(tmp_path: Path, width: str) -> None:
+    recorded = f'{{"subkeys": 1, "split_since_ms": null, "partitions": 2, "placed_since_ms": null, "bucket_ms": {width}}}'
+    (tmp_path / KEYS_FILE).write_text(recorded)
+    with pytest.raises(StateUnreadableError, match=r"\[STATE_KEYS_FILE_INVALID\].*bucket_ms"):
+        state_key_split(str(tmp_path), bucket_ms=1000, now_ms=0)
+    assert (tmp_path / KEYS_FILE).read_text() == recorded
