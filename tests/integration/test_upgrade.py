@@ -3,8 +3,10 @@
 Each ``tests/fixtures/upgrade/lake-<commit>.tar.gz`` was written by that commit's own engine
 (``make_old_lake.py`` beside it says how): consume results of two appends, decided by the old engine,
 whose first retries it released and whose second retries (a minute away) were still waiting in its
-checkpointed state when a Ctrl-C stopped it; dead letters, quarantined rows and successes. 9e547ad's
-stop left a planned batch to replay; 6001736's had committed every batch it planned. A user who
+checkpointed state when a Ctrl-C stopped it; dead letters, quarantined rows and successes. 47972cd
+(2026-11-22: state without a layout version, keys without sub-keys; its stop crashed Python) and
+9e547ad (2026-11-23) left a planned batch to replay; 6001736 (2026-11-26: sub-keys, parked state
+layout) had committed every batch it planned. A user who
 upgrades runs the new release's `retry-engine run --once` from a scheduler on that lake, with and
 then without new results. Nothing the old engine decided may be decided again, nothing it left
 waiting may be lost, kept waiting or released twice, and new results go through as on a new lake.
