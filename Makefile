@@ -106,13 +106,14 @@ SOAK_ARGS ?=
 soak: check-env
 	$(PY) bench/bench_soak.py $(SOAK_ARGS)
 
-# The property test of tests/integration/test_property_engine.py: CI runs its "ci" profile
-# (12 examples, fixed seed, plus 4 pinned ones); `make soak-property` runs its "soak" profile
-# (hundreds, a new seed each time, printed on failure).
+# The property tests: tests/integration/test_property_engine.py (CI: its "ci" profile, 12 examples,
+# fixed seed, plus 4 pinned ones) and tests/integration/test_restart_machine.py (CI: one scripted
+# sequence). `make soak-property` runs their "soak" profile: hundreds of examples and 25 random
+# restart sequences, a new seed each time, printed on failure.
 SOAK_PROFILE ?= soak
 
 soak-property: check-env
-	HYPOTHESIS_PROFILE=$(SOAK_PROFILE) $(PY) -m pytest -x --timeout=0 tests/integration/test_property_engine.py $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$(SOAK_PROFILE) $(PY) -m pytest -x --timeout=0 tests/integration/test_property_engine.py tests/integration/test_restart_machine.py $(PYTEST_ARGS)
 
 # Mutation testing (#16) of decide, delays, names, packed, metrics and config against the unit tests
 # listed in setup.cfg [mutmut]; not in CI (too slow). A fresh run each time (mutmut caches results in

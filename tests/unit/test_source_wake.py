@@ -4,7 +4,7 @@ Spark plans a batch without new input only after a batch ran in the same query e
 engine restarted on a checkpoint whose planned batches were all committed ran nothing (and released
 no due retry) until a consume result arrived. The source's first ``latestOffset`` now moves the
 offset by a ``wake`` count that reads as the same position; the integration tests
-(test_restart_without_input, test_upgrade) show the engine releasing retries with it.
+(test_restart_machine, test_upgrade) show the engine releasing retries with it.
 """
 
 from __future__ import annotations
