@@ -347,7 +347,9 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         if offset.reservoir_id is not None and offset.reservoir_id != self._reservoir_id:
             raise DeltaSourceError(
                 f"the Delta table at {self.options.path} is now table {self._reservoir_id}, but the "
-                f"checkpoint read table {offset.reservoir_id}; it was deleted and re-created. Start "
+                f"checkpoint read table {offset.reservoir_id}: the table was deleted and re-created, or the "
+                "checkpoint belongs to a stream of another table (two engines or lakes given one "
+                "engine.checkpoint?). Give each stream its own checkpoint; for a re-created table, start "
                 "from a new checkpoint",
                 code="DELTA_TABLE_ID_CHANGED",
             )

@@ -4,7 +4,8 @@ Spark plans a batch without new input only after a batch ran in the same query e
 engine restarted on a checkpoint whose planned batches were all committed ran nothing (and released
 no due retry) until a consume result arrived. The source's first ``latestOffset`` now moves the
 offset by a ``wake`` count that reads as the same position; the integration tests
-(test_restart_machine, test_upgrade) show the engine releasing retries with it.
+(test_restart_machine, test_upgrade) show the engine releasing retries with it. Also here: what a
+restarted reader does with a checkpoint's offsets that name another table.
 """
 
 from __future__ import annotations
@@ -102,3 +103,18 @@ def test_a_wake_count_from_a_checkpoint_is_never_trusted_and_the_offset_always_m
 def test_the_option_takes_true_or_false_only(table: str, value: str) -> None:
     with pytest.raises(ConfigError, match="wakeOnStart"):
         _reader(table, wakeOnStart=value)
+
+
+def test_a_checkpoint_of_another_table_is_refused_naming_both_tables(table: str, tmp_path: Path) -> None:
+    """A restored checkpoint is outside input: one whose offsets name another table (a re-created
+    table, or a checkpoint two engines share) stops the stream instead of reading the wrong files."""
+    from retry_engine.errors import DeltaSourceError
+
+    other = str(tmp_path / "other")
+    ensure_table(other, CONSUME_RESULTS.arrow_schema)
+    append_arrow(other, results_table([Result.of()]))
+    foreign = _first_batch_end(other)
+    with pytest.raises(DeltaSourceError, match="DELTA_TABLE_ID_CHANGED") as caught:
+        _reader(table, wakeOnStart="true").latestOffset(foreign, ReadAllAvailable())
+    message = str(caught.value)
+    assert foreign["reservoirId"] in message and "two engines or lakes given one engine.checkpoint" in message
