@@ -6,7 +6,8 @@ whose first retries it released and whose second retries (a minute away) were st
 checkpointed state when a Ctrl-C stopped it; dead letters, quarantined rows and successes. 47972cd
 (2026-11-22: state without a layout version, keys without sub-keys; its stop crashed Python) and
 9e547ad (2026-11-23) left a planned batch to replay; 6001736 (2026-11-26: sub-keys, parked state
-layout) had committed every batch it planned. A user who
+layout) had committed every batch it planned, and its ``-parked`` lake ran with
+``state_park_bytes = 0``, so what it left waiting is in parked files beside its state. A user who
 upgrades runs the new release's `retry-engine run --once` from a scheduler on that lake, with and
 then without new results. Nothing the old engine decided may be decided again, nothing it left
 waiting may be lost, kept waiting or released twice, and new results go through as on a new lake.
