@@ -1,10 +1,10 @@
 """Cost of ``retry-engine status`` next to just reading the columns it needs.
 
-    python bench/bench_status.py [--outcomes 1000000] [--repeat 3]
+    python bench/bench_status.py [--outcomes 1000000] [--progress 50000] [--repeat 3]
 
 One synthetic lake (no Spark): ``--outcomes`` outcome rows (10 % retries, 2 %
 dead letters, 4 groups, levels 3..6), the retry table with 90 % of those
-retries released, the DLQ, and 50,000 progress rows. Reported side by side,
+retries released, the DLQ, and ``--progress`` progress rows (50,000). Reported side by side,
 best of ``--repeat``:
 
 (a) reading the needed columns of every table (``read_tables``);
@@ -45,7 +45,7 @@ def _fill(table_schema: pa.Schema, columns: dict[str, pa.Array], n: int) -> pa.T
     return pa.Table.from_arrays(arrays, schema=table_schema)
 
 
-def build_lake(root: Path, n: int, *, seed: int = 7) -> None:
+def build_lake(root: Path, n: int, *, progress_rows: int = 50_000, seed: int = 7) -> None:
     rng = np.random.default_rng(seed)
     groups = np.array(["billing", "orders", "search", "audit"])[rng.integers(0, 4, n)]
     draw = rng.random(n)
@@ -78,7 +78,7 @@ def build_lake(root: Path, n: int, *, seed: int = 7) -> None:
         "error_class": pa.array(np.array(["E1", "E2", "E3"])[rng.integers(0, 3, k)]),
         "dead_lettered_at": _ts(decided[dead]), "delivery_key": pa.array(ids[dead]),
     }, k), partition_by=["consumer_group"])
-    p = 50_000
+    p = progress_rows
     write_deltalake(str(root / "progress"), _fill(PROGRESS.arrow_schema, {
         "query_id": pa.array(["q"] * p), "run_id": pa.array(["r"] * p), "event": pa.array(["progress"] * p),
         "batch_id": pa.array(np.arange(p)), "event_time": _ts(np.arange(p) * 1000),
@@ -100,15 +100,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--outcomes", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--progress", type=int, default=50_000, help="progress rows (one per batch: 86,400 a day at 1 s)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-status-") as tmp:
         root = Path(tmp)
-        build_lake(root, args.outcomes)
+        build_lake(root, args.outcomes, progress_rows=args.progress)
         config = parse_config({"engine": {"lake": str(root)}})
         read = best(lambda: read_tables(config), args.repeat)
         summarise = best(lambda: status(config), args.repeat)
         formatted = best(lambda: format_status(status(config)), args.repeat)
         print(f"outcomes rows             {args.outcomes:,}")
+        print(f"progress rows             {args.progress:,}")
         print(f"(a) read_tables           {read:.3f} s")
         print(f"(b) status                {summarise:.3f} s   (b)/(a) = {summarise / read:.2f}")
         print(f"(c) status + format       {formatted:.3f} s   (c)/(a) = {formatted / read:.2f}")
