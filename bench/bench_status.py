@@ -78,11 +78,13 @@ def build_lake(root: Path, n: int, *, progress_rows: int = 50_000, seed: int = 7
         "error_class": pa.array(np.array(["E1", "E2", "E3"])[rng.integers(0, 3, k)]),
         "dead_lettered_at": _ts(decided[dead]), "delivery_key": pa.array(ids[dead]),
     }, k), partition_by=["consumer_group"])
+    # One batch a second, the last one just now.
     p = progress_rows
+    seconds = np.arange(p) - p + int((dt.datetime.now(dt.UTC) - T0).total_seconds())
     write_deltalake(str(root / "progress"), _fill(PROGRESS.arrow_schema, {
         "query_id": pa.array(["q"] * p), "run_id": pa.array(["r"] * p), "event": pa.array(["progress"] * p),
-        "batch_id": pa.array(np.arange(p)), "event_time": _ts(np.arange(p) * 1000),
-        "recorded_at": _ts(np.arange(p) * 1000 + 5), "batch_duration_ms": pa.array(np.full(p, 180)),
+        "batch_id": pa.array(np.arange(p)), "event_time": _ts(seconds * 1000),
+        "recorded_at": _ts(seconds * 1000 + 5), "batch_duration_ms": pa.array(np.full(p, 180)),
         "num_input_rows": pa.array(np.full(p, n // p)),
     }, p))
 

@@ -90,13 +90,19 @@ def _empty(table: Table, columns: tuple[str, ...]) -> pa.Table:
 
 
 def read_table_columns(
-    path: str, table: Table, columns: tuple[str, ...], *, added_later: tuple[str, ...] = ()
+    path: str,
+    table: Table,
+    columns: tuple[str, ...],
+    *,
+    added_later: tuple[str, ...] = (),
+    recent: tuple[str, dt.datetime] | None = None,
 ) -> pa.Table | None:
     """``columns`` of the Delta table at ``path``, or None when there is no table there.
 
     ``added_later``: columns a table written by an older release lacks until
     the engine's next start adds them; they read as null. Raises
     :class:`SchemaMismatchError` naming the first other missing column.
+    ``recent``: ``(column, now)``: only the files :func:`_recent_files` keeps.
     """
     delta = open_table(path)
     if delta is None:
@@ -109,10 +115,34 @@ def read_table_columns(
             f"table {table.name} at {path} has no column {required[0]!r}; "
             f"{table.name} needs {', '.join(columns)}"
         )
-    read = pa.table(delta.to_pyarrow_table(columns=[c for c in columns if c in names]))
+    present = [c for c in columns if c in names]
+    if recent is None:
+        read = pa.table(delta.to_pyarrow_table(columns=present))
+    else:
+        dataset, since = _recent_files(delta, *recent)
+        # The same bound on rows: Parquet's row-group statistics skip the older parts of big files.
+        rows = None if since is None else pc.field(recent[0]) >= pa.scalar(since, dataset.schema.field(recent[0]).type)
+        read = dataset.to_table(columns=present, filter=rows)
     for name in missing:
         read = read.append_column(table[name].field, pa.nulls(read.num_rows, table[name].type))
     return read.select(list(columns))
+
+
+def _recent_files(delta: Any, column: str, now: dt.datetime) -> tuple[Any, dt.datetime | None]:
+    """The table's files that may hold a ``column`` value within :data:`FAILURES_WINDOW` of its newest
+    one (or of ``now``, if earlier), by their statistics, as a pyarrow dataset; every file when one
+    has no statistics for it. A day is what `status` needs of PROGRESS: the latest run's last event
+    and batch, and the failures of the last day (a running engine records an event at least every
+    10 s), while an engine recording a batch a second adds 2.6 million rows a month. Returns the
+    dataset and where the day starts (None: no bound)."""
+    from retry_engine.delta._log import add_actions
+
+    actions = add_actions(delta)
+    stat = f"max.{column}"
+    if actions.num_rows == 0 or stat not in actions.schema.names or actions[stat].null_count:
+        return delta.to_pyarrow_dataset(), None
+    since = min(pc.max(actions[stat]).as_py(), now) - FAILURES_WINDOW
+    return delta.to_pyarrow_dataset(file_pruning_predicate=[(column, ">=", since)]), since
 
 
 def _read_consume_results(path: str, table: Table, columns: tuple[str, ...]) -> pa.Table | None:
@@ -127,9 +157,12 @@ def _read_consume_results(path: str, table: Table, columns: tuple[str, ...]) -> 
     return pa.table({"consumer_group": pa.nulls(rows, pa.string())})
 
 
-def read_tables(config: EngineConfig) -> EngineTables:
+def read_tables(config: EngineConfig, *, now: dt.datetime | None = None) -> EngineTables:
     """Read what status and plots need. Raises :class:`TablesUnavailableError` when
-    none of the engine's tables exists (most often a wrong ``engine.lake``)."""
+    none of the engine's tables exists (most often a wrong ``engine.lake``).
+
+    ``now`` (status): of PROGRESS, only the files that may hold its last day (:func:`_recent_files`).
+    """
     tables: dict[str, pa.Table] = {}
     present: set[str] = set()
     for name, (table, columns) in _COLUMNS.items():
@@ -137,7 +170,8 @@ def read_tables(config: EngineConfig) -> EngineTables:
             found = _read_consume_results(config.table_path(name), table, columns)
         else:
             found = read_table_columns(
-                config.table_path(name), table, columns, added_later=_ADDED_LATER.get(name, ())
+                config.table_path(name), table, columns, added_later=_ADDED_LATER.get(name, ()),
+                recent=("recorded_at", now) if table is PROGRESS and now is not None else None,
             )
         present.update([name] if found is not None else [])
         tables[name] = found if found is not None else _empty(table, columns)
@@ -547,9 +581,10 @@ def summarise(
 
 def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
     """Read the engine's tables and summarise them."""
+    now = now or dt.datetime.now(dt.UTC)
     return summarise(
-        read_tables(config),
-        now=now or dt.datetime.now(dt.UTC),
+        read_tables(config, now=now),
+        now=now,
         trigger_interval_ms=config.trigger_interval_ms,
         flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),
     )

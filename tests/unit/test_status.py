@@ -535,3 +535,38 @@ def test_consume_results_without_a_group_column_count_as_results_without_a_group
         3,
         3,
     )
+
+
+@pytest.mark.parametrize("engine_now", ["running", "stopped three days ago"])
+def test_status_reads_only_the_last_day_of_progress_and_answers_as_from_all_of_it(
+    tmp_path: Path, engine_now: str
+) -> None:
+    """A month of PROGRESS (2.6 million rows at a batch a second, read in full: 0.61 s against 0.09 s,
+    bench_status.py) is cut to the files, and row groups, that may hold the last day before its
+    newest event. The status is the same as from every row: for a running engine and for one that
+    stopped days ago (its last run, last batch and failures are still found)."""
+    from retry_engine.ops.status import _recent_files, read_tables, status, summarise
+
+    lake = tmp_path / "lake"
+    config = load_config(None, lake=str(lake), env={})
+    stop = T - dt.timedelta(days=3) if engine_now != "running" else T
+    runs = [  # one file each, oldest first
+        progress(event(STARTED, T - dt.timedelta(days=40), run="old"), batch(1, T - dt.timedelta(days=40), run="old"),
+                 event(TERMINATED, T - dt.timedelta(days=39), run="old", exception="ValueError: long ago")),
+        progress(event(STARTED, stop - dt.timedelta(days=2), run="r"), batch(2, stop - dt.timedelta(days=2), run="r")),
+        progress(batch(3, stop - ms(500), run="r"),
+                 event(TERMINATED, stop, run="r", reason=STOPPED) if engine_now != "running" else batch(4, stop, run="r")),
+    ]
+    for rows in runs:
+        write_deltalake(str(lake / "progress"), rows, mode="append")
+    now = T + ms(100)
+
+    from deltalake import DeltaTable
+
+    dataset, since = _recent_files(DeltaTable(str(lake / "progress")), "recorded_at", now)
+    assert since == stop - dt.timedelta(days=1) and len(dataset.files) == 1  # the other two are older
+    everything = summarise(read_tables(config), now=now, trigger_interval_ms=1000, flush_interval_ms=5000)
+    assert status(config, now=now) == everything
+    assert everything.state == ("running" if engine_now == "running" else "stopped")
+    assert everything.last_batch is not None and everything.last_batch.batch_id == (4 if engine_now == "running" else 3)
+    assert everything.failures_24h == 0
