@@ -506,17 +506,17 @@ def state_key_split(
     if recorded is not None and ("partitions" in recorded or "bucket_ms" in recorded):
         # What a start recorded is checked before anything is added (a damaged file is left as it is).
         _check_keys(recorded, path, "partitions", "placed_since_ms", *(["bucket_ms"] if "bucket_ms" in recorded else []))
-    if recorded is None or "partitions" not in recorded or "bucket_ms" not in recorded:
-        added: dict[str, Any] = {}
-        if recorded is None or "partitions" not in recorded:
-            started = bool(fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True)))
-            since = now_ms if started else None
-            added = {
-                "partitions": (shuffle_partitions_of(checkpoint) if started else None) or partitions,
-                "placed_since_ms": since,
-            }
-            recorded = {"subkeys": subkeys, "split_since_ms": since} if recorded is None else recorded
-        recorded = {**recorded, **added, "bucket_ms": recorded.get("bucket_ms", bucket_ms)}
+    if recorded is None or "partitions" not in recorded:
+        started = bool(fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True)))
+        since = now_ms if started else None
+        recorded = {"subkeys": subkeys, "split_since_ms": since} if recorded is None else recorded
+        recorded = {
+            **recorded,
+            "partitions": (shuffle_partitions_of(checkpoint) if started else None) or partitions,
+            "placed_since_ms": since,
+        }
+    if "bucket_ms" not in recorded:  # a new file, or one of a release that did not record the width
+        recorded = {**recorded, "bucket_ms": bucket_ms}
         fs.create_dir(root, recursive=True)
         # Written aside and renamed: a start killed mid-write must not leave a half file that
         # stops every later start.

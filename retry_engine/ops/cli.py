@@ -268,8 +268,10 @@ def _file_lake(args: argparse.Namespace) -> tuple[str, str] | None:
 def _file_lake_read_before(args: argparse.Namespace) -> str | None:
     """A config file's relative ``engine.lake`` as releases before 2026-11-23 read it (from the working
     directory), when the file is where the lake comes from; else None."""
+    from retry_engine.delta.lake import is_local
+
     found = _file_lake(args)
-    if found is None or "://" in found[1] or os.path.isabs(os.path.expanduser(found[1])):
+    if found is None or not is_local(found[1]) or os.path.isabs(os.path.expanduser(found[1])):
         return None
     return os.path.abspath(found[1])
 

@@ -23,23 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable, write_deltalake
 
 from retry_engine.ops.cli import EXIT_OK, main
-from tests.builders import Result, results_table
+from tests.builders import Result
+from tests.lakehouse import Lake
 
 pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "upgrade"
 # The old engine's levels (make_old_lake.LEVELS): a first retry after 120 ms, a second after a minute.
 LEVELS = "100ms 110ms 120ms " + " ".join(["60s"] * 15)
-
-
-def _rows(path: Path) -> list[dict[str, Any]]:
-    try:
-        return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
-    except Exception:  # noqa: BLE001 - not created yet
-        return []
 
 
 def _new_results() -> list[Result]:
@@ -68,18 +61,20 @@ def upgraded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         f'message_delay_level = "{LEVELS}"\n'
     )
     tables = ("outcomes", "retry", "dlq", "quarantine")
-    before = {name: _rows(lake / name) for name in tables}
+    old_lake = Lake.make(lake)
+    rows = old_lake.rows
+    before = {name: rows(name) for name in tables}
     codes = [main(["run", "--once", "--config", str(conf)])]
-    first_run = {name: _rows(lake / name) for name in tables}
+    first_run = {name: rows(name) for name in tables}
     new = _new_results()
-    write_deltalake(str(lake / "consume_results"), results_table(new), mode="append")
+    old_lake.write_results(new)
     codes.append(main(["run", "--once", "--config", str(conf)]))
     time.sleep(0.5)  # the new first retries (120 ms) are due
     codes.append(main(["run", "--once", "--config", str(conf)]))
     return {
         "fixture": request.param, "lake": lake, "conf": conf, "codes": codes,
         "old_ids": old["result_ids"], "new_ids": [r.values["result_id"] for r in new],
-        "before": before, "first_run": first_run, "after": {name: _rows(lake / name) for name in tables},
+        "before": before, "first_run": first_run, "after": {name: rows(name) for name in tables},
     }
 
 
