@@ -508,15 +508,21 @@ def test_on_object_storage_a_tasks_files_are_uploaded_side_by_side(tmp_path: Pat
     assert sorted(read_table(path).column("id").to_pylist()) == list(range(4000))
 
 
-class _FailingUpload(_CountingFileSystem):
-    """An object store whose upload of one partition's file fails when it completes."""
+class _FailingUpload(_SlowUploads):
+    """An object store whose upload of one partition's file fails when it completes, once all ``parties``
+    uploads are completing at once (else the pool may cancel a finish not yet started, and that file is
+    never opened: a test of what the others leave would depend on thread timing)."""
 
     def open_output_stream(self, path: str, metadata: dict[str, str] | None = None) -> pa.NativeFile:
+        barrier = self.closing
+
         class Upload(io.FileIO):
             def close(self) -> None:
-                if not self.closed and "grp=c" in path:
-                    super().close()
-                    raise OSError("upload failed")
+                if not self.closed:
+                    barrier.wait()
+                    if "grp=c" in path:
+                        super().close()
+                        raise OSError("upload failed")
                 super().close()
 
         return pa.PythonFile(Upload(path, "w"), mode="w")
@@ -526,7 +532,7 @@ def test_a_failed_upload_fails_the_task_and_its_files_are_deleted(tmp_path: Path
     """The files finished side by side with the failed one are not left behind: the task's discard deletes them."""
     path = str(tmp_path / "w")
     schema = pa.schema([("id", pa.int64()), ("grp", pa.string())])
-    writer = PartitionedWriter(pafs.PyFileSystem(_FailingUpload()), path, schema, partition_by=["grp"], uri=path)
+    writer = PartitionedWriter(pafs.PyFileSystem(_FailingUpload(parties=4)), path, schema, partition_by=["grp"], uri=path)
     writer.write(pa.record_batch([pa.array(range(400), pa.int64()), pa.array(["a", "b", "c", "d"] * 100)], schema=schema))
     with pytest.raises(OSError, match="upload failed"):
         writer.close()
