@@ -76,7 +76,7 @@ class Lake:
 
 
 def wait_for(
-    predicate: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition"
+    predicate: Callable[[], Any], *, timeout: float = 240.0, what: str = "condition"
 ) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -87,3 +87,23 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.2)
+
+
+def start_consumer(instance: Any, queries: list[Any]) -> Any:
+    """Start ``instance`` and wait for its first progress, one query at a time.
+
+    Python workers spawned by overlapping starts on a busy machine fail
+    ("Python worker failed to connect back", see test_clients). Only that
+    failure, before any batch, is retried: the instance leaves and rejoins.
+    """
+    for attempt in range(3):
+        query = instance.start()
+        queries.append(query)
+        wait_for(lambda q=query: q.exception() or q.lastProgress, timeout=300, what=f"{query.name} to start")
+        error = query.exception()
+        if error is None or "failed to connect back" not in str(error) or attempt == 2:
+            return query
+        queries.remove(query)
+        instance.shutdown(query)
+        instance.heartbeat()
+    raise AssertionError("unreachable")

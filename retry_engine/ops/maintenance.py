@@ -484,6 +484,7 @@ class EngineMaintenance:
         section = config.maintenance
         self._due = _Due(section.every_batches, section.interval_ms, since_ms=clock() * 1000)
         self._lock = threading.Lock()
+        self._counting = threading.Lock()  # the batch count: the writer adds, a run resets
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(
@@ -503,8 +504,10 @@ class EngineMaintenance:
         def write(frame: WriterT, batch_id: int) -> None:
             with self._lock:
                 writer(frame, batch_id)
-            self._due.batches += 1
-            if self._due.every_batches and self._due.batches >= self._due.every_batches:
+            with self._counting:
+                self._due.batches += 1
+                wake = 0 < self._due.every_batches <= self._due.batches
+            if wake:
                 self._wake.set()
 
         return write
@@ -522,7 +525,8 @@ class EngineMaintenance:
 
     def run_now(self) -> list[TableReport]:
         """One maintenance run of this engine's tables (what the thread does when due)."""
-        self._due.reset(self._clock() * 1000)
+        with self._counting:
+            self._due.reset(self._clock() * 1000)
         reports = run_maintenance(
             self._config,
             tables=self._tables,
@@ -543,7 +547,9 @@ class EngineMaintenance:
             self._wake.clear()
             if self._stop.is_set() or not self._alive():
                 return
-            if not self._due.due(self._clock() * 1000):
+            with self._counting:
+                due = self._due.due(self._clock() * 1000)
+            if not due:
                 continue
             try:
                 self.run_now()

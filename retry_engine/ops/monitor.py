@@ -421,8 +421,6 @@ class ProgressRecorder(JsonProgressListener):
                 timeout,
             )
             now = _now()
-            # Closing first: a terminated event arriving late is then not recorded twice.
-            self._closing.set()
             row = lifecycle_row(
                 TERMINATED,
                 query_id=self.query_id,
@@ -433,6 +431,8 @@ class ProgressRecorder(JsonProgressListener):
                 reason=self.stop_requested,
             )
             with self._lock:
+                # Closing first: a terminated event arriving late is then not recorded twice.
+                self._closing.set()
                 self._rows.append(row)
             self._terminated.set()
         self.close(timeout=timeout)
@@ -453,6 +453,10 @@ class ProgressRecorder(JsonProgressListener):
             return False
         row = make_row()
         with self._lock:
+            # Checked again under the lock :meth:`finish` closes under: a terminated event arriving as
+            # finish() records its own row is then not recorded twice.
+            if self._closing.is_set():
+                return False
             self._rows.append(row)
         return True
 

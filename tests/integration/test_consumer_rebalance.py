@@ -24,7 +24,7 @@ from retry_engine.clients.producer import Message, Producer
 from retry_engine.clients.rebalance import Membership
 from retry_engine.delta import ensure_table
 from retry_engine.schemas import RETRY
-from tests.lakehouse import Lake, wait_for
+from tests.lakehouse import Lake, start_consumer, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -80,26 +80,6 @@ def consumed(lake: Lake, queries: list[Any]) -> set[str]:
     return {r["msg_id"] for r in results(lake)}
 
 
-def start(instance: Consumer, queries: list[Any]) -> Any:
-    """Start ``instance`` and wait for its first progress, one query at a time.
-
-    Python workers spawned by overlapping starts on a busy machine fail
-    ("Python worker failed to connect back", see test_clients). Only that
-    failure, before any batch, is retried: the instance leaves and rejoins.
-    """
-    for attempt in range(3):
-        query = instance.start()
-        queries.append(query)
-        wait_for(lambda q=query: q.exception() or q.lastProgress, timeout=300, what=f"{query.name} to start")
-        error = query.exception()
-        if error is None or "failed to connect back" not in str(error) or attempt == 2:
-            return query
-        queries.remove(query)
-        instance.shutdown(query)
-        instance.heartbeat()
-    raise AssertionError("unreachable")
-
-
 def consumer(spark: Any, lake: Lake, cid: str, instance: str, **options: Any) -> Consumer:
     base: dict[str, Any] = dict(
         group="G", consumer_id=cid, instance_name=instance, trigger_interval="300 milliseconds",
@@ -131,8 +111,8 @@ def test_clustering_instances_split_the_queues_and_the_survivor_takes_over(spark
         phase1 = sent.messages(12, "p1") | sent.retries(6, "p1")
         a.heartbeat()
         b.heartbeat()
-        start(a, queries)
-        qb = start(b, queries)
+        start_consumer(a, queries)
+        qb = start_consumer(b, queries)
         wait_for(lambda: consumed(lake, queries) >= phase1, timeout=300, what="phase 1 consumed")
         by = Counter((r["msg_id"], r["consumer_id"]) for r in results(lake))
         assert all(n == 1 for n in by.values())
@@ -159,7 +139,7 @@ def test_clustering_instances_split_the_queues_and_the_survivor_takes_over(spark
         trigger = sent.messages(1, "p4-trigger")
         wait_for(lambda: a.last_assignment is not None and "C@three" in a.last_assignment.members, timeout=300,
                  what="A seeing C")
-        qc = start(c, queries)
+        qc = start_consumer(c, queries)
         phase4 = sent.messages(8, "p4") | sent.retries(4, "p4")
         everything = phase1 | phase2 | phase3 | trigger | phase4
         wait_for(lambda: consumed(lake, queries) >= everything, timeout=300, what="phase 4 consumed")

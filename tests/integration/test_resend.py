@@ -23,7 +23,7 @@ from retry_engine.clients.consumer import CONSUME_SUCCESS, Consumer
 from retry_engine.clients.producer import Message, Producer
 from retry_engine.ops.resend import resend
 from retry_engine.schemas import DLQ
-from tests.lakehouse import Lake, wait_for
+from tests.lakehouse import Lake, start_consumer, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -67,9 +67,7 @@ def test_a_resent_dead_letter_is_delivered_only_by_the_named_instance(spark: Any
         for consumer in (a, b):
             consumer.heartbeat()
         for consumer in (a, b):
-            queries.append(consumer.start())
-        for query in queries:
-            wait_for(lambda q=query: q.exception() or q.lastProgress, timeout=300, what=f"{query.name} to start")
+            start_consumer(consumer, queries)  # one at a time: overlapping worker spawns fail on a busy machine
         report = resend(lake.config, "O1", consumer_id="host@2")
         assert report.instance == "host@2@DEFAULT" and report.redrive.moved == 1
         resent = report.resent_msg_id

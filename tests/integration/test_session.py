@@ -274,9 +274,10 @@ def test_warming_starts_a_worker_that_serves_the_next_python_task(
     started = [r.args[0] for r in caplog.records if "started before the first batch" in r.getMessage()]
     assert len(started) == 1, caplog.text
     # Spark returns a worker to the idle pool as its task completes, which may be just after the
-    # job's result reached the driver: a few tries, a moment apart.
+    # job's result reached the driver: tries a moment apart, for up to 60 s on a busy machine.
     later: list[int] = []
-    for _ in range(5):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         later += [r.pid for r in spark.range(2, numPartitions=2).mapInArrow(session_module._worker_pid, "pid long").collect()]
         if started[0] in later:
             break

@@ -348,7 +348,8 @@ def test_heartbeat_stops_the_engine_when_taken_over_and_releases_when_the_query_
     first = LakeLease(str(tmp_path / "a"), owner("query-A"), timeout_ms=TIMEOUT_MS)
     first.acquire()
     lost = threading.Event()
-    beat = Heartbeat(first, interval_s=0.05, alive=lambda: True, on_lost=lambda exc: lost.set())
+    # Beats far enough apart that a take-over (a few compare-and-swap attempts) lands between two.
+    beat = Heartbeat(first, interval_s=0.5, alive=lambda: True, on_lost=lambda exc: lost.set())
     beat.start()
     try:
         LakeLease(str(tmp_path / "a"), owner("query-B"), timeout_ms=TIMEOUT_MS).acquire(take_over=True)

@@ -91,6 +91,7 @@ def test_heartbeats_the_store_refuses_are_one_line_warnings_and_the_lease_surviv
     import time
 
     from retry_engine.core.lease import Heartbeat
+    from tests.lakehouse import wait_for
     from tests.s3 import free_port
 
     lease = LakeLease(s3_lake, Owner("host-a", 1, "query-A", "/a", dt.datetime.now(dt.UTC)))
@@ -105,7 +106,10 @@ def test_heartbeats_the_store_refuses_are_one_line_warnings_and_the_lease_surviv
             time.sleep(0.1)
         monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
         before = read_state(s3_lake)
-        time.sleep(1.0)
+        assert before is not None and before.heartbeat is not None
+        # Until a beat lands (a fixed wait was too short for a beat still failing plus a commit under load).
+        wait_for(lambda: (now := read_state(s3_lake)) is not None and now.heartbeat is not None
+                 and now.heartbeat > before.heartbeat, timeout=120, what="a heartbeat after the store is back")
         beat.stop()
 
     failed = [r for r in caplog.records if "heartbeat failed" in r.getMessage()]

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from retry_engine.ops.maintenance import (
     run_maintenance,
     select_tables,
 )
+from tests.lakehouse import wait_for
 
 WEEK = 168
 
@@ -400,7 +402,9 @@ def test_maintenance_runs_no_log_cleanup_beside_a_writer_that_cleans_its_own_log
     producer.start()
     reports = []
     try:
-        for _ in range(40):
+        # 40 runs beside more than 50 appends (a count of runs alone depends on the two threads' speeds).
+        deadline = time.monotonic() + 300
+        while (len(reports) < 40 or len(appended) <= 50) and time.monotonic() < deadline:
             reports.append(maintain_table("t", str(table), retention_hours=WEEK))
     finally:
         stop.set()
@@ -561,14 +565,15 @@ def test_in_engine_maintenance_never_commits_inside_a_batch(tmp_path: Path) -> N
     outcomes = tmp_path / "outcomes"
     small_files_table(outcomes)
     maintenance = EngineMaintenance(config)
-    started = threading.Event()
-    runner = threading.Thread(target=lambda: (started.set(), maintenance.run_now()))
+    runner = threading.Thread(target=maintenance.run_now)
     batch_versions: list[int] = []
 
     def batch(frame: list[int], batch_id: int) -> None:
         if batch_id == 0:
+            since = maintenance._due.since_ms
             runner.start()
-            started.wait()
+            # The run has counted its start (it then waits for this batch): batch 0 counts towards the next.
+            wait_for(lambda: maintenance._due.since_ms != since, what="the run to start")
         for value in frame:
             append(outcomes, value)
             batch_versions.append(DeltaTable(str(outcomes)).version())

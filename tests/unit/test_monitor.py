@@ -255,6 +255,7 @@ def test_finish_records_the_end_itself_when_spark_does_not(tmp_path: Path) -> No
     recorder.start()
     recorder.onQueryStarted(started())
     recorder.finish(run_id=RUN, timeout=0.2)
+    recorder._thread.join(30)  # finish() waits 0.2 s for the writer too; its last append may take longer
     assert recorder.closed
     # A terminated event that arrives late is not recorded a second time.
     recorder.onQueryTerminated(terminated())
@@ -267,6 +268,40 @@ def test_finish_records_the_end_itself_when_spark_does_not(tmp_path: Path) -> No
     ]
     state, why, _, _ = query_state(rows, now=NOW, trigger_interval_ms=1000, flush_interval_ms=1000)
     assert state == "stopped", why
+
+
+def test_a_terminated_event_arriving_as_finish_records_the_end_is_not_recorded_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's terminated event past the recorder's first check while finish() records the end itself: the
+    event's row was appended after the close (two terminated rows, or one left unwritten)."""
+    import threading
+
+    from retry_engine.ops import monitor
+
+    path = str(tmp_path / "progress")
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    recorder.onQueryStarted(started())
+    entered = threading.Event()
+
+    def late_row(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        if threading.current_thread() is listener:  # the event's row is made once finish() has closed
+            entered.set()
+            while not recorder._closing.is_set():
+                threading.Event().wait(0.01)
+        return lifecycle_row(*args, **kwargs)
+
+    monkeypatch.setattr(monitor, "lifecycle_row", late_row)
+    listener = threading.Thread(target=recorder.onQueryTerminated, args=(terminated(),))
+    listener.start()
+    assert entered.wait(30)
+    recorder.finish(run_id=RUN, timeout=0.2)
+    listener.join(30)
+    recorder._thread.join(30)  # finish() waits 0.2 s for the writer too; its last append may take longer
+    assert recorder.closed
+    assert [r["event"] for r in recorded(path)] == ["started", "terminated"]
+    assert recorder._rows == [] and path not in monitor._UNWRITTEN
 
 
 # -- why the query terminated (#13 part 2) ------------------------------------------
@@ -315,6 +350,7 @@ def test_finish_records_the_reason_it_was_told_when_spark_sends_no_terminated_ev
     recorder.start()
     recorder.stopping("finished")
     recorder.finish(run_id=RUN, timeout=0.2)
+    recorder._thread.join(30)
     assert [(r["event"], r["reason"]) for r in recorded(path)] == [("terminated", "finished")]
 
 

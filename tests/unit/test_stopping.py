@@ -119,14 +119,20 @@ def test_a_signal_during_run_once_stops_the_query_from_the_main_thread(
     from retry_engine.ops.cli import main
 
     conf, stops, quieted = once
-    monkeypatch.setattr(engine, "start", lambda *a, **k: IdleQuery(done=False))
+
+    def start(*args: object, **kwargs: object) -> IdleQuery:
+        # The signal arrives while the query starts, under the command's StopSignals (a timer fired before
+        # the command had installed them when the main thread was slow, and hit the handler below).
+        os.kill(os.getpid(), signum)
+        return IdleQuery(done=False)
+
+    monkeypatch.setattr(engine, "start", start)
 
     def signalled(signum: int, frame: object) -> None:
         raise Signalled(signal.Signals(signum).name)
 
     before = signal.signal(signum, signalled)
     try:
-        threading.Timer(0.3, os.kill, (os.getpid(), signum)).start()
         assert main(["run", "--once", "--config", str(conf)]) == code
         assert signal.getsignal(signum) is signalled  # restored after the command
     finally:
