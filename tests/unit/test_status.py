@@ -8,16 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
 
-from retry_engine.config import load_config
+from retry_engine.config import load_config, parse_config
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
 from retry_engine.ops.monitor import lifecycle_row
 from retry_engine.ops.plots import backlog_from_ledger, backlog_from_metrics, dead_letters_by_class
 from retry_engine.ops.status import (
     _COLUMNS,
+    RESULTS_BY_GROUP,
     BacklogEntry,
     DeadLetterEntry,
     EngineTables,
@@ -26,6 +28,7 @@ from retry_engine.ops.status import (
     LatenessEntry,
     Status,
     _empty,
+    _results_by_group,
     backlog,
     dead_letters,
     format_status,
@@ -33,6 +36,7 @@ from retry_engine.ops.status import (
     lateness,
     query_state,
     read_table_columns,
+    read_tables,
     stale_after_ms,
     status,
     status_json,
@@ -299,7 +303,7 @@ def test_lag_counts_results_written_vs_decided_and_retries_due_vs_released() -> 
     retry = released(
         ("r2", "G", 3, T + ms(5_000), T + ms(5_100)), ("x9", "G", 3, T, T)
     )  # x9: a re-drive, not decided
-    results = pa.table({"consumer_group": pa.array(["G"] * 6 + ["H"] + [None, None], pa.string())})
+    results = pa.table({"consumer_group": ["G", "H", None], "results": [6, 1, 2]}, schema=RESULTS_BY_GROUP)
     assert lag(results, outcomes, retry, now=T + ms(6_000)) == [
         LagEntry(
             "G",
@@ -338,7 +342,7 @@ def test_lag_counts_results_written_vs_decided_and_retries_due_vs_released() -> 
             retries_overdue=0,
         ),
     ]
-    empty = pa.table({"consumer_group": pa.array([], pa.string())})
+    empty = RESULTS_BY_GROUP.empty_table()
     assert lag(empty, ledger(), released(), now=T) == []
 
 
@@ -570,3 +574,73 @@ def test_status_reads_only_the_last_day_of_progress_and_answers_as_from_all_of_i
     assert everything.state == ("running" if engine_now == "running" else "stopped")
     assert everything.last_batch is not None and everything.last_batch.batch_id == (4 if engine_now == "running" else 3)
     assert everything.failures_24h == 0
+
+
+# -- what status reads of a lake months old ------------------------------------------------------
+
+
+def _written(path: str) -> dict[str | None, int]:
+    counted = _results_by_group(path)
+    assert counted is not None and counted.schema == RESULTS_BY_GROUP
+    return dict(zip(counted["consumer_group"].to_pylist(), counted["results"].to_pylist(), strict=True))
+
+
+def test_consume_results_are_counted_per_group_from_the_log_where_a_file_holds_one_group(tmp_path: Path) -> None:
+    """consume_results is as big as the outcomes: a file of one group (as consumers write them), or of
+    nulls only, is counted from its add action's statistics; files of several groups, or of a group and
+    nulls, have their group column read. The counts are those of every row."""
+    path = str(tmp_path / "consume_results")
+    long = "g" * 40  # longer than the 32 characters Spark's statistics keep of a string
+    files = [
+        ["G"] * 5,  # one group: counted from the log
+        ["G", "G", "H", "H", "H"],  # two groups: read
+        ["H", "H", None],  # a group and nulls: read
+        [None] * 4,  # nulls only: counted from the log
+        [long, long],  # one group: counted from the log
+        [long, long + "x"],  # two groups sharing a 40-character prefix: read
+    ]
+    for groups in files:
+        write_deltalake(path, pa.table({"consumer_group": pa.array(groups, pa.string()), "msg_id": [str(i) for i in range(len(groups))]}), mode="append")
+    want: dict[str | None, int] = {}
+    for groups in files:
+        for g in groups:
+            want[g] = want.get(g, 0) + 1
+    assert _written(path) == want
+    # The counted files are not read: without their data the counts are the same.
+    one_group = [f for f in Path(path).glob("*.parquet")
+                 if set(pq.read_table(f, columns=["consumer_group"])["consumer_group"].to_pylist()) in ({"G"}, {None}, {long})]
+    assert len(one_group) == 3
+    for f in one_group:
+        f.unlink()
+    assert _written(path) == want
+
+
+def test_consume_results_without_statistics_or_partitioned_by_group_are_counted_right(tmp_path: Path) -> None:
+    """Hostile layouts of a table others write: no statistics at all (every file read), and
+    partitioned by the group (counted from the partition values, names that need quoting included)."""
+    bare = str(tmp_path / "bare")
+    for groups in (["G", "G"], ["G", "H", None]):
+        write_deltalake(bare, pa.table({"consumer_group": pa.array(groups, pa.string())}), mode="append",
+                        configuration={"delta.dataSkippingNumIndexedCols": "0"})
+    assert _written(bare) == {"G": 3, "H": 1, None: 1}
+    parted = str(tmp_path / "parted")
+    groups = ["a b/%", "a b/%", "G", None, "ü=é"]
+    write_deltalake(parted, pa.table({"consumer_group": pa.array(groups, pa.string()), "n": list(range(5))}),
+                    partition_by=["consumer_group"])
+    assert _written(parted) == {"a b/%": 2, "G": 1, None: 1, "ü=é": 1}
+    for f in Path(parted).rglob("*.parquet"):
+        f.unlink()  # counted from partition values: nothing is read
+    assert _written(parted) == {"a b/%": 2, "G": 1, None: 1, "ü=é": 1}
+
+
+def test_status_does_not_read_the_metrics_table(tmp_path: Path) -> None:
+    """The METRICS table (a row per group, topic, level and metric of every batch that decided
+    something) is the plots': status read it whole and used none of it. A damaged one no longer
+    matters to status; the plots still name it."""
+    lake = Lake.make(tmp_path)
+    write_deltalake(lake.path("outcomes"), ledger(("G", "acknowledged", None, None, None)))
+    write_deltalake(lake.path("metrics"), pa.table({"metric": ["retry"]}))  # not the METRICS schema
+    config = parse_config({"engine": {"lake": str(tmp_path)}})
+    assert status(config, now=T).outcomes == {"acknowledged": 1}
+    with pytest.raises(SchemaMismatchError, match="table metrics"):
+        read_tables(config)
