@@ -150,7 +150,14 @@ class RedriveReport:
 
 
 class RateLimiter:
-    """At most ``rate`` messages per second, enforced after each chunk."""
+    """At most ``rate`` messages per second, enforced after each chunk.
+
+    A stall (a slow chunk, a store that answered late) earns at most :data:`CATCH_UP_SECONDS` of
+    sending: the rate it protects is the consumers', and a plain average let the chunks after a 30 s
+    stall through with no pause until 30 s worth of messages had gone out at once.
+    """
+
+    CATCH_UP_SECONDS = 1.0
 
     def __init__(
         self,
@@ -167,15 +174,15 @@ class RateLimiter:
         self.rate = rate
         self._clock = clock
         self._sleep = sleep
-        self._start = clock()
-        self._sent = 0
+        self._due = clock()  # when what was sent so far may have gone out at the rate
 
     def after(self, messages: int) -> float:
-        """Record ``messages`` sent; sleep until the average rate is back under the limit."""
-        self._sent += messages
+        """Record ``messages`` sent; sleep until the rate is back under the limit."""
         if self.rate is None:
             return 0.0
-        wait = self._start + self._sent / self.rate - self._clock()
+        now = self._clock()
+        self._due = max(self._due, now - self.CATCH_UP_SECONDS) + messages / self.rate
+        wait = self._due - now
         if wait > 0:
             self._sleep(wait)
             return wait

@@ -111,18 +111,31 @@ class FakeClock:
         self.now += seconds
 
 
-def test_rate_limiter_sleeps_to_keep_the_average_rate() -> None:
+def test_rate_limiter_sleeps_to_keep_the_rate() -> None:
     clock = FakeClock()
     limiter = RateLimiter(10, clock=clock, sleep=clock.sleep)
     assert limiter.after(5) == pytest.approx(0.5)  # 5 messages at 10/s take 0.5 s
-    clock.now += 2.0  # a slow chunk: already behind, no sleep
+    clock.now += 2.0  # a slow chunk: already behind, no sleep, but only 1 s of it is credited
     assert limiter.after(5) == 0.0
-    assert limiter.after(30) == pytest.approx(4 - 2.5)  # 40 messages by t=4.0
-    assert clock.slept == [pytest.approx(0.5), pytest.approx(1.5)]
+    assert limiter.after(30) == pytest.approx(2.5)  # 35 messages from t=1.5: at t=5.0
+    assert clock.slept == [pytest.approx(0.5), pytest.approx(2.5)]
     unlimited = RateLimiter(None, clock=clock, sleep=clock.sleep)
     assert unlimited.after(1000) == 0.0
     with pytest.raises(ConfigError, match="INVALID_OPTION.*rate must be a positive.*got 0"):
         RateLimiter(0)
+
+
+def test_rate_limiter_lets_no_burst_through_after_a_stall() -> None:
+    """A 30 s stall (the store answered late): the chunks after it went out with no pause until 300
+    messages had gone at once; now it credits at most a second."""
+    clock = FakeClock()
+    limiter = RateLimiter(10, clock=clock, sleep=clock.sleep)
+    limiter.after(10)
+    clock.now += 30.0
+    start = clock.now
+    waits = [limiter.after(10) for _ in range(10)]
+    assert waits[0] == 0.0 and all(w == pytest.approx(1.0) for w in waits[1:])
+    assert clock.now - start == pytest.approx(9.0)  # 100 messages after the stall: 10 s at 10/s, less 1 s credit
 
 
 def test_an_empty_lake_reads_as_empty(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
