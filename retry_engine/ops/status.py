@@ -176,9 +176,29 @@ def _results_by_group(path: str) -> pa.Table | None:
         if len(fragments) != len(rest):  # a file not matched by its path: count every row instead
             counted, fragments = {}, list(dataset.get_fragments())
         dataset = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
-    for group, rows in _count_by_group(dataset.to_table(columns=["consumer_group"])).items():
+    groups = _as_groups(dataset.to_table(columns=["consumer_group"]).column("consumer_group"))
+    for group, rows in _count_by_group(pa.table({"consumer_group": groups})).items():
         counted[group] = counted.get(group, 0) + rows
     return _results_table(counted)
+
+
+def _as_groups(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A group column of another type (a drifted writer's) as the engine reads it: cast to a string
+    (an int 7 is group "7"), value by value where the column has no string form as a whole; values
+    with none are results without a group (the engine quarantines them)."""
+    if pa.types.is_string(column.type):
+        return column
+    try:
+        return pc.cast(column, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return pa.chunked_array([pa.array([_as_group(v, column.type) for v in column.to_pylist()], pa.string())])
+
+
+def _as_group(value: Any, kind: pa.DataType) -> str | None:
+    try:
+        return pc.cast(pa.array([value], kind), pa.string())[0].as_py()  # type: ignore[no-any-return]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
 
 
 def _counted_by_statistics(actions: pa.Table) -> tuple[dict[str | None, int], set[str]]:
@@ -187,6 +207,9 @@ def _counted_by_statistics(actions: pa.Table) -> tuple[dict[str | None, int], se
     truncated max is never its min), with a row count and no deletion vector. Returns the counts and the
     (unquoted) paths of the files left to read."""
     names = actions.schema.names
+    text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+    if "min.consumer_group" in names and not any(is_text(actions["min.consumer_group"].type) for is_text in text):
+        names = [n for n in names if not n.endswith(".consumer_group")]  # not a string: its files are read
     rows = actions["num_records"] if "num_records" in names else pa.nulls(actions.num_rows, pa.int64())
     known = pc.is_valid(rows)
     for name in names:

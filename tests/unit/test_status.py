@@ -633,6 +633,20 @@ def test_consume_results_without_statistics_or_partitioned_by_group_are_counted_
     assert _written(parted) == {"a b/%": 2, "G": 1, None: 1, "ü=é": 1}
 
 
+def test_a_group_column_of_another_type_is_counted_as_the_engine_reads_it(tmp_path: Path) -> None:
+    """A drifted writer's group column: ints are the groups the engine casts them to ("7"), from the log
+    or read; bytes are cast one by one, and those with no string form are results without a group
+    (the engine quarantines them).
+    Status failed on the ints (its statistics were taken for strings)."""
+    ints = str(tmp_path / "ints")
+    write_deltalake(ints, pa.table({"consumer_group": pa.array([7, 7, 8], pa.int64())}))
+    write_deltalake(ints, pa.table({"consumer_group": pa.array([9, 9], pa.int64())}), mode="append")
+    assert _written(ints) == {"7": 2, "8": 1, "9": 2}
+    raw = str(tmp_path / "raw")
+    write_deltalake(raw, pa.table({"consumer_group": pa.array([b"\xff", b"G"], pa.binary())}))
+    assert _written(raw) == {None: 1, "G": 1}
+
+
 def test_status_does_not_read_the_metrics_table(tmp_path: Path) -> None:
     """The METRICS table (a row per group, topic, level and metric of every batch that decided
     something) is the plots': status read it whole and used none of it. A damaged one no longer
