@@ -688,3 +688,27 @@ def test_in_engine_maintenance_on_a_store_gone_away_logs_one_line_each_round(
     message = failed[0].getMessage()
     assert "the next due run retries: [STORAGE_UNREACHABLE] cannot reach" in message and "\n" not in message
     assert written == [0, 1]
+
+
+def test_status_counts_consume_results_on_s3_from_the_log_and_reads_only_mixed_files(s3_server: S3Server) -> None:
+    """A file of one group is counted from the Delta log; on S3 too only the files of several groups are read
+    (matched by their paths: without the one-group file's object the count is the same)."""
+    from retry_engine.delta._log import add_actions
+    from retry_engine.ops.status import _results_by_group
+
+    bucket = s3_server.new_bucket()
+    config = parse_config({"engine": {"lake": f"s3://{bucket}/lake"}, "storage": s3_server.storage_options()})
+    path = config.table_path("consume_results")
+    for groups in (["G"] * 3, ["G", "H", "a b"], ["H"] * 2):
+        append_arrow(path, pa.table({"consumer_group": pa.array(groups, pa.string())}))
+
+    def written() -> dict[str | None, int]:
+        counted = _results_by_group(path)
+        assert counted is not None
+        return dict(zip(counted["consumer_group"].to_pylist(), counted["results"].to_pylist(), strict=True))
+
+    assert written() == {"G": 4, "H": 3, "a b": 1}
+    actions = add_actions(storage.open_delta(path)).to_pylist()
+    (one,) = [a["path"] for a in actions if a["max.consumer_group"] == "G"]
+    s3_server.client().delete_object(Bucket=bucket, Key=f"lake/consume_results/{one}")
+    assert written() == {"G": 4, "H": 3, "a b": 1}
