@@ -182,7 +182,7 @@ def _results_by_group(path: str) -> pa.Table | None:
     return _results_table(counted)
 
 
-def _as_groups(column: pa.ChunkedArray) -> pa.ChunkedArray:
+def _as_groups(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     """A group column of another type (a drifted writer's) as the engine reads it: cast to a string
     (an int 7 is group "7"), value by value where the column has no string form as a whole; values
     with none are results without a group (the engine quarantines them)."""
@@ -216,13 +216,13 @@ def _counted_by_statistics(actions: pa.Table) -> tuple[dict[str | None, int], se
         if name.startswith("deletionVector"):
             known = pc.and_kleene(known, pc.is_null(actions[name]))
     if "partition.consumer_group" in names:
-        group = actions["partition.consumer_group"]
+        group = _as_groups(actions["partition.consumer_group"])
     elif {"min.consumer_group", "max.consumer_group", "null_count.consumer_group"} <= set(names):
         nulls = actions["null_count.consumer_group"]
         one = pc.and_kleene(pc.equal(nulls, 0), pc.equal(actions["min.consumer_group"], actions["max.consumer_group"]))
         all_null = pc.equal(nulls, rows)
         known = pc.and_kleene(known, pc.or_kleene(one, all_null))
-        group = pc.if_else(all_null, pa.scalar(None, pa.string()), actions["min.consumer_group"])
+        group = pc.if_else(all_null, pa.scalar(None, pa.string()), _as_groups(actions["min.consumer_group"]))
     else:
         known = pa.array([False] * actions.num_rows)
         group = pa.nulls(actions.num_rows, pa.string())

@@ -642,6 +642,10 @@ def test_a_group_column_of_another_type_is_counted_as_the_engine_reads_it(tmp_pa
     write_deltalake(ints, pa.table({"consumer_group": pa.array([7, 7, 8], pa.int64())}))
     write_deltalake(ints, pa.table({"consumer_group": pa.array([9, 9], pa.int64())}), mode="append")
     assert _written(ints) == {"7": 2, "8": 1, "9": 2}
+    by_int = str(tmp_path / "by_int")  # partitioned by an int group: counted from the partition values
+    write_deltalake(by_int, pa.table({"consumer_group": pa.array([7, 7, 8], pa.int64()), "n": [1, 2, 3]}),
+                    partition_by=["consumer_group"])
+    assert _written(by_int) == {"7": 2, "8": 1}
     raw = str(tmp_path / "raw")
     write_deltalake(raw, pa.table({"consumer_group": pa.array([b"\xff", b"G"], pa.binary())}))
     assert _written(raw) == {None: 1, "G": 1}
