@@ -211,7 +211,7 @@ def _counted_by_statistics(actions: pa.Table) -> tuple[dict[str | None, int], se
     if "min.consumer_group" in names and not any(is_text(actions["min.consumer_group"].type) for is_text in text):
         names = [n for n in names if not n.endswith(".consumer_group")]  # not a string: its files are read
     rows = actions["num_records"] if "num_records" in names else pa.nulls(actions.num_rows, pa.int64())
-    known = pc.is_valid(rows)
+    known = pc.greater_equal(rows, 0)  # a negative count (a hostile log) is no count: the file is read
     for name in names:
         if name.startswith("deletionVector"):
             known = pc.and_kleene(known, pc.is_null(actions[name]))

@@ -651,6 +651,24 @@ def test_a_group_column_of_another_type_is_counted_as_the_engine_reads_it(tmp_pa
     assert _written(raw) == {None: 1, "G": 1}
 
 
+def test_a_negative_row_count_in_the_log_is_not_trusted(tmp_path: Path) -> None:
+    """A writer's statistics with numRecords -3 (a hostile log): that file is read, not counted."""
+    path = tmp_path / "hostile"
+    write_deltalake(str(path), pa.table({"consumer_group": pa.array(["G"] * 5, pa.string())}))
+    commit = path / "_delta_log" / f"{0:020d}.json"
+    lines = commit.read_text().splitlines()
+    edited = []
+    for line in lines:
+        action = json.loads(line)
+        if "add" in action:
+            stats = json.loads(action["add"]["stats"])
+            assert stats["numRecords"] == 5
+            action["add"]["stats"] = json.dumps({**stats, "numRecords": -3})
+        edited.append(json.dumps(action))
+    commit.write_text("\n".join(edited) + "\n")
+    assert _written(str(path)) == {"G": 5}
+
+
 def test_status_does_not_read_the_metrics_table(tmp_path: Path) -> None:
     """The METRICS table (a row per group, topic, level and metric of every batch that decided
     something) is the plots': status read it whole and used none of it. A damaged one no longer
