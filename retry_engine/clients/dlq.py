@@ -282,24 +282,32 @@ def versions(config: EngineConfig, table: str = "dlq") -> pd.DataFrame:
 # -- dead letters ------------------------------------------------------------------
 
 
+# Every DLQ column but the payload and the delivery attempts, which are most of a dead letter's bytes:
+# what counting, a selection and an id lookup need (``dlq stats`` read and decoded every body).
+LIGHT_COLUMNS: tuple[str, ...] = tuple(n for n in DLQ.names if n not in ("body", "attempts"))
+
+
 def read_dlq(
     config: EngineConfig,
     selection: Selection | None = None,
     *,
     version: int | None = None,
     as_of: dt.datetime | str | None = None,
+    columns: Sequence[str] = tuple(DLQ.names),
 ) -> pa.Table:
-    """DLQ rows (the table's own columns) matching ``selection``, as Arrow; empty if no DLQ yet."""
+    """DLQ rows (``columns`` of the table's own; a selection needs :data:`LIGHT_COLUMNS`) matching
+    ``selection``, as Arrow; empty if no DLQ yet."""
+    schema = pa.schema([DLQ.arrow_schema.field(c) for c in columns])
     path = config.table_path("dlq")
     resolved = resolve_version(path, version=version, as_of=as_of)
     if open_table(path) is None:
-        return DLQ.arrow_schema.empty_table()
+        return schema.empty_table()
     # The group is the partition column: only its files are read.
     filters = None
     if selection is not None and selection.group is not None:
         filters = [("consumer_group", "=", selection.group)]
-    rows = pa.table(open_delta(path, version=resolved).to_pyarrow_table(filters=filters)).select(DLQ.names)
-    rows = rows.cast(DLQ.arrow_schema)
+    read = open_delta(path, version=resolved).to_pyarrow_table(columns=list(columns), filters=filters)
+    rows = pa.table(read).select(list(columns)).cast(schema)
     if selection is not None:
         rows = rows.filter(selection.mask(rows))
     return rows
@@ -335,13 +343,17 @@ def dead_letters(
     frame["last_consumer_id"] = [None if a is None or len(a) == 0 else a[-1]["consumer_id"] for a in frame["attempts"]]
     frame["properties"] = [dict(p) if p is not None else {} for p in frame["properties"]]
     frame["redrive_count"] = [redrive_count(p) for p in frame["properties"]]
+    frame = _with_fates(config, frame, include_resolved=include_resolved)
+    return frame[list(LISTING_COLUMNS)].sort_values(["dead_lettered_at", "msg_id"], ignore_index=True)
+
+
+def _with_fates(config: EngineConfig, frame: pd.DataFrame, *, include_resolved: bool) -> pd.DataFrame:
+    """``frame`` with ``redriven_by`` and ``resolution``; without the resolved unless ``include_resolved``."""
     moved = _moved_by(config)
     frame["redriven_by"] = [moved.get(m) for m in frame["msg_id"]]
     resolved = _resolved(config)
     frame["resolution"] = [resolved.get(m) for m in frame["msg_id"]]
-    if not include_resolved:
-        frame = frame[frame["resolution"].isna()]
-    return frame[list(LISTING_COLUMNS)].sort_values(["dead_lettered_at", "msg_id"], ignore_index=True)
+    return frame if include_resolved else frame[frame["resolution"].isna()]
 
 
 def _moved_by(config: EngineConfig) -> dict[str, str]:
@@ -432,11 +444,11 @@ def summary(
     ``first_at`` and ``last_at``.
     """
     keys = _summary_columns(by)
-    listing = dead_letters(config, selection, version=version, as_of=as_of, spark=spark, include_resolved=include_resolved)
     if spark is not None:
         from pyspark.sql import DataFrame as SparkFrame
         from pyspark.sql import functions as F
 
+        listing = dead_letters(config, selection, version=version, as_of=as_of, spark=spark, include_resolved=include_resolved)
         assert isinstance(listing, SparkFrame)  # narrowed: spark was given
         return (
             listing.withColumn("day", F.to_date("dead_lettered_at"))
@@ -449,7 +461,10 @@ def summary(
             )
             .orderBy(F.desc("dead_letters"), *keys)
         )
-    assert isinstance(listing, pd.DataFrame)
+    # Counting reads no body (200,000 dead letters of 1 KB: 1.4-1.7 s and 1.7 GB through the listing).
+    rows = read_dlq(config, selection, version=version, as_of=as_of, columns=LIGHT_COLUMNS)
+    counted = list(dict.fromkeys(["msg_id", "dead_lettered_at", *(k for k in keys if k != "day")]))
+    listing = _with_fates(config, rows.select(counted).to_pandas(), include_resolved=include_resolved)
     frame = listing.assign(day=listing["dead_lettered_at"].dt.date)
     if frame.empty:
         return pd.DataFrame(columns=[*keys, "dead_letters", "redriven", "first_at", "last_at"])

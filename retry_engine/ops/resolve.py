@@ -326,7 +326,7 @@ def expire(
                 columns=["msg_id", "consumer_group", "action", "resolution_id", "resolved_at"]
             ),
         )
-    present = set(read_dlq(config).column("msg_id").to_pylist())
+    present = set(read_dlq(config, columns=("msg_id",)).column("msg_id").to_pylist())
     first: dict[str, dict[str, object]] = {}
     for m in due:
         if m["dlq_msg_id"] in present:
