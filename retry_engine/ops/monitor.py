@@ -361,10 +361,10 @@ class ProgressRecorder(JsonProgressListener):
                     error_class=event.errorClassOnException,
                     reason=self.stop_requested,
                 ),
+                closes=True,
             )
             if added:
                 self._terminated.set()
-                self._closing.set()
                 self._wake.set()
 
         self._guard("terminated", record)
@@ -431,9 +431,11 @@ class ProgressRecorder(JsonProgressListener):
                 reason=self.stop_requested,
             )
             with self._lock:
-                # Closing first: a terminated event arriving late is then not recorded twice.
-                self._closing.set()
-                self._rows.append(row)
+                # Spark's event may have been recorded since the wait gave up (it closes under this lock).
+                if not self._closing.is_set():
+                    # Closing first: a terminated event arriving late is then not recorded twice.
+                    self._closing.set()
+                    self._rows.append(row)
             self._terminated.set()
         self.close(timeout=timeout)
 
@@ -448,16 +450,24 @@ class ProgressRecorder(JsonProgressListener):
             # A listener must never break the query it watches: log and go on.
             log.exception("progress recorder %s: could not record a %s event", self.query_id, what)
 
-    def _add_if_ours(self, event_query_id: str, make_row: Callable[[], dict[str, Any]]) -> bool:
+    def _add_if_ours(
+        self, event_query_id: str, make_row: Callable[[], dict[str, Any]], *, closes: bool = False
+    ) -> bool:
+        """Buffer ``make_row()`` if the event is this query's and the recorder is open; ``closes``: the
+        row is the query's end (the terminated event), and the recorder closes with it.
+
+        Checked and closed under the lock :meth:`finish` records its own end under, so exactly one
+        terminated row is written, whichever of the two comes first.
+        """
         if event_query_id != self.query_id or self._closing.is_set():
             return False
         row = make_row()
         with self._lock:
-            # Checked again under the lock :meth:`finish` closes under: a terminated event arriving as
-            # finish() records its own row is then not recorded twice.
             if self._closing.is_set():
                 return False
             self._rows.append(row)
+            if closes:
+                self._closing.set()
         return True
 
     def flush(self) -> int:

@@ -304,6 +304,38 @@ def test_a_terminated_event_arriving_as_finish_records_the_end_is_not_recorded_t
     assert recorder._rows == [] and path not in monitor._UNWRITTEN
 
 
+def test_a_terminated_event_recorded_just_before_finish_gives_up_waiting_is_the_only_end(tmp_path: Path) -> None:
+    """The other order: Spark's event is recorded, and finish() stops waiting for it before the event has
+    marked the recorder closed. finish() recorded the end a second time."""
+    import threading
+
+    path = str(tmp_path / "progress")
+    recorder = ProgressRecorder(path, query_id=QUERY, flush_interval_ms=60_000)
+    recorder.start()
+    recorder.onQueryStarted(started())
+    recorded_event, gate = threading.Event(), threading.Event()
+
+    class Held(threading.Event):
+        def set(self) -> None:  # the event's row is appended; hold the listener before it says so
+            if threading.current_thread() is listener:
+                recorded_event.set()
+                gate.wait(30)
+            super().set()
+
+    recorder._terminated = Held()
+    listener = threading.Thread(target=recorder.onQueryTerminated, args=(terminated(),))
+    listener.start()
+    try:
+        assert recorded_event.wait(30)
+        recorder.finish(run_id=RUN, timeout=0.2)
+    finally:
+        gate.set()
+        listener.join(30)
+    recorder._thread.join(30)
+    assert [r["event"] for r in recorded(path)] == ["started", "terminated"]
+    assert recorder._rows == []
+
+
 # -- why the query terminated (#13 part 2) ------------------------------------------
 
 
