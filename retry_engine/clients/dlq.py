@@ -295,22 +295,24 @@ def read_dlq(
     as_of: dt.datetime | str | None = None,
     columns: Sequence[str] = tuple(DLQ.names),
 ) -> pa.Table:
-    """DLQ rows (``columns`` of the table's own; a selection needs :data:`LIGHT_COLUMNS`) matching
-    ``selection``, as Arrow; empty if no DLQ yet."""
-    schema = pa.schema([DLQ.arrow_schema.field(c) for c in columns])
+    """``columns`` of the DLQ rows matching ``selection``, as Arrow; empty if no DLQ yet. The columns
+    the selection looks at (:data:`LIGHT_COLUMNS`) are read too when it is given."""
+    columns = list(columns)
+    read = list(dict.fromkeys([*columns, *(LIGHT_COLUMNS if selection is not None else ())]))
+    schema = pa.schema([DLQ.arrow_schema.field(c) for c in read])
     path = config.table_path("dlq")
     resolved = resolve_version(path, version=version, as_of=as_of)
     if open_table(path) is None:
-        return schema.empty_table()
+        return schema.empty_table().select(columns)
     # The group is the partition column: only its files are read.
     filters = None
     if selection is not None and selection.group is not None:
         filters = [("consumer_group", "=", selection.group)]
-    read = open_delta(path, version=resolved).to_pyarrow_table(columns=list(columns), filters=filters)
-    rows = pa.table(read).select(list(columns)).cast(schema)
+    rows = pa.table(open_delta(path, version=resolved).to_pyarrow_table(columns=read, filters=filters))
+    rows = rows.select(read).cast(schema)
     if selection is not None:
         rows = rows.filter(selection.mask(rows))
-    return rows
+    return rows.select(columns)
 
 
 def dead_letters(
@@ -349,23 +351,24 @@ def dead_letters(
 
 def _with_fates(config: EngineConfig, frame: pd.DataFrame, *, include_resolved: bool) -> pd.DataFrame:
     """``frame`` with ``redriven_by`` and ``resolution``; without the resolved unless ``include_resolved``."""
-    moved = _moved_by(config)
+    audit = read_audit(config)
+    moved = _moved_by(audit)
     frame["redriven_by"] = [moved.get(m) for m in frame["msg_id"]]
-    resolved = _resolved(config)
+    resolved = _resolved(audit)
     frame["resolution"] = [resolved.get(m) for m in frame["msg_id"]]
     return frame if include_resolved else frame[frame["resolution"].isna()]
 
 
-def _moved_by(config: EngineConfig) -> dict[str, str]:
-    """dlq msg_id -> id of the (latest) re-drive that moved it."""
-    audit = redrive_rows(read_audit(config))
+def _moved_by(audit: pa.Table) -> dict[str, str]:
+    """dlq msg_id -> id of the (latest) re-drive that moved it, from the audit table's rows."""
+    audit = redrive_rows(audit)
     audit = audit.filter(audit.column(MOVED)).sort_by([("redriven_at", "ascending")])
     return dict(zip(audit.column("dlq_msg_id").to_pylist(), audit.column("redrive_id").to_pylist(), strict=True))
 
 
-def _resolved(config: EngineConfig) -> dict[str, str]:
+def _resolved(audit: pa.Table) -> dict[str, str]:
     """dlq msg_id -> "resolved by <operator> at <time>: <reason>" (or "purged ..."), for resolved dead letters."""
-    marks = resolution_rows(read_audit(config)).sort_by([("redriven_at", "ascending")])
+    marks = resolution_rows(audit).sort_by([("redriven_at", "ascending")])
     return {
         m["dlq_msg_id"]: f"{_PAST[m['target']]} by {m['operator']} at {m['redriven_at']:%Y-%m-%d %H:%M}: {m['note']}"
         for m in marks.select(["dlq_msg_id", "target", "operator", "redriven_at", "note"]).to_pylist()
@@ -408,11 +411,12 @@ def _dead_letters_spark(
         df = reader.load()
     if selection is not None:
         df = selection.spark_filter(df)
+    audit = read_audit(config)
     moved = spark.createDataFrame(
-        list(_moved_by(config).items()), "dlq_msg_id string, redriven_by string"
+        list(_moved_by(audit).items()), "dlq_msg_id string, redriven_by string"
     )
     df = df.join(moved, df["msg_id"] == moved["dlq_msg_id"], "left").drop("dlq_msg_id")
-    marks = spark.createDataFrame(list(_resolved(config).items()), "resolved_id string, resolution string")
+    marks = spark.createDataFrame(list(_resolved(audit).items()), "resolved_id string, resolution string")
     df = df.join(marks, df["msg_id"] == marks["resolved_id"], "left").drop("resolved_id")
     if not include_resolved:
         df = df.filter(F.col("resolution").isNull())
@@ -462,9 +466,9 @@ def summary(
             .orderBy(F.desc("dead_letters"), *keys)
         )
     # Counting reads no body (200,000 dead letters of 1 KB: 1.4-1.7 s and 1.7 GB through the listing).
-    rows = read_dlq(config, selection, version=version, as_of=as_of, columns=LIGHT_COLUMNS)
     counted = list(dict.fromkeys(["msg_id", "dead_lettered_at", *(k for k in keys if k != "day")]))
-    listing = _with_fates(config, rows.select(counted).to_pandas(), include_resolved=include_resolved)
+    rows = read_dlq(config, selection, version=version, as_of=as_of, columns=counted)
+    listing = _with_fates(config, rows.to_pandas(), include_resolved=include_resolved)
     frame = listing.assign(day=listing["dead_lettered_at"].dt.date)
     if frame.empty:
         return pd.DataFrame(columns=[*keys, "dead_letters", "redriven", "first_at", "last_at"])

@@ -108,6 +108,28 @@ def test_resolve_marks_audits_and_hides_without_deleting(config: EngineConfig) -
     )  # the odd ones, once plus once forced
 
 
+def test_stats_without_bodies_count_what_the_listing_shows(config: EngineConfig) -> None:
+    """`dlq stats` reads no body (it built the whole listing): resolved, re-driven and a selection's
+    filter count as in the listing; ``read_dlq`` reads what a selection needs beside the asked columns."""
+    resolve.resolve(config, Selection(group="billing", ids=("DLQ-000", "DLQ-001")), reason="gone", operator="alice")
+    redrive.redrive(config, Selection(group="billing", ids=("DLQ-002",)), target="topic")
+    odd = Selection(error_pattern="BadJson")
+    assert dlq.read_dlq(config, odd, columns=("msg_id",)).to_pylist() == [
+        {"msg_id": f"DLQ-{i:03d}"} for i in range(1, DEAD, 2)
+    ]
+    for selection in (None, odd):
+        for include in (False, True):
+            listing = dlq.dead_letters(config, selection, include_resolved=include)
+            stats = dlq.summary(config, selection, by=["group", "error_class"], include_resolved=include)
+            assert isinstance(listing, pd.DataFrame) and isinstance(stats, pd.DataFrame)
+            want = {
+                (g, e): (len(rows), int(rows["redriven_by"].notna().sum()))
+                for (g, e), rows in listing.groupby(["consumer_group", "error_class"])
+            }
+            got = {(r.consumer_group, r.error_class): (r.dead_letters, r.redriven) for r in stats.itertuples()}
+            assert got == want and sum(n for n, _ in got.values()) == len(listing) > 0
+
+
 def test_resolve_leaves_redriven_unless_asked_and_refuses_unfinished(config: EngineConfig) -> None:
     """#13 part 5 item 2: a dead letter a re-drive moved is skipped (--include-redriven marks it); one a
     re-drive claimed but has not moved is refused with REDRIVE_UNFINISHED naming the re-drive."""
