@@ -151,31 +151,38 @@ def _normalise(batch: pa.RecordBatch) -> tuple[dict[str, pa.Array], Problems]:
             out[col.name] = pa.nulls(n, col.type)
             continue
         array = batch.column(col.name)
-        if array.type == col.type:
-            out[col.name] = array
-            continue
-        try:
-            out[col.name] = array.cast(col.type, safe=True)
-            continue
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            pass
-        values: list[Any] = []
-        for i, value in enumerate(array.to_pylist()):
-            if value is None:  # null fits every type, even one Arrow has no cast to
-                values.append(None)
-                continue
-            try:
-                values.append(pa.array([value], type=array.type).cast(col.type, safe=True)[0].as_py())
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                values.append(None)
-                problems[i].append(
-                    ("WRONG_TYPE", f"column {col.name}: {_short(value)!r} is not a valid {col.type}")
-                )
-        out[col.name] = pa.array(values, type=col.type)
+        out[col.name], wrong = cast_column(array, col.type)
+        for i in wrong:
+            problems[i].append(
+                ("WRONG_TYPE", f"column {col.name}: {_short(array[i].as_py())!r} is not a valid {col.type}")
+            )
     for col in CONSUME_RESULTS.columns:
         out[col.name] = _valid_utf8(col.name, out[col.name], problems)
         out[col.name] = _python_times(col.name, out[col.name], problems)
     return out, problems
+
+
+def cast_column(array: pa.Array, to: pa.DataType) -> tuple[pa.Array, list[int]]:
+    """``array`` as type ``to``, as the engine reads a consume_results column: cast whole, else value by
+    value. A value with no such form becomes null; returns the cast array and those values' rows."""
+    if array.type == to:
+        return array, []
+    try:
+        return array.cast(to, safe=True), []
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        pass
+    values: list[Any] = []
+    wrong: list[int] = []
+    for i, value in enumerate(array.to_pylist()):
+        if value is None:  # null fits every type, even one Arrow has no cast to
+            values.append(None)
+            continue
+        try:
+            values.append(pa.array([value], type=array.type).cast(to, safe=True)[0].as_py())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            values.append(None)
+            wrong.append(i)
+    return pa.array(values, type=to), wrong
 
 
 def _valid_utf8(name: str, array: pa.Array, problems: Problems) -> pa.Array:

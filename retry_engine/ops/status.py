@@ -27,6 +27,7 @@ import pyarrow.dataset as ds
 
 from retry_engine.config import EngineConfig
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY
+from retry_engine.core.decide import cast_column
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.metrics import nearest_rank
 from retry_engine.delta.storage import is_remote
@@ -183,22 +184,13 @@ def _results_by_group(path: str) -> pa.Table | None:
 
 
 def _as_groups(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """A group column of another type (a drifted writer's) as the engine reads it: cast to a string
-    (an int 7 is group "7"), value by value where the column has no string form as a whole; values
-    with none are results without a group (the engine quarantines them)."""
-    if pa.types.is_string(column.type):
+    """A group column of another type (a drifted writer's) as the engine reads it
+    (:func:`~retry_engine.core.decide.cast_column`: an int 7 is group "7"); a value with no string form
+    is a result without a group (the engine quarantines it)."""
+    if column.type == pa.string():
         return column
-    try:
-        return pc.cast(column, pa.string())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return pa.chunked_array([pa.array([_as_group(v, column.type) for v in column.to_pylist()], pa.string())])
-
-
-def _as_group(value: Any, kind: pa.DataType) -> str | None:
-    try:
-        return pc.cast(pa.array([value], kind), pa.string())[0].as_py()  # type: ignore[no-any-return]
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return None
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return cast_column(array, pa.string())[0]
 
 
 def _counted_by_statistics(actions: pa.Table) -> tuple[dict[str | None, int], set[str]]:
