@@ -1,27 +1,32 @@
 """Cost of ``retry-engine status`` next to just reading the columns it needs.
 
-    python bench/bench_status.py [--outcomes 1000000] [--progress 50000] [--repeat 3]
+    python bench/bench_status.py [--outcomes 1000000] [--days 30] [--progress 50000] [--repeat 3]
 
-One synthetic lake (no Spark): ``--outcomes`` outcome rows (10 % retries, 2 %
-dead letters, 4 groups, levels 3..6), the retry table with 90 % of those
-retries released, the DLQ, ``--outcomes`` consume results (a file per group of each chunk, as
-consumers write them), METRICS (a row per second, group, outcome and retry level), and
-``--progress`` progress rows (50,000). Reported side by side,
-best of ``--repeat``:
+One synthetic lake (no Spark) of ``--days`` of decisions ending now: ``--outcomes`` outcome rows
+(10 % retries, 2 % dead letters, 4 groups, levels 3..6) appended in 100 files, oldest first, as
+batches write them (or maintenance compacts them); the retry table with every retry due by now
+released (those due later are pending), the DLQ, ``--outcomes`` consume results (a file per group
+of each chunk, as consumers write them), METRICS (a row per second, group, outcome and retry
+level), ``--progress`` progress rows (50,000), and the lake's batch record with its totals, as the
+engine records it. Reported side by side, best of ``--repeat``:
 
 (0) reading, in full, the columns every table's summary needs (what status read before it left
     METRICS to the plots and counted consume results from the Delta log);
-(a) reading what status reads (``read_tables`` of its tables);
+(e) status from every outcome and retry row (what it did before it used the batch record's totals,
+    and what it does on a lake whose record cannot vouch for them);
+(a) reading what status reads (``read_tables`` of its tables, outcomes and retries from the record's
+    window);
 (b) (a) plus summarising (``status``: backlog anti-join, lateness
     percentiles, dead-letter and outcome counts);
 (c) (b) plus formatting the text output;
 
-and the ratios (b)/(a), (c)/(a).
+and the ratios (b)/(a), (c)/(a), (b)/(e).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import tempfile
 import time
@@ -33,8 +38,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
-from retry_engine.config import parse_config
-from retry_engine.ops.status import _COLUMNS, STATUS_TABLES, format_status, read_tables, status
+from retry_engine.config import EngineConfig, parse_config
+from retry_engine.core.lease import STATE_DIR, BatchRecord, EngineState, Owner
+from retry_engine.ops.status import (
+    _COLUMNS,
+    STATUS_TABLES,
+    Status,
+    _recorded_tables,
+    format_status,
+    read_tables,
+    status,
+    summarise,
+    totals_of,
+)
 from retry_engine.schemas import CONSUME_RESULTS, DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
 
 T0 = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
@@ -50,30 +66,42 @@ def _fill(table_schema: pa.Schema, columns: dict[str, pa.Array], n: int) -> pa.T
     return pa.Table.from_arrays(arrays, schema=table_schema)
 
 
-def build_lake(root: Path, n: int, *, progress_rows: int = 50_000, seed: int = 7) -> None:
+def build_lake(root: Path, n: int, *, days: float = 30, progress_rows: int = 50_000, seed: int = 7) -> None:
     rng = np.random.default_rng(seed)
     groups = np.array(["billing", "orders", "search", "audit"])[rng.integers(0, 4, n)]
     draw = rng.random(n)
     outcome = np.where(draw < 0.10, "retry", np.where(draw < 0.12, "dead_letter", "acknowledged"))
     level = rng.integers(3, 7, n).astype(np.int32)
-    decided = np.sort(rng.integers(0, 3_600_000, n))
+    now_ms = int((dt.datetime.now(dt.UTC) - T0).total_seconds() * 1000)
+    span_ms = int(days * 86_400_000)
+    decided = np.sort(rng.integers(now_ms - span_ms, now_ms, n))
     due = decided + 1000 * level
     ids = np.char.add("out-", np.arange(n).astype(str))
     is_retry = outcome == "retry"
-    write_deltalake(str(root / "outcomes"), _fill(OUTCOMES.arrow_schema, {
+    outcomes = _fill(OUTCOMES.arrow_schema, {
         "consumer_group": pa.array(groups), "outcome": pa.array(outcome),
         "output_msg_id": pa.array(np.where(outcome == "acknowledged", None, ids)),
         "delay_level": pa.array(np.where(is_retry, level, 0), pa.int32()),
         "due_at": _ts(due), "decided_at": _ts(decided), "batch_id": pa.array(decided // 1000),
-    }, n))
-    released = np.flatnonzero(is_retry & (rng.random(n) < 0.9))
+    }, n)
+    released = np.flatnonzero(is_retry & (due <= now_ms - 500))
     m = released.size
-    write_deltalake(str(root / "retry"), _fill(RETRY.arrow_schema, {
+    retry = _fill(RETRY.arrow_schema, {
         "msg_id": pa.array(ids[released]), "topic": pa.array(np.char.add("%RETRY%", groups[released])),
         "consumer_group": pa.array(groups[released]), "delay_level": pa.array(level[released], pa.int32()),
         "due_at": _ts(due[released]), "delivered_at": _ts(due[released] + rng.integers(0, 400, m)),
         "delivery_key": pa.array(ids[released]),
-    }, m), partition_by=["consumer_group"])
+    }, m)
+    for part in np.array_split(np.arange(n), 100):
+        write_deltalake(str(root / "outcomes"), outcomes.take(part), mode="append")
+    for part in np.array_split(np.arange(m), 100):
+        write_deltalake(str(root / "retry"), retry.take(part), mode="append", partition_by=["consumer_group"])
+    # The record the engine keeps of its last batch (every batch committed: no files to wait for).
+    totals = totals_of(outcomes, retry)
+    record = BatchRecord("q", int(decided[-1] // 1000), None, {}, pending_retries=int(is_retry.sum()) - m, totals=totals)
+    owner = Owner("bench", 1, "q", str(root / "_checkpoints"), dt.datetime.now(dt.UTC))
+    state = EngineState(1, owner, dt.datetime.now(dt.UTC), True, record)
+    write_deltalake(str(root / STATE_DIR), state.to_arrow())
     dead = np.flatnonzero(outcome == "dead_letter")
     k = dead.size
     write_deltalake(str(root / "dlq"), _fill(DLQ.arrow_schema, {
@@ -123,6 +151,21 @@ def _every_row(root: Path) -> None:
         DeltaTable(str(root / name)).to_pyarrow_table(columns=list(columns))
 
 
+def _from_every_row(config: EngineConfig, now: dt.datetime | None = None) -> Status:
+    now = now or dt.datetime.now(dt.UTC)
+    return dataclasses.replace(
+        summarise(read_tables(config, now=now, names=STATUS_TABLES), now=now, trigger_interval_ms=1000, flush_interval_ms=5000),
+        checked_at=now,
+    )
+
+
+def _what_status_reads(config: EngineConfig) -> None:
+    now = dt.datetime.now(dt.UTC)
+    recorded = _recorded_tables(config, now)
+    assert recorded is not None, "the bench's batch record should vouch for the window"
+    read_tables(config, now=now, names=STATUS_TABLES, given={"outcomes": recorded.outcomes, "retry": recorded.retry})
+
+
 def best(fn: Callable[[], object], repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -136,23 +179,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--outcomes", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--days", type=float, default=30, help="the days the outcomes span, ending now")
     parser.add_argument("--progress", type=int, default=50_000, help="progress rows (one per batch: 86,400 a day at 1 s)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-status-") as tmp:
         root = Path(tmp)
-        build_lake(root, args.outcomes, progress_rows=args.progress)
+        build_lake(root, args.outcomes, days=args.days, progress_rows=args.progress)
         config = parse_config({"engine": {"lake": str(root)}})
         every_row = best(lambda: _every_row(root), args.repeat)
-        read = best(lambda: read_tables(config, now=dt.datetime.now(dt.UTC), names=STATUS_TABLES), args.repeat)
+        every_outcome = best(lambda: _from_every_row(config), args.repeat)
+        read = best(lambda: _what_status_reads(config), args.repeat)
         summarise = best(lambda: status(config), args.repeat)
         formatted = best(lambda: format_status(status(config)), args.repeat)
-        print(f"outcomes rows             {args.outcomes:,}")
+        now = dt.datetime.now(dt.UTC)
+        same = dataclasses.replace(status(config, now=now), checked_at=now) == _from_every_row(config, now)
+        print(f"outcomes rows             {args.outcomes:,} over {args.days:g} days")
         print(f"progress rows             {args.progress:,}")
         print(f"(0) every row it needs    {every_row:.3f} s   (the columns status reads, of every table, in full)")
+        print(f"(e) status, every row     {every_outcome:.3f} s   (no batch record)")
         print(f"(a) read_tables           {read:.3f} s")
         print(f"(b) status                {summarise:.3f} s   (b)/(a) = {summarise / read:.2f}")
         print(f"(c) status + format       {formatted:.3f} s   (c)/(a) = {formatted / read:.2f}")
         print(f"status / every row        {summarise / every_row:.2f}")
+        print(f"(b)/(e)                   {summarise / every_outcome:.2f}   same status: {same}")
 
 
 if __name__ == "__main__":

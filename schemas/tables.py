@@ -298,6 +298,12 @@ ENGINE_STATE = Table(
         Column(
             "pending_retries", pa.int64(), "Retries decided but not yet released, after that batch."
         ),
+        Column(
+            "totals",
+            pa.string(),
+            "JSON [[group, metric, count], ...]: outcomes decided and retries delivered since the lake's "
+            "first batch, through that batch.",
+        ),
     ),
 )
 

@@ -41,6 +41,7 @@ from retry_engine.core.outputs import BatchWriter, OnCounts, StatelessWrites, ro
 from retry_engine.core.packed import PACKED_SCHEMA, pack
 from retry_engine.core.schedule import STATE_SCHEMA, ScheduleStage, StateKeySplit, state_key_split
 from retry_engine.core.startup import Startup
+from retry_engine.core.totals import Totals
 from retry_engine.delta import (
     FORMAT_NAME,
     ensure_query_id,
@@ -67,7 +68,7 @@ from retry_engine.errors import (
     LeaseLostError,
 )
 from retry_engine.ops import maintenance, monitor, terms
-from retry_engine.ops.status import pending_retries, read_table_columns
+from retry_engine.ops.status import lake_counts, pending_retries, read_table_columns
 from retry_engine.schemas import ALL_TABLES, CONSUME_RESULTS, OUTCOMES, RETRY
 
 log = logging.getLogger(__name__)
@@ -341,8 +342,10 @@ def _resume_point(
     *,
     fresh: bool,
     discard_pending: bool,
-) -> tuple[resume.ResumePoint | None, int]:
-    """Start-up under the lease: where the stream starts, and the pending retries the lake counts for it.
+) -> tuple[resume.ResumePoint | None, int, Totals | None]:
+    """Start-up under the lease: where the stream starts, the pending retries the lake counts for it, and
+    the lake's counts through its last batch (:mod:`retry_engine.core.totals`; None on
+    ``table_format = "delta"``, which records no batches).
 
     First commits the lake's last recorded batch to any output table that lacks it.
     """
@@ -384,7 +387,17 @@ def _resume_point(
     elif not fresh:
         point = resume.stored(checkpoint)
     pending = last.pending_retries if last is not None and last.query_id == query_id else 0
-    return point, pending
+    totals = last.totals if last is not None else None
+    if totals is None and config.engine.table_format != "delta":
+        # A lake of an earlier release (or of a native Delta engine): its counts through the last batch,
+        # for the writer to carry on, counted from the tables once.
+        totals, pending_in_tables = lake_counts(config)
+        log.info("lake %s: counted its outcomes for the batch record: %s", config.engine.lake, totals.outcomes())
+        if last is None:
+            # No batch recorded (a release before records): what waits in the checkpoint's state is in the
+            # tables, not in a record; a new lake or checkpoint has none.
+            pending = pending_in_tables
+    return point, pending, totals
 
 
 RETRY_MSG_IDS = pa.schema([RETRY.arrow_schema.field("msg_id")])
@@ -465,7 +478,7 @@ def start(
             with step("table layout"):
                 _migrate_partition_layout(config)
         with step("resume point"):
-            point, pending = _resume_point(
+            point, pending, totals = _resume_point(
                 config, before, app_id, fresh=fresh, discard_pending=discard_pending
             )
         if native and point is not None:
@@ -482,6 +495,7 @@ def start(
                 writer,
                 lease=lease,
                 pending=pending,
+                totals=totals,
                 resume_at=point,
                 startup=startup,
             )
@@ -535,6 +549,7 @@ def _start_query(
     *,
     lease: LakeLease,
     pending: int,
+    totals: Totals | None = None,
     resume_at: resume.ResumePoint | None,
     startup: Startup | None = None,
 ) -> StreamingQuery:
@@ -561,6 +576,7 @@ def _start_query(
                     lease=lease,
                     checkpoint=checkpoint,
                     pending_retries=pending,
+                    totals=totals,
                 )
             )
         stateless = writer.stateless_writes() if isinstance(writer, BatchWriter) else None

@@ -35,6 +35,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
+from retry_engine.core.totals import Totals
 from retry_engine.delta._handles import Handle, keep, open_or_create
 from retry_engine.delta.storage import (
     TABLE_PROPERTIES,
@@ -44,7 +45,12 @@ from retry_engine.delta.storage import (
     open_delta,
     write_delta,
 )
-from retry_engine.delta.tables import add_missing_properties, writers_clean_log
+from retry_engine.delta.tables import (
+    add_missing_properties,
+    ensure_table,
+    table_arrow_schema,
+    writers_clean_log,
+)
 from retry_engine.errors import LakeOwnedError, LeaseLostError
 from retry_engine.schemas import ENGINE_STATE
 
@@ -101,6 +107,8 @@ class BatchRecord:
     # Output table name -> the batch's files (``WrittenFile`` fields) in that table.
     files: Mapping[str, list[dict[str, Any]]]
     pending_retries: int
+    # The lake's counts through this batch (None: recorded by a release that did not count them).
+    totals: Totals | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,7 @@ class EngineState:
             "source_end": json.dumps(dict(batch.source_end)) if batch and batch.source_end is not None else None,
             "batch_files": json.dumps(dict(batch.files)) if batch else None,
             "pending_retries": batch.pending_retries if batch else None,
+            "totals": batch.totals.to_json() if batch and batch.totals is not None else None,
         }
         return pa.Table.from_pylist([row], schema=ENGINE_STATE.arrow_schema)
 
@@ -154,6 +163,8 @@ class EngineState:
                 source_end=json.loads(row["source_end"]) if row["source_end"] is not None else None,
                 files=json.loads(row["batch_files"] or "{}"),
                 pending_retries=int(row["pending_retries"] or 0),
+                # Absent from a table written by an earlier release until its next start adds it.
+                totals=Totals.from_json(row.get("totals")),
             )
         return cls(int(row["epoch"]), owner, row["heartbeat"], bool(row["released"]), batch)
 
@@ -252,6 +263,11 @@ class LakeLease:
                         "`retry-engine run --take-over` (the other engine's next commit is then refused and it stops)",
                         code="LAKE_OWNED",
                     )
+                if not set(ENGINE_STATE.names) <= set(table_arrow_schema(handle.table).names):
+                    # A table of an earlier release, now this engine's: the row it writes next has the
+                    # release's new columns, so they are added first.
+                    ensure_table(self.path, ENGINE_STATE.arrow_schema, add_missing=True)
+                    continue
                 epoch = (before.epoch if before is not None else 0) + 1
                 after = EngineState(epoch, self.owner, now, False, before.last_batch if before else None)
                 if self._swap(handle, after, epoch):

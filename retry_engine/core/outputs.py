@@ -57,6 +57,7 @@ from retry_engine.core.decide import RETRY as RETRY_OUTCOME
 from retry_engine.core.lease import BatchRecord, LakeLease
 from retry_engine.core.packed import as_work, pack, packed_batch
 from retry_engine.core.resume import planned_end
+from retry_engine.core.totals import Totals
 from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
 from retry_engine.delta._files import PartitionedWriter, WrittenFile
@@ -407,7 +408,8 @@ class BatchWriter:
     batch's source offset) every batch is first recorded in the lake, fenced
     by the lease: a writer that was taken over raises
     :class:`~retry_engine.errors.LeaseLostError` and commits nothing.
-    ``pending_retries`` is the lake's count after the last recorded batch.
+    ``pending_retries`` is the lake's count after the last recorded batch, ``totals``
+    its counts through it (:mod:`retry_engine.core.totals`; None: the records carry none).
     """
 
     config: EngineConfig
@@ -416,6 +418,7 @@ class BatchWriter:
     lease: LakeLease | None = None
     checkpoint: str | None = None
     pending_retries: int = 0
+    totals: Totals | None = None
     _targets: tuple[_Target, ...] = field(init=False, repr=False)
     _last_batch: int | None = field(default=None, init=False, repr=False)
 
@@ -533,6 +536,7 @@ class BatchWriter:
         if self.lease is None:
             return True
         pending = self.pending_retries + pending_change(counts)
+        totals = self.totals.plus(counts) if self.totals is not None else None
         end = planned_end(self.checkpoint, batch_id) if self.checkpoint is not None else None
         recorded = self.lease.record_batch(
             BatchRecord(
@@ -541,12 +545,13 @@ class BatchWriter:
                 source_end=end,
                 files={name: [asdict(f) for f in written] for name, written in files.items()},
                 pending_retries=pending,
+                totals=totals,
             )
         )
         if not recorded:
             log.info("batch %d: already recorded in the lake; replay commits nothing new", batch_id)
             return False
-        self.pending_retries = pending
+        self.pending_retries, self.totals = pending, totals
         return True
 
     def _commit(

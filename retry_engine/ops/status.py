@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import os
 import re
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote
@@ -24,12 +27,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+from deltalake.exceptions import DeltaError
 
 from retry_engine.config import EngineConfig
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY
 from retry_engine.core.decide import cast_column
 from retry_engine.core.delays import parse_duration_ms
-from retry_engine.core.metrics import nearest_rank
+from retry_engine.core.lease import BatchRecord, read_state
+from retry_engine.core.metrics import DELIVERED, nearest_rank
+from retry_engine.core.totals import COUNTED, Totals
 from retry_engine.delta.storage import is_remote
 from retry_engine.delta.tables import open_table, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
@@ -43,6 +49,8 @@ from retry_engine.ops.terms import (
 )
 from retry_engine.schemas import CONSUME_RESULTS, DLQ, METRICS, OUTCOMES, PROGRESS, RETRY, Table
 
+log = logging.getLogger(__name__)
+
 QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]
 
 # A query is "stale" when nothing was recorded for longer than
@@ -53,8 +61,19 @@ STALE_TRIGGERS = 10
 MIN_STALE_MS = 30_000
 # How much of a failed query's error `status` shows (one line: the Python error and its causes).
 FAILURE_SHOWN_CHARS = 300
-# How far back `status` counts failed queries.
+# How far back `status` counts failed queries, and the released retries whose lateness it shows.
 FAILURES_WINDOW = dt.timedelta(hours=24)
+LATENESS_WINDOW = FAILURES_WINDOW
+# The window of due times `status` first reads pending retries in, on a lake whose batch record
+# vouches for the rest (:func:`_recorded_tables`); each retry widens it by WINDOW_GROWTH, and after
+# WINDOW_TRIES windows every row is read.
+PENDING_WINDOW = dt.timedelta(days=1)
+WINDOW_GROWTH = 8
+WINDOW_TRIES = 4
+# Reads of the record and the two tables until they show the same batch (an engine between its
+# record and its commits, or past them, in between); then every row is read.
+SNAPSHOT_TRIES = 5
+SNAPSHOT_PAUSE_S = 0.1
 
 # Columns each summary needs; only these are read.
 _COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
@@ -88,6 +107,9 @@ class EngineTables:
     metrics: pa.Table
     consume_results: pa.Table  # consume results written per group (RESULTS_BY_GROUP)
     present: frozenset[str]
+    # The lake's counts, from its batch record; None: counted from ``outcomes`` and ``retry``, which
+    # then hold every row (with totals they may hold only the retries due in a recent window).
+    totals: Totals | None = None
 
 
 def _empty(table: Table, columns: tuple[str, ...]) -> pa.Table:
@@ -115,6 +137,26 @@ def read_table_columns(
     delta = open_table(path)
     if delta is None:
         return None
+    if recent is None:
+        return _columns_of(delta, path, table, columns, added_later=added_later)
+    dataset, since = _recent_files(delta, *recent)
+    # The same bound on rows: Parquet's row-group statistics skip the older parts of big files.
+    rows = None if since is None else pc.field(recent[0]) >= pa.scalar(since, dataset.schema.field(recent[0]).type)
+    return _columns_of(delta, path, table, columns, added_later=added_later, dataset=dataset, rows=rows)
+
+
+def _columns_of(
+    delta: Any,
+    path: str,
+    table: Table,
+    columns: tuple[str, ...],
+    *,
+    added_later: tuple[str, ...] = (),
+    dataset: ds.Dataset | None = None,
+    rows: pc.Expression | None = None,
+) -> pa.Table:
+    """``columns`` of the snapshot ``delta`` (of the table at ``path``), of ``dataset``'s files and ``rows``
+    when given (see :func:`read_table_columns`)."""
     names = set(table_arrow_schema(delta).names)
     missing = [c for c in columns if c not in names]
     required = [c for c in missing if c not in added_later]
@@ -124,13 +166,10 @@ def read_table_columns(
             f"{table.name} needs {', '.join(columns)}"
         )
     present = [c for c in columns if c in names]
-    if recent is None:
+    if dataset is None and rows is None:
         read = pa.table(delta.to_pyarrow_table(columns=present))
     else:
-        dataset, since = _recent_files(delta, *recent)
-        # The same bound on rows: Parquet's row-group statistics skip the older parts of big files.
-        rows = None if since is None else pc.field(recent[0]) >= pa.scalar(since, dataset.schema.field(recent[0]).type)
-        read = dataset.to_table(columns=present, filter=rows)
+        read = (dataset or delta.to_pyarrow_dataset()).to_table(columns=present, filter=rows)
     for name in missing:
         read = read.append_column(table[name].field, pa.nulls(read.num_rows, table[name].type))
     return read.select(list(columns))
@@ -231,19 +270,26 @@ def _results_table(counted: dict[str | None, int]) -> pa.Table:
 
 
 def read_tables(
-    config: EngineConfig, *, now: dt.datetime | None = None, names: tuple[str, ...] = tuple(_COLUMNS)
+    config: EngineConfig,
+    *,
+    now: dt.datetime | None = None,
+    names: tuple[str, ...] = tuple(_COLUMNS),
+    given: Mapping[str, pa.Table] | None = None,
 ) -> EngineTables:
     """Read what status and plots need. Raises :class:`TablesUnavailableError` when
     none of the engine's tables exists (most often a wrong ``engine.lake``).
 
     ``now`` (status): of PROGRESS, only the files that may hold its last day (:func:`_recent_files`).
     ``names``: the tables to read (status: :data:`STATUS_TABLES`); the others are empty.
+    ``given``: tables already read (status: :func:`_recorded_tables`), taken as they are.
     """
     tables: dict[str, pa.Table] = {}
     present: set[str] = set()
     for name, (table, columns) in _COLUMNS.items():
         if name not in names:
             found = None
+        elif given is not None and name in given:
+            found = given[name]
         elif table is CONSUME_RESULTS:
             found = _results_by_group(config.table_path(name))
         else:
@@ -497,9 +543,48 @@ def pending_retries(outcomes: pa.Table, retry: pa.Table) -> pa.Table:
     return decided.filter(pc.invert(pc.fill_null(released, False)))
 
 
-def backlog(outcomes: pa.Table, retry: pa.Table) -> list[BacklogEntry]:
-    """Pending retries by group and delay level, with the oldest due time of each."""
-    pending = pending_retries(outcomes, retry)
+def totals_of(outcomes: pa.Table, retry: pa.Table) -> Totals:
+    """What every row of ``outcomes`` and ``retry`` counts to, as the engine counts its batches: consume
+    results per group and outcome, and retries released per group (decided retries whose ``%RETRY%G``
+    row exists; a re-drive's row is not one)."""
+    rows: list[tuple[str | None, str, int]] = []
+    if outcomes.num_rows:
+        counted = (
+            outcomes.select(["consumer_group", "outcome"])
+            .group_by(["consumer_group", "outcome"], use_threads=False)
+            .aggregate([([], "count_all")])
+        )
+        rows += [
+            (group, outcome, n)
+            for group, outcome, n in zip(
+                counted["consumer_group"].to_pylist(),
+                counted["outcome"].to_pylist(),
+                counted["count_all"].to_pylist(),
+                strict=True,
+            )
+            if outcome in COUNTED
+        ]
+    decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
+    released = decided.filter(
+        pc.fill_null(pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
+    )
+    rows += [(group, DELIVERED, n) for group, n in _count_by_group(released).items()]
+    return Totals.of(rows)
+
+
+def lake_counts(config: EngineConfig) -> tuple[Totals, int]:
+    """The counts of every row of the lake's outcome and retry tables (:func:`totals_of`), and the
+    retries pending in them (:func:`pending_retries`)."""
+    columns = ("consumer_group", "outcome", "output_msg_id")
+    outcomes = read_table_columns(config.table_path(OUTCOMES.name), OUTCOMES, columns)
+    retry = read_table_columns(config.table_path(RETRY.name), RETRY, ("msg_id",))
+    outcomes = outcomes if outcomes is not None else _empty(OUTCOMES, columns)
+    retry = retry if retry is not None else _empty(RETRY, ("msg_id",))
+    return totals_of(outcomes, retry), pending_retries(outcomes, retry).num_rows
+
+
+def backlog(pending: pa.Table) -> list[BacklogEntry]:
+    """Pending retries (:func:`pending_retries`) by group and delay level, with the oldest due time of each."""
     if pending.num_rows == 0:
         return []
     grouped = pending.group_by(["consumer_group", "delay_level"]).aggregate(
@@ -529,6 +614,12 @@ def _lateness_entry(group: str, values: np.ndarray[Any, Any]) -> LatenessEntry:
         p99_ms=nearest_rank(values, 0.99),
         max_ms=float(values.max()),
     )
+
+
+def recent_releases(retry: pa.Table, now: dt.datetime) -> pa.Table:
+    """The retry rows delivered within :data:`LATENESS_WINDOW` of ``now``."""
+    since = pa.scalar(now - LATENESS_WINDOW, retry.schema.field("delivered_at").type)
+    return retry.filter(pc.fill_null(pc.greater_equal(retry["delivered_at"], since), False))
 
 
 def lateness(retry: pa.Table) -> list[LatenessEntry]:
@@ -575,29 +666,23 @@ def _count_by_group(rows: pa.Table) -> dict[str | None, int]:
     )
 
 
-def lag(
-    consume_results: pa.Table, outcomes: pa.Table, retry: pa.Table, *, now: dt.datetime
-) -> list[LagEntry]:
-    """Per group: consume results written (``consume_results``: :data:`RESULTS_BY_GROUP`) vs decided, and
-    retries due vs released at ``now``.
+def lag(consume_results: pa.Table, totals: Totals, pending: pa.Table, *, now: dt.datetime) -> list[LagEntry]:
+    """Per group: consume results written (``consume_results``: :data:`RESULTS_BY_GROUP`) vs decided
+    (``totals``), and retries due vs released at ``now`` (``pending``: :func:`pending_retries`).
 
     Every consume result gets exactly one outcome (duplicates and bad rows
-    too), so written minus decided is what the engine has yet to read.
-    Groups with neither results nor outcomes are not listed; results without
-    a group come last.
+    too), so written minus decided is what the engine has yet to read. A
+    released retry was due (R8: never early), so retries due are the released
+    ones and the pending ones due by ``now``. Groups with neither results nor
+    outcomes are not listed; results without a group come last.
     """
     written = dict(zip(consume_results["consumer_group"].to_pylist(), consume_results["results"].to_pylist(), strict=True))
-    decided = _count_by_group(outcomes)
-    retries = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
-    released_mask = pc.fill_null(
-        pc.is_in(retries["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False
-    )
+    decided = totals.decided()
+    released = totals.of_metric(DELIVERED)
     due_mask = pc.fill_null(
-        pc.less_equal(retries["due_at"], pa.scalar(now, retries.schema.field("due_at").type)), False
+        pc.less_equal(pending["due_at"], pa.scalar(now, pending.schema.field("due_at").type)), False
     )
-    due = _count_by_group(retries.filter(due_mask))
-    released = _count_by_group(retries.filter(released_mask))
-    overdue = _count_by_group(retries.filter(pc.and_(due_mask, pc.invert(released_mask))))
+    overdue = _count_by_group(pending.filter(due_mask))
     groups = sorted(set(written) | set(decided), key=lambda g: (g is None, g or ""))
     return [
         LagEntry(
@@ -605,19 +690,12 @@ def lag(
             results_written=written.get(g, 0),
             results_decided=decided.get(g, 0),
             results_behind=max(written.get(g, 0) - decided.get(g, 0), 0),
-            retries_due=due.get(g, 0),
+            retries_due=released.get(g, 0) + overdue.get(g, 0),
             retries_released=released.get(g, 0),
             retries_overdue=overdue.get(g, 0),
         )
         for g in groups
     ]
-
-
-def outcome_counts(outcomes: pa.Table) -> dict[str, int]:
-    if outcomes.num_rows == 0:
-        return {}
-    counts = pc.value_counts(outcomes["outcome"].combine_chunks()).to_pylist()
-    return {c["values"]: c["counts"] for c in sorted(counts, key=lambda c: c["values"])}
 
 
 def summarise(
@@ -631,7 +709,9 @@ def summarise(
         flush_interval_ms=flush_interval_ms,
     )
     failures, last_failure_at, last_failure = recent_failures(lake.progress, now=now)
-    entries = backlog(lake.outcomes, lake.retry)
+    totals = lake.totals if lake.totals is not None else totals_of(lake.outcomes, lake.retry)
+    pending = pending_retries(lake.outcomes, lake.retry)
+    entries = backlog(pending)
     due = [e.oldest_due_at for e in entries if e.oldest_due_at is not None]
     oldest = min(due) if due else None
     overdue = (
@@ -645,13 +725,13 @@ def summarise(
         query_id=last["query_id"] if last else None,
         last_event_at=last["recorded_at"] if last else None,
         last_batch=last_batch,
-        outcomes=outcome_counts(lake.outcomes),
+        outcomes=totals.outcomes(),
         backlog=entries,
         oldest_due_at=oldest,
         overdue_ms=overdue,
-        lateness=lateness(lake.retry),
+        lateness=lateness(recent_releases(lake.retry, now)),
         dead_letters=dead_letters(lake.dlq),
-        lag=lag(lake.consume_results, lake.outcomes, lake.retry, now=now),
+        lag=lag(lake.consume_results, totals, pending, now=now),
         failures_24h=failures,
         last_failure_at=last_failure_at,
         last_failure=last_failure,
@@ -661,12 +741,127 @@ def summarise(
 def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
     """Read the engine's tables and summarise them."""
     now = now or dt.datetime.now(dt.UTC)
+    recorded = _recorded_tables(config, now)
+    lake = read_tables(
+        config,
+        now=now,
+        names=STATUS_TABLES,
+        given=None if recorded is None else {"outcomes": recorded.outcomes, "retry": recorded.retry},
+    )
     return summarise(
-        read_tables(config, now=now, names=STATUS_TABLES),
+        lake if recorded is None else dataclasses.replace(lake, totals=recorded.totals),
         now=now,
         trigger_interval_ms=config.trigger_interval_ms,
         flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),
     )
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What :func:`_recorded_tables` read: the lake's totals, and the outcome and retry rows beside them."""
+
+    totals: Totals
+    outcomes: pa.Table  # the retries decided with a due time in the window (or every retry decided)
+    retry: pa.Table  # the rows due in the window or delivered within LATENESS_WINDOW (or every row)
+
+
+def _recorded_tables(config: EngineConfig, now: dt.datetime) -> Recorded | None:
+    """What `status` needs of the outcome and retry tables when the lake's batch record vouches for the
+    rest; None when it cannot, and every row is read.
+
+    Counts since the first batch are the record's :class:`Totals`. Pending retries are looked for
+    among those due within :data:`PENDING_WINDOW` of ``now`` (the files whose statistics may hold one,
+    then the rows), a window widened until it holds as many as the record counts: a retry decided long
+    ago was released long ago, unless the engine was stopped (then the window widens to its due
+    time). The record and both tables are read at one batch (:func:`_holds_through`). Lateness needs
+    the retry rows delivered within :data:`LATENESS_WINDOW`.
+
+    Every row is read instead when the record carries no totals (a lake of an earlier release until its
+    engine's next start; an engine on ``table_format = "delta"``, or one that has not recorded a
+    batch since it took the lake over), when the tables keep moving past the record, and when no
+    window holds the recorded count (retries discarded by ``run --discard-pending`` stay pending in
+    the tables).
+    """
+    try:
+        return _recorded_window(config, now)
+    except (OSError, ValueError, TypeError, KeyError, SchemaMismatchError, DeltaError) as exc:
+        log.warning("status: the lake's batch record could not be used (%s); reading every outcome instead", exc)
+        return None
+
+
+def _recorded_window(config: EngineConfig, now: dt.datetime) -> Recorded | None:
+    for attempt in range(SNAPSHOT_TRIES):
+        if attempt:
+            time.sleep(SNAPSHOT_PAUSE_S)
+        state = read_state(config.engine.lake)
+        record = state.last_batch if state is not None else None
+        if (
+            state is None
+            or record is None
+            or record.totals is None
+            or state.owner is None
+            or state.owner.query_id != record.query_id
+        ):
+            return None
+        snapshot = {name: open_table(config.table_path(name)) for name in (OUTCOMES.name, RETRY.name)}
+        if all(_holds_through(record, name, table) for name, table in snapshot.items()):
+            break
+    else:
+        log.info("status: the tables kept moving past the lake's batch record; reading every outcome")
+        return None
+    window = PENDING_WINDOW
+    for attempt in range(WINDOW_TRIES + 1):
+        since = None if attempt == WINDOW_TRIES else now - window
+        outcomes = _retries_decided(config, snapshot[OUTCOMES.name], since)
+        retry = _retry_rows(config, snapshot[RETRY.name], since, now - LATENESS_WINDOW)
+        if pending_retries(outcomes, retry).num_rows == record.pending_retries:
+            return Recorded(record.totals, outcomes, retry)
+        window *= WINDOW_GROWTH
+    log.info(
+        "status: the lake's outcomes hold other pending retries than its batch record counts (%d); "
+        "reading every outcome", record.pending_retries,
+    )
+    return None
+
+
+def _holds_through(record: BatchRecord, name: str, table: Any) -> bool:
+    """Whether the snapshot ``table`` holds the recorded batch of the table ``name`` and no later batch
+    of its query (the engine records a batch, then commits it to each table it wrote to)."""
+    version = table.transaction_version(record.query_id) if table is not None else None
+    if version is not None and version > record.batch_id:
+        return False
+    return not record.files.get(name) or version == record.batch_id
+
+
+def _since(dataset: ds.Dataset, column: str, since: dt.datetime) -> pc.Expression:
+    return pc.field(column) >= pa.scalar(since, dataset.schema.field(column).type)
+
+
+def _retries_decided(config: EngineConfig, table: Any, since: dt.datetime | None) -> pa.Table:
+    """The retry outcomes of the snapshot ``table`` due at or after ``since`` (None: every one)."""
+    table_def, columns = _COLUMNS["outcomes"]
+    if table is None:
+        return _empty(table_def, columns)
+    dataset = table.to_pyarrow_dataset(file_pruning_predicate=[("due_at", ">=", since)] if since else None)
+    rows = pc.field("outcome") == OUTCOME_RETRY
+    if since is not None:
+        rows = rows & _since(dataset, "due_at", since)
+    return _columns_of(table, config.table_path(OUTCOMES.name), table_def, columns, dataset=dataset, rows=rows)
+
+
+def _retry_rows(config: EngineConfig, table: Any, since: dt.datetime | None, delivered_since: dt.datetime) -> pa.Table:
+    """The rows of the snapshot ``table`` due at or after ``since`` or delivered at or after
+    ``delivered_since`` (``since`` None: every row)."""
+    table_def, columns = _COLUMNS["retry"]
+    if table is None:
+        return _empty(table_def, columns)
+    if since is None:
+        return _columns_of(table, config.table_path(RETRY.name), table_def, columns)
+    dataset = table.to_pyarrow_dataset(
+        file_pruning_predicate=[[("due_at", ">=", since)], [("delivered_at", ">=", delivered_since)]]
+    )
+    rows = _since(dataset, "due_at", since) | _since(dataset, "delivered_at", delivered_since)
+    return _columns_of(table, config.table_path(RETRY.name), table_def, columns, dataset=dataset, rows=rows)
 
 
 # -- output ---------------------------------------------------------------------
@@ -731,7 +926,7 @@ def format_status(status: Status) -> str:
     overdue = f" (overdue by {status.overdue_ms:,} ms)" if status.overdue_ms is not None else ""
     lines.append(f"oldest due  {_iso(status.oldest_due_at)}{overdue}")
     lines.append("")
-    lines.append("lateness    delivered_at - due_at of released retries")
+    lines.append("lateness    delivered_at - due_at of retries released in the last 24 h")
     if status.lateness:
         lines += _table(
             ["group", "deliveries", "p50 ms", "p99 ms", "max ms"],
@@ -747,7 +942,7 @@ def format_status(status: Status) -> str:
             ],
         )
     else:
-        lines.append("  no retries released yet")
+        lines.append("  no retries released in the last 24 h")
     lines.append("")
     lines += _format_lag(status.lag)
     lines.append("")

@@ -8,6 +8,7 @@ listener recorded and what the commands print and draw.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import re
@@ -23,9 +24,11 @@ import matplotlib.image as mpimg
 import numpy as np
 import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import CommitProperties, Transaction
 
 from retry_engine.core import engine
+from retry_engine.core.delays import parse_duration_ms
 from retry_engine.delta import read_query_id
 from retry_engine.errors import SchemaMismatchError
 from retry_engine.ops import monitor, status
@@ -39,6 +42,7 @@ from retry_engine.ops.plots import (
     render,
 )
 from retry_engine.ops.status import read_tables
+from retry_engine.schemas import ENGINE_STATE
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
 from tests.streaming import running
@@ -269,3 +273,69 @@ def test_a_query_that_fails_to_start_leaves_no_listener(spark: Any, tmp_path: Pa
     (recorder,) = recorders
     assert recorder.closed and recorder.unregistered
     assert lake.rows("progress") == []
+
+
+def _everything(config: Any, now: dt.datetime) -> status.Status:
+    """The status from every row of every table (no batch record)."""
+    return status.summarise(
+        read_tables(config, now=now, names=status.STATUS_TABLES),
+        now=now,
+        trigger_interval_ms=config.trigger_interval_ms,
+        flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),
+    )
+
+
+def _with_record(root: Path, change: Any) -> None:
+    """Rewrite the lake's engine-state row through ``change`` (an operator's or a bug's doing)."""
+    path = str(root / "_engine_state")
+    (row,) = DeltaTable(path).to_pyarrow_table().to_pylist()
+    write_deltalake(path, pa.Table.from_pylist([change(row)], schema=ENGINE_STATE.arrow_schema), mode="overwrite")
+
+
+def test_status_counts_from_the_batch_record_as_from_every_row(run: Run, tmp_path: Path) -> None:
+    """#14 (reads that get slower with the lake's age): ``status`` takes the all-time counts from the
+    lake's batch record (the engine adds each recorded batch's counts, B7) and reads pending retries
+    only among those due in a recent window, widened until it holds as many as the record counts.
+    What it shows is what every row of every table shows: now, once the slow retries are due (4 h),
+    and a month on (the window widens three times to reach them). A record it cannot vouch for (the
+    tables moved past it, totals unreadable, another pending count) makes it read every row."""
+    config = run.lake.config
+    recorded = status._recorded_tables(config, dt.datetime.now(dt.UTC))
+    assert recorded is not None  # the engine recorded totals; status used them
+    outcomes, retry = (DeltaTable(run.lake.path(name)).to_pyarrow_table() for name in ("outcomes", "retry"))
+    assert recorded.totals == status.totals_of(outcomes, retry)
+    assert recorded.totals.outcomes() == dict(Counter(o["outcome"] for o in run.lake.rows("outcomes")))
+    assert set(recorded.outcomes["outcome"].to_pylist()) == {"retry"}  # of the outcomes, only retries are read
+    for later in (dt.timedelta(0), dt.timedelta(hours=4), dt.timedelta(days=30)):
+        now = dt.datetime.now(dt.UTC) + later
+        assert status._recorded_tables(config, now) is not None, later
+        fast = dataclasses.replace(status.status(config, now=now), checked_at=now)
+        assert fast == dataclasses.replace(_everything(config, now), checked_at=now), later
+    assert [(b.consumer_group, b.pending) for b in fast.backlog] == [("slow", 2)]
+    assert fast.lateness == []  # nothing released in the 24 h before a month on
+
+    root = tmp_path / "lake"
+    shutil.copytree(run.lake.root, root, ignore=shutil.ignore_patterns("_checkpoints"))
+    lake = Lake.make(root)
+    now = dt.datetime.now(dt.UTC)
+    # The tables hold a batch of the record's query past the record (an engine between its commits and
+    # the next record is never seen like this: it records first): every row is read, one more retry.
+    state = DeltaTable(str(root / "_engine_state")).to_pyarrow_table().to_pylist()[0]
+    extra = outcomes.slice(0, 1).to_pylist()[0] | {"msg_id": "X1", "outcome": "retry", "output_msg_id": "X1-out",
+                                                   "consumer_group": "slow", "due_at": now + dt.timedelta(hours=1)}
+    write_deltalake(
+        str(root / "outcomes"), pa.Table.from_pylist([extra], schema=outcomes.schema), mode="append",
+        commit_properties=CommitProperties(app_transactions=[Transaction(state["batch_query_id"], state["batch_id"] + 1)]),
+    )
+    assert status._recorded_tables(lake.config, now) is None
+    moved = status.status(lake.config, now=now)
+    assert moved == dataclasses.replace(_everything(lake.config, now), checked_at=moved.checked_at)
+    assert sum(b.pending for b in moved.backlog) == 3
+    _with_record(root, lambda r: r | {"batch_id": r["batch_id"] + 1, "batch_files": "{}"})  # the record catches up
+    assert status._recorded_tables(lake.config, now) is None  # it counts 2 pending, the tables 3
+    for totals in ("not json", '{"a": 1}', '[["G", "retry", -1]]', '[["G", "nonsense", 1]]', '[[7, "retry", 1]]'):
+        _with_record(root, lambda r, t=totals: r | {"pending_retries": 3, "totals": t})
+        assert status._recorded_tables(lake.config, now) is None, totals
+        assert status.status(lake.config, now=now).outcomes == _everything(lake.config, now).outcomes
+    _with_record(root, lambda r: r | {"pending_retries": 3, "totals": status.totals_of(DeltaTable(lake.path("outcomes")).to_pyarrow_table(), retry).to_json()})
+    assert status._recorded_tables(lake.config, now) is not None  # a record that agrees again is used

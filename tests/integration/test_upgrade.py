@@ -15,6 +15,7 @@ waiting may be lost, kept waiting or released twice, and new results go through 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import tarfile
 import time
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from retry_engine.ops import status
 from retry_engine.ops.cli import EXIT_OK, main
 from tests.builders import Result
 from tests.lakehouse import Lake
@@ -146,6 +148,13 @@ def test_status_and_the_dlq_console_read_the_upgraded_lake(
     shown = json.loads(capsys.readouterr().out)
     assert sum(shown["outcomes"].values()) == len(upgraded["after"]["outcomes"])
     assert shown["backlog"] == []
+    # The old release's engine-state row had no totals: the first start counted them from the tables,
+    # and each batch since added its own, so status takes its counts from the record (#14).
+    config = Lake.make(upgraded["lake"]).config
+    recorded = status._recorded_tables(config, dt.datetime.now(dt.UTC))
+    assert recorded is not None
+    assert (recorded.totals, 0) == status.lake_counts(config)
+    assert recorded.totals.outcomes() == dict(Counter(r["outcome"] for r in upgraded["after"]["outcomes"]))
     assert main(["dlq", "list", "--config", conf, "--format", "json"]) == EXIT_OK
     listed = capsys.readouterr().out
     assert all(r["msg_id"] in listed for r in upgraded["after"]["dlq"])

@@ -26,6 +26,7 @@ from retry_engine.core.lease import (
     Owner,
     read_state,
 )
+from retry_engine.core.totals import Totals
 from retry_engine.delta._arrow_ipc import to_ipc
 from retry_engine.delta._files import position_array, position_prefix
 from retry_engine.errors import DeltaSourceError, LakeOwnedError, LakeResumeError, LeaseLostError
@@ -318,12 +319,20 @@ def test_new_checkpoint_refuses_a_lake_whose_outcomes_no_batch_record_covers(tmp
     from retry_engine.core.engine import _resume_point
 
     config = _lake_config(tmp_path)
-    assert _resume_point(config, None, "q", fresh=True, discard_pending=False) == (None, 0)  # an empty lake
+    assert _resume_point(config, None, "q", fresh=True, discard_pending=False) == (None, 0, Totals.empty())  # an empty lake
     _append(config, "outcomes", [{"outcome": "acknowledged", "batch_id": 0, "decided_at": T0}])
     with pytest.raises(LakeResumeError, match="LAKE_NOT_RECORDED"):
         _resume_point(config, None, "q", fresh=True, discard_pending=False)
-    # The checkpoint that wrote them continues as before.
-    assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (None, 0)
+    # The checkpoint that wrote them continues as before, its lake's counts taken from the tables (#14).
+    assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (
+        None, 0, Totals.of([(None, "acknowledged", 1)])
+    )
+    # A retry that checkpoint's state holds is pending: the record it starts (the first, after an upgrade
+    # from a release before records) counts it, so its release brings the count to 0, not -1.
+    _append(config, "outcomes", [{"outcome": "retry", "output_msg_id": "R-1", "batch_id": 1, "decided_at": T0}])
+    assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (
+        None, 1, Totals.of([(None, "acknowledged", 1), (None, "retry", 1)])
+    )
 
 
 def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None:
@@ -336,8 +345,10 @@ def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None
     with pytest.raises(LakeResumeError, match="LAKE_PENDING_RETRIES.*1 retries"):
         _resume_point(config, before, "B", fresh=True, discard_pending=False)
     _append(config, "retry", [{"msg_id": "NEW-1", "topic": "%RETRY%G", "consumer_group": "G", "delivery_key": "O:1"}])
-    point, pending = _resume_point(config, before, "B", fresh=True, discard_pending=False)
+    point, pending, totals = _resume_point(config, before, "B", fresh=True, discard_pending=False)
     assert point == resume.ResumePoint(4, None, "A/3") and pending == 0
+    # A record without totals (an earlier release's): counted from the tables.
+    assert totals == Totals.of([(None, "retry", 1), (None, "delivered", 1)])
     assert resume.stored(str(tmp_path / "new-checkpoint")) == point
 
 

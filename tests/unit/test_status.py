@@ -34,6 +34,7 @@ from retry_engine.ops.status import (
     format_status,
     lag,
     lateness,
+    pending_retries,
     query_state,
     read_table_columns,
     read_tables,
@@ -41,6 +42,7 @@ from retry_engine.ops.status import (
     status,
     status_json,
     summarise,
+    totals_of,
 )
 from retry_engine.ops.terms import PROGRESS_EVENT, STARTED, STOPPED, TERMINATED, StopReason
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
@@ -276,7 +278,7 @@ def test_backlog_is_decided_retries_not_yet_released() -> None:
     retry = released(
         ("r2", "G", 3, T + ms(5_000), T + ms(5_100)), ("r4", "H", 3, T + ms(1_000), T + ms(1_300))
     )
-    assert backlog(outcomes, retry) == [
+    assert backlog(pending_retries(outcomes, retry)) == [
         BacklogEntry("G", 3, 1, T + ms(10_000)),
         BacklogEntry("G", 4, 1, T + ms(30_000)),
     ]
@@ -304,7 +306,7 @@ def test_lag_counts_results_written_vs_decided_and_retries_due_vs_released() -> 
         ("r2", "G", 3, T + ms(5_000), T + ms(5_100)), ("x9", "G", 3, T, T)
     )  # x9: a re-drive, not decided
     results = pa.table({"consumer_group": ["G", "H", None], "results": [6, 1, 2]}, schema=RESULTS_BY_GROUP)
-    assert lag(results, outcomes, retry, now=T + ms(6_000)) == [
+    assert lag(results, totals_of(outcomes, retry), pending_retries(outcomes, retry), now=T + ms(6_000)) == [
         LagEntry(
             "G",
             results_written=6,
@@ -343,7 +345,7 @@ def test_lag_counts_results_written_vs_decided_and_retries_due_vs_released() -> 
         ),
     ]
     empty = RESULTS_BY_GROUP.empty_table()
-    assert lag(empty, ledger(), released(), now=T) == []
+    assert lag(empty, totals_of(ledger(), released()), pending_retries(ledger(), released()), now=T) == []
 
 
 def test_lateness_percentiles_overall_then_per_group() -> None:

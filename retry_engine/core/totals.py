@@ -1,0 +1,123 @@
+"""What a lake has decided and released since its first batch: counts per group, kept with the batch record.
+
+``retry-engine status`` shows all-time counts (outcomes, results decided and
+retries released per group). Counting them from the outcome and retry tables
+reads every row the lake ever wrote, which grows with the lake's age. The
+engine already counts every batch (:mod:`retry_engine.core.metrics`), so it
+adds each recorded batch's counts to the lake's :class:`Totals`, kept in the
+batch record (:class:`~retry_engine.core.lease.BatchRecord`, the
+``engine_state`` row) next to ``pending_retries``.
+
+Replay: the record is written once per batch (a replayed batch the lake
+already records is not recorded again), so a replay never adds twice. A lake
+recorded by a release without totals gets them counted from its tables at the
+engine's next start (:func:`retry_engine.ops.status.lake_totals`).
+
+Spark-free and pure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pyarrow as pa
+
+from retry_engine.core.metrics import DELIVERED, OUTCOME_METRICS
+
+log = logging.getLogger(__name__)
+
+COUNTED: Final = (*OUTCOME_METRICS, DELIVERED)
+"""The metrics totals keep: an outcome per consume result, and each retry released."""
+
+Key = tuple[str | None, str]
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Counts per (consumer group, metric of :data:`COUNTED`); a null group is a result without one."""
+
+    counts: Mapping[Key, int]
+
+    @classmethod
+    def empty(cls) -> Totals:
+        return cls({})
+
+    @classmethod
+    def of(cls, rows: Iterable[tuple[str | None, str, int]]) -> Totals:
+        counts: dict[Key, int] = {}
+        for group, metric, value in rows:
+            if value:
+                counts[(group, metric)] = counts.get((group, metric), 0) + int(value)
+        return cls(counts)
+
+    def plus(self, batch: pa.Table) -> Totals:
+        """These totals and one batch's merged counts (:data:`~retry_engine.core.metrics.COUNTS_SCHEMA`)."""
+        added = [
+            (group, metric, int(value))
+            for group, metric, value in zip(
+                batch.column("consumer_group").to_pylist(),
+                batch.column("metric").to_pylist(),
+                batch.column("value").to_pylist(),
+                strict=True,
+            )
+            if metric in COUNTED
+        ]
+        if not added:
+            return self
+        return Totals.of([*((g, m, n) for (g, m), n in self.counts.items()), *added])
+
+    def of_metric(self, metric: str) -> dict[str | None, int]:
+        """``metric``'s count per group."""
+        return {group: n for (group, m), n in self.counts.items() if m == metric}
+
+    def outcomes(self) -> dict[str, int]:
+        """Consume results per outcome, every group together (outcomes never seen left out)."""
+        summed: dict[str, int] = {}
+        for (_, metric), n in self.counts.items():
+            if metric in OUTCOME_METRICS:
+                summed[metric] = summed.get(metric, 0) + n
+        return dict(sorted(summed.items()))
+
+    def decided(self) -> dict[str | None, int]:
+        """Consume results decided per group (each has exactly one outcome)."""
+        summed: dict[str | None, int] = {}
+        for (group, metric), n in self.counts.items():
+            if metric in OUTCOME_METRICS:
+                summed[group] = summed.get(group, 0) + n
+        return summed
+
+    def to_json(self) -> str:
+        rows = sorted(self.counts.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or "", kv[0][1]))
+        return json.dumps([[group, metric, n] for (group, metric), n in rows], separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: Any) -> Totals | None:
+        """The totals ``text`` holds, or None (with a warning) when it is not what :meth:`to_json` writes:
+        whoever reads them then counts from the tables instead."""
+        if text is None:
+            return None
+        try:
+            rows = json.loads(text)
+            if not isinstance(rows, list):
+                raise ValueError("not a list")
+            parsed = []
+            for row in rows:
+                if not (isinstance(row, list) and len(row) == 3):
+                    raise ValueError(f"row {row!r} is not [group, metric, count]")
+                group, metric, n = row
+                if not (group is None or isinstance(group, str)) or metric not in COUNTED:
+                    raise ValueError(f"row {row!r}: group must be text or null, metric one of {list(COUNTED)}")
+                if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                    raise ValueError(f"row {row!r}: the count must be a whole number >= 0")
+                parsed.append((group, metric, n))
+        except (TypeError, ValueError) as exc:
+            log.warning("the lake's recorded totals are unreadable (%s); counting from the tables instead", exc)
+            return None
+        return cls.of(parsed)
+
+
+__all__ = ["COUNTED", "Totals"]
