@@ -470,6 +470,8 @@ def start(
     with step("lease"):
         before = lease.acquire(take_over=take_over)
     try:
+        if native:
+            lease.forget_totals()
         for path in remove_orphan_log_temps(checkpoint):
             log.warning(
                 "removed %s, left by an engine killed while writing its checkpoint log", path

@@ -305,6 +305,21 @@ class LakeLease:
 
         return self._update(change, what=f"batch {batch.batch_id}")
 
+    def forget_totals(self) -> None:
+        """Drop the last batch record's totals (:mod:`retry_engine.core.totals`); fenced like :meth:`heartbeat`.
+
+        For an engine that commits without recording its batches (``table_format = "delta"``): its
+        outcomes are in no record's totals, so a later engine that records counts the tables again.
+        """
+
+        def change(state: EngineState) -> EngineState | None:
+            last = state.last_batch
+            if last is None or last.totals is None:
+                return None
+            return replace(state, heartbeat=self.clock(), last_batch=replace(last, totals=None))
+
+        self._update(change, what="forgetting the lake's totals")
+
     def release(self) -> None:
         """Give the lease up (graceful stop): the next engine starts without ``--take-over``.
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -410,6 +411,32 @@ def test_recording_a_batch_the_lake_already_has_writes_nothing(tmp_path: Path) -
         assert first.record_batch(batch("query-A", 4)) is True
         state = read_state(str(tmp_path))
         assert state is not None and state.last_batch == batch("query-A", 4)
+
+
+def test_an_earlier_releases_state_table_gains_totals_and_a_native_engine_forgets_them(tmp_path: Path) -> None:
+    """#14: the totals column is added when the lease is taken (not before: a live owner of an earlier
+    release could no longer write its row); an engine that records no batches drops the record's totals."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from retry_engine.schemas import ENGINE_STATE
+
+    path = str(tmp_path / "_engine_state")
+    old_row = EngineState(3, owner("query-A"), T0, True, batch("query-A", 5, pending=2)).to_arrow().drop_columns(["totals"])
+    write_deltalake(path, old_row)
+    second = lease(tmp_path, "query-B", Clock())
+    with owning(second) as before:
+        assert before is not None and before.last_batch == batch("query-A", 5, pending=2)
+        assert DeltaTable(path).schema().to_arrow().names == list(ENGINE_STATE.names)
+        totals = Totals.of([("G", "retry", 2)])
+        assert second.record_batch(replace(batch("query-B", 0, pending=2), totals=totals))
+        state = read_state(str(tmp_path))
+        assert state is not None and state.last_batch is not None and state.last_batch.totals == totals
+        second.forget_totals()
+        state = read_state(str(tmp_path))
+        assert state is not None and state.last_batch == batch("query-B", 0, pending=2)
+        version = DeltaTable(path).version()
+        second.forget_totals()  # nothing to forget: no commit
+        assert DeltaTable(path).version() == version
 
 
 def test_the_engine_state_table_is_checkpointed_every_10_commits_and_cleaned_by_the_lease_also_on_an_old_lake(
