@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 
 from retry_engine.core._parked import PARKED_DIR
+from retry_engine.core.lease import read_state
+from retry_engine.ops.status import lake_counts
 from tests.builders import Result
 from tests.integration.test_engine import redeliver
 from tests.lakehouse import FAST_LEVELS, Lake
@@ -257,6 +259,10 @@ def test_b1_r8_random_sigkills_lose_duplicate_and_hurry_nothing(tmp_path: Path) 
     assert all(len(ladders[origin]) == MAX_TIMES for origin in dead), context
     early: list[dict[str, Any]] = [r for r in retries if r["delivered_at"] < r["due_at"]]
     assert early == [], context  # R8
+    # The lake's batch record counted every batch once across the kills and replays (#14: `status`
+    # takes its counts from it): its totals and pending count are what the tables hold.
+    record = read_state(str(lake.root)).last_batch
+    assert record is not None and (record.totals, record.pending_retries) == lake_counts(lake.config), context
     parked = [p.name for p in (Path(lake.config.checkpoint_path) / PARKED_DIR).glob("*.arrow")]
     assert parked, "no key parked its retries: the test no longer covers parked retries under kills"
     print(f"{len(parked)} parked files, {len(feeder.expected)} consume results, {len(retries)} retries, {len(dlq)} dead letters, "
