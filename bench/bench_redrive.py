@@ -11,12 +11,21 @@ On one synthetic DLQ (about 230-byte rows, no Spark):
     with the exactly-once checks.
 
 Reported as messages per second and as ratios to (a). Best of ``--repeat``.
+
+    python bench/bench_redrive.py --select 10 --lake DIR [--rows 200000] [--body-bytes 1024]
+
+A few dead letters out of a big DLQ instead: builds a DLQ of ``--rows`` dead letters with bodies
+of ``--body-bytes`` over 20 days in 100 files under ``DIR`` (once; kept for the next run), then
+re-drives ``--select`` of them (``--force``, so every run moves them again) and prints the time
+and this process's peak RSS. Run it once per release being compared, on the same ``DIR``
+(``PYTHONPATH`` at the other release's checkout).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import resource
 import shutil
 import tempfile
 import time
@@ -68,12 +77,45 @@ def best(repeat: int, setup: Callable[[], Path], run: Callable[[Path], None]) ->
     return min(times)
 
 
+def selected(lake: Path, rows: int, body_bytes: int, select: int) -> None:
+    """Re-drive ``select`` dead letters of a DLQ of ``rows`` (built under ``lake`` if missing)."""
+    if not (lake / "dlq").exists():
+        for n, part in enumerate(range(0, rows, -(-rows // 100))):
+            chunk = dlq_rows(min(-(-rows // 100), rows - part))
+            ids = [f"{part + i:032X}" for i in range(chunk.num_rows)]
+            at = dt.datetime.now(dt.UTC) - dt.timedelta(days=20) + dt.timedelta(hours=n * 4.8)
+            chunk = chunk.set_column(chunk.schema.get_field_index("msg_id"), "msg_id", pa.array(ids))
+            chunk = chunk.set_column(chunk.schema.get_field_index("body"), "body", pa.array([b"x" * body_bytes] * chunk.num_rows))
+            chunk = chunk.set_column(
+                chunk.schema.get_field_index("dead_lettered_at"), "dead_lettered_at",
+                pa.array([at] * chunk.num_rows, DLQ.arrow_schema.field("dead_lettered_at").type),
+            )
+            write_deltalake(str(lake / "dlq"), chunk, mode="append", partition_by=["consumer_group"])
+    config = parse_config({"engine": {"lake": str(lake)}})
+    ids = tuple(f"{i:032X}" for i in range(rows // 2, rows // 2 + select))
+    start = time.perf_counter()
+    report = redrive(config, Selection(ids=ids), target="topic", force=True, operator="bench")
+    seconds = time.perf_counter() - start
+    if report.moved != select:
+        raise SystemExit(f"moved {report.moved} of {select}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"re-drive of {select} of {rows:,} dead letters ({body_bytes} B bodies): {seconds:.2f} s, peak RSS {peak:,.0f} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--chunk-size", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--select", type=int, help="re-drive this many dead letters of a DLQ of --rows under --lake")
+    parser.add_argument("--lake", type=Path, help="where --select builds (or finds) its DLQ")
+    parser.add_argument("--body-bytes", type=int, default=1024)
     args = parser.parse_args()
+    if args.select is not None:
+        if args.lake is None:
+            parser.error("--select needs --lake")
+        selected(args.lake, args.rows, args.body_bytes, args.select)
+        return
     source = dlq_rows(args.rows)
     base = Path(tempfile.mkdtemp(prefix="bench-redrive-"))
 

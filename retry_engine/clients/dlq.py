@@ -39,7 +39,7 @@ from retry_engine.core.names import (
     validate_topic,
 )
 from retry_engine.delta.storage import open_delta, spark_options
-from retry_engine.delta.tables import open_table
+from retry_engine.delta.tables import STATS_SLACK, open_table
 from retry_engine.errors import SelectionError
 from retry_engine.ops.audit import (
     AUDIT_TABLE,
@@ -313,6 +313,31 @@ def read_dlq(
     if selection is not None:
         rows = rows.filter(selection.mask(rows))
     return rows.select(columns)
+
+
+def dead_letters_named(config: EngineConfig, named: pa.Table, *, version: int | None) -> pa.Table:
+    """Every column of the dead letters ``named`` lists (``msg_id``, ``consumer_group`` and
+    ``dead_lettered_at`` of rows read at ``version``), reading only the files their groups and
+    times may be in and keeping only their rows: a re-drive's bodies, not the whole DLQ's."""
+    schema = DLQ.arrow_schema
+    if named.num_rows == 0 or version is None:
+        return schema.empty_table()
+    at = named.column("dead_lettered_at")
+    groups = [g for g in set(named.column("consumer_group").to_pylist()) if g is not None]
+    files: list[tuple[str, str, Any]] = []
+    if at.null_count == 0:
+        files += [
+            ("dead_lettered_at", ">=", pc.min(at).as_py() - STATS_SLACK),
+            ("dead_lettered_at", "<=", pc.max(at).as_py() + STATS_SLACK),
+        ]
+    if groups and named.column("consumer_group").null_count == 0:
+        files.append(("consumer_group", "in", groups))
+    dataset = open_delta(config.table_path("dlq"), version=version).to_pyarrow_dataset(
+        file_pruning_predicate=files or None
+    )
+    ids = named.column("msg_id").combine_chunks()
+    rows = dataset.to_table(columns=list(schema.names), filter=pc.field("msg_id").isin(ids))
+    return rows.cast(schema)
 
 
 def dead_letters(

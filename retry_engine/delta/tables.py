@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Callable, Sequence, Sized
 from typing import Any
@@ -30,6 +31,10 @@ from retry_engine.delta.storage import (
 from retry_engine.errors import ConcurrentWriteError, ConfigError, SchemaMismatchError
 
 log = logging.getLogger(__name__)
+
+# A file's statistics may keep a timestamp to the millisecond (Spark's do, a maximum truncated down):
+# a pruning predicate on one is widened by this much.
+STATS_SLACK = dt.timedelta(milliseconds=1)
 
 
 def open_table(path: str) -> DeltaTable | None:

@@ -58,9 +58,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from retry_engine.clients.dlq import (
+    LIGHT_COLUMNS,
     PROP_REDRIVE_FROM,
     PROP_REDRIVE_ID,
     Selection,
+    dead_letters_named,
     read_dlq,
     selection_consumer,
 )
@@ -74,7 +76,7 @@ from retry_engine.core.names import (
     redrive_count,
     retry_topic,
 )
-from retry_engine.delta.tables import append_arrow, ensure_table
+from retry_engine.delta.tables import append_arrow, ensure_table, table_version
 from retry_engine.errors import ConcurrentWriteError, ConfigError, RedriveError
 from retry_engine.ops.audit import (
     AUDIT_TABLE,
@@ -262,6 +264,8 @@ class _Plan:
     resolved: int
     total: int
     everything: pa.Table
+    """Every dead letter's :data:`~retry_engine.clients.dlq.LIGHT_COLUMNS` (no body), at ``dlq_version``."""
+    dlq_version: int | None
     moved_before: int
     """Messages of this re-drive that earlier runs moved."""
 
@@ -398,7 +402,7 @@ def _redrive(
                 continue
             if not tracker.started and budget:
                 tracker.start(moved=plan.moved_before, total=plan.moved_before + plan.total)
-            by_id = _index(plan.everything, [c for c, _ in plan.chunks[:budget]])
+            by_id = _dead_letters(config, plan, [c for c, _ in plan.chunks[:budget]])
             handled_before = len(done)
             try:
                 for chunk, was_pending in plan.chunks[:budget]:
@@ -500,7 +504,10 @@ def _plan(
     mine = audit.filter(pc.equal(audit.column("redrive_id"), redrive_id))
     _check_same_redrive(mine, redrive_id, target=target, reset=reset)
     pending = mine.filter(pc.invert(mine.column(MOVED)))
-    everything = read_dlq(config)
+    # Bodies only of the dead letters being moved (_dead_letters): a DLQ of months does not have to
+    # fit in memory for a re-drive of a few of its messages.
+    dlq_at = table_version(config.table_path("dlq"))
+    everything = read_dlq(config, version=dlq_at, columns=LIGHT_COLUMNS)
     # selection=None (resume): nothing new is planned, only the pending chunks move.
     matched = (
         everything.filter(selection.mask(everything))
@@ -584,6 +591,7 @@ def _plan(
         resolved=sum(1 for i in ids if i in resolved and i not in seen_here),
         total=sum(c.num_rows for c, _ in chunks),
         everything=everything,
+        dlq_version=dlq_at,
         moved_before=mine.num_rows - pending.num_rows,
     )
 
@@ -725,12 +733,15 @@ def _plan_chunk(
     return pa.Table.from_pylist(planned, schema=REDRIVE_AUDIT.arrow_schema)
 
 
-def _index(dlq: pa.Table, chunks: list[pa.Table]) -> dict[str, dict[str, Any]]:
-    """The dead letters ``chunks`` name, by msg id."""
-    needed = pa.array([i for c in chunks for i in c.column("dlq_msg_id").to_pylist()], pa.string())
-    return {
-        row["msg_id"]: row for row in dlq.filter(pc.is_in(dlq.column("msg_id"), needed)).to_pylist()
-    }
+def _dead_letters(config: EngineConfig, plan: _Plan, chunks: list[pa.Table]) -> dict[str, dict[str, Any]]:
+    """The dead letters ``chunks`` name, every column, by msg id (as the plan's DLQ version holds them):
+    one read of the files they may be in, keeping only their rows."""
+    if not chunks:
+        return {}
+    needed = pa.concat_tables([c.select(["dlq_msg_id"]) for c in chunks]).column("dlq_msg_id")
+    named = plan.everything.filter(pc.is_in(plan.everything.column("msg_id"), needed.combine_chunks()))
+    rows = dead_letters_named(config, named, version=plan.dlq_version)
+    return {row["msg_id"]: row for row in rows.to_pylist()}
 
 
 def _messages(

@@ -37,7 +37,7 @@ from retry_engine.core.lease import BatchRecord, read_state
 from retry_engine.core.metrics import DELIVERED, nearest_rank
 from retry_engine.core.totals import COUNTED, Totals
 from retry_engine.delta.storage import is_remote
-from retry_engine.delta.tables import open_table, table_arrow_schema
+from retry_engine.delta.tables import STATS_SLACK, open_table, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.terms import (
     FINISHED,
@@ -842,7 +842,9 @@ def _retries_decided(config: EngineConfig, table: Any, since: dt.datetime | None
     table_def, columns = _COLUMNS["outcomes"]
     if table is None:
         return _empty(table_def, columns)
-    dataset = table.to_pyarrow_dataset(file_pruning_predicate=[("due_at", ">=", since)] if since else None)
+    dataset = table.to_pyarrow_dataset(
+        file_pruning_predicate=[("due_at", ">=", since - STATS_SLACK)] if since else None
+    )
     rows = pc.field("outcome") == OUTCOME_RETRY
     if since is not None:
         rows = rows & _since(dataset, "due_at", since)
@@ -858,7 +860,10 @@ def _retry_rows(config: EngineConfig, table: Any, since: dt.datetime | None, del
     if since is None:
         return _columns_of(table, config.table_path(RETRY.name), table_def, columns)
     dataset = table.to_pyarrow_dataset(
-        file_pruning_predicate=[[("due_at", ">=", since)], [("delivered_at", ">=", delivered_since)]]
+        file_pruning_predicate=[
+            [("due_at", ">=", since - STATS_SLACK)],
+            [("delivered_at", ">=", delivered_since - STATS_SLACK)],
+        ]
     )
     rows = _since(dataset, "due_at", since) | _since(dataset, "delivered_at", delivered_since)
     return _columns_of(table, config.table_path(RETRY.name), table_def, columns, dataset=dataset, rows=rows)

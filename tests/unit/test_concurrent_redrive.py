@@ -169,3 +169,30 @@ def test_one_redrive_id_started_twice_at_once_audits_exactly_what_moved(
     # letter once, and each message was written by exactly one of them.
     assert sorted(m["props"][PROP_REDRIVE_FROM] for m in messages) == [f"DLQ-{i:03d}" for i in range(DEAD)]
     assert sum(int(r[2]) for r in results) == len(messages)  # type: ignore[call-overload]
+
+
+def test_a_redrive_reads_only_the_bodies_it_moves_from_the_files_they_may_be_in(tmp_path: Path) -> None:
+    """A re-drive plans on the DLQ without bodies and reads the bodies of the dead letters it moves
+    only, from the files their group and times may be in (a DLQ of months need not fit in memory).
+    Every dead letter still moves with its own body: chunks that span files, times with microseconds
+    at a file's edge, a dead letter without a time (no file is skipped for it), another group's files."""
+    root = str(tmp_path / "lake")
+    config = _config(root)
+    path = config.table_path("dlq")
+    day = dt.timedelta(days=1)
+    files = [
+        [_dead_letter(i) | {"dead_lettered_at": T0 + dt.timedelta(seconds=i, microseconds=999)} for i in range(5)],
+        [_dead_letter(i) | {"dead_lettered_at": T0 + day + dt.timedelta(microseconds=i)} for i in range(5, 9)],
+        [_dead_letter(9) | {"dead_lettered_at": None}],
+        [_dead_letter(i) | {"consumer_group": "search", "topic": "%DLQ%search"} for i in range(10, 13)],
+    ]
+    for rows in files:
+        append_arrow(path, pa.Table.from_pylist(rows, schema=DLQ.arrow_schema), partition_by=DLQ.partition_by)
+    report = redrive.redrive(config, Selection(group="billing"), target="topic", chunk_size=3, operator="t")
+    assert report.moved == 10 and report.remaining == 0
+    moved = {m["props"][PROP_REDRIVE_FROM]: m["body"] for m in _moved_messages(root)}
+    assert moved == {f"DLQ-{i:03d}": f"order-{i}".encode() for i in range(10)}
+    # One dead letter from the middle of a file.
+    report = redrive.redrive(config, Selection(ids=("DLQ-011",)), target="topic", operator="t")
+    assert report.moved == 1
+    assert {m["props"][PROP_REDRIVE_FROM]: m["body"] for m in _moved_messages(root)}["DLQ-011"] == b"order-11"
