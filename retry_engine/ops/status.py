@@ -65,11 +65,11 @@ FAILURE_SHOWN_CHARS = 300
 FAILURES_WINDOW = dt.timedelta(hours=24)
 LATENESS_WINDOW = FAILURES_WINDOW
 # The window of due times `status` first reads pending retries in, on a lake whose batch record
-# vouches for the rest (:func:`_recorded_tables`); each retry widens it by WINDOW_GROWTH, and after
-# WINDOW_TRIES windows every row is read.
+# vouches for the rest (:func:`_recorded_tables`); each retry widens it by WINDOW_GROWTH (1, 8, 64
+# days), and after WINDOW_TRIES windows every row is read as without a record.
 PENDING_WINDOW = dt.timedelta(days=1)
 WINDOW_GROWTH = 8
-WINDOW_TRIES = 4
+WINDOW_TRIES = 3
 # Reads of the record and the two tables until they show the same batch (an engine between its
 # record and its commits, or past them, in between); then every row is read.
 SNAPSHOT_TRIES = 5
@@ -761,8 +761,8 @@ class Recorded:
     """What :func:`_recorded_tables` read: the lake's totals, and the outcome and retry rows beside them."""
 
     totals: Totals
-    outcomes: pa.Table  # the retries decided with a due time in the window (or every retry decided)
-    retry: pa.Table  # the rows due in the window or delivered within LATENESS_WINDOW (or every row)
+    outcomes: pa.Table  # the retries decided with a due time in the window
+    retry: pa.Table  # the rows due in the window or delivered within LATENESS_WINDOW
 
 
 def _recorded_tables(config: EngineConfig, now: dt.datetime) -> Recorded | None:
@@ -810,16 +810,16 @@ def _recorded_window(config: EngineConfig, now: dt.datetime) -> Recorded | None:
         log.info("status: the tables kept moving past the lake's batch record; reading every outcome")
         return None
     window = PENDING_WINDOW
-    for attempt in range(WINDOW_TRIES + 1):
-        since = None if attempt == WINDOW_TRIES else now - window
+    for _ in range(WINDOW_TRIES):
+        since = now - window
         outcomes = _retries_decided(config, snapshot[OUTCOMES.name], since)
         retry = _retry_rows(config, snapshot[RETRY.name], since, now - LATENESS_WINDOW)
         if pending_retries(outcomes, retry).num_rows == record.pending_retries:
             return Recorded(record.totals, outcomes, retry)
         window *= WINDOW_GROWTH
     log.info(
-        "status: the lake's outcomes hold other pending retries than its batch record counts (%d); "
-        "reading every outcome", record.pending_retries,
+        "status: the lake's outcomes due in the last %d days hold other pending retries than its batch "
+        "record counts (%d); reading every outcome", (window // WINDOW_GROWTH).days, record.pending_retries,
     )
     return None
 
@@ -837,28 +837,21 @@ def _since(dataset: ds.Dataset, column: str, since: dt.datetime) -> pc.Expressio
     return pc.field(column) >= pa.scalar(since, dataset.schema.field(column).type)
 
 
-def _retries_decided(config: EngineConfig, table: Any, since: dt.datetime | None) -> pa.Table:
-    """The retry outcomes of the snapshot ``table`` due at or after ``since`` (None: every one)."""
+def _retries_decided(config: EngineConfig, table: Any, since: dt.datetime) -> pa.Table:
+    """The retry outcomes of the snapshot ``table`` due at or after ``since``."""
     table_def, columns = _COLUMNS["outcomes"]
     if table is None:
         return _empty(table_def, columns)
-    dataset = table.to_pyarrow_dataset(
-        file_pruning_predicate=[("due_at", ">=", since - STATS_SLACK)] if since else None
-    )
-    rows = pc.field("outcome") == OUTCOME_RETRY
-    if since is not None:
-        rows = rows & _since(dataset, "due_at", since)
+    dataset = table.to_pyarrow_dataset(file_pruning_predicate=[("due_at", ">=", since - STATS_SLACK)])
+    rows = (pc.field("outcome") == OUTCOME_RETRY) & _since(dataset, "due_at", since)
     return _columns_of(table, config.table_path(OUTCOMES.name), table_def, columns, dataset=dataset, rows=rows)
 
 
-def _retry_rows(config: EngineConfig, table: Any, since: dt.datetime | None, delivered_since: dt.datetime) -> pa.Table:
-    """The rows of the snapshot ``table`` due at or after ``since`` or delivered at or after
-    ``delivered_since`` (``since`` None: every row)."""
+def _retry_rows(config: EngineConfig, table: Any, since: dt.datetime, delivered_since: dt.datetime) -> pa.Table:
+    """The rows of the snapshot ``table`` due at or after ``since`` or delivered at or after ``delivered_since``."""
     table_def, columns = _COLUMNS["retry"]
     if table is None:
         return _empty(table_def, columns)
-    if since is None:
-        return _columns_of(table, config.table_path(RETRY.name), table_def, columns)
     dataset = table.to_pyarrow_dataset(
         file_pruning_predicate=[
             [("due_at", ">=", since - STATS_SLACK)],
