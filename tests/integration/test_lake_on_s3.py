@@ -18,6 +18,8 @@ log, output, table object or checkpoint file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime as dt
 import io
 import json
 import logging
@@ -36,10 +38,12 @@ from retry_engine.clients.consumer import CONSUME_SUCCESS, ConsumeContext, Consu
 from retry_engine.clients.producer import Message, Producer
 from retry_engine.config import EngineConfig, load_config
 from retry_engine.core import engine
+from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.lease import read_state, state_path
 from retry_engine.delta import storage
 from retry_engine.delta.tables import read_table
 from retry_engine.errors import ConfigError, StorageError
+from retry_engine.ops import status as status_of
 from retry_engine.ops.cli import EXIT_OK, main
 from tests.lakehouse import FAST_LEVELS, wait_for
 from tests.s3 import S3Server
@@ -256,6 +260,14 @@ def test_status_dlq_and_redrive_commands_work_against_s3(run: Run) -> None:
     frame = dlq.dead_letters(run.config)
     assert sorted(frame["origin_msg_id"]) == sorted(run.ids["poison"])
     assert frame["redriven_by"].notna().all()
+    # Status's counts from the lake's batch record, its window read from the S3 tables' statistics (#14).
+    now = dt.datetime.now(dt.UTC)
+    assert status_of._recorded_tables(run.config, now) is not None
+    everything = status_of.summarise(
+        status_of.read_tables(run.config, now=now, names=status_of.STATUS_TABLES), now=now,
+        trigger_interval_ms=run.config.trigger_interval_ms, flush_interval_ms=parse_duration_ms(run.config.engine.progress_flush_interval),
+    )
+    assert dataclasses.replace(status_of.status(run.config, now=now), checked_at=now) == dataclasses.replace(everything, checked_at=now)
 
 
 def test_the_secret_key_is_in_no_log_output_table_or_checkpoint(run: Run) -> None:
