@@ -391,8 +391,9 @@ def _resume_point(
     if totals is None and config.engine.table_format != "delta":
         # A lake of an earlier release (or of a native Delta engine): its counts through the last batch,
         # for the writer to carry on, counted from the tables once.
-        totals, pending_in_tables = lake_counts(config)
-        log.info("lake %s: counted its outcomes for the batch record: %s", config.engine.lake, totals.outcomes())
+        counted, pending_in_tables = lake_counts(config)
+        log.info("lake %s: counted its outcomes for the batch record: %s", config.engine.lake, counted.outcomes())
+        totals = counted if counted.bounded else None
         if last is None:
             # No batch recorded (a release before records): what waits in the checkpoint's state is in the
             # tables, not in a record; a new lake or checkpoint has none.

@@ -57,7 +57,7 @@ from retry_engine.core.decide import RETRY as RETRY_OUTCOME
 from retry_engine.core.lease import BatchRecord, LakeLease
 from retry_engine.core.packed import as_work, pack, packed_batch
 from retry_engine.core.resume import planned_end
-from retry_engine.core.totals import Totals
+from retry_engine.core.totals import Totals, carried
 from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import from_ipc, to_ipc
 from retry_engine.delta._files import PartitionedWriter, WrittenFile
@@ -536,7 +536,7 @@ class BatchWriter:
         if self.lease is None:
             return True
         pending = self.pending_retries + pending_change(counts)
-        totals = self.totals.plus(counts) if self.totals is not None else None
+        totals = carried(self.totals, counts)
         end = planned_end(self.checkpoint, batch_id) if self.checkpoint is not None else None
         recorded = self.lease.record_batch(
             BatchRecord(

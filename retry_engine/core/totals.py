@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 COUNTED: Final = (*OUTCOME_METRICS, DELIVERED)
 """The metrics totals keep: an outcome per consume result, and each retry released."""
 
+MAX_KEYS: Final = 10_000
+"""Most (group, metric) counts the record keeps; the record is rewritten every batch."""
+MAX_GROUP_CHARS: Final = 1_024
+"""Longest group name the record keeps (a quarantined row's group is whatever the input held)."""
+
 Key = tuple[str | None, str]
 
 
@@ -69,6 +74,15 @@ class Totals:
         if not added:
             return self
         return Totals.of([*((g, m, n) for (g, m), n in self.counts.items()), *added])
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the record may keep these totals: at most :data:`MAX_KEYS` counts, no group name
+        longer than :data:`MAX_GROUP_CHARS`. Input with ever new or huge group names (quarantined, or
+        a producer's bug) would otherwise make every batch's record bigger."""
+        return len(self.counts) <= MAX_KEYS and all(
+            group is None or len(group) <= MAX_GROUP_CHARS for group, _ in self.counts
+        )
 
     def of_metric(self, metric: str) -> dict[str | None, int]:
         """``metric``'s count per group."""
@@ -117,7 +131,26 @@ class Totals:
         except (TypeError, ValueError) as exc:
             log.warning("the lake's recorded totals are unreadable (%s); counting from the tables instead", exc)
             return None
-        return cls.of(parsed)
+        totals = cls.of(parsed)
+        if not totals.bounded:
+            log.warning("the lake's recorded totals are beyond the record's bounds; counting from the tables instead")
+            return None
+        return totals
 
 
-__all__ = ["COUNTED", "Totals"]
+def carried(totals: Totals | None, batch: pa.Table) -> Totals | None:
+    """``totals`` and one batch's counts, for the batch's record; None when ``totals`` is (the lake's
+    counts are not known) or the sum is not :attr:`~Totals.bounded` (then `status` counts the tables)."""
+    if totals is None:
+        return None
+    added = totals.plus(batch)
+    if not added.bounded:
+        log.warning(
+            "the lake's totals passed %d group and metric counts or a group name of %d characters; the batch "
+            "record stops keeping them, and `status` counts the tables", MAX_KEYS, MAX_GROUP_CHARS,
+        )
+        return None
+    return added
+
+
+__all__ = ["COUNTED", "MAX_GROUP_CHARS", "MAX_KEYS", "Totals", "carried"]

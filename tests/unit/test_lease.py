@@ -336,6 +336,17 @@ def test_new_checkpoint_refuses_a_lake_whose_outcomes_no_batch_record_covers(tmp
     )
 
 
+def test_a_lake_counted_beyond_the_records_bounds_keeps_no_totals(tmp_path: Path) -> None:
+    """Bad input (#14): a quarantined row's 2,000-character group makes the counts too big for the record
+    rewritten every batch: the engine starts without totals (status counts the tables)."""
+    from retry_engine.core.engine import _resume_point
+
+    config = _lake_config(tmp_path)
+    row = {"outcome": "quarantined", "consumer_group": "x" * 2000, "batch_id": 0, "decided_at": T0}
+    _append(config, "outcomes", [row])
+    assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (None, 0, None)
+
+
 def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None:
     """A retry outcome whose retry row is missing is pending, whatever the batch record says (B8)."""
     from retry_engine.core.engine import _resume_point

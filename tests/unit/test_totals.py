@@ -9,7 +9,7 @@ import pytest
 
 from retry_engine.core import metrics
 from retry_engine.core.lease import BatchRecord, EngineState
-from retry_engine.core.totals import Totals
+from retry_engine.core.totals import MAX_GROUP_CHARS, MAX_KEYS, Totals, carried
 
 
 def counts(*rows: tuple[str | None, str, int | None, str, int]) -> pa.Table:
@@ -61,3 +61,20 @@ def test_a_hostile_record_yields_no_totals_so_they_are_counted_from_the_tables(t
 def test_json_is_compact_and_sorted_with_the_null_group_last() -> None:
     totals = Totals.of([(None, "retry", 1), ("b", "retry", 2), ("a", "acknowledged", 3), ("b", "retry", 0)])
     assert json.loads(totals.to_json()) == [["a", "acknowledged", 3], ["b", "retry", 2], [None, "retry", 1]]
+
+
+def test_ever_new_or_huge_group_names_stop_the_record_keeping_totals(caplog: pytest.LogCaptureFixture) -> None:
+    """Bad input: a quarantined row's group is whatever the input held, and the record is rewritten every
+    batch, so totals past MAX_KEYS counts or with a group name past MAX_GROUP_CHARS are dropped (status
+    then counts the tables) instead of growing every batch's record."""
+    many = Totals.of([(f"g{i}", "quarantined", 1) for i in range(MAX_KEYS)])
+    assert many.bounded and carried(many, counts(("g0", "T", None, "quarantined", 1))) == Totals.of(
+        [(f"g{i}", "quarantined", 2 if i == 0 else 1) for i in range(MAX_KEYS)]
+    )
+    assert carried(many, counts(("one-more", "T", None, "quarantined", 1))) is None
+    assert "stops keeping them" in caplog.text
+    huge = "x" * (MAX_GROUP_CHARS + 1)
+    assert carried(Totals.empty(), counts((huge, "T", None, "quarantined", 1))) is None
+    assert carried(Totals.empty(), counts((huge[:-1], "T", None, "quarantined", 1))) is not None
+    assert carried(None, counts(("G", "T", None, "acknowledged", 1))) is None
+    assert Totals.from_json(json.dumps([[huge, "quarantined", 1]])) is None
