@@ -50,7 +50,7 @@ from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
+from deltalake import DeltaTable, WriterProperties
 from deltalake.exceptions import CommitFailedError
 
 from retry_engine.config import (
@@ -59,6 +59,7 @@ from retry_engine.config import (
     parse_retention_hours,
 )
 from retry_engine.core.names import ENGINE_TABLES, INPUT_TABLES, MAINTAINED_TABLES, TABLE_NAMES
+from retry_engine.delta._files import ROW_GROUP_ROWS
 from retry_engine.delta._log import LOG_DIR, add_actions, join_path, snapshot_files
 from retry_engine.delta.storage import filesystem, log_failure, open_delta, write_delta
 from retry_engine.delta.tables import (
@@ -79,6 +80,10 @@ RECORD_TABLE = MAINTENANCE_DIR
 # A compaction that lost its commit to a writer that changed the same files is redone on
 # a fresh snapshot this many times (appends never conflict with it).
 COMPACT_ATTEMPTS = 10
+# Row groups of a compacted file: as the engine writes them (delta-rs's default is a million rows).
+# Rows stay in the order of the files compacted, so a row group spans a stretch of time, and reads
+# bounded in time (`status`'s window, a re-drive's dead letters) skip the others by their statistics.
+COMPACTED_ROW_GROUP_ROWS = ROW_GROUP_ROWS
 # The in-engine thread looks whether maintenance is due at least this often.
 POLL_SECONDS = 1.0
 
@@ -157,7 +162,9 @@ def _compact(path: str) -> tuple[int, int]:
     """Compact ``path`` (files removed, files added), retried on a conflicting commit."""
     for attempt in range(1, COMPACT_ATTEMPTS + 1):
         try:
-            metrics = open_delta(path).optimize.compact()
+            metrics = open_delta(path).optimize.compact(
+                writer_properties=WriterProperties(max_row_group_size=COMPACTED_ROW_GROUP_ROWS)
+            )
             return int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0))
         except CommitFailedError as exc:
             # Another writer changed files this compaction read: redo it on the new snapshot.
