@@ -11,9 +11,10 @@ batch record (:class:`~retry_engine.core.lease.BatchRecord`, the
 Replay: the record is written once per batch (a replayed batch the lake
 already records is not recorded again), so a replay never adds twice. A lake
 recorded by a release without totals gets them counted from its tables at the
-engine's next start (:func:`retry_engine.ops.status.lake_totals`).
+engine's next start (:func:`retry_engine.ops.status.lake_counts`). Totals past
+:data:`MAX_KEYS` or :data:`MAX_GROUP_CHARS` are not kept (:func:`carried`).
 
-Spark-free and pure.
+Spark-free and pure (but for a warning logged).
 """
 
 from __future__ import annotations
