@@ -5,9 +5,11 @@ Reading (:func:`read_tables`) is separate from summarising (:func:`summarise`,
 pure) and from formatting (:func:`format_status`, :func:`status_json`).
 
 Whether the query is running is judged from the PROGRESS table (see
-:func:`query_state` for the rule). Backlog, oldest due time, lateness and
-dead letters come from the engine's own ledger (outcomes, retry, dlq), which
-is exact at any moment; the METRICS table is used by the plots, not read here.
+:func:`query_state` for the rule). Backlog, oldest due time, lateness (of the
+last 24 h) and dead letters come from the engine's own ledger (outcomes,
+retry, dlq), which is exact at any moment; the all-time counts from the lake's
+batch record when it can vouch for them (:func:`_recorded_tables`), else from
+every outcome and retry row. The METRICS table is used by the plots, not read here.
 """
 
 from __future__ import annotations
@@ -334,7 +336,7 @@ class BacklogEntry:
     oldest_due_at: dt.datetime | None
 
 
-@dataclass(frozen=True)
+    """How late the retries released in the last 24 h were after their due time (ms); ``consumer_group`` '*' = all."""
 class LatenessEntry:
     """How late retries were released after their due time (ms); ``consumer_group`` '*' = all."""
 
@@ -623,7 +625,7 @@ def recent_releases(retry: pa.Table, now: dt.datetime) -> pa.Table:
 
 
 def lateness(retry: pa.Table) -> list[LatenessEntry]:
-    """Lateness percentiles of every released retry: all groups ('*') first, then each group."""
+    """Lateness percentiles of the released retries in ``retry``: all groups ('*') first, then each group."""
     if retry.num_rows == 0:
         return []
     values = lateness_ms(retry).to_numpy(zero_copy_only=False)
