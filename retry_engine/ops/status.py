@@ -336,9 +336,9 @@ class BacklogEntry:
     oldest_due_at: dt.datetime | None
 
 
-    """How late the retries released in the last 24 h were after their due time (ms); ``consumer_group`` '*' = all."""
+@dataclass(frozen=True)
 class LatenessEntry:
-    """How late retries were released after their due time (ms); ``consumer_group`` '*' = all."""
+    """How late the retries released in the last 24 h were after their due time (ms); ``consumer_group`` '*' = all."""
 
     consumer_group: str
     deliveries: int
