@@ -386,18 +386,18 @@ def _resume_point(
         resume.store(checkpoint, point)
     elif not fresh:
         point = resume.stored(checkpoint)
-    pending = last.pending_retries if last is not None and last.query_id == query_id else 0
+    # The record's pending count is the tables' (retry outcomes without a retry row), which `status`
+    # checks its window against: a new checkpoint carries on with what the tables hold, retries it
+    # discards (--discard-pending) included, as they stay pending there for good.
+    pending = last.pending_retries if last is not None and last.query_id == query_id else (pending_in_lake or 0)
     totals = last.totals if last is not None else None
     if totals is None and config.engine.table_format != "delta":
-        # A lake of an earlier release (or of a native Delta engine): its counts through the last batch,
-        # for the writer to carry on, counted from the tables once.
-        counted, pending_in_tables = lake_counts(config)
+        # A lake of an earlier release, one without records, or one a native Delta engine or a custom
+        # writer wrote: its counts through the last batch, for the writer to carry on, counted from the
+        # tables once, and so is what waits in the checkpoint's state (in the tables, not in a record).
+        counted, pending = lake_counts(config)
         log.info("lake %s: counted its outcomes for the batch record: %s", config.engine.lake, counted.outcomes())
         totals = counted if counted.bounded else None
-        if last is None:
-            # No batch recorded (a release before records): what waits in the checkpoint's state is in the
-            # tables, not in a record; a new lake or checkpoint has none.
-            pending = pending_in_tables
     return point, pending, totals
 
 
@@ -471,7 +471,8 @@ def start(
     with step("lease"):
         before = lease.acquire(take_over=take_over)
     try:
-        if native:
+        if native or writer is not None:
+            # Its batches are recorded nowhere (a custom writer's, or Delta's own), so neither are their counts.
             lease.forget_totals()
         for path in remove_orphan_log_temps(checkpoint):
             log.warning(

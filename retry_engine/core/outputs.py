@@ -499,7 +499,7 @@ class BatchWriter:
                 samples.append(from_ipc(payload))
         merged = metrics.merge_counts(counts)
         try:
-            recorded = self._record(batch_id, files, merged)
+            recorded = self._record(batch_id, files, merged, counted=not skip)
         except BaseException:
             # Fenced (LeaseLostError) or the record failed: no commit will reference these files.
             self._abort(files)
@@ -527,16 +527,21 @@ class BatchWriter:
         if self.on_counts is not None:
             self.on_counts(batch_id, summary)
 
-    def _record(self, batch_id: int, files: dict[str, list[WrittenFile]], counts: pa.Table) -> bool:
+    def _record(
+        self, batch_id: int, files: dict[str, list[WrittenFile]], counts: pa.Table, *, counted: bool = True
+    ) -> bool:
         """Record the batch in the lake (fenced); False if the lake already records this very batch.
 
         Replay: the lake's record of this query's batch ``batch_id`` is kept (its
-        files are the ones committed), so a replay never records twice.
+        files are the ones committed), so a replay never records twice. ``counted``
+        False: tables hold the batch that no record does (a writer that records no
+        batches, Delta's own, wrote it), so the counts of this attempt may be in the
+        lake's totals already: the record drops them (:mod:`retry_engine.core.totals`).
         """
         if self.lease is None:
             return True
         pending = self.pending_retries + pending_change(counts)
-        totals = carried(self.totals, counts)
+        totals = carried(self.totals, counts) if counted else None
         end = planned_end(self.checkpoint, batch_id) if self.checkpoint is not None else None
         recorded = self.lease.record_batch(
             BatchRecord(

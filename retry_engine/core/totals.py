@@ -129,7 +129,7 @@ class Totals:
                 if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                     raise ValueError(f"row {row!r}: the count must be a whole number >= 0")
                 parsed.append((group, metric, n))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             log.warning("the lake's recorded totals are unreadable (%s); counting from the tables instead", exc)
             return None
         totals = cls.of(parsed)

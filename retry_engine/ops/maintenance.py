@@ -163,7 +163,10 @@ def _compact(path: str) -> tuple[int, int]:
     for attempt in range(1, COMPACT_ATTEMPTS + 1):
         try:
             metrics = open_delta(path).optimize.compact(
-                writer_properties=WriterProperties(max_row_group_size=COMPACTED_ROW_GROUP_ROWS)
+                # Given writer properties, delta-rs no longer compresses by default (ZSTD level 4): said here.
+                writer_properties=WriterProperties(
+                    max_row_group_size=COMPACTED_ROW_GROUP_ROWS, compression="ZSTD", compression_level=4
+                )
             )
             return int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0))
         except CommitFailedError as exc:

@@ -89,7 +89,7 @@ from retry_engine.ops.audit import (
 )
 from retry_engine.ops.redrive_tasks import Cancelled, RunTracker
 from retry_engine.ops.terms import DEFAULT_CHUNK_SIZE, REDRIVE_TARGETS, RedriveTarget
-from retry_engine.schemas import MESSAGES, REDRIVE_AUDIT, RETRY
+from retry_engine.schemas import DLQ, MESSAGES, REDRIVE_AUDIT, RETRY
 
 log = logging.getLogger(__name__)
 
@@ -507,7 +507,12 @@ def _plan(
     # Bodies only of the dead letters being moved (_dead_letters): a DLQ of months does not have to
     # fit in memory for a re-drive of a few of its messages.
     dlq_at = table_version(config.table_path("dlq"))
-    everything = read_dlq(config, version=dlq_at, columns=LIGHT_COLUMNS)
+    everything = (
+        read_dlq(config, version=dlq_at, columns=LIGHT_COLUMNS)
+        if dlq_at is not None
+        # No DLQ when the plan looked: nothing to plan, even if one appears before the read.
+        else pa.schema([DLQ.arrow_schema.field(c) for c in LIGHT_COLUMNS]).empty_table()
+    )
     # selection=None (resume): nothing new is planned, only the pending chunks move.
     matched = (
         everything.filter(selection.mask(everything))

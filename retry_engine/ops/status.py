@@ -29,7 +29,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from deltalake.exceptions import DeltaError
 
 from retry_engine.config import EngineConfig
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY
@@ -786,8 +785,11 @@ def _recorded_tables(config: EngineConfig, now: dt.datetime) -> Recorded | None:
     """
     try:
         return _recorded_window(config, now)
-    except (OSError, ValueError, TypeError, KeyError, SchemaMismatchError, DeltaError) as exc:
-        log.warning("status: the lake's batch record could not be used (%s); reading every outcome instead", exc)
+    except Exception as exc:  # noqa: BLE001 - a shortcut only: whatever stops it, every row is read as before
+        log.warning(
+            "status: the lake's batch record could not be used (%s: %s); reading every outcome instead",
+            type(exc).__name__, exc,
+        )
         return None
 
 
@@ -806,7 +808,15 @@ def _recorded_window(config: EngineConfig, now: dt.datetime) -> Recorded | None:
         ):
             return None
         snapshot = {name: open_table(config.table_path(name)) for name in (OUTCOMES.name, RETRY.name)}
-        if all(_holds_through(record, name, table) for name, table in snapshot.items()):
+        # The same record after the tables were opened: no engine (this one, or another that took the
+        # lake over, whose batches carry another query id) recorded a batch in between.
+        again = read_state(config.engine.lake)
+        if (
+            again is not None
+            and again.epoch == state.epoch
+            and again.last_batch == record
+            and all(_holds_through(record, name, table) for name, table in snapshot.items())
+        ):
             break
     else:
         log.info("status: the tables kept moving past the lake's batch record; reading every outcome")

@@ -347,6 +347,20 @@ def test_a_lake_counted_beyond_the_records_bounds_keeps_no_totals(tmp_path: Path
     assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (None, 0, None)
 
 
+def test_retries_a_new_checkpoint_discards_stay_in_the_records_pending_count(tmp_path: Path) -> None:
+    """`status` checks its window against the record's pending count, which is the tables' (#14): a new
+    checkpoint that gives up the old one's retries (--discard-pending) carries them on, as they stay
+    pending in the tables for good (before: 0, and the record and the tables never agreed again)."""
+    from retry_engine.core.engine import _resume_point
+
+    config = _lake_config(tmp_path)
+    totals = Totals.of([(None, "retry", 1)])
+    before = EngineState(1, owner("A"), T0, True, replace(batch("A", 3, pending=1), totals=totals))
+    _append(config, "outcomes", [{"outcome": "retry", "output_msg_id": "LOST-1", "batch_id": 3, "decided_at": T0}])
+    point, pending, carried_on = _resume_point(config, before, "B", fresh=True, discard_pending=True)
+    assert point is not None and pending == 1 and carried_on == totals
+
+
 def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None:
     """A retry outcome whose retry row is missing is pending, whatever the batch record says (B8)."""
     from retry_engine.core.engine import _resume_point

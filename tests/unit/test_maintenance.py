@@ -134,6 +134,8 @@ def test_a_compacted_file_keeps_row_groups_a_time_bounded_read_can_skip(
     (compacted,) = DeltaTable(str(table)).file_uris()
     meta = pq.ParquetFile(compacted).metadata
     assert meta.num_rows == 5_000 and [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [1_000] * 5
+    # Compressed as delta-rs compacts by default (passing row groups alone made the files uncompressed).
+    assert {meta.row_group(g).column(0).compression for g in range(meta.num_row_groups)} == {"ZSTD"}
     assert ids(table) == list(range(5_000))
 
 

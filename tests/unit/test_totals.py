@@ -50,7 +50,7 @@ def test_the_record_keeps_them_through_its_row() -> None:
     [
         "not json", "{}", '{"G": 1}', "[1]", '[["G", "retry"]]', '[["G", "retry", 1, 2]]', '[[1, "retry", 1]]',
         '[["G", "made_up", 1]]', '[["G", "retry", -1]]', '[["G", "retry", 1.5]]', '[["G", "retry", true]]',
-        '[["G", "retry", "3"]]', 7, b"\xff",
+        '[["G", "retry", "3"]]', 7, b"\xff", "[" * 100_000 + "]" * 100_000,
     ],
 )
 def test_a_hostile_record_yields_no_totals_so_they_are_counted_from_the_tables(text: object, caplog: pytest.LogCaptureFixture) -> None:
