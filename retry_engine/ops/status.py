@@ -780,8 +780,8 @@ def _recorded_tables(config: EngineConfig, now: dt.datetime) -> Recorded | None:
     Every row is read instead when the record carries no totals (a lake of an earlier release until its
     engine's next start; an engine on ``table_format = "delta"``, or one that has not recorded a
     batch since it took the lake over), when the tables keep moving past the record, and when no
-    window holds the recorded count (retries discarded by ``run --discard-pending`` stay pending in
-    the tables).
+    window holds the recorded count (retries pending for more than the widest window: those given up
+    by ``run --discard-pending`` stay pending in the tables, and in the record's count).
     """
     try:
         return _recorded_window(config, now)
