@@ -68,8 +68,8 @@ from retry_engine.errors import (
     LeaseLostError,
 )
 from retry_engine.ops import maintenance, monitor, terms
-from retry_engine.ops.status import lake_counts, pending_retries, read_table_columns
-from retry_engine.schemas import ALL_TABLES, CONSUME_RESULTS, OUTCOMES, RETRY
+from retry_engine.ops.status import lake_counts
+from retry_engine.schemas import ALL_TABLES, CONSUME_RESULTS, OUTCOMES
 
 log = logging.getLogger(__name__)
 
@@ -361,17 +361,12 @@ def _resume_point(
             "committed one batch, then start the new one",
             code="LAKE_NOT_RECORDED",
         )
-    pending_in_lake = None
-    if fresh and last is not None and last.query_id != query_id:
-        # The lake's own tables, not only the record: retries decided but never released.
-        outcomes = read_table_columns(
-            config.table_path(OUTCOMES.name), OUTCOMES, ("outcome", "output_msg_id")
-        )
-        released = read_table_columns(config.table_path(RETRY.name), RETRY, ("msg_id",))
-        if outcomes is not None:
-            pending_in_lake = pending_retries(
-                outcomes, released if released is not None else RETRY_MSG_IDS.empty_table()
-            ).num_rows
+    # The lake's own tables, not only the record: retries decided but never released. Counted when a
+    # new checkpoint takes over from another or the record carries no totals, once for both.
+    taking_over = fresh and last is not None and last.query_id != query_id
+    recount = config.engine.table_format != "delta" and (last is None or last.totals is None)
+    counted = lake_counts(config) if taking_over or recount else None
+    pending_in_lake = counted[1] if taking_over and counted is not None else None
     source = open_table(config.table_path("consume_results"))
     point = resume.plan(
         before,
@@ -391,17 +386,15 @@ def _resume_point(
     # discards (--discard-pending) included, as they stay pending there for good.
     pending = last.pending_retries if last is not None and last.query_id == query_id else (pending_in_lake or 0)
     totals = last.totals if last is not None else None
-    if totals is None and config.engine.table_format != "delta":
+    if recount and counted is not None:
         # A lake of an earlier release, one without records, or one a native Delta engine or a custom
-        # writer wrote: its counts through the last batch, for the writer to carry on, counted from the
-        # tables once, and so is what waits in the checkpoint's state (in the tables, not in a record).
-        counted, pending = lake_counts(config)
-        log.info("lake %s: counted its outcomes for the batch record: %s", config.engine.lake, counted.outcomes())
-        totals = counted if counted.bounded else None
+        # writer wrote: its counts through the last batch, for the writer to carry on, from the
+        # tables, and so is what waits in the checkpoint's state (in the tables, not in a record).
+        lake_totals, in_tables = counted
+        log.info("lake %s: counted its outcomes for the batch record: %s", config.engine.lake, lake_totals.outcomes())
+        totals, pending = (lake_totals if lake_totals.bounded else None), in_tables or 0
     return point, pending, totals
 
-
-RETRY_MSG_IDS = pa.schema([RETRY.arrow_schema.field("msg_id")])
 
 
 def _has_rows(path: str) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -91,18 +91,17 @@ class Totals:
 
     def outcomes(self) -> dict[str, int]:
         """Consume results per outcome, every group together (outcomes never seen left out)."""
-        summed: dict[str, int] = {}
-        for (_, metric), n in self.counts.items():
-            if metric in OUTCOME_METRICS:
-                summed[metric] = summed.get(metric, 0) + n
-        return dict(sorted(summed.items()))
+        return dict(sorted(self._outcomes_by(lambda key: key[1]).items()))
 
     def decided(self) -> dict[str | None, int]:
         """Consume results decided per group (each has exactly one outcome)."""
-        summed: dict[str | None, int] = {}
-        for (group, metric), n in self.counts.items():
-            if metric in OUTCOME_METRICS:
-                summed[group] = summed.get(group, 0) + n
+        return self._outcomes_by(lambda key: key[0])
+
+    def _outcomes_by(self, part: Callable[[Key], Any]) -> dict[Any, int]:
+        summed: dict[Any, int] = {}
+        for key, n in self.counts.items():
+            if key[1] in OUTCOME_METRICS:
+                summed[part(key)] = summed.get(part(key), 0) + n
         return summed
 
     def to_json(self) -> str:

@@ -539,9 +539,15 @@ def _stop_reason_text(reason: str | None) -> str:
 
 def pending_retries(outcomes: pa.Table, retry: pa.Table) -> pa.Table:
     """Retries decided (outcome ``retry``) but not yet released to %RETRY%G."""
+    decided, released = _retries_released(outcomes, retry)
+    return decided.filter(pc.invert(released))
+
+
+def _retries_released(outcomes: pa.Table, retry: pa.Table) -> tuple[pa.Table, pa.ChunkedArray]:
+    """The retry outcomes, and for each whether its ``%RETRY%G`` row is in ``retry``."""
     decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
     released = pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks())
-    return decided.filter(pc.invert(pc.fill_null(released, False)))
+    return decided, pc.fill_null(released, False)
 
 
 def totals_of(outcomes: pa.Table, retry: pa.Table) -> Totals:
@@ -565,22 +571,20 @@ def totals_of(outcomes: pa.Table, retry: pa.Table) -> Totals:
             )
             if outcome in COUNTED
         ]
-    decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
-    released = decided.filter(
-        pc.fill_null(pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
-    )
-    rows += [(group, DELIVERED, n) for group, n in _count_by_group(released).items()]
+    decided, released = _retries_released(outcomes, retry)
+    rows += [(group, DELIVERED, n) for group, n in _count_by_group(decided.filter(released)).items()]
     return Totals.of(rows)
 
 
-def lake_counts(config: EngineConfig) -> tuple[Totals, int]:
+def lake_counts(config: EngineConfig) -> tuple[Totals, int | None]:
     """The counts of every row of the lake's outcome and retry tables (:func:`totals_of`), and the
-    retries pending in them (:func:`pending_retries`)."""
+    retries pending in them (:func:`pending_retries`; None when there is no outcome table)."""
     columns = ("consumer_group", "outcome", "output_msg_id")
     outcomes = read_table_columns(config.table_path(OUTCOMES.name), OUTCOMES, columns)
     retry = read_table_columns(config.table_path(RETRY.name), RETRY, ("msg_id",))
-    outcomes = outcomes if outcomes is not None else _empty(OUTCOMES, columns)
     retry = retry if retry is not None else _empty(RETRY, ("msg_id",))
+    if outcomes is None:
+        return totals_of(_empty(OUTCOMES, columns), retry), None
     return totals_of(outcomes, retry), pending_retries(outcomes, retry).num_rows
 
 

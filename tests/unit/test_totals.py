@@ -60,7 +60,7 @@ def test_a_hostile_record_yields_no_totals_so_they_are_counted_from_the_tables(t
 
 def test_json_is_compact_and_sorted_with_the_null_group_last() -> None:
     totals = Totals.of([(None, "retry", 1), ("b", "retry", 2), ("a", "acknowledged", 3), ("b", "retry", 0)])
-    assert json.loads(totals.to_json()) == [["a", "acknowledged", 3], ["b", "retry", 2], [None, "retry", 1]]
+    assert totals.to_json() == '[["a","acknowledged",3],["b","retry",2],[null,"retry",1]]'  # a zero is not kept
 
 
 def test_ever_new_or_huge_group_names_stop_the_record_keeping_totals(caplog: pytest.LogCaptureFixture) -> None:
