@@ -171,11 +171,12 @@ def test_one_redrive_id_started_twice_at_once_audits_exactly_what_moved(
     assert sum(int(r[2]) for r in results) == len(messages)  # type: ignore[call-overload]
 
 
-def test_a_redrive_reads_only_the_bodies_it_moves_from_the_files_they_may_be_in(tmp_path: Path) -> None:
-    """A re-drive plans on the DLQ without bodies and reads the bodies of the dead letters it moves
-    only, from the files their group and times may be in (a DLQ of months need not fit in memory).
-    Every dead letter still moves with its own body: chunks that span files, times with microseconds
-    at a file's edge, a dead letter without a time (no file is skipped for it), another group's files."""
+def test_a_redrive_reading_bodies_by_file_moves_each_dead_letter_with_its_own(tmp_path: Path) -> None:
+    """A re-drive plans without bodies and reads the bodies of what it moves from the files their group
+    and times may be in (how much less it reads is measured, bench RESULTS run AN). What this holds:
+    every dead letter still moves with its own body, for chunks that span files, times with
+    microseconds at a file's edge, a dead letter without a time (no file is skipped for it) and
+    another group's files; a bound pruned wrongly fails it (DEAD_LETTER_MISSING)."""
     root = str(tmp_path / "lake")
     config = _config(root)
     path = config.table_path("dlq")
