@@ -1,6 +1,6 @@
 """Cost of ``retry-engine status`` next to just reading the columns it needs.
 
-    python bench/bench_status.py [--outcomes 1000000] [--days 30] [--progress 50000] [--repeat 3]
+    python bench/bench_status.py [--outcomes 1000000] [--days 30] [--progress 50000] [--repeat 3] [--keep DIR]
 
 One synthetic lake (no Spark) of ``--days`` of decisions ending now: ``--outcomes`` outcome rows
 (10 % retries, 2 % dead letters, 4 groups, levels 3..6) appended in 100 files, oldest first, as
@@ -20,7 +20,14 @@ engine records it. Reported side by side, best of ``--repeat``:
     percentiles, dead-letter and outcome counts);
 (c) (b) plus formatting the text output;
 
-and the ratios (b)/(a), (c)/(a), (b)/(e).
+and the ratios (b)/(a), (c)/(a), (b)/(e). Then ``plots``' data (METRICS has a row per batch, group,
+outcome and level, and ``delivered`` rows per batch that released retries, in 100 files):
+
+(p0) every METRICS, retry and DLQ row (``plots --since all``);
+(p1) the last ``--plots-days`` (7) from the record (``plots``' default: the window's METRICS rows
+     anchored on the backlog at the recorded batch, the window's releases and dead letters);
+(p2) the same window from every row (what ``plots`` reads when the record cannot vouch), and
+     whether (p1) and (p2) are the same data; then the charts drawn, all and the window.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from retry_engine.config import EngineConfig, parse_config
 from retry_engine.core.lease import STATE_DIR, BatchRecord, EngineState, Owner
+from retry_engine.ops.plots import PLOT_TABLES, plot_data, read_plot_data, render
 from retry_engine.ops.status import (
     _COLUMNS,
     STATUS_TABLES,
@@ -122,18 +130,26 @@ def build_lake(root: Path, n: int, *, days: float = 30, progress_rows: int = 50_
                 "consumed_at": _ts(decided[mine]),
             }, mine.size), mode="append")
     DeltaTable(str(root / "consume_results")).create_checkpoint()
-    # METRICS: per batch (a second) that decided something, a row per group and outcome, retries per level.
-    batch = decided // 1000
-    keys = pa.table({"batch_id": pa.array(batch), "consumer_group": pa.array(groups), "metric": pa.array(outcome),
-                     "delay_level": pa.array(np.where(is_retry, level, -1), pa.int32())})
+    # METRICS: per batch (a second) that decided something, a row per group and outcome, retries per level;
+    # per batch that released retries, ``delivered`` per group and level. Appended in 100 files, oldest first.
+    delivered_ms = (retry["delivered_at"].cast(pa.int64()).to_numpy() // 1000) - int(T0.timestamp() * 1000)
+    keys = pa.concat_tables([
+        pa.table({"batch_id": pa.array(decided // 1000), "consumer_group": pa.array(groups), "metric": pa.array(outcome),
+                  "delay_level": pa.array(np.where(is_retry, level, -1), pa.int32())}),
+        pa.table({"batch_id": pa.array(delivered_ms // 1000), "consumer_group": pa.array(groups[released]),
+                  "metric": pa.array(["delivered"] * m), "delay_level": pa.array(level[released], pa.int32())}),
+    ])
     counted = keys.group_by(["batch_id", "consumer_group", "metric", "delay_level"]).aggregate([([], "count_all")])
+    counted = counted.sort_by("batch_id")
     c = counted.num_rows
-    write_deltalake(str(root / "metrics"), _fill(METRICS.arrow_schema, {
+    metrics = _fill(METRICS.arrow_schema, {
         "batch_id": counted["batch_id"], "batch_time": _ts(counted["batch_id"].to_numpy() * 1000),
         "consumer_group": counted["consumer_group"], "retry_topic": pa.array(["orders"] * c),
         "delay_level": pc.if_else(pc.equal(counted["delay_level"], -1), None, counted["delay_level"]),
         "metric": counted["metric"], "value": counted["count_all"],
-    }, c))
+    }, c)
+    for part in np.array_split(np.arange(c), 100):
+        write_deltalake(str(root / "metrics"), metrics.take(part), mode="append")
     # One batch a second, the last one just now.
     p = progress_rows
     seconds = np.arange(p) - p + int((dt.datetime.now(dt.UTC) - T0).total_seconds())
@@ -181,10 +197,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--days", type=float, default=30, help="the days the outcomes span, ending now")
     parser.add_argument("--progress", type=int, default=50_000, help="progress rows (one per batch: 86,400 a day at 1 s)")
+    parser.add_argument("--plots-days", type=float, default=7, help="`plots --since`: the window of (p1), (p2)")
+    parser.add_argument("--keep", help="build the lake in this folder and keep it (reused if it holds one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-status-") as tmp:
-        root = Path(tmp)
-        build_lake(root, args.outcomes, days=args.days, progress_rows=args.progress)
+        root = Path(args.keep or tmp)
+        if not (root / "outcomes").exists():
+            build_lake(root, args.outcomes, days=args.days, progress_rows=args.progress)
         config = parse_config({"engine": {"lake": str(root)}})
         every_row = best(lambda: _every_row(root), args.repeat)
         every_outcome = best(lambda: _from_every_row(config), args.repeat)
@@ -202,6 +221,28 @@ def main() -> None:
         print(f"(c) status + format       {formatted:.3f} s   (c)/(a) = {formatted / read:.2f}")
         print(f"status / every row        {summarise / every_row:.2f}")
         print(f"(b)/(e)                   {summarise / every_outcome:.2f}   same status: {same}")
+        _plots(config, args.plots_days, args.repeat)
+
+
+def _plots(config: EngineConfig, days: float, repeat: int) -> None:
+    """``plots``' data: every row, the window from the record, the window from every row; then drawing."""
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(days=days)
+    metrics_rows = DeltaTable(config.table_path("metrics")).to_pyarrow_dataset().count_rows()
+    every = best(lambda: read_plot_data(config, since=None), repeat)
+    window = best(lambda: read_plot_data(config, since=since), repeat)
+    window_every = best(lambda: plot_data(read_tables(config, names=PLOT_TABLES), since), repeat)
+    fast, slow = read_plot_data(config, since=since), plot_data(read_tables(config, names=PLOT_TABLES), since)
+    same = (fast.backlog, fast.dead_letters, sorted(fast.lateness_ms)) == (slow.backlog, slow.dead_letters, sorted(slow.lateness_ms))
+    assert fast.backlog_source.endswith("batch record"), fast.backlog_source
+    with tempfile.TemporaryDirectory(prefix="bench-plots-") as out:
+        draw_all = best(lambda: render(read_plot_data(config, since=None), out), 1)
+        draw_window = best(lambda: render(read_plot_data(config, since=since), out), repeat)
+    print(f"METRICS rows              {metrics_rows:,}")
+    print(f"(p0) plots data, all      {every:.3f} s   (every METRICS, retry and DLQ row)")
+    print(f"(p1) plots data, {days:g} d     {window:.3f} s   (the window's rows, anchored on the batch record)")
+    print(f"(p2) plots data, {days:g} d     {window_every:.3f} s   (every row, folded to the window)   same: {same}")
+    print(f"(p1)/(p0)                 {window / every:.2f}    (p1)/(p2) {window / window_every:.2f}")
+    print(f"plots with drawing        all {draw_all:.3f} s, {days:g} d {draw_window:.3f} s")
 
 
 if __name__ == "__main__":

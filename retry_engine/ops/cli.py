@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
 import os
 import re
@@ -27,6 +28,8 @@ log = logging.getLogger("retry_engine")
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+# `plots`' default window (--since).
+PLOTS_SINCE = "7d"
 # `status` when the engine query is not running and did not stop cleanly (failed, stale,
 # never started), like `systemctl status` for an inactive unit.
 EXIT_NOT_RUNNING = 3
@@ -108,6 +111,12 @@ def _parser() -> argparse.ArgumentParser:
     plots.add_argument("--config")
     plots.add_argument(
         "--out", required=True, help="folder to write the PNG files to (created if missing)"
+    )
+    plots.add_argument(
+        "--since",
+        type=_plot_window,
+        default=_plot_window(PLOTS_SINCE),
+        help=f"draw from this long ago (e.g. 24h, 30d), from an ISO 8601 time, or 'all' (default {PLOTS_SINCE})",
     )
     _add_schema_parser(sub)
     _add_catalog_ddl(sub)
@@ -649,10 +658,33 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK if result.state in ("running", "stopped") else EXIT_NOT_RUNNING
 
 
+def _plot_window(text: str) -> dt.timedelta | dt.datetime | None:
+    """``plots --since``: a duration back from now, a time (UTC if no zone), or ``all`` (None)."""
+    if text == "all":
+        return None
+    match = re.fullmatch(r"([1-9][0-9]{0,8})(m|h|d)", text)
+    if match is not None:
+        unit = {"m": "minutes", "h": "hours", "d": "days"}[match[2]]
+        return dt.timedelta(**{unit: int(match[1])})
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a duration (a whole number of m, h or d: 24h, 30d), an ISO 8601 time, nor 'all'"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
 def _plots(args: argparse.Namespace) -> int:
     from retry_engine.ops.plots import write_plots
 
-    for plot in write_plots(_reading_config(args), args.out):
+    since = args.since
+    if isinstance(since, dt.timedelta):
+        try:
+            since = dt.datetime.now(dt.UTC) - since
+        except OverflowError:  # further back than datetime goes: the whole lake
+            since = None
+    for plot in write_plots(_reading_config(args), args.out, since=since):
         print(f"{plot.name:13} {plot.path}  ({plot.elements} elements, from {plot.source})")
     return EXIT_OK
 

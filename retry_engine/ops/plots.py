@@ -4,10 +4,16 @@
   one line per (group, delay level). From the METRICS table (running sum of
   ``retry`` - ``delivered``) when it has rows, else from the ledger (outcomes
   decided as ``retry`` minus retries released).
-* ``lateness.png``: distribution of ``delivered_at - due_at`` over every
-  released retry, with p50 and p99 marked.
+* ``lateness.png``: distribution of ``delivered_at - due_at`` over the
+  released retries, with p50 and p99 marked.
 * ``dead_letters_by_error_class.png``: dead letters per error class, stacked
   by group.
+
+Each chart covers a window, the last 7 days by default (``--since``; ``all``
+for the lake's whole life): a lake months old holds tens of millions of
+METRICS and ledger rows, and the command reads only the window's
+(:func:`read_plot_data`). The backlog's lines start at the window's start with
+the backlog then, whichever way it is read.
 
 :func:`plot_panels` draws any per-batch series as a grid of line charts (the
 soak benchmark's, ``bench/bench_soak.py``).
@@ -19,6 +25,7 @@ matplotlib runs on the non-interactive Agg backend.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,14 +46,31 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from retry_engine.config import EngineConfig  # noqa: E402
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY  # noqa: E402
 from retry_engine.core.metrics import DELIVERED, nearest_rank  # noqa: E402
-from retry_engine.ops.status import EngineTables, lateness_ms, read_tables  # noqa: E402
+from retry_engine.ops.status import (  # noqa: E402
+    EngineTables,
+    backlog,
+    lateness_ms,
+    pending_retries,
+    pending_window,
+    read_tables,
+    recorded_snapshot,
+    rows_since,
+)
+from retry_engine.schemas import DLQ, METRICS, OUTCOMES, RETRY  # noqa: E402
 
 BACKLOG_FILE = "backlog_by_level.png"
 LATENESS_FILE = "lateness.png"
 DEAD_LETTERS_FILE = "dead_letters_by_error_class.png"
 
 BacklogSource = Literal["metrics", "ledger"]
+# What `plots` reads whole without a window, or where the lake's record cannot vouch for the backlog
+# (plus the outcomes, for a lake without METRICS rows).
+PLOT_TABLES = ("metrics", "retry", "dlq")
+# A line with more points than this is drawn without a marker on each.
+MARKED_POINTS = 500
 DPI = 100
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -68,57 +92,145 @@ class BacklogSeries:
     pending: list[int]
 
 
-def _series_from_changes(changes: list[tuple[dt.datetime, str, int | None, int]]) -> list[BacklogSeries]:
-    """Running sum per (group, level) of signed changes ``(time, group, level, delta)``."""
-    by_key: dict[tuple[str, int | None], list[tuple[dt.datetime, int]]] = {}
-    for time, group, level, delta in changes:
-        by_key.setdefault((group, level), []).append((time, delta))
-    series = []
-    for (group, level), points in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-        points.sort(key=lambda p: p[0])
-        times: list[dt.datetime] = []
-        pending: list[int] = []
-        total = 0
-        for time, delta in points:
-            total += delta
-            if times and times[-1] == time:
-                pending[-1] = total
-            else:
-                times.append(time)
-                pending.append(total)
-        series.append(BacklogSeries(group, level, times, pending))
-    # Carry every line to the last change of any line, so a backlog that is still held shows as held.
-    end = max((s.times[-1] for s in series), default=None)
+# Signed changes of the backlog: at ``time``, ``delta`` retries more (or fewer) pending of (group, level).
+CHANGES = pa.schema(
+    [
+        pa.field("time", pa.timestamp("us", tz="UTC")),
+        pa.field("consumer_group", pa.string()),
+        pa.field("delay_level", pa.int64()),
+        pa.field("delta", pa.int64()),
+    ]
+)
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _changes(time: Any, group: Any, level: Any, delta: Any) -> pa.Table:
+    return pa.table(
+        [
+            pc.cast(time, CHANGES.field("time").type),
+            pc.fill_null(pc.cast(group, pa.string()), ""),
+            pc.cast(level, pa.int64()),
+            pc.cast(delta, pa.int64()),
+        ],
+        schema=CHANGES,
+    )
+
+
+def _series_from_changes(changes: pa.Table) -> list[BacklogSeries]:
+    """Running sum per (group, level) of :data:`CHANGES` rows, one point per distinct time, every line
+    carried to the last change of any line (a backlog that is still held shows as held)."""
+    if changes.num_rows == 0:
+        return []
+    summed = changes.group_by(["consumer_group", "delay_level", "time"], use_threads=False).aggregate(
+        [("delta", "sum")]
+    )
+    groups = summed["consumer_group"].to_numpy(zero_copy_only=False).astype(str)
+    levels = summed["delay_level"]
+    level_null = pc.is_null(levels).to_numpy(zero_copy_only=False)
+    level_key = pc.fill_null(levels, 0).to_numpy(zero_copy_only=False)
+    times = pc.cast(summed["time"], pa.int64()).to_numpy(zero_copy_only=False)
+    names, group_code = np.unique(groups, return_inverse=True)
+    order = np.lexsort((times, level_null, level_key, group_code))
+    group_code, level_key, level_null = group_code[order], level_key[order], level_null[order]
+    deltas = summed["delta_sum"].to_numpy(zero_copy_only=False)[order]
+    # datetimes from microseconds: 5x faster than pyarrow's to_pylist of a zoned column.
+    when = [_EPOCH + dt.timedelta(microseconds=us) for us in times[order].tolist()]
+    starts = np.flatnonzero(
+        np.r_[True, (group_code[1:] != group_code[:-1]) | (level_key[1:] != level_key[:-1]) | (level_null[1:] != level_null[:-1])]
+    )
+    ends = np.r_[starts[1:], len(order)]
+    series = [
+        BacklogSeries(
+            str(names[group_code[a]]),
+            None if level_null[a] else int(level_key[a]),
+            when[a:b],
+            np.cumsum(deltas[a:b]).tolist(),
+        )
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
+    ]
+    end = max(s.times[-1] for s in series)
     for s in series:
-        if end is not None and s.times[-1] < end:
+        if s.times[-1] < end:
             s.times.append(end)
             s.pending.append(s.pending[-1])
     return series
 
 
+def metrics_changes(metrics: pa.Table) -> pa.Table:
+    """:data:`CHANGES` of METRICS rows: + ``retry`` (decided), - ``delivered`` (released), at the batch's time."""
+    rows = metrics.filter(pc.is_in(metrics["metric"], pa.array([OUTCOME_RETRY, DELIVERED])))
+    value = rows["value"].cast(pa.int64())
+    signed = pc.if_else(pc.equal(rows["metric"], OUTCOME_RETRY), value, pc.negate(value))
+    return _changes(rows["batch_time"], rows["consumer_group"], rows["delay_level"], signed)
+
+
+def ledger_changes(outcomes: pa.Table, retry: pa.Table) -> pa.Table:
+    """:data:`CHANGES` of the ledger: +1 when a retry is decided, -1 when it is released."""
+    decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
+    ones = pa.array(np.ones(decided.num_rows, dtype=np.int64))
+    minus = pa.array(-np.ones(retry.num_rows, dtype=np.int64))
+    return pa.concat_tables(
+        [
+            _changes(decided["decided_at"], decided["consumer_group"], decided["delay_level"], ones),
+            _changes(retry["delivered_at"], retry["consumer_group"], retry["delay_level"], minus),
+        ]
+    )
+
+
 def backlog_from_metrics(metrics: pa.Table) -> list[BacklogSeries]:
     """Backlog by (group, level) per batch: running sum of ``retry`` - ``delivered``."""
-    rows = metrics.filter(pc.is_in(metrics["metric"], pa.array([OUTCOME_RETRY, DELIVERED])))
-    changes = [
-        (r["batch_time"], r["consumer_group"] or "", r["delay_level"],
-         int(r["value"]) if r["metric"] == OUTCOME_RETRY else -int(r["value"]))
-        for r in rows.to_pylist()
-    ]
-    return _series_from_changes(changes)
+    return _series_from_changes(metrics_changes(metrics))
 
 
 def backlog_from_ledger(outcomes: pa.Table, retry: pa.Table) -> list[BacklogSeries]:
     """Backlog by (group, level): +1 when a retry is decided, -1 when it is released."""
-    decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
-    changes = [
-        (r["decided_at"], r["consumer_group"] or "", r["delay_level"], 1)
-        for r in decided.select(["decided_at", "consumer_group", "delay_level"]).to_pylist()
-    ]
-    changes += [
-        (r["delivered_at"], r["consumer_group"] or "", r["delay_level"], -1)
-        for r in retry.select(["delivered_at", "consumer_group", "delay_level"]).to_pylist()
-    ]
-    return _series_from_changes(changes)
+    return _series_from_changes(ledger_changes(outcomes, retry))
+
+
+def _key_sums(changes: pa.Table) -> dict[tuple[str, int | None], int]:
+    summed = changes.group_by(["consumer_group", "delay_level"], use_threads=False).aggregate([("delta", "sum")])
+    return {
+        (g, level): int(n)
+        for g, level, n in zip(
+            summed["consumer_group"].to_pylist(), summed["delay_level"].to_pylist(), summed["delta_sum"].to_pylist(),
+            strict=True,
+        )
+    }
+
+
+def _seeded(window: pa.Table, since: dt.datetime, start: dict[tuple[str, int | None], int]) -> pa.Table:
+    """``window`` (changes at or after ``since``) with one change at ``since`` per (group, level) that
+    has a backlog then (``start``) or a change in the window: its backlog at ``since``."""
+    keys = sorted({k for k, n in start.items() if n} | set(_key_sums(window)), key=lambda k: (k[0], k[1] or 0))
+    seeds = _changes(
+        pa.array([since] * len(keys), pa.timestamp("us", tz="UTC")),
+        pa.array([k[0] for k in keys], pa.string()),
+        pa.array([k[1] for k in keys], pa.int64()),
+        pa.array([start.get(k, 0) for k in keys], pa.int64()),
+    )
+    return pa.concat_tables([seeds, window])
+
+
+def backlog_since(changes: pa.Table, since: dt.datetime | None) -> list[BacklogSeries]:
+    """The backlog series of every change (``changes``, from the first), drawn from ``since`` on: the
+    changes before it fold into each line's backlog at ``since``."""
+    if since is None:
+        return _series_from_changes(changes)
+    before = pc.less(changes["time"], pa.scalar(since, CHANGES.field("time").type))
+    return _series_from_changes(_seeded(changes.filter(pc.invert(before)), since, _key_sums(changes.filter(before))))
+
+
+def backlog_anchored(
+    window: pa.Table, since: dt.datetime, pending: dict[tuple[str, int | None], int]
+) -> list[BacklogSeries]:
+    """The backlog series from ``since`` on, from the changes at or after it (``window``) and the backlog
+    at their end (``pending``, per (group, level)): what :func:`backlog_since` draws from every change,
+    without reading the changes before ``since``."""
+    moved = _key_sums(window)
+    start = {k: pending.get(k, 0) - moved.get(k, 0) for k in set(pending) | set(moved)}
+    return _series_from_changes(_seeded(window, since, start))
 
 
 def dead_letters_by_class(dlq: pa.Table) -> dict[str, dict[str, int]]:
@@ -141,13 +253,14 @@ def _save(fig: Figure, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_backlog(series: list[BacklogSeries], path: Path) -> int:
+def plot_backlog(series: list[BacklogSeries], path: Path, since: str = "") -> int:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     drawn = 0
     for s in series:
         label = f"{s.consumer_group} level {s.delay_level if s.delay_level is not None else '-'}"
         naive_utc = [t.astimezone(dt.UTC).replace(tzinfo=None) for t in s.times]
-        ax.step(np.array(naive_utc, dtype="datetime64[ms]"), s.pending, where="post", label=label, marker=".")
+        marker = "." if len(s.times) <= MARKED_POINTS else None
+        ax.step(np.array(naive_utc, dtype="datetime64[ms]"), s.pending, where="post", label=label, marker=marker)
         drawn += 1
     if drawn:
         top = max(max(s.pending) for s in series)
@@ -156,7 +269,7 @@ def plot_backlog(series: list[BacklogSeries], path: Path) -> int:
         fig.autofmt_xdate()
     else:
         _no_data(ax, "retries")
-    ax.set_title("Schedule backlog by delay level")
+    ax.set_title(f"Schedule backlog by delay level{since}")
     ax.set_xlabel("time (UTC)")
     ax.set_ylabel("retries pending")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -164,7 +277,7 @@ def plot_backlog(series: list[BacklogSeries], path: Path) -> int:
     return drawn
 
 
-def plot_lateness(values: np.ndarray[Any, Any], path: Path) -> int:
+def plot_lateness(values: np.ndarray[Any, Any], path: Path, since: str = "") -> int:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     drawn = 0
     if values.size:
@@ -178,14 +291,14 @@ def plot_lateness(values: np.ndarray[Any, Any], path: Path) -> int:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     else:
         _no_data(ax, "released retries")
-    ax.set_title(f"Delivery lateness (delivered_at - due_at), {values.size:,} retries")
+    ax.set_title(f"Delivery lateness (delivered_at - due_at), {values.size:,} retries{since}")
     ax.set_xlabel("ms after due time")
     ax.set_ylabel("retries")
     _save(fig, path)
     return drawn
 
 
-def plot_dead_letters(by_class: dict[str, dict[str, int]], path: Path) -> int:
+def plot_dead_letters(by_class: dict[str, dict[str, int]], path: Path, since: str = "") -> int:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     drawn = 0
     classes = sorted(by_class, key=lambda c: (-sum(by_class[c].values()), c))
@@ -205,7 +318,7 @@ def plot_dead_letters(by_class: dict[str, dict[str, int]], path: Path) -> int:
             ax.text(total, y, f" {int(total)}", va="center")
     else:
         _no_data(ax, "dead letters")
-    ax.set_title("Dead letters by error class")
+    ax.set_title(f"Dead letters by error class{since}")
     ax.set_xlabel("dead letters")
     _save(fig, path)
     return drawn
@@ -254,26 +367,106 @@ def plot_panels(panels: Sequence[Panel], path: Path, *, title: str, xlabel: str 
     return drawn
 
 
-def render(lake: EngineTables, out_dir: str | os.PathLike[str]) -> list[Plot]:
+@dataclass(frozen=True)
+class PlotData:
+    """What the three charts draw, from ``since`` on (None: from the lake's first batch)."""
+
+    since: dt.datetime | None
+    backlog: list[BacklogSeries]
+    backlog_source: str
+    lateness_ms: np.ndarray[Any, Any]
+    dead_letters: dict[str, dict[str, int]]
+
+
+def plot_data(lake: EngineTables, since: dt.datetime | None = None) -> PlotData:
+    """The charts' data from tables read whole (:func:`~retry_engine.ops.status.read_tables`)."""
+    source: BacklogSource = "metrics" if lake.metrics.num_rows else "ledger"
+    changes = metrics_changes(lake.metrics) if source == "metrics" else ledger_changes(lake.outcomes, lake.retry)
+    retry, dlq = lake.retry, lake.dlq
+    if since is not None:
+        retry = retry.filter(pc.greater_equal(retry["delivered_at"], pa.scalar(since, retry.schema.field("delivered_at").type)))
+        dlq = dlq.filter(pc.greater_equal(dlq["dead_lettered_at"], pa.scalar(since, dlq.schema.field("dead_lettered_at").type)))
+    return PlotData(
+        since,
+        backlog_since(changes, since),
+        "metrics" if source == "metrics" else "outcomes+retry",
+        _lateness_values(retry),
+        dead_letters_by_class(dlq),
+    )
+
+
+def _lateness_values(retry: pa.Table) -> np.ndarray[Any, Any]:
+    released = retry.filter(pc.is_valid(retry["delivered_at"]))
+    return lateness_ms(released).to_numpy(zero_copy_only=False) if released.num_rows else np.array([])
+
+
+def _recorded_backlog(config: EngineConfig, since: dt.datetime, now: dt.datetime) -> list[BacklogSeries] | None:
+    """The backlog from ``since`` on without reading what came before it: the METRICS rows from
+    ``since`` on, anchored on the retries pending at the lake's recorded batch (``status``'s own
+    window, :func:`~retry_engine.ops.status.recorded_snapshot`), both of that batch. None when the
+    record cannot vouch for it (see ``status``; also without METRICS rows of that batch)."""
+    try:
+        found = recorded_snapshot(config, metrics=True)
+        if found is None:
+            return None
+        record, snapshot = found
+        window = pending_window(config, record, snapshot, now)
+        if window is None:
+            return None
+        pending = {(e.consumer_group, e.delay_level): e.pending for e in backlog(pending_retries(*window))}
+        metrics = rows_since(config, METRICS.name, "batch_time", since, table=snapshot[METRICS.name])
+        return backlog_anchored(metrics_changes(metrics), since, pending)
+    except Exception as exc:  # noqa: BLE001 - a shortcut only: whatever stops it, every row is read
+        log.warning("plots: the lake's batch record could not be used (%s: %s); reading every METRICS row",
+                    type(exc).__name__, exc)
+        return None
+
+
+def read_plot_data(config: EngineConfig, *, since: dt.datetime | None, now: dt.datetime | None = None) -> PlotData:
+    """The charts' data of the lake from ``since`` on (None: everything).
+
+    With ``since``, only rows from ``since`` on are read (files pruned by their statistics): the retries
+    released and the dead letters since then, and the METRICS rows since then, anchored on the backlog
+    at the lake's recorded batch (:func:`_recorded_backlog`). Where the record cannot vouch for that
+    backlog, every METRICS row (or, without any, every outcome) is read, as without ``since``, and
+    what came before ``since`` folds into the lines' start: both ways draw the same lines.
+    """
+    now = now or dt.datetime.now(dt.UTC)
+    if since is not None:
+        series = _recorded_backlog(config, since, now)
+        if series is not None:
+            retry = rows_since(config, RETRY.name, "delivered_at", since)
+            dlq = rows_since(config, DLQ.name, "dead_lettered_at", since)
+            return PlotData(
+                since, series, "metrics, from the lake's batch record", _lateness_values(retry), dead_letters_by_class(dlq)
+            )
+    lake = read_tables(config, names=PLOT_TABLES)
+    if lake.metrics.num_rows == 0:  # a native Delta engine writes none: the backlog comes from the ledger
+        given = {name: getattr(lake, name) for name in PLOT_TABLES}
+        lake = read_tables(config, names=(*PLOT_TABLES, OUTCOMES.name), given=given)
+    return plot_data(lake, since)
+
+
+def render(lake: EngineTables | PlotData, out_dir: str | os.PathLike[str]) -> list[Plot]:
     """Write the three charts of ``lake`` into ``out_dir`` (created if missing)."""
+    data = lake if isinstance(lake, PlotData) else plot_data(lake)
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    source: BacklogSource = "metrics" if lake.metrics.num_rows else "ledger"
-    series = backlog_from_metrics(lake.metrics) if source == "metrics" else backlog_from_ledger(lake.outcomes, lake.retry)
-    values = lateness_ms(lake.retry).to_numpy(zero_copy_only=False) if lake.retry.num_rows else np.array([])
-    plots = [
-        Plot("backlog", folder / BACKLOG_FILE, plot_backlog(series, folder / BACKLOG_FILE), "metrics" if source == "metrics" else "outcomes+retry"),
-        Plot("lateness", folder / LATENESS_FILE, plot_lateness(values, folder / LATENESS_FILE), "retry table"),
+    since = "" if data.since is None else f", since {data.since.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC"
+    return [
+        Plot("backlog", folder / BACKLOG_FILE, plot_backlog(data.backlog, folder / BACKLOG_FILE, since), data.backlog_source),
+        Plot("lateness", folder / LATENESS_FILE, plot_lateness(data.lateness_ms, folder / LATENESS_FILE, since), "retry table"),
         Plot(
             "dead_letters",
             folder / DEAD_LETTERS_FILE,
-            plot_dead_letters(dead_letters_by_class(lake.dlq), folder / DEAD_LETTERS_FILE),
+            plot_dead_letters(data.dead_letters, folder / DEAD_LETTERS_FILE, since),
             "dlq table",
         ),
     ]
-    return plots
 
 
-def write_plots(config: EngineConfig, out_dir: str | os.PathLike[str]) -> list[Plot]:
-    """Read the engine's tables and write the charts into ``out_dir``."""
-    return render(read_tables(config), out_dir)
+def write_plots(
+    config: EngineConfig, out_dir: str | os.PathLike[str], *, since: dt.datetime | None = None
+) -> list[Plot]:
+    """Read the engine's tables (from ``since`` on; None: all) and write the charts into ``out_dir``."""
+    return render(read_plot_data(config, since=since), out_dir)

@@ -85,7 +85,8 @@ _COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
     ),
     "retry": (RETRY, ("msg_id", "consumer_group", "delay_level", "due_at", "delivered_at")),
     "dlq": (DLQ, ("consumer_group", "reason_code", "error_class", "dead_lettered_at")),
-    "metrics": (METRICS, tuple(METRICS.names)),
+    # The plots' backlog: the signed counts per batch time, group and level.
+    "metrics": (METRICS, ("batch_time", "consumer_group", "delay_level", "metric", "value")),
     # Counted per group (:func:`_results_by_group`): what consumers wrote is never read whole.
     "consume_results": (CONSUME_RESULTS, ("consumer_group",)),
 }
@@ -798,6 +799,23 @@ def _recorded_tables(config: EngineConfig, now: dt.datetime) -> Recorded | None:
 
 
 def _recorded_window(config: EngineConfig, now: dt.datetime) -> Recorded | None:
+    found = recorded_snapshot(config)
+    if found is None:
+        return None
+    record, snapshot = found
+    window = pending_window(config, record, snapshot, now)
+    if window is None or record.totals is None:
+        return None
+    return Recorded(record.totals, *window)
+
+
+def recorded_snapshot(
+    config: EngineConfig, *, metrics: bool = False
+) -> tuple[BatchRecord, dict[str, Any]] | None:
+    """The lake's batch record with totals, and the outcome and retry tables (``metrics``: and the
+    METRICS table) opened at its batch (:func:`_holds_through`); None when there is no such record or
+    the tables keep moving past it. Tables that do not exist are None in the snapshot."""
+    names = (OUTCOMES.name, RETRY.name, *((METRICS.name,) if metrics else ()))
     for attempt in range(SNAPSHOT_TRIES):
         if attempt:
             time.sleep(SNAPSHOT_PAUSE_S)
@@ -811,7 +829,7 @@ def _recorded_window(config: EngineConfig, now: dt.datetime) -> Recorded | None:
             or state.owner.query_id != record.query_id
         ):
             return None
-        snapshot = {name: open_table(config.table_path(name)) for name in (OUTCOMES.name, RETRY.name)}
+        snapshot = {name: open_table(config.table_path(name)) for name in names}
         # The same record after the tables were opened: no engine (this one, or another that took the
         # lake over, whose batches carry another query id) recorded a batch in between.
         again = read_state(config.engine.lake)
@@ -819,19 +837,28 @@ def _recorded_window(config: EngineConfig, now: dt.datetime) -> Recorded | None:
             again is not None
             and again.epoch == state.epoch
             and again.last_batch == record
-            and all(_holds_through(record, name, table) for name, table in snapshot.items())
+            and all(_holds_through(record, name, snapshot[name]) for name in (OUTCOMES.name, RETRY.name))
+            and (not metrics or _metrics_through(record, snapshot[METRICS.name]))
         ):
-            break
-    else:
-        log.info("status: the tables kept moving past the lake's batch record; reading every outcome")
-        return None
+            return record, snapshot
+    log.info("status: the tables kept moving past the lake's batch record; reading every outcome")
+    return None
+
+
+def pending_window(
+    config: EngineConfig, record: BatchRecord, snapshot: Mapping[str, Any], now: dt.datetime
+) -> tuple[pa.Table, pa.Table] | None:
+    """The outcome and retry rows of ``snapshot`` (:func:`recorded_snapshot`) that hold every retry
+    pending at the recorded batch: those due within a window of ``now`` widened until it holds as many
+    as the record counts (see :func:`_recorded_tables`), the retry rows also those delivered within
+    :data:`LATENESS_WINDOW`. None when no window does."""
     window = PENDING_WINDOW
     for _ in range(WINDOW_TRIES):
         since = now - window
         outcomes = _retries_decided(config, snapshot[OUTCOMES.name], since)
         retry = _retry_rows(config, snapshot[RETRY.name], since, now - LATENESS_WINDOW)
         if pending_retries(outcomes, retry).num_rows == record.pending_retries:
-            return Recorded(record.totals, outcomes, retry)
+            return outcomes, retry
         window *= WINDOW_GROWTH
     log.info(
         "status: the lake's outcomes due in the last %d days hold other pending retries than its batch "
@@ -847,6 +874,19 @@ def _holds_through(record: BatchRecord, name: str, table: Any) -> bool:
     if version is not None and version > record.batch_id:
         return False
     return not record.files.get(name) or version == record.batch_id
+
+
+def _metrics_through(record: BatchRecord, table: Any) -> bool:
+    """Whether the METRICS snapshot ``table`` holds the counts of the recorded batch and no later batch
+    of its query. A batch that wrote outcome or retry rows appends METRICS rows (it counted them) after
+    its record, so its transaction must be there; a batch that wrote neither may have appended none."""
+    if table is None:
+        return False
+    version = table.transaction_version(record.query_id)
+    if version is not None and version > record.batch_id:
+        return False
+    wrote = bool(record.files.get(OUTCOMES.name) or record.files.get(RETRY.name))
+    return version == record.batch_id or not wrote
 
 
 def _since(dataset: ds.Dataset, column: str, since: dt.datetime) -> pc.Expression:
@@ -876,6 +916,20 @@ def _retry_rows(config: EngineConfig, table: Any, since: dt.datetime, delivered_
     )
     rows = _since(dataset, "due_at", since) | _since(dataset, "delivered_at", delivered_since)
     return _columns_of(table, config.table_path(RETRY.name), table_def, columns, dataset=dataset, rows=rows)
+
+
+def rows_since(config: EngineConfig, name: str, column: str, since: dt.datetime, *, table: Any = None) -> pa.Table:
+    """What status and plots read of the table ``name`` (its :data:`_COLUMNS`), of the rows whose
+    ``column`` is at or after ``since``: only the files whose statistics may hold one, then the row
+    groups, then the rows. ``table``: a snapshot already open (else the table's latest version); no
+    table is an empty one."""
+    table_def, columns = _COLUMNS[name]
+    path = config.table_path(name)
+    delta = table if table is not None else open_table(path)
+    if delta is None:
+        return _empty(table_def, columns)
+    dataset = delta.to_pyarrow_dataset(file_pruning_predicate=[(column, ">=", since - STATS_SLACK)])
+    return _columns_of(delta, path, table_def, columns, dataset=dataset, rows=_since(dataset, column, since))
 
 
 # -- output ---------------------------------------------------------------------

@@ -31,7 +31,7 @@ from retry_engine.core import engine
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.delta import read_query_id
 from retry_engine.errors import SchemaMismatchError
-from retry_engine.ops import monitor, status
+from retry_engine.ops import monitor, plots, status
 from retry_engine.ops.cli import EXIT_OK, main
 from retry_engine.ops.plots import (
     BACKLOG_FILE,
@@ -263,6 +263,69 @@ def test_plots_command_writes_three_non_trivial_pngs(run: Run, tmp_path: Path, c
     assert plots["lateness"].elements >= 1
     # Bars: IllegalStateException/G, InvalidOrder/strict, RuntimeException/G.
     assert plots["dead_letters"].elements == 3
+
+
+def test_plots_since_reads_its_window_and_draws_what_every_row_draws(run: Run, tmp_path: Path) -> None:
+    """#14 (reads that get slower with the lake's age): ``plots --since`` reads the METRICS rows of its
+    window only, anchored on the backlog at the lake's recorded batch, and the retries released and
+    dead letters of the window. It draws what the METRICS table read whole draws from the window's
+    start; a record that cannot vouch for the backlog (METRICS past it) makes it read every row."""
+    config = run.lake.config
+    metrics = DeltaTable(run.lake.path("metrics")).to_pyarrow_table()
+    released = min(m["batch_time"] for m in metrics.to_pylist() if m["metric"] == "delivered")
+    whole = read_tables(config)
+    for since in (min(metrics["batch_time"].to_pylist()) - dt.timedelta(seconds=1), released - dt.timedelta(milliseconds=1)):
+        fast = plots.read_plot_data(config, since=since)
+        assert fast.backlog_source == "metrics, from the lake's batch record", since
+        every = plots.plot_data(whole, since)
+        assert (fast.backlog, fast.dead_letters) == (every.backlog, every.dead_letters), since
+        assert sorted(fast.lateness_ms) == sorted(every.lateness_ms), since
+        lines = {(s.consumer_group, s.delay_level): s for s in fast.backlog}
+        assert set(lines) == {("G", 3), ("slow", 3)} and lines["G", 3].pending[-1] == 0
+        assert lines["slow", 3].pending[-1] == 2 and all(t >= since for s in fast.backlog for t in s.times)
+        assert all(line.times[0] == since for line in fast.backlog)
+    # From just before the releasing batch: the retries decided before it are held at the start, G's then released.
+    assert (lines["G", 3].pending[0], lines["slow", 3].pending) == (3, [2] * len(lines["slow", 3].pending))
+    earliest = plots.read_plot_data(config, since=min(metrics["batch_time"].to_pylist()) - dt.timedelta(seconds=1))
+    assert len(earliest.lateness_ms) == 3 and sum(sum(g.values()) for g in earliest.dead_letters.values()) == 5
+    # Nothing before it: the whole history, from a start at 0.
+    assert [(s.times[1:], s.pending[1:]) for s in earliest.backlog] == [
+        (s.times, s.pending) for s in plots.backlog_from_metrics(metrics)
+    ]
+    assert {s.pending[0] for s in earliest.backlog} == {0}
+    later = plots.read_plot_data(config, since=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    assert [(s.consumer_group, s.pending) for s in later.backlog] == [("slow", [2])]  # held, nothing else
+    assert later.lateness_ms.size == 0 and later.dead_letters == {}
+
+    root = tmp_path / "lake"
+    shutil.copytree(run.lake.root, root, ignore=shutil.ignore_patterns("_checkpoints"))
+    lake = Lake.make(root)
+    state = DeltaTable(str(root / "_engine_state")).to_pyarrow_table().to_pylist()[0]
+    write_deltalake(
+        str(root / "metrics"), metrics.slice(0, 1), mode="append",
+        commit_properties=CommitProperties(app_transactions=[Transaction(state["batch_query_id"], state["batch_id"] + 1)]),
+    )
+    assert status.recorded_snapshot(lake.config, metrics=True) is None
+    assert status.recorded_snapshot(lake.config) is not None  # status itself still may use the record
+    moved = plots.read_plot_data(lake.config, since=released)
+    assert moved.backlog_source == "metrics"
+    assert moved.backlog == plots.plot_data(read_tables(lake.config), released).backlog
+
+    # METRICS behind the record: a batch recorded with outcome rows whose METRICS rows (appended after
+    # the record) are not there yet. The record is not used for the backlog; every row is read.
+    behind = tmp_path / "behind"
+    shutil.copytree(run.lake.root, behind, ignore=shutil.ignore_patterns("_checkpoints"))
+    lake = Lake.make(behind)
+    outcomes = DeltaTable(str(behind / "outcomes")).to_pyarrow_table()
+    acked = outcomes.filter(pa.compute.equal(outcomes["outcome"], "acknowledged")).slice(0, 1)
+    write_deltalake(
+        str(behind / "outcomes"), acked, mode="append",
+        commit_properties=CommitProperties(app_transactions=[Transaction(state["batch_query_id"], state["batch_id"] + 1)]),
+    )
+    _with_record(behind, lambda r: r | {"batch_id": r["batch_id"] + 1, "batch_files": '{"outcomes": [{"path": "x"}]}'})
+    assert status.recorded_snapshot(lake.config) is not None
+    assert status.recorded_snapshot(lake.config, metrics=True) is None
+    assert plots.read_plot_data(lake.config, since=released).backlog_source == "metrics"
 
 
 def test_a_query_that_fails_to_start_leaves_no_listener(spark: Any, tmp_path: Path) -> None:

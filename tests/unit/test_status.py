@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from deltalake import write_deltalake
@@ -16,7 +18,14 @@ from retry_engine.config import load_config, parse_config
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
 from retry_engine.ops.monitor import lifecycle_row
-from retry_engine.ops.plots import backlog_from_ledger, backlog_from_metrics, dead_letters_by_class
+from retry_engine.ops.plots import (
+    CHANGES,
+    backlog_anchored,
+    backlog_from_ledger,
+    backlog_from_metrics,
+    backlog_since,
+    dead_letters_by_class,
+)
 from retry_engine.ops.status import (
     _COLUMNS,
     RESULTS_BY_GROUP,
@@ -416,6 +425,74 @@ def test_backlog_series_are_carried_to_the_last_change_of_any_series() -> None:
     retry = released(("r1", "G", 3, T, T + ms(300)))
     g, h = backlog_from_ledger(outcomes, retry)
     assert (g.pending, h.pending) == ([1, 0], [1, 1]) and h.times == [T, T + ms(300)]
+
+
+def _random_changes(seed: int, n: int = 400) -> pa.Table:
+    """Backlog changes of 3 groups x 3 levels (one of them null) at 60 distinct times, several at a time."""
+    rng = np.random.default_rng(seed)
+    levels = [3, 4, None]
+    return pa.table(
+        {
+            "time": [T + ms(1_000 * int(t)) for t in rng.integers(0, 60, n)],
+            "consumer_group": [f"g{int(g)}" for g in rng.integers(0, 3, n)],
+            "delay_level": [levels[int(i)] for i in rng.integers(0, 3, n)],
+            "delta": rng.integers(-3, 5, n).tolist(),
+        },
+        schema=CHANGES,
+    )
+
+
+def _value_at(series: Any, when: dt.datetime) -> int:
+    """A step line's value at ``when`` (0 before its first point)."""
+    value = 0
+    for t, v in zip(series.times, series.pending, strict=True):
+        if t > when:
+            break
+        value = v
+    return value
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_backlog_window_draws_what_the_whole_history_draws_from_its_start(seed: int) -> None:
+    """#14 (reads that get slower with age): ``plots --since`` folds the changes before the window into
+    each line's start, and without reading them (anchored on the backlog at the end) draws the same."""
+    changes = _random_changes(seed)
+    whole = {(s.consumer_group, s.delay_level): s for s in backlog_since(changes, None)}
+    since = T + ms(25_500)
+    windowed = backlog_since(changes, since)
+    for line in windowed:
+        full = whole[(line.consumer_group, line.delay_level)]
+        assert line.times[0] == since and line.pending[0] == _value_at(full, since)
+        assert all(t >= since for t in line.times)
+        for t, v in zip(line.times, line.pending, strict=True):
+            assert v == _value_at(full, t), (line.consumer_group, line.delay_level, t)
+    # Every line with a backlog at the window's start or a change in it, and no other.
+    late = changes.filter(pc.greater_equal(changes["time"], pa.scalar(since, CHANGES.field("time").type)))
+    changed = set(zip(late["consumer_group"].to_pylist(), late["delay_level"].to_pylist(), strict=True))
+    held = {k for k, line in whole.items() if _value_at(line, since)}
+    assert {(line.consumer_group, line.delay_level) for line in windowed} == changed | held
+    end = {k: line.pending[-1] for k, line in whole.items()}
+    assert backlog_anchored(late, since, end) == windowed
+
+
+@pytest.mark.parametrize("since", ["0d", "-1d", "7w", "1.5d", "d", "7 d", "1000000000d", "yesterday", "", "2026-13-01"])
+def test_plots_since_refuses_what_is_no_window(since: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as usage:
+        main(["plots", "--out", "png", f"--since={since}"])
+    assert usage.value.code == EXIT_USAGE
+    assert "neither a duration" in capsys.readouterr().err
+
+
+def test_plots_since_further_back_than_time_goes_is_the_whole_lake(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lake = Lake.make(tmp_path / "lake")
+    write_deltalake(lake.path("dlq"), DLQ.arrow_schema.empty_table())  # an engine table: the lake is found
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[engine]\nlake = "{lake.root}"\n')
+    for since in ("999999999d", "all", "2026-11-01", "2026-11-01T00:00:00+05:00"):
+        assert main(["plots", "--config", str(conf), "--out", str(tmp_path / "png"), "--since", since]) == 0, since
+        assert "dead_letters_by_error_class.png" in capsys.readouterr().out
 
 
 # -- output ---------------------------------------------------------------------------
