@@ -31,7 +31,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupStateTimeout
 
 from retry_engine.config import EngineConfig
-from retry_engine.core import at_exit, resume
+from retry_engine.core import at_exit, checkpoint_lake, resume
 from retry_engine.core._parked import ParkedStore
 from retry_engine.core._state_splits import current_batch_id
 from retry_engine.core.decide import BATCH_TS, POSITION, Decider, check_input_schema
@@ -454,6 +454,8 @@ def start(
     # Spark writes the checkpoint through Hadoop, not delta-rs: refuse a scheme it lacks up front.
     storage.require_checkpoint_filesystem(spark, checkpoint)
     storage.use_filesystem_checkpoints_on_local_disk(spark, checkpoint)
+    # Before the checkpoint or the lake is written to: a checkpoint of another lake is refused.
+    recorded_lake = checkpoint_lake.check(config)
     fresh = resume.is_fresh(checkpoint)
     app_id = ensure_query_id(checkpoint)
     lease = LakeLease(
@@ -464,6 +466,7 @@ def start(
     with step("lease"):
         before = lease.acquire(take_over=take_over)
     try:
+        checkpoint_lake.record(config, recorded_lake)
         if native or writer is not None:
             # Its batches are recorded nowhere (a custom writer's, or Delta's own), so neither are their counts.
             lease.forget_totals()

@@ -27,10 +27,10 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
-from retry_engine.core import engine
+from retry_engine.core import checkpoint_lake, engine
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.delta import read_query_id
-from retry_engine.errors import SchemaMismatchError
+from retry_engine.errors import LakeResumeError, SchemaMismatchError
 from retry_engine.ops import monitor, plots, status
 from retry_engine.ops.cli import EXIT_OK, main
 from retry_engine.ops.plots import (
@@ -326,6 +326,28 @@ def test_plots_since_reads_its_window_and_draws_what_every_row_draws(run: Run, t
     assert status.recorded_snapshot(lake.config) is not None
     assert status.recorded_snapshot(lake.config, metrics=True) is None
     assert plots.read_plot_data(lake.config, since=released).backlog_source == "metrics"
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_an_engine_on_another_lakes_checkpoint_refuses_to_start_and_writes_nothing(
+    run: Run, spark: Any, tmp_path: Path
+) -> None:
+    """A second engine (a config copied with only the lake changed, B8): started on the checkpoint the
+    run's engine recorded its lake in, it stops before it takes a lease or touches the checkpoint."""
+    run_checkpoint = run.lake.config.checkpoint_path
+    checkpoint = Path(run_checkpoint)
+    recorded = checkpoint_lake.read(run_checkpoint)
+    assert recorded == checkpoint_lake.CheckpointLake(checkpoint_lake.lake_id(str(run.lake.root)) or "", str(run.lake.root))
+    before = _files(checkpoint)
+    other = Lake.make(tmp_path / "other", engine={"checkpoint": run_checkpoint})
+    other.write_results([Result.of("B1").failed()])
+    with pytest.raises(LakeResumeError, match=r"\[CHECKPOINT_OF_ANOTHER_LAKE\] the checkpoint .* runs the lake at "):
+        engine.start(spark, other.config)
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["consume_results"]  # no lease, no table
+    assert _files(checkpoint) == before
 
 
 def test_a_query_that_fails_to_start_leaves_no_listener(spark: Any, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from retry_engine.core import checkpoint_lake
 from retry_engine.ops import status
 from retry_engine.ops.cli import EXIT_OK, main
 from tests.builders import Result
@@ -102,6 +103,14 @@ def test_the_first_run_after_the_upgrade_releases_what_fell_due_without_new_resu
     }
     assert {r["msg_id"] for r in first["retry"]} - {r["msg_id"] for r in before["retry"]} == waiting
     assert len(first["outcomes"]) == len(before["outcomes"])
+
+
+def test_the_old_checkpoint_records_its_lake_at_the_first_start(upgraded: dict[str, Any]) -> None:
+    """B8: a checkpoint of a release that did not record its lake gains the record at its first start, so
+    another lake given it is refused from then on (tests/unit/test_checkpoint_lake.py)."""
+    lake = upgraded["lake"]
+    recorded = checkpoint_lake.read(Lake.make(lake).config.checkpoint_path)
+    assert recorded == checkpoint_lake.CheckpointLake(checkpoint_lake.lake_id(str(lake)) or "", str(lake))
 
 
 def test_every_result_old_and_new_is_decided_exactly_once(upgraded: dict[str, Any]) -> None:

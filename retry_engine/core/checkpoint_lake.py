@@ -1,0 +1,132 @@
+"""Which lake a checkpoint runs: ``<checkpoint>/retry_engine_lake.json``.
+
+A Spark checkpoint holds one lake's progress: the offsets of that lake's
+consume_results, the retries pending in its schedule state, its resume point.
+Two lakes configured with one ``engine.checkpoint`` (a config copied with only
+the lake changed) would run one lake's progress on the other's tables: the
+second engine starts from the first's offsets, so it skips or reads again its
+own consume results, and releases the first lake's retries into its own retry
+table; both running at once write one checkpoint from two processes, which
+Spark does not guard against. The lease fences engines per lake, not per
+checkpoint.
+
+So the first start on a checkpoint records the lake it runs: the id of the
+lake's ``_engine_state`` table (its Delta table id, which a copied or moved
+lake keeps) and where the lake was (for messages). Every later start checks
+it before it takes the lease or writes anything, and refuses another lake
+with ``CHECKPOINT_OF_ANOTHER_LAKE``. A checkpoint of an earlier release (no
+file) is recorded at its next start. A file that cannot be read is refused
+(``CHECKPOINT_LAKE_FILE_INVALID``) rather than rewritten: it is what tells
+the lakes apart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Final
+
+from retry_engine.config import EngineConfig
+from retry_engine.core.lease import state_path
+from retry_engine.delta._checkpoint import checkpoint_filesystem
+from retry_engine.delta.tables import open_table
+from retry_engine.errors import LakeResumeError
+
+log = logging.getLogger(__name__)
+
+LAKE_FILE: Final = "retry_engine_lake.json"
+# A Delta table id is a UUID; anything much longer is not one.
+_MAX_TEXT: Final = 4_096
+
+
+@dataclass(frozen=True)
+class CheckpointLake:
+    """The lake a checkpoint runs: its ``_engine_state`` table id, and where it was when last started."""
+
+    lake_id: str
+    lake: str
+
+    def to_json(self) -> str:
+        return json.dumps({"lake_id": self.lake_id, "lake": self.lake}) + "\n"
+
+
+def lake_id(lake: str) -> str | None:
+    """The id of ``lake``'s ``_engine_state`` table; None before an engine first started on it."""
+    table = open_table(state_path(lake))
+    return None if table is None else str(table.metadata().id)
+
+
+def read(checkpoint: str) -> CheckpointLake | None:
+    """The lake ``checkpoint`` records, None when it records none (new, or of an earlier release)."""
+    fs, root = checkpoint_filesystem(checkpoint)
+    path = f"{root}/{LAKE_FILE}"
+    try:
+        with fs.open_input_stream(path) as stream:
+            raw = stream.read(_MAX_TEXT + 1)
+    except FileNotFoundError:
+        return None
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        value = None
+    if (
+        len(raw) > _MAX_TEXT
+        or not isinstance(value, dict)
+        or not all(isinstance(value.get(k), str) and value[k] for k in ("lake_id", "lake"))
+    ):
+        raise LakeResumeError(
+            f"{path} holds {raw[:200]!r}; expected {{\"lake_id\": \"<id of the lake's _engine_state table>\", "
+            "\"lake\": \"<where the lake is>\"}. It says which lake this checkpoint runs: restore it from a "
+            "backup of the checkpoint, or, if you are sure the checkpoint is this lake's, delete it (the next "
+            "start records the lake again)",
+            code="CHECKPOINT_LAKE_FILE_INVALID",
+        )
+    return CheckpointLake(value["lake_id"], value["lake"])
+
+
+def check(config: EngineConfig) -> CheckpointLake | None:
+    """What the checkpoint records, after checking that it is ``config``'s lake
+    (:class:`~retry_engine.errors.LakeResumeError` ``CHECKPOINT_OF_ANOTHER_LAKE`` if not)."""
+    checkpoint, lake = config.checkpoint_path, config.engine.lake
+    recorded = read(checkpoint)
+    if recorded is None:
+        return None
+    found = lake_id(lake)
+    if found != recorded.lake_id:
+        this = "has no engine state yet" if found is None else f"is lake {found}"
+        raise LakeResumeError(
+            f"the checkpoint {checkpoint} runs the lake at {recorded.lake} (lake {recorded.lake_id}), but this "
+            f"engine's lake {lake} {this}: resuming it would read this lake's consume results from the other "
+            "lake's offsets and release the other lake's retries here. Give each lake its own engine.checkpoint "
+            "(a new checkpoint resumes after the lake's last batch)",
+            code="CHECKPOINT_OF_ANOTHER_LAKE",
+        )
+    return recorded
+
+
+def record(config: EngineConfig, recorded: CheckpointLake | None) -> None:
+    """Record ``config``'s lake in its checkpoint unless ``recorded`` (from :func:`check`) says it already.
+
+    Called under the lease, once the lake's ``_engine_state`` table exists. Written aside and
+    renamed: a start killed mid-write leaves the file whole or absent."""
+    lake = config.engine.lake
+    found = lake_id(lake)
+    if found is None or recorded == CheckpointLake(found, lake):
+        return
+    fs, root = checkpoint_filesystem(config.checkpoint_path)
+    fs.create_dir(root, recursive=True)
+    path = f"{root}/{LAKE_FILE}"
+    partial = f"{path}.{uuid.uuid4().hex}.tmp"
+    with fs.open_output_stream(partial) as stream:
+        stream.write(CheckpointLake(found, lake).to_json().encode("utf-8"))
+    try:
+        fs.move(partial, path)
+    except OSError:  # stores whose rename does not replace a file
+        fs.delete_file(path)
+        fs.move(partial, path)
+    log.info("checkpoint %s runs the lake %s (lake %s)", config.checkpoint_path, lake, found)
+
+
+__all__ = ["LAKE_FILE", "CheckpointLake", "check", "lake_id", "read", "record"]
