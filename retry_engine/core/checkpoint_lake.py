@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Final
+
+import pyarrow.fs as pafs
 
 from retry_engine.config import EngineConfig
 from retry_engine.core.lease import state_path
@@ -37,6 +40,7 @@ from retry_engine.errors import LakeResumeError
 log = logging.getLogger(__name__)
 
 LAKE_FILE: Final = "retry_engine_lake.json"
+_PART: Final = re.compile(re.escape(LAKE_FILE) + r"\.[0-9a-f]{32}\.tmp")
 # A Delta table id is a UUID; anything much longer is not one.
 _MAX_TEXT: Final = 4_096
 
@@ -116,6 +120,10 @@ def record(config: EngineConfig, recorded: CheckpointLake | None) -> None:
     if found is None or recorded == CheckpointLake(found, lake):
         return
     fs, root = checkpoint_filesystem(config.checkpoint_path)
+    # A start killed between writing aside and renaming left its part; only the lease holder is here.
+    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        if info.type == pafs.FileType.File and _PART.fullmatch(info.base_name):
+            fs.delete_file(info.path)
     fs.create_dir(root, recursive=True)
     path = f"{root}/{LAKE_FILE}"
     partial = f"{path}.{uuid.uuid4().hex}.tmp"

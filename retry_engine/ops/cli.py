@@ -20,6 +20,7 @@ from retry_engine.ops.terms import SCHEMA_FORMATS
 
 if TYPE_CHECKING:
     from retry_engine.config import EngineConfig
+    from retry_engine.core.standby import Standby
     from retry_engine.core.startup import Startup
     from retry_engine.ops.stopping import StopSignals
 
@@ -477,7 +478,22 @@ def standby_poll_s(config: EngineConfig) -> float:
 def _run_restarting(
     spark: Any, config: EngineConfig, args: argparse.Namespace, startup: Startup, signals: StopSignals
 ) -> tuple[int, list[tuple[str, Any]]]:
-    """:func:`_run_until_stopped`'s loop: its exit code and the lines to print once the session is stopped."""
+    """:func:`_run_until_stopped`'s loop: its exit code and the lines to print once the session is stopped.
+    A standby's note on the lake (:mod:`retry_engine.core.standby`) is deleted whichever way it ends."""
+    from retry_engine.core.standby import Standby
+
+    note = Standby(config.engine.lake, config.checkpoint_path, standby_poll_s(config)) if args.standby else None
+    try:
+        return _restarting(spark, config, args, startup, signals, note)
+    finally:
+        if note is not None:
+            note.gone()
+
+
+def _restarting(
+    spark: Any, config: EngineConfig, args: argparse.Namespace, startup: Startup, signals: StopSignals,
+    note: Standby | None,
+) -> tuple[int, list[tuple[str, Any]]]:
     from retry_engine.core import engine
     from retry_engine.errors import LakeOwnedError, StorageError
     from retry_engine.ops.status import failure_reason
@@ -501,6 +517,8 @@ def _run_restarting(
             if not standing_by:
                 print(f"retry-engine: standing by: {exc}", file=sys.stderr, flush=True)
                 standing_by = True
+            if note is not None:
+                note.seen()  # `status` lists the standby while it polls
             in_a_row = 0  # the store answered
             if signals.wait(standby_poll_s(config)):
                 return _stopped_by(signals, config)
@@ -510,6 +528,8 @@ def _run_restarting(
                 raise  # the first start: a store that is misconfigured, not one that went away
             reason = str(exc)
         else:
+            if note is not None:
+                note.gone()
             if not started:
                 print(_running_line(config, args.config, query_id=str(query.id)), flush=True)
                 started = True

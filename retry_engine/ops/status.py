@@ -36,6 +36,7 @@ from retry_engine.core.decide import cast_column
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.lease import BatchRecord, read_state
 from retry_engine.core.metrics import DELIVERED, nearest_rank
+from retry_engine.core.standby import StandbyEntry, standbys
 from retry_engine.core.totals import COUNTED, Totals
 from retry_engine.delta.storage import is_remote
 from retry_engine.delta.tables import STATS_SLACK, open_table, table_arrow_schema
@@ -397,6 +398,8 @@ class Status:
     failures_24h: int = 0
     last_failure_at: dt.datetime | None = None
     last_failure: str | None = None
+    # Engines standing by for the lake's lease (`run --standby`), from their notes on the lake.
+    standbys: list[StandbyEntry] = dataclasses.field(default_factory=list)
 
 
 def stale_after_ms(
@@ -754,12 +757,22 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
         names=STATUS_TABLES,
         given=None if recorded is None else {"outcomes": recorded.outcomes, "retry": recorded.retry},
     )
-    return summarise(
+    summary = summarise(
         lake if recorded is None else dataclasses.replace(lake, totals=recorded.totals),
         now=now,
         trigger_interval_ms=config.trigger_interval_ms,
         flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),
     )
+    return dataclasses.replace(summary, standbys=_standbys(config, now))
+
+
+def _standbys(config: EngineConfig, now: dt.datetime) -> list[StandbyEntry]:
+    """The lake's standby notes; none, with a warning, when the store does not list them."""
+    try:
+        return standbys(config.engine.lake, now=now)
+    except Exception as exc:  # noqa: BLE001 - a note for operators: status goes on without it
+        log.warning("status: the standby notes on %s could not be read: %s", config.engine.lake, exc)
+        return []
 
 
 @dataclass(frozen=True)
@@ -969,6 +982,7 @@ def format_status(status: Status) -> str:
             f"failures    {status.failures_24h} in the last 24 h (`run` restarts a failed query); "
             f"the last at {_iso(status.last_failure_at)}: {status.last_failure}"
         )
+    lines += [_standby_line(e, status.checked_at) for e in status.standbys]
     batch = status.last_batch
     if batch is None:
         lines.append("last batch  -")
@@ -1025,6 +1039,18 @@ def format_status(status: Status) -> str:
             ],
         )
     return "\n".join(lines) + "\n"
+
+
+def _standby_line(entry: StandbyEntry, now: dt.datetime) -> str:
+    note = entry.note
+    if note is None:
+        return f"standby     {entry.file}: unreadable ({entry.problem})"
+    seen = max(0, int((now - note.seen_at).total_seconds()))
+    state = "polling the lease" if entry.live else "stale: gone without a word?"
+    return (
+        f"standby     {note.host} pid {note.pid}, waiting since {_iso(note.since)}, last seen {seen} s ago "
+        f"({state}), checkpoint {note.checkpoint}"
+    )
 
 
 def _format_lag(entries: list[LagEntry]) -> list[str]:

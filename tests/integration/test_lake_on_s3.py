@@ -43,6 +43,7 @@ from retry_engine.core.lease import read_state, state_path
 from retry_engine.delta import storage
 from retry_engine.delta.tables import read_table
 from retry_engine.errors import ConfigError, StorageError
+from retry_engine.ops import plots
 from retry_engine.ops import status as status_of
 from retry_engine.ops.cli import EXIT_OK, main
 from tests.lakehouse import FAST_LEVELS, wait_for
@@ -268,6 +269,13 @@ def test_status_dlq_and_redrive_commands_work_against_s3(run: Run) -> None:
         trigger_interval_ms=run.config.trigger_interval_ms, flush_interval_ms=parse_duration_ms(run.config.engine.progress_flush_interval),
     )
     assert dataclasses.replace(status_of.status(run.config, now=now), checked_at=now) == dataclasses.replace(everything, checked_at=now)
+    # `plots`' window (#14): METRICS read at the recorded batch from S3, the same lines as every row's.
+    since = now - dt.timedelta(hours=1)
+    window = plots.read_plot_data(run.config, since=since, now=now)
+    assert window.backlog_source == "metrics, from the lake's batch record"
+    every = plots.plot_data(status_of.read_tables(run.config, names=plots.PLOT_TABLES), since)
+    assert (window.backlog, window.dead_letters) == (every.backlog, every.dead_letters) and window.backlog
+    assert sorted(window.lateness_ms) == sorted(every.lateness_ms)
 
 
 def test_the_secret_key_is_in_no_log_output_table_or_checkpoint(run: Run) -> None:

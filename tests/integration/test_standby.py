@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from retry_engine.ops.status import status
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
 
@@ -67,6 +68,9 @@ def test_a_standby_engine_takes_over_when_the_running_one_dies(tmp_path: Path) -
         wait_for(lambda: "standing by: [LAKE_OWNED]" in log_b.read_text(), timeout=120, what=f"B stands by\n{context()}")
         time.sleep(1)
         assert b.poll() is None and RUNNING not in log_b.read_text(), context()
+        # `status` shows the standby (its note on the lake) while it polls.
+        (waiting,) = status(lake.config).standbys
+        assert waiting.live and waiting.note is not None and waiting.note.pid == b.pid, waiting
 
         second = [Result.of(f"z-{i}").failed() for i in range(6)]
         lake.write_results(second)
@@ -74,6 +78,7 @@ def test_a_standby_engine_takes_over_when_the_running_one_dies(tmp_path: Path) -
         _kill_group(a)  # A dies, maybe inside the batch deciding `second`
 
         wait_for(lambda: RUNNING in log_b.read_text(), timeout=60, what=f"B takes over\n{context()}")
+        assert status(lake.config).standbys == []  # it deleted its note when it took the lake over
         wait_for(lambda: len(lake.rows("outcomes")) >= 14, timeout=120, what=f"B decides the rest\n{context()}")
         time.sleep(1)  # a replay that wrongly decided something twice would show now
         decided = Counter(o["result_id"] for o in lake.rows("outcomes"))

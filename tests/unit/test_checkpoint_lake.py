@@ -64,9 +64,15 @@ def test_a_moved_lake_keeps_its_checkpoint_and_the_record_follows_it(tmp_path: P
 def test_a_checkpoint_of_an_earlier_release_is_recorded_at_its_next_start(tmp_path: Path) -> None:
     config = _lake(tmp_path / "lake", tmp_path / "ckpt")
     (tmp_path / "ckpt").mkdir()
+    # What a start killed between writing aside and renaming leaves, and a file that only looks like it.
+    part = tmp_path / "ckpt" / f"{checkpoint_lake.LAKE_FILE}.{'a' * 32}.tmp"
+    part.write_text('{"lake_id": "half')
+    other = tmp_path / "ckpt" / f"{checkpoint_lake.LAKE_FILE}.not-a-part.tmp"
+    other.write_text("kept")
     assert checkpoint_lake.read(config.checkpoint_path) is None
     _started(config)
     assert checkpoint_lake.read(config.checkpoint_path) is not None
+    assert not part.exists() and other.read_text() == "kept"
 
 
 @pytest.mark.parametrize(

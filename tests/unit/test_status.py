@@ -15,6 +15,7 @@ import pytest
 from deltalake import write_deltalake
 
 from retry_engine.config import load_config, parse_config
+from retry_engine.core.standby import StandbyEntry, StandbyNote
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
 from retry_engine.ops.monitor import lifecycle_row
@@ -529,6 +530,11 @@ def sample_status() -> Status:
         failures_24h=2,
         last_failure_at=T + ms(400),
         last_failure="OSError: Generic S3 error: Connection reset by peer (os error 104)",
+        standbys=[
+            StandbyEntry("host-b-4242.json", StandbyNote("host-b", 4242, "hdfs://nn/ckpt/engine", T - ms(60_000), T + ms(1_000), 5.0), True),
+            StandbyEntry("host-c-17.json", StandbyNote("host-c", 17, "hdfs://nn/ckpt/engine", T - ms(90_000), T - ms(30_000), 5.0), False),
+            StandbyEntry("junk.json", None, False, "a JSON list, not an object"),
+        ],
     )
 
 
