@@ -18,7 +18,8 @@ A few dead letters out of a big DLQ instead: builds a DLQ of ``--rows`` dead let
 of ``--body-bytes`` over 20 days in 100 files under ``DIR`` (once; kept for the next run), then
 re-drives ``--select`` of them (``--force``, so every run moves them again) and prints the time
 and this process's peak RSS. Run it once per release being compared, on the same ``DIR``
-(``PYTHONPATH`` at the other release's checkout).
+(``PYTHONPATH`` at the other release's checkout). ``--window-hours H`` plans (a dry run) the
+re-drive of the group's last ``H`` hours instead: a selection by time.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def best(repeat: int, setup: Callable[[], Path], run: Callable[[Path], None]) ->
     return min(times)
 
 
-def selected(lake: Path, rows: int, body_bytes: int, select: int) -> None:
-    """Re-drive ``select`` dead letters of a DLQ of ``rows`` (built under ``lake`` if missing)."""
+def selected(lake: Path, rows: int, body_bytes: int, select: int, window_hours: float | None = None) -> None:
+    """Re-drive ``select`` dead letters of a DLQ of ``rows`` (built under ``lake`` if missing); with
+    ``window_hours``, plan instead (a dry run) the re-drive of one group's last ``window_hours``."""
     if not (lake / "dlq").exists():
         for n, part in enumerate(range(0, rows, -(-rows // 100))):
             chunk = dlq_rows(min(-(-rows // 100), rows - part))
@@ -92,14 +94,20 @@ def selected(lake: Path, rows: int, body_bytes: int, select: int) -> None:
             )
             write_deltalake(str(lake / "dlq"), chunk, mode="append", partition_by=["consumer_group"])
     config = parse_config({"engine": {"lake": str(lake)}})
-    ids = tuple(f"{i:032X}" for i in range(rows // 2, rows // 2 + select))
     start = time.perf_counter()
-    report = redrive(config, Selection(ids=ids), target="topic", force=True, operator="bench")
+    if window_hours is None:
+        ids = tuple(f"{i:032X}" for i in range(rows // 2, rows // 2 + select))
+        report = redrive(config, Selection(ids=ids), target="topic", force=True, operator="bench")
+        what = f"re-drive of {select}"
+        if report.moved != select:
+            raise SystemExit(f"moved {report.moved} of {select}")
+    else:
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(hours=window_hours)
+        report = redrive(config, Selection(group="group_0", since=since), target="topic", force=True, dry_run=True)
+        what = f"plan (dry run) of the last {window_hours:g} h ({report.matched:,} dead letters)"
     seconds = time.perf_counter() - start
-    if report.moved != select:
-        raise SystemExit(f"moved {report.moved} of {select}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"re-drive of {select} of {rows:,} dead letters ({body_bytes} B bodies): {seconds:.2f} s, peak RSS {peak:,.0f} MB")
+    print(f"{what} of {rows:,} dead letters ({body_bytes} B bodies): {seconds:.2f} s, peak RSS {peak:,.0f} MB")
 
 
 def main() -> None:
@@ -110,11 +118,12 @@ def main() -> None:
     parser.add_argument("--select", type=int, help="re-drive this many dead letters of a DLQ of --rows under --lake")
     parser.add_argument("--lake", type=Path, help="where --select builds (or finds) its DLQ")
     parser.add_argument("--body-bytes", type=int, default=1024)
+    parser.add_argument("--window-hours", type=float, help="with --select: plan the re-drive of the last this many hours instead")
     args = parser.parse_args()
     if args.select is not None:
         if args.lake is None:
             parser.error("--select needs --lake")
-        selected(args.lake, args.rows, args.body_bytes, args.select)
+        selected(args.lake, args.rows, args.body_bytes, args.select, args.window_hours)
         return
     source = dlq_rows(args.rows)
     base = Path(tempfile.mkdtemp(prefix="bench-redrive-"))

@@ -304,12 +304,21 @@ def read_dlq(
     resolved = resolve_version(path, version=version, as_of=as_of)
     if open_table(path) is None:
         return schema.empty_table().select(columns)
-    # The group is the partition column: only its files are read.
-    filters = None
+    # Only the files the selection may match: the group's (the partition column), and those whose
+    # dead_lettered_at statistics overlap since/until (kept to the millisecond: STATS_SLACK); within
+    # them, Parquet's row-group statistics. The selection's mask decides on the rows.
+    files: list[tuple[str, str, Any]] = []
+    bounds = pc.scalar(True)
     if selection is not None and selection.group is not None:
-        filters = [("consumer_group", "=", selection.group)]
-    rows = pa.table(open_delta(path, version=resolved).to_pyarrow_table(columns=read, filters=filters))
-    rows = rows.select(read).cast(schema)
+        files.append(("consumer_group", "=", selection.group))
+    if selection is not None and selection.since is not None:
+        files.append(("dead_lettered_at", ">=", selection.since - STATS_SLACK))
+        bounds = bounds & (pc.field("dead_lettered_at") >= pa.scalar(selection.since, DLQ["dead_lettered_at"].type))
+    if selection is not None and selection.until is not None:
+        files.append(("dead_lettered_at", "<=", selection.until + STATS_SLACK))
+        bounds = bounds & (pc.field("dead_lettered_at") < pa.scalar(selection.until, DLQ["dead_lettered_at"].type))
+    dataset = open_delta(path, version=resolved).to_pyarrow_dataset(file_pruning_predicate=files or None)
+    rows = dataset.to_table(columns=read, filter=bounds).select(read).cast(schema)
     if selection is not None:
         rows = rows.filter(selection.mask(rows))
     return rows.select(columns)

@@ -263,8 +263,8 @@ class _Plan:
     skipped: int
     resolved: int
     total: int
-    everything: pa.Table
-    """Every dead letter's :data:`~retry_engine.clients.dlq.LIGHT_COLUMNS` (no body), at ``dlq_version``."""
+    matched_rows: pa.Table
+    """The matched dead letters' :data:`~retry_engine.clients.dlq.LIGHT_COLUMNS` (no body), at ``dlq_version``."""
     dlq_version: int | None
     moved_before: int
     """Messages of this re-drive that earlier runs moved."""
@@ -507,17 +507,13 @@ def _plan(
     # Bodies only of the dead letters being moved (_dead_letters): a DLQ of months does not have to
     # fit in memory for a re-drive of a few of its messages.
     dlq_at = table_version(config.table_path("dlq"))
-    everything = (
-        read_dlq(config, version=dlq_at, columns=LIGHT_COLUMNS)
-        if dlq_at is not None
-        # No DLQ when the plan looked: nothing to plan, even if one appears before the read.
-        else pa.schema([DLQ.arrow_schema.field(c) for c in LIGHT_COLUMNS]).empty_table()
-    )
-    # selection=None (resume): nothing new is planned, only the pending chunks move.
+    # Of the DLQ, the light columns of the dead letters the selection matches, read from the files its
+    # group and time bounds may be in. No DLQ when the plan looked: nothing to plan, even if one
+    # appears before the read. selection=None (resume): nothing new is planned, only pending chunks move.
     matched = (
-        everything.filter(selection.mask(everything))
-        if selection is not None
-        else everything.slice(0, 0)
+        read_dlq(config, selection, version=dlq_at, columns=LIGHT_COLUMNS)
+        if dlq_at is not None and selection is not None
+        else pa.schema([DLQ.arrow_schema.field(c) for c in LIGHT_COLUMNS]).empty_table()
     )
 
     # What is left to plan: matched, not in this re-drive, not resolved (ever), and not moved by
@@ -595,7 +591,7 @@ def _plan(
         skipped=skipped,
         resolved=sum(1 for i in ids if i in resolved and i not in seen_here),
         total=sum(c.num_rows for c, _ in chunks),
-        everything=everything,
+        matched_rows=matched,
         dlq_version=dlq_at,
         moved_before=mine.num_rows - pending.num_rows,
     )
@@ -743,10 +739,23 @@ def _dead_letters(config: EngineConfig, plan: _Plan, chunks: list[pa.Table]) -> 
     one read of the files they may be in, keeping only their rows."""
     if not chunks:
         return {}
-    needed = pa.concat_tables([c.select(["dlq_msg_id"]) for c in chunks]).column("dlq_msg_id")
-    named = plan.everything.filter(pc.is_in(plan.everything.column("msg_id"), needed.combine_chunks()))
-    rows = dead_letters_named(config, named, version=plan.dlq_version)
-    return {row["msg_id"]: row for row in rows.to_pylist()}
+    needed = pa.concat_tables([c.select(["dlq_msg_id", "consumer_group"]) for c in chunks])
+    known = plan.matched_rows.filter(pc.is_in(plan.matched_rows.column("msg_id"), needed.column("dlq_msg_id").combine_chunks()))
+    # Chunks claimed by an earlier run that this plan's selection did not match (a resume plans
+    # none): found by their audit rows' group alone, without the time that prunes the others' files.
+    rest = needed.filter(pc.invert(pc.is_in(needed.column("dlq_msg_id"), known.column("msg_id").combine_chunks())))
+    unknown = pa.table(
+        {
+            "msg_id": rest.column("dlq_msg_id"),
+            "consumer_group": rest.column("consumer_group"),
+            "dead_lettered_at": pa.nulls(rest.num_rows, DLQ["dead_lettered_at"].type),
+        }
+    )
+    rows = [
+        *dead_letters_named(config, known, version=plan.dlq_version).to_pylist(),
+        *dead_letters_named(config, unknown, version=plan.dlq_version).to_pylist(),
+    ]
+    return {row["msg_id"]: row for row in rows}
 
 
 def _messages(

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from retry_engine.clients.dlq import PROP_REDRIVE_FROM, PROP_REDRIVE_ID, Selection
+from retry_engine.clients.dlq import PROP_REDRIVE_FROM, PROP_REDRIVE_ID, Selection, read_dlq
 from retry_engine.config import EngineConfig, parse_config
 from retry_engine.delta import append_arrow
 from retry_engine.errors import RedriveError
@@ -197,3 +197,25 @@ def test_a_redrive_reading_bodies_by_file_moves_each_dead_letter_with_its_own(tm
     report = redrive.redrive(config, Selection(ids=("DLQ-011",)), target="topic", operator="t")
     assert report.moved == 1
     assert {m["props"][PROP_REDRIVE_FROM]: m["body"] for m in _moved_messages(root)}["DLQ-011"] == b"order-11"
+    # A re-drive plans on what its selection's group and time bounds may match (file and row-group
+    # statistics), not the whole DLQ's light columns: the same dead letters as the mask over every row,
+    # at microsecond edges (since inclusive, until exclusive) within one file and across files.
+    everything = read_dlq(config)
+    edge = T0 + day
+    for selection in (
+        Selection(group="billing", since=edge + dt.timedelta(microseconds=6), until=edge + dt.timedelta(microseconds=8)),
+        Selection(since=T0 + dt.timedelta(seconds=2, microseconds=999)),
+        Selection(until=T0 + dt.timedelta(seconds=1, microseconds=999)),
+        Selection(until=T0 + dt.timedelta(seconds=1, microseconds=1_000)),
+        Selection(group="search", since=T0),
+        Selection(since=edge + dt.timedelta(microseconds=8), until=edge + dt.timedelta(microseconds=9)),
+        Selection(since=edge + dt.timedelta(days=1)),
+    ):
+        pruned = read_dlq(config, selection).column("msg_id").to_pylist()
+        assert sorted(pruned) == sorted(everything.filter(selection.mask(everything)).column("msg_id").to_pylist()), selection
+    between = Selection(group="billing", since=edge + dt.timedelta(microseconds=6), until=edge + dt.timedelta(microseconds=8))
+    assert sorted(read_dlq(config, between).column("msg_id").to_pylist()) == ["DLQ-006", "DLQ-007"]
+    report = redrive.redrive(config, between, target="topic", operator="t", force=True)
+    assert (report.matched, report.moved) == (2, 2)
+    bodies = [m for m in _moved_messages(root) if m["props"].get(PROP_REDRIVE_ID) == report.redrive_id]
+    assert sorted(m["body"] for m in bodies) == [b"order-6", b"order-7"]
