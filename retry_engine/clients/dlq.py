@@ -39,7 +39,7 @@ from retry_engine.core.names import (
     validate_topic,
 )
 from retry_engine.delta.storage import open_delta, spark_options
-from retry_engine.delta.tables import STATS_SLACK, open_table
+from retry_engine.delta.tables import open_table, stats_from, stats_until
 from retry_engine.errors import SelectionError
 from retry_engine.ops.audit import (
     AUDIT_TABLE,
@@ -305,17 +305,17 @@ def read_dlq(
     if open_table(path) is None:
         return schema.empty_table().select(columns)
     # Only the files the selection may match: the group's (the partition column), and those whose
-    # dead_lettered_at statistics overlap since/until (kept to the millisecond: STATS_SLACK); within
+    # dead_lettered_at statistics overlap since/until (kept to the millisecond: stats_from, stats_until); within
     # them, Parquet's row-group statistics. The selection's mask decides on the rows.
     files: list[tuple[str, str, Any]] = []
     bounds = pc.scalar(True)
     if selection is not None and selection.group is not None:
         files.append(("consumer_group", "=", selection.group))
     if selection is not None and selection.since is not None:
-        files.append(("dead_lettered_at", ">=", selection.since - STATS_SLACK))
+        files.append(("dead_lettered_at", ">=", stats_from(selection.since)))
         bounds = bounds & (pc.field("dead_lettered_at") >= pa.scalar(selection.since, DLQ["dead_lettered_at"].type))
     if selection is not None and selection.until is not None:
-        files.append(("dead_lettered_at", "<=", selection.until + STATS_SLACK))
+        files.append(("dead_lettered_at", "<=", stats_until(selection.until)))
         bounds = bounds & (pc.field("dead_lettered_at") < pa.scalar(selection.until, DLQ["dead_lettered_at"].type))
     dataset = open_delta(path, version=resolved).to_pyarrow_dataset(file_pruning_predicate=files or None)
     rows = dataset.to_table(columns=read, filter=bounds).select(read).cast(schema)
@@ -336,8 +336,8 @@ def dead_letters_named(config: EngineConfig, named: pa.Table, *, version: int | 
     files: list[tuple[str, str, Any]] = []
     if at.null_count == 0:
         files += [
-            ("dead_lettered_at", ">=", pc.min(at).as_py() - STATS_SLACK),
-            ("dead_lettered_at", "<=", pc.max(at).as_py() + STATS_SLACK),
+            ("dead_lettered_at", ">=", stats_from(pc.min(at).as_py())),
+            ("dead_lettered_at", "<=", stats_until(pc.max(at).as_py())),
         ]
     if groups and named.column("consumer_group").null_count == 0:
         files.append(("consumer_group", "in", groups))

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Final
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 
 LAKE_FILE: Final = "retry_engine_lake.json"
 _PART: Final = re.compile(re.escape(LAKE_FILE) + r"\.[0-9a-f]{32}\.tmp")
+# How old a part must be to be a killed start's, not one being written.
+PART_AGE_S: Final = 600
 # A Delta table id is a UUID; anything much longer is not one.
 _MAX_TEXT: Final = 4_096
 
@@ -113,28 +117,57 @@ def check(config: EngineConfig) -> CheckpointLake | None:
 def record(config: EngineConfig, recorded: CheckpointLake | None) -> None:
     """Record ``config``'s lake in its checkpoint unless ``recorded`` (from :func:`check`) says it already.
 
-    Called under the lease, once the lake's ``_engine_state`` table exists. Written aside and
-    renamed: a start killed mid-write leaves the file whole or absent."""
+    Called once the lake's ``_engine_state`` table exists (under this lake's lease; an engine of another
+    lake may be at the same step on the same new checkpoint). A new record is created only where there
+    is none (an atomic link on a local disk; elsewhere a look first), then read back: of two lakes
+    starting at once on one new checkpoint, the one whose record is there goes on and the other is
+    refused (``CHECKPOINT_OF_ANOTHER_LAKE``). Written aside, then linked or renamed: a start killed
+    mid-write leaves the file whole or absent."""
     lake = config.engine.lake
     found = lake_id(lake)
     if found is None or recorded == CheckpointLake(found, lake):
         return
     fs, root = checkpoint_filesystem(config.checkpoint_path)
-    # A start killed between writing aside and renaming left its part; only the lease holder is here.
-    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
-        if info.type == pafs.FileType.File and _PART.fullmatch(info.base_name):
-            fs.delete_file(info.path)
     fs.create_dir(root, recursive=True)
+    _remove_old_parts(fs, root)
     path = f"{root}/{LAKE_FILE}"
     partial = f"{path}.{uuid.uuid4().hex}.tmp"
     with fs.open_output_stream(partial) as stream:
         stream.write(CheckpointLake(found, lake).to_json().encode("utf-8"))
+    if recorded is not None:  # this lake, moved: its new place replaces the old one
+        _replace(fs, partial, path)
+    elif isinstance(fs, pafs.LocalFileSystem):
+        try:
+            os.link(partial, path)  # fails if another start recorded a lake in between
+        except FileExistsError:
+            pass
+        finally:
+            fs.delete_file(partial)
+    elif fs.get_file_info(path).type == pafs.FileType.NotFound:
+        _replace(fs, partial, path)
+    else:
+        fs.delete_file(partial)
+    if check(config) is None:  # raises if another lake's start recorded its own first
+        raise LakeResumeError(f"{path} was not written", code="CHECKPOINT_LAKE_FILE_INVALID")
+    log.info("checkpoint %s runs the lake %s (lake %s)", config.checkpoint_path, lake, found)
+
+
+def _replace(fs: pafs.FileSystem, partial: str, path: str) -> None:
     try:
         fs.move(partial, path)
     except OSError:  # stores whose rename does not replace a file
         fs.delete_file(path)
         fs.move(partial, path)
-    log.info("checkpoint %s runs the lake %s (lake %s)", config.checkpoint_path, lake, found)
+
+
+def _remove_old_parts(fs: pafs.FileSystem, root: str) -> None:
+    """Delete the parts a start killed between writing aside and renaming left, once they are older than
+    any start in progress could be (another lake's engine may be writing its own right now)."""
+    now = time.time()
+    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        old = info.mtime is not None and now - info.mtime.timestamp() > PART_AGE_S
+        if info.type == pafs.FileType.File and _PART.fullmatch(info.base_name) and old:
+            fs.delete_file(info.path)
 
 
 __all__ = ["LAKE_FILE", "CheckpointLake", "check", "lake_id", "read", "record"]

@@ -7,7 +7,7 @@ standby writes a small note on the lake's store every time it tries the
 lease (every 1-5 s), and deletes it when it takes the lake over or stops.
 ``status`` lists the notes: a note not renewed within three polls (and 10 s
 of clock slack) belongs to a standby that died without a word (SIGKILL, a
-lost host) and shows as ``stale``. A note that cannot be read (bad bytes,
+lost host) or cannot reach the lake, and shows as ``stale``. A note that cannot be read (bad bytes,
 another shape) is shown as unreadable, never fatal: status reads what
 anyone may have written there.
 """
@@ -120,9 +120,8 @@ class StandbyEntry:
 
 
 def _folder(lake: str) -> tuple[pafs.FileSystem, str]:
-    if storage.is_remote(lake):
-        return storage.filesystem(f"{lake.rstrip('/')}/{STANDBY_DIR}")
-    return pafs.LocalFileSystem(), os.path.join(os.path.abspath(lake), STANDBY_DIR)
+    """The notes' folder on the lake's store (a local path or ``file:`` URI, or an object store)."""
+    return storage.filesystem(f"{lake.rstrip('/')}/{STANDBY_DIR}")
 
 
 def _join(root: str, name: str) -> str:
@@ -147,8 +146,12 @@ class Standby:
             fs, root = _folder(self.lake)
             if not self.written:
                 fs.create_dir(root, recursive=True)
-            with fs.open_output_stream(_join(root, self.note.name)) as stream:
+            # Written aside and renamed over the last one: a `status` in between reads the whole note.
+            # The part is named for this process, so a standby killed mid-write leaves one at most.
+            part = _join(root, f".{self.note.name}.tmp")
+            with fs.open_output_stream(part) as stream:
                 stream.write(self.note.to_json().encode("utf-8"))
+            fs.move(part, _join(root, self.note.name))
             self.written = True
         except Exception as exc:  # noqa: BLE001 - only a note for operators
             log.warning("standby: could not write its note on the lake %s: %s", self.lake, exc)

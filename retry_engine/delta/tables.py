@@ -37,6 +37,18 @@ log = logging.getLogger(__name__)
 STATS_SLACK = dt.timedelta(milliseconds=1)
 
 
+def stats_from(when: dt.datetime) -> dt.datetime:
+    """``when`` widened down by :data:`STATS_SLACK` for a pruning predicate (``>=``), never past the
+    first date a datetime holds (a bound from outside may be year 1)."""
+    return when - STATS_SLACK if when - dt.datetime.min.replace(tzinfo=when.tzinfo) >= STATS_SLACK else when
+
+
+def stats_until(when: dt.datetime) -> dt.datetime:
+    """``when`` widened up by :data:`STATS_SLACK` for a pruning predicate (``<=``), never past the last
+    date a datetime holds."""
+    return when + STATS_SLACK if dt.datetime.max.replace(tzinfo=when.tzinfo) - when >= STATS_SLACK else when
+
+
 def open_table(path: str) -> DeltaTable | None:
     """The table at ``path`` (a folder or URI, with its storage options), or None if there is none."""
     try:

@@ -688,11 +688,12 @@ def _plot_window(text: str) -> dt.timedelta | dt.datetime | None:
         return dt.timedelta(**{unit: int(match[1])})
     try:
         value = dt.datetime.fromisoformat(text)
-    except ValueError:
+        return value.astimezone(dt.UTC) if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    except (ValueError, OverflowError):  # OverflowError: a zone that moves it past year 1 or 9999
         raise argparse.ArgumentTypeError(
-            f"{text!r} is neither a duration (a whole number of m, h or d: 24h, 30d), an ISO 8601 time, nor 'all'"
+            f"{text!r} is neither a duration (a whole number of m, h or d: 24h, 30d), an ISO 8601 time "
+            "(within years 1-9999 in UTC), nor 'all'"
         ) from None
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
 def _plots(args: argparse.Namespace) -> int:

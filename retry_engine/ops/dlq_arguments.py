@@ -183,9 +183,11 @@ def _format(parser: argparse.ArgumentParser) -> None:
 def _timestamp(text: str) -> dt.datetime:
     try:
         value = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-22T12:00:00Z)") from None
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC) if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    except (ValueError, OverflowError):  # OverflowError: a zone that moves it past year 1 or 9999
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 time within years 1-9999 in UTC (e.g. 2026-11-22T12:00:00Z)"
+        ) from None
 
 
 def _positive_int(text: str) -> int:

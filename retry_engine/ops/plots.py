@@ -432,6 +432,8 @@ def read_plot_data(config: EngineConfig, *, since: dt.datetime | None, now: dt.d
     what came before ``since`` folds into the lines' start: both ways draw the same lines.
     """
     now = now or dt.datetime.now(dt.UTC)
+    if since is not None and since.tzinfo is None:
+        since = since.replace(tzinfo=dt.UTC)  # as the command line reads a time without a zone
     if since is not None:
         series = _recorded_backlog(config, since, now)
         if series is not None:

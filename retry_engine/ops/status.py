@@ -39,7 +39,7 @@ from retry_engine.core.metrics import DELIVERED, nearest_rank
 from retry_engine.core.standby import StandbyEntry, standbys
 from retry_engine.core.totals import COUNTED, Totals
 from retry_engine.delta.storage import is_remote
-from retry_engine.delta.tables import STATS_SLACK, open_table, table_arrow_schema
+from retry_engine.delta.tables import open_table, stats_from, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.terms import (
     FINISHED,
@@ -829,6 +829,7 @@ def recorded_snapshot(
     METRICS table) opened at its batch (:func:`_holds_through`); None when there is no such record or
     the tables keep moving past it. Tables that do not exist are None in the snapshot."""
     names = (OUTCOMES.name, RETRY.name, *((METRICS.name,) if metrics else ()))
+    held = False
     for attempt in range(SNAPSHOT_TRIES):
         if attempt:
             time.sleep(SNAPSHOT_PAUSE_S)
@@ -846,15 +847,18 @@ def recorded_snapshot(
         # The same record after the tables were opened: no engine (this one, or another that took the
         # lake over, whose batches carry another query id) recorded a batch in between.
         again = read_state(config.engine.lake)
-        if (
+        held = (
             again is not None
             and again.epoch == state.epoch
             and again.last_batch == record
             and all(_holds_through(record, name, snapshot[name]) for name in (OUTCOMES.name, RETRY.name))
-            and (not metrics or _metrics_through(record, snapshot[METRICS.name]))
-        ):
+        )
+        if held and (not metrics or _metrics_through(record, snapshot[METRICS.name])):
             return record, snapshot
-    log.info("status: the tables kept moving past the lake's batch record; reading every outcome")
+    if held:
+        log.info("plots: the METRICS table does not hold the lake's recorded batch; reading every METRICS row")
+    else:
+        log.info("status: the tables kept moving past the lake's batch record; reading every outcome")
     return None
 
 
@@ -911,7 +915,7 @@ def _retries_decided(config: EngineConfig, table: Any, since: dt.datetime) -> pa
     table_def, columns = _COLUMNS["outcomes"]
     if table is None:
         return _empty(table_def, columns)
-    dataset = table.to_pyarrow_dataset(file_pruning_predicate=[("due_at", ">=", since - STATS_SLACK)])
+    dataset = table.to_pyarrow_dataset(file_pruning_predicate=[("due_at", ">=", stats_from(since))])
     rows = (pc.field("outcome") == OUTCOME_RETRY) & _since(dataset, "due_at", since)
     return _columns_of(table, config.table_path(OUTCOMES.name), table_def, columns, dataset=dataset, rows=rows)
 
@@ -923,8 +927,8 @@ def _retry_rows(config: EngineConfig, table: Any, since: dt.datetime, delivered_
         return _empty(table_def, columns)
     dataset = table.to_pyarrow_dataset(
         file_pruning_predicate=[
-            [("due_at", ">=", since - STATS_SLACK)],
-            [("delivered_at", ">=", delivered_since - STATS_SLACK)],
+            [("due_at", ">=", stats_from(since))],
+            [("delivered_at", ">=", stats_from(delivered_since))],
         ]
     )
     rows = _since(dataset, "due_at", since) | _since(dataset, "delivered_at", delivered_since)
@@ -941,7 +945,7 @@ def rows_since(config: EngineConfig, name: str, column: str, since: dt.datetime,
     delta = table if table is not None else open_table(path)
     if delta is None:
         return _empty(table_def, columns)
-    dataset = delta.to_pyarrow_dataset(file_pruning_predicate=[(column, ">=", since - STATS_SLACK)])
+    dataset = delta.to_pyarrow_dataset(file_pruning_predicate=[(column, ">=", stats_from(since))])
     return _columns_of(delta, path, table_def, columns, dataset=dataset, rows=_since(dataset, column, since))
 
 
@@ -1042,15 +1046,20 @@ def format_status(status: Status) -> str:
 
 
 def _standby_line(entry: StandbyEntry, now: dt.datetime) -> str:
+    """One line per standby note; what anyone may have written there is shown escaped, on one line."""
     note = entry.note
     if note is None:
-        return f"standby     {entry.file}: unreadable ({entry.problem})"
+        return f"standby     {_printable(entry.file)}: unreadable ({_printable(entry.problem or '')})"
     seen = max(0, int((now - note.seen_at).total_seconds()))
-    state = "polling the lease" if entry.live else "stale: gone without a word?"
+    state = "polling the lease" if entry.live else "stale: not renewed; stopped, killed, or cut off from the lake"
     return (
-        f"standby     {note.host} pid {note.pid}, waiting since {_iso(note.since)}, last seen {seen} s ago "
-        f"({state}), checkpoint {note.checkpoint}"
+        f"standby     {_printable(note.host)} pid {note.pid}, waiting since {_iso(note.since)}, last seen {seen} s "
+        f"ago ({state}), checkpoint {_printable(note.checkpoint)}"
     )
+
+
+def _printable(text: str) -> str:
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def _format_lag(entries: list[LagEntry]) -> list[str]:

@@ -8,7 +8,9 @@ test (test_monitoring) starts a real engine on another lake's checkpoint.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -67,12 +69,34 @@ def test_a_checkpoint_of_an_earlier_release_is_recorded_at_its_next_start(tmp_pa
     # What a start killed between writing aside and renaming leaves, and a file that only looks like it.
     part = tmp_path / "ckpt" / f"{checkpoint_lake.LAKE_FILE}.{'a' * 32}.tmp"
     part.write_text('{"lake_id": "half')
+    old = time.time() - checkpoint_lake.PART_AGE_S - 1
+    os.utime(part, (old, old))
+    # One being written by a start in progress (another lake's, maybe), and a file that only looks like one.
+    fresh = tmp_path / "ckpt" / f"{checkpoint_lake.LAKE_FILE}.{'b' * 32}.tmp"
+    fresh.write_text('{"lake_id": "hal')
     other = tmp_path / "ckpt" / f"{checkpoint_lake.LAKE_FILE}.not-a-part.tmp"
     other.write_text("kept")
+    os.utime(other, (old, old))
     assert checkpoint_lake.read(config.checkpoint_path) is None
     _started(config)
     assert checkpoint_lake.read(config.checkpoint_path) is not None
-    assert not part.exists() and other.read_text() == "kept"
+    assert not part.exists() and fresh.exists() and other.read_text() == "kept"
+
+
+def test_two_lakes_starting_at_once_on_one_new_checkpoint_one_goes_on(tmp_path: Path) -> None:
+    """Both checked before either recorded (the race of two services started together): the first record
+    stays, the second start is refused, whichever order their writes come in."""
+    checkpoint = tmp_path / "new-checkpoint"
+    a, b = _lake(tmp_path / "a", checkpoint), _lake(tmp_path / "b", checkpoint)
+    for config in (a, b):
+        LakeLease(config.engine.lake, Owner("h", 1, "q", str(checkpoint), dt.datetime.now(dt.UTC)), timeout_ms=30_000).acquire()
+    assert checkpoint_lake.check(a) is None and checkpoint_lake.check(b) is None
+    checkpoint_lake.record(a, None)
+    with pytest.raises(LakeResumeError, match=r"\[CHECKPOINT_OF_ANOTHER_LAKE\]"):
+        checkpoint_lake.record(b, None)
+    recorded = checkpoint_lake.read(str(checkpoint))
+    assert recorded is not None and recorded.lake == str(tmp_path / "a")
+    assert [p.name for p in checkpoint.iterdir()] == [checkpoint_lake.LAKE_FILE]  # no part left
 
 
 @pytest.mark.parametrize(

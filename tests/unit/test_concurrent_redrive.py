@@ -210,6 +210,9 @@ def test_a_redrive_reading_bodies_by_file_moves_each_dead_letter_with_its_own(tm
         Selection(group="search", since=T0),
         Selection(since=edge + dt.timedelta(microseconds=8), until=edge + dt.timedelta(microseconds=9)),
         Selection(since=edge + dt.timedelta(days=1)),
+        # Bounds at the ends of what a datetime holds (from the command line): no overflow, no file lost.
+        Selection(since=dt.datetime(1, 1, 1, tzinfo=dt.UTC)),
+        Selection(until=dt.datetime.max.replace(tzinfo=dt.UTC)),
     ):
         pruned = read_dlq(config, selection).column("msg_id").to_pylist()
         assert sorted(pruned) == sorted(everything.filter(selection.mask(everything)).column("msg_id").to_pylist()), selection

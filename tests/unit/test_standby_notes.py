@@ -112,3 +112,32 @@ def test_status_lists_the_standbys_of_the_lake_and_goes_on_without_a_readable_fo
     (lake / STANDBY_DIR).rmdir()
     (lake / STANDBY_DIR).write_text("a file, not a folder")
     assert status(config).standbys == []
+
+
+def test_a_file_uri_lake_keeps_its_notes_where_its_path_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``file:///...`` and the plain path are one lake: a note written through one is read through the
+    other, and nothing lands in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    lake = tmp_path / "lake"
+    standby = Standby(f"file://{lake}", "/ckpt", 1.0)
+    standby.seen()
+    assert [e.file for e in standbys(str(lake), now=dt.datetime.now(dt.UTC))] == [standby.note.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lake"]
+    assert [p.name for p in (lake / STANDBY_DIR).iterdir()] == [standby.note.name]  # no part left behind
+    standby.gone()
+    assert standbys(f"file://{lake}", now=NOW) == []
+
+
+def test_what_anyone_wrote_in_a_note_stays_on_its_own_status_line(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    write_deltalake(str(lake / "dlq"), DLQ.arrow_schema.empty_table())
+    (lake / STANDBY_DIR).mkdir()
+    now = dt.datetime.now(dt.UTC)
+    forged = _note(host="h\nquery       running: forged", checkpoint="/c\x1b[2J", seen_at=now)
+    (lake / STANDBY_DIR / "x.json").write_bytes(forged)
+    (lake / STANDBY_DIR / "bad\nname.json").write_bytes(b"[]")
+    text = format_status(status(parse_config({"engine": {"lake": str(lake)}})))
+    standby_lines = [line for line in text.splitlines() if line.startswith("standby")]
+    assert len(standby_lines) == 2 and "forged" in standby_lines[1] and "\\n" in standby_lines[1]
+    assert "\\x1b[2J" in standby_lines[1] and "\x1b" not in text
+    assert not any(line.startswith("query       running: forged") for line in text.splitlines())

@@ -476,7 +476,9 @@ def test_a_backlog_window_draws_what_the_whole_history_draws_from_its_start(seed
     assert backlog_anchored(late, since, end) == windowed
 
 
-@pytest.mark.parametrize("since", ["0d", "-1d", "7w", "1.5d", "d", "7 d", "1000000000d", "yesterday", "", "2026-13-01"])
+@pytest.mark.parametrize(
+    "since", ["0d", "-1d", "7w", "1.5d", "d", "7 d", "1000000000d", "yesterday", "", "2026-13-01", "0001-01-01T00:00+05:00"]
+)
 def test_plots_since_refuses_what_is_no_window(since: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as usage:
         main(["plots", "--out", "png", f"--since={since}"])
@@ -487,13 +489,21 @@ def test_plots_since_refuses_what_is_no_window(since: str, capsys: pytest.Captur
 def test_plots_since_further_back_than_time_goes_is_the_whole_lake(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A window back past year 1 is the whole lake; the dead letter of 2020 is drawn by every window that
+    reaches it, and only by those."""
     lake = Lake.make(tmp_path / "lake")
-    write_deltalake(lake.path("dlq"), DLQ.arrow_schema.empty_table())  # an engine table: the lake is found
+    dead = {**dict.fromkeys(DLQ.names), "msg_id": "D1", "topic": "%DLQ%G", "consumer_group": "G",
+            "error_class": "E", "delivery_key": "D1:17", "dead_lettered_at": dt.datetime(2020, 1, 1, 12, tzinfo=dt.UTC)}
+    write_deltalake(lake.path("dlq"), pa.Table.from_pylist([dead], schema=DLQ.arrow_schema))
     conf = tmp_path / "c.toml"
     conf.write_text(f'[engine]\nlake = "{lake.root}"\n')
-    for since in ("999999999d", "all", "2026-11-01", "2026-11-01T00:00:00+05:00"):
+    drawn = {}
+    for since in ("999999999d", "all", "2020-01-01T13:00:00+01:00", "0001-01-01", "2020-01-01T12:00:00.000001", "7d"):
         assert main(["plots", "--config", str(conf), "--out", str(tmp_path / "png"), "--since", since]) == 0, since
-        assert "dead_letters_by_error_class.png" in capsys.readouterr().out
+        line = next(x for x in capsys.readouterr().out.splitlines() if "dead_letters_by_error_class.png" in x)
+        drawn[since] = line.split("(")[1].split(" ")[0]  # the bars drawn
+    assert drawn == {"999999999d": "1", "all": "1", "2020-01-01T13:00:00+01:00": "1", "0001-01-01": "1",
+                     "2020-01-01T12:00:00.000001": "0", "7d": "0"}
 
 
 # -- output ---------------------------------------------------------------------------
