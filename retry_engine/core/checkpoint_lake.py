@@ -136,20 +136,27 @@ def record(config: EngineConfig, recorded: CheckpointLake | None) -> None:
         stream.write(CheckpointLake(found, lake).to_json().encode("utf-8"))
     if recorded is not None:  # this lake, moved: its new place replaces the old one
         _replace(fs, partial, path)
-    elif isinstance(fs, pafs.LocalFileSystem):
-        try:
-            os.link(partial, path)  # fails if another start recorded a lake in between
-        except FileExistsError:
-            pass
-        finally:
+    elif not (isinstance(fs, pafs.LocalFileSystem) and _linked(partial, path)):
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            _replace(fs, partial, path)
+        else:
             fs.delete_file(partial)
-    elif fs.get_file_info(path).type == pafs.FileType.NotFound:
-        _replace(fs, partial, path)
-    else:
-        fs.delete_file(partial)
     if check(config) is None:  # raises if another lake's start recorded its own first
         raise LakeResumeError(f"{path} was not written", code="CHECKPOINT_LAKE_FILE_INVALID")
     log.info("checkpoint %s runs the lake %s (lake %s)", config.checkpoint_path, lake, found)
+
+
+def _linked(partial: str, path: str) -> bool:
+    """Link ``partial`` as ``path`` unless ``path`` exists (atomic), then drop ``partial``; False where
+    the file system has no hard links (the caller looks first instead)."""
+    try:
+        os.link(partial, path)
+    except FileExistsError:  # another start recorded a lake in between
+        pass
+    except OSError:  # no hard links here (some network or FUSE file systems)
+        return False
+    os.unlink(partial)
+    return True
 
 
 def _replace(fs: pafs.FileSystem, partial: str, path: str) -> None:

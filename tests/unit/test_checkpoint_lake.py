@@ -83,9 +83,18 @@ def test_a_checkpoint_of_an_earlier_release_is_recorded_at_its_next_start(tmp_pa
     assert not part.exists() and fresh.exists() and other.read_text() == "kept"
 
 
-def test_two_lakes_starting_at_once_on_one_new_checkpoint_one_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("links", [True, False], ids=["hard links", "no hard links"])
+def test_two_lakes_starting_at_once_on_one_new_checkpoint_one_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: bool
+) -> None:
     """Both checked before either recorded (the race of two services started together): the first record
-    stays, the second start is refused, whichever order their writes come in."""
+    stays, the second start is refused, whichever order their writes come in; also on a file system
+    without hard links (some network and FUSE ones), where a look comes first."""
+    if not links:
+        def no_links(src: str, dst: str) -> None:
+            raise PermissionError(1, "Operation not permitted", dst)
+
+        monkeypatch.setattr(os, "link", no_links)
     checkpoint = tmp_path / "new-checkpoint"
     a, b = _lake(tmp_path / "a", checkpoint), _lake(tmp_path / "b", checkpoint)
     for config in (a, b):
