@@ -39,7 +39,7 @@ from retry_engine.core.names import (
     validate_topic,
 )
 from retry_engine.delta.storage import open_delta, spark_options
-from retry_engine.delta.tables import open_table, stats_from, stats_until
+from retry_engine.delta.tables import open_table, stats_from, stats_until, table_version
 from retry_engine.errors import SelectionError
 from retry_engine.ops.audit import (
     AUDIT_TABLE,
@@ -373,6 +373,37 @@ def dead_letters(
     if spark is not None:
         return _dead_letters_spark(spark, config, selection, version=version, as_of=as_of, include_resolved=include_resolved)
     rows = read_dlq(config, selection, version=version, as_of=as_of)
+    return _listing(config, rows, include_resolved=include_resolved)
+
+
+def dead_letter_page(
+    config: EngineConfig,
+    selection: Selection | None = None,
+    *,
+    limit: int,
+    version: int | None = None,
+    as_of: dt.datetime | str | None = None,
+    include_resolved: bool = False,
+) -> tuple[pd.DataFrame, int]:
+    """The first ``limit`` rows of :func:`dead_letters` (oldest first), and how many there are in all
+    (``dlq list``). Bodies and attempts are read only for the page: the rest is decided on the light
+    columns, so listing a few dead letters of a DLQ of months does not read every body."""
+    path = config.table_path("dlq")
+    at = resolve_version(path, version=version, as_of=as_of)
+    at = at if at is not None else table_version(path)
+    light = read_dlq(config, selection, version=at, columns=LIGHT_COLUMNS)
+    frame = _with_fates(
+        config, light.select(["msg_id", "consumer_group", "dead_lettered_at"]).to_pandas(), include_resolved=include_resolved
+    )
+    page = frame.sort_values(["dead_lettered_at", "msg_id"], ignore_index=True).head(limit)
+    named = light.filter(pc.is_in(light.column("msg_id"), pa.array(page["msg_id"].tolist(), pa.string())))
+    rows = dead_letters_named(config, named, version=at)
+    # .head again: a msg_id dead-lettered twice (re-driven, failed again) names its later row too.
+    return _listing(config, rows, include_resolved=include_resolved).head(limit), len(frame)
+
+
+def _listing(config: EngineConfig, rows: pa.Table, *, include_resolved: bool) -> pd.DataFrame:
+    """:data:`LISTING_COLUMNS` of DLQ ``rows``, oldest first (see :func:`dead_letters`)."""
     frame = rows.to_pandas()
     frame["body_text"] = [None if b is None else bytes(b).decode("utf-8", errors="replace") for b in frame["body"]]
     frame["attempt_count"] = [0 if a is None else len(a) for a in frame["attempts"]]

@@ -68,15 +68,13 @@ def run(
 
 
 def _list(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
-    frame = dlq.dead_letters(
-        config, _selection(args), version=args.version, as_of=args.as_of, include_resolved=args.include_resolved
+    shown, total = dlq.dead_letter_page(
+        config, _selection(args), limit=args.limit, version=args.version, as_of=args.as_of,
+        include_resolved=args.include_resolved,
     )
-    assert isinstance(frame, pd.DataFrame)  # no spark given
-    total = len(frame)
     if total == 0:
         print("no dead letters match", file=err)
         return EXIT_OK
-    shown = frame.head(args.limit)
     columns = [*LIST_COLUMNS, "resolution"] if args.include_resolved else list(LIST_COLUMNS)
     _emit(shown[columns] if args.format == "table" else shown.drop(columns=["body"]), args.format, out)
     if total > args.limit:

@@ -15,15 +15,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from retry_engine.clients import dlq
 from retry_engine.clients.dlq import PROP_REDRIVE_FROM, PROP_REDRIVE_ID, Selection, read_dlq
 from retry_engine.config import EngineConfig, parse_config
 from retry_engine.delta import append_arrow
 from retry_engine.errors import RedriveError
-from retry_engine.ops import redrive
+from retry_engine.ops import redrive, resolve
 from retry_engine.ops.audit import read_audit
 from retry_engine.schemas import DLQ
 
@@ -171,15 +173,10 @@ def test_one_redrive_id_started_twice_at_once_audits_exactly_what_moved(
     assert sum(int(r[2]) for r in results) == len(messages)  # type: ignore[call-overload]
 
 
-def test_a_redrive_reading_bodies_by_file_moves_each_dead_letter_with_its_own(tmp_path: Path) -> None:
-    """A re-drive plans without bodies and reads the bodies of what it moves from the files their group
-    and times may be in (how much less it reads is measured, bench RESULTS run AN). What this holds:
-    every dead letter still moves with its own body, for chunks that span files, times with
-    microseconds at a file's edge, a dead letter without a time (no file is skipped for it) and
-    another group's files; a bound pruned wrongly fails it (DEAD_LETTER_MISSING)."""
-    root = str(tmp_path / "lake")
+def _files_of_dead_letters(root: str) -> EngineConfig:
+    """13 dead letters in four files: seconds apart with microseconds, a day on 1 us apart, one without a
+    time, and another group's."""
     config = _config(root)
-    path = config.table_path("dlq")
     day = dt.timedelta(days=1)
     files = [
         [_dead_letter(i) | {"dead_lettered_at": T0 + dt.timedelta(seconds=i, microseconds=999)} for i in range(5)],
@@ -188,7 +185,51 @@ def test_a_redrive_reading_bodies_by_file_moves_each_dead_letter_with_its_own(tm
         [_dead_letter(i) | {"consumer_group": "search", "topic": "%DLQ%search"} for i in range(10, 13)],
     ]
     for rows in files:
-        append_arrow(path, pa.Table.from_pylist(rows, schema=DLQ.arrow_schema), partition_by=DLQ.partition_by)
+        append_arrow(config.table_path("dlq"), pa.Table.from_pylist(rows, schema=DLQ.arrow_schema), partition_by=DLQ.partition_by)
+    return config
+
+
+def test_dlq_list_reads_bodies_only_for_its_page_and_lists_what_every_row_lists(tmp_path: Path) -> None:
+    """``dlq list`` (a page of ``--limit``, oldest first, and the count) decides on the light columns and
+    reads bodies only for the page: the same rows, in the same order, with the same bodies and the same
+    count as every dead letter read whole, with and without the resolved ones, at an older version."""
+    config = _files_of_dead_letters(str(tmp_path / "lake"))
+    resolve.resolve(config, Selection(ids=("DLQ-001", "DLQ-006")), reason="by hand", operator="t")
+    for selection in (None, Selection(group="billing"), Selection(since=T0 + dt.timedelta(seconds=2)), Selection(ids=("DLQ-011",))):
+        for include_resolved in (False, True):
+            every = dlq.dead_letters(config, selection, include_resolved=include_resolved)
+            assert isinstance(every, pd.DataFrame)
+            for limit in (1, 100):
+                page, total = dlq.dead_letter_page(config, selection, limit=limit, include_resolved=include_resolved)
+                assert total == len(every), (selection, include_resolved)
+                pd.testing.assert_frame_equal(page, every.head(limit).reset_index(drop=True))
+    # A msg_id dead-lettered again later (a re-driven one that failed again): its second row is
+    # listed in its place, not beside the first on a page that ends before it.
+    again = _dead_letter(2) | {"dead_lettered_at": T0 + dt.timedelta(days=3), "body": b"order-2 again"}
+    append_arrow(config.table_path("dlq"), pa.Table.from_pylist([again], schema=DLQ.arrow_schema), partition_by=DLQ.partition_by)
+    every = dlq.dead_letters(config)
+    assert isinstance(every, pd.DataFrame) and list(every["msg_id"]).count("DLQ-002") == 2
+    for limit in (2, 3, 100):
+        page, total = dlq.dead_letter_page(config, limit=limit)
+        assert total == len(every)
+        pd.testing.assert_frame_equal(page, every.head(limit).reset_index(drop=True))
+    # The DLQ's first file (version 1), less DLQ-001 (resolved: the audit is read as it is now).
+    page, total = dlq.dead_letter_page(config, limit=2, version=1)
+    assert (total, list(page["msg_id"]), list(page["body_text"])) == (4, ["DLQ-000", "DLQ-002"], ["order-0", "order-2"])
+    old = dlq.dead_letters(config, version=1)
+    assert isinstance(old, pd.DataFrame)
+    pd.testing.assert_frame_equal(page, old.head(2).reset_index(drop=True))
+
+
+def test_a_redrive_reading_bodies_by_file_moves_each_dead_letter_with_its_own(tmp_path: Path) -> None:
+    """A re-drive plans without bodies and reads the bodies of what it moves from the files their group
+    and times may be in (how much less it reads is measured, bench RESULTS run AN). What this holds:
+    every dead letter still moves with its own body, for chunks that span files, times with
+    microseconds at a file's edge, a dead letter without a time (no file is skipped for it) and
+    another group's files; a bound pruned wrongly fails it (DEAD_LETTER_MISSING)."""
+    root = str(tmp_path / "lake")
+    config = _files_of_dead_letters(root)
+    day = dt.timedelta(days=1)
     report = redrive.redrive(config, Selection(group="billing"), target="topic", chunk_size=3, operator="t")
     assert report.moved == 10 and report.remaining == 0
     moved = {m["props"][PROP_REDRIVE_FROM]: m["body"] for m in _moved_messages(root)}
