@@ -5,7 +5,7 @@
 One synthetic lake (no Spark) of ``--days`` of decisions ending now: ``--outcomes`` outcome rows
 (10 % retries, 2 % dead letters, 4 groups, levels 3..6) appended in 100 files, oldest first, as
 batches write them (or maintenance compacts them); the retry table with every retry due by now
-released (those due later are pending), the DLQ, ``--outcomes`` consume results (a file per group
+released (those due later are pending), the DLQ (in 100 appends), ``--outcomes`` consume results (a file per group
 of each chunk, as consumers write them), METRICS (a row per second, group, outcome and retry
 level), ``--progress`` progress rows (50,000), and the lake's batch record with its totals, as the
 engine records it. Reported side by side, best of ``--repeat``:
@@ -112,13 +112,15 @@ def build_lake(root: Path, n: int, *, days: float = 30, progress_rows: int = 50_
     write_deltalake(str(root / STATE_DIR), state.to_arrow())
     dead = np.flatnonzero(outcome == "dead_letter")
     k = dead.size
-    write_deltalake(str(root / "dlq"), _fill(DLQ.arrow_schema, {
+    dlq = _fill(DLQ.arrow_schema, {
         "msg_id": pa.array(ids[dead]), "topic": pa.array(np.char.add("%DLQ%", groups[dead])),
         "consumer_group": pa.array(groups[dead]),
         "reason_code": pa.array(np.array(["MAX_RECONSUME_TIMES", "NON_RETRYABLE"])[rng.integers(0, 2, k)]),
         "error_class": pa.array(np.array(["E1", "E2", "E3"])[rng.integers(0, 3, k)]),
         "dead_lettered_at": _ts(decided[dead]), "delivery_key": pa.array(ids[dead]),
-    }, k), partition_by=["consumer_group"])
+    }, k)
+    for part in np.array_split(np.arange(k), 100):  # oldest first, as batches write them
+        write_deltalake(str(root / "dlq"), dlq.take(part), mode="append", partition_by=["consumer_group"])
     # What consumers wrote: a file per group and chunk (400 files), as the Consumer client writes them, and a
     # Delta checkpoint, as maintenance writes one.
     for rows in np.array_split(np.arange(n), 100):

@@ -5,8 +5,8 @@ Reading (:func:`read_tables`) is separate from summarising (:func:`summarise`,
 pure) and from formatting (:func:`format_status`, :func:`status_json`).
 
 Whether the query is running is judged from the PROGRESS table (see
-:func:`query_state` for the rule). Backlog, oldest due time, lateness (of the
-last 24 h) and dead letters come from the engine's own ledger (outcomes,
+:func:`query_state` for the rule). Backlog, oldest due time, lateness and dead
+letters (both of the last 24 h) come from the engine's own ledger (outcomes,
 retry, dlq), which is exact at any moment; the all-time counts from the lake's
 batch record when it can vouch for them (:func:`_recorded_tables`), else from
 every outcome and retry row. The METRICS table is used by the plots, not read here.
@@ -31,8 +31,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from retry_engine.config import EngineConfig
+from retry_engine.core.decide import DEAD_LETTER, cast_column
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY
-from retry_engine.core.decide import cast_column
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.lease import BatchRecord, read_state
 from retry_engine.core.metrics import DELIVERED, nearest_rank
@@ -66,6 +66,9 @@ FAILURE_SHOWN_CHARS = 300
 # How far back `status` counts failed queries, and the released retries whose lateness it shows.
 FAILURES_WINDOW = dt.timedelta(hours=24)
 LATENESS_WINDOW = FAILURES_WINDOW
+# The dead letters `status` breaks down by group, reason and error class: the all-time count is the
+# outcomes' (``dead_letter``); the DLQ of a failure storm months ago is never read again.
+DEAD_LETTER_WINDOW = FAILURES_WINDOW
 # The window of due times `status` first reads pending retries in, on a lake whose batch record
 # vouches for the rest (:func:`_recorded_tables`); each retry widens it by WINDOW_GROWTH (1, 8, 64
 # days), and after WINDOW_TRIES windows every row is read as without a record.
@@ -643,6 +646,12 @@ def lateness(retry: pa.Table) -> list[LatenessEntry]:
     return entries
 
 
+def recent_dead_letters(dlq: pa.Table, now: dt.datetime) -> pa.Table:
+    """The DLQ rows dead-lettered within :data:`DEAD_LETTER_WINDOW` of ``now`` (a row without a time: not)."""
+    since = pa.scalar(now - DEAD_LETTER_WINDOW, dlq.schema.field("dead_lettered_at").type)
+    return dlq.filter(pc.fill_null(pc.greater_equal(dlq["dead_lettered_at"], since), False))
+
+
 def dead_letters(dlq: pa.Table) -> list[DeadLetterEntry]:
     """Dead letters by group, reason code and error class, most frequent first."""
     if dlq.num_rows == 0:
@@ -739,7 +748,7 @@ def summarise(
         oldest_due_at=oldest,
         overdue_ms=overdue,
         lateness=lateness(recent_releases(lake.retry, now)),
-        dead_letters=dead_letters(lake.dlq),
+        dead_letters=dead_letters(recent_dead_letters(lake.dlq, now)),
         lag=lag(lake.consume_results, totals, pending, now=now),
         failures_24h=failures,
         last_failure_at=last_failure_at,
@@ -751,12 +760,12 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
     """Read the engine's tables and summarise them."""
     now = now or dt.datetime.now(dt.UTC)
     recorded = _recorded_tables(config, now)
-    lake = read_tables(
-        config,
-        now=now,
-        names=STATUS_TABLES,
-        given=None if recorded is None else {"outcomes": recorded.outcomes, "retry": recorded.retry},
-    )
+    given = {} if recorded is None else {"outcomes": recorded.outcomes, "retry": recorded.retry}
+    # Of the DLQ, only the files (then row groups) that may hold the window's dead letters.
+    dlq = open_table(config.table_path(DLQ.name))
+    if dlq is not None:
+        given["dlq"] = rows_since(config, "dlq", "dead_lettered_at", now - DEAD_LETTER_WINDOW, table=dlq)
+    lake = read_tables(config, now=now, names=STATUS_TABLES, given=given)
     summary = summarise(
         lake if recorded is None else dataclasses.replace(lake, totals=recorded.totals),
         now=now,
@@ -1033,7 +1042,8 @@ def format_status(status: Status) -> str:
     lines += _format_lag(status.lag)
     lines.append("")
     total = sum(e.count for e in status.dead_letters)
-    lines.append(f"dead letters {total:,}")
+    ever = status.outcomes.get(DEAD_LETTER, 0)
+    lines.append(f"dead letters {total:,} in the last 24 h, {ever:,} since the first batch")
     if status.dead_letters:
         lines += _table(
             ["group", "reason", "error class", "count"],

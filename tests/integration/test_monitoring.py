@@ -170,7 +170,7 @@ def test_status_text_after_the_run(run: Run, capsys: pytest.CaptureFixture[str])
     assert "backlog     2 retries pending in the schedule stage" in out
     slow_due = min(o["due_at"] for o in run.lake.rows("outcomes") if o["consumer_group"] == "slow")
     assert f"slow   3      2        {slow_due.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}" in out
-    assert "dead letters 5" in out
+    assert "dead letters 5 in the last 24 h, 5 since the first batch" in out
     assert "NON_RETRYABLE        com.acme.InvalidOrder" in out
 
 
