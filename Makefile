@@ -57,10 +57,10 @@ demo: check-env
 	$(VENV)/bin/retry-engine demo --lake ./data/demo
 
 test: check-env
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: check-env
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check retry_engine schemas jobs tests bench

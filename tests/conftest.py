@@ -9,7 +9,8 @@ import pytest
 # The slowest test files (CI's --durations, 2026-11-29), slowest first: `make test` runs files on two
 # xdist workers, and a worker that starts the crash test last runs alone for two minutes while the
 # other idles. Taken first, the long files spread over both workers and the short ones fill the end.
-# A stale list costs only balance, never a test.
+# A stale list costs only balance, never a test. (xdist would otherwise order files by how many tests
+# they hold, putting the one-test crash test last: the Makefile passes --no-loadscope-reorder.)
 SLOWEST_FIRST = (
     "integration/test_engine_crash.py",
     "integration/test_cluster.py",
