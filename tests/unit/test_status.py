@@ -675,7 +675,8 @@ def test_status_breaks_down_the_last_days_dead_letters_and_reads_no_older_dlq_fi
     """Of the DLQ, `status` reads the files (then rows) that may hold the last 24 h's dead letters: a DLQ
     of months (0.5 s for 200k dead letters' four columns, growing with every failure storm) is not read
     again; the all-time count is the outcomes'. The breakdown equals the one from every row, at the
-    window's edge to the microsecond, and older files are never opened (they are made unreadable)."""
+    window's edge to the microsecond, a file without statistics is read, and older files are never opened
+    (they are made unreadable)."""
     from retry_engine.ops.status import read_tables, status, summarise
 
     lake = tmp_path / "lake"
@@ -695,10 +696,14 @@ def test_status_breaks_down_the_last_days_dead_letters_and_reads_no_older_dlq_fi
     ]
     for rows in files:
         write_deltalake(str(lake / "dlq"), pa.Table.from_pylist(rows, schema=DLQ.arrow_schema), mode="append")
+    # A file another writer left without column statistics cannot be pruned: it is read, and its rows decide.
+    write_deltalake(str(lake / "dlq"), pa.Table.from_pylist([dead(9, now, "NoStats"), dead(10, edge - ms(1), "Old")],
+                    schema=DLQ.arrow_schema), mode="append", configuration={"delta.dataSkippingNumIndexedCols": "0"})
     everything = summarise(read_tables(config), now=now, trigger_interval_ms=1000, flush_interval_ms=5000)
     assert everything.dead_letters == [
         DeadLetterEntry("G", "NON_RETRYABLE", "New", 2),
         DeadLetterEntry("G", "NON_RETRYABLE", "Edge", 1),
+        DeadLetterEntry("G", "NON_RETRYABLE", "NoStats", 1),
     ]
     older = sorted((lake / "dlq").glob("*.parquet"), key=lambda f: f.stat().st_mtime)[:2]
     for file in older:
