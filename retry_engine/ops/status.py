@@ -647,9 +647,12 @@ def lateness(retry: pa.Table) -> list[LatenessEntry]:
 
 
 def recent_dead_letters(dlq: pa.Table, now: dt.datetime) -> pa.Table:
-    """The DLQ rows dead-lettered within :data:`DEAD_LETTER_WINDOW` of ``now`` (a row without a time: not)."""
-    since = pa.scalar(now - DEAD_LETTER_WINDOW, dlq.schema.field("dead_lettered_at").type)
-    return dlq.filter(pc.fill_null(pc.greater_equal(dlq["dead_lettered_at"], since), False))
+    """The DLQ rows dead-lettered within :data:`DEAD_LETTER_WINDOW` of ``now``. A time of another type (a
+    DLQ another writer made) is read as the engine reads a column of consume_results (a time without a
+    zone is UTC); a row without a time, or with one that has no such form, is in no window."""
+    expected = DLQ["dead_lettered_at"].type
+    at, _ = cast_column(dlq["dead_lettered_at"].combine_chunks(), expected)
+    return dlq.filter(pc.fill_null(pc.greater_equal(at, pa.scalar(now - DEAD_LETTER_WINDOW, expected)), False))
 
 
 def dead_letters(dlq: pa.Table) -> list[DeadLetterEntry]:
@@ -763,7 +766,7 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
     given = {} if recorded is None else {"outcomes": recorded.outcomes, "retry": recorded.retry}
     # Of the DLQ, only the files (then row groups) that may hold the window's dead letters.
     dlq = open_table(config.table_path(DLQ.name))
-    if dlq is not None:
+    if dlq is not None and _zoned_time(dlq, "dead_lettered_at"):
         given["dlq"] = rows_since(config, "dlq", "dead_lettered_at", now - DEAD_LETTER_WINDOW, table=dlq)
     lake = read_tables(config, now=now, names=STATUS_TABLES, given=given)
     summary = summarise(
@@ -773,6 +776,16 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
         flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),
     )
     return dataclasses.replace(summary, standbys=_standbys(config, now))
+
+
+def _zoned_time(table: Any, column: str) -> bool:
+    """Whether the snapshot ``table`` has ``column`` as a time with a zone, which its statistics can prune
+    by; else (missing: a clear :class:`SchemaMismatchError`; another type) every row is read."""
+    names = table_arrow_schema(table)
+    if column not in names.names:
+        return False
+    kind = names.field(column).type
+    return pa.types.is_timestamp(kind) and kind.tz is not None
 
 
 def _standbys(config: EngineConfig, now: dt.datetime) -> list[StandbyEntry]:

@@ -711,6 +711,35 @@ def test_status_breaks_down_the_last_days_dead_letters_and_reads_no_older_dlq_fi
     assert status(config, now=now) == everything
 
 
+@pytest.mark.parametrize("kind", ["missing", "text", "no zone"])
+def test_a_dlq_another_writer_made_with_another_time_column_is_named_or_read_whole(tmp_path: Path, kind: str) -> None:
+    """Hostile DLQ tables: without `dead_lettered_at` status names the column; a time as text or without a
+    zone cannot prune files, so every row is read and the time read as the engine reads consume results
+    (no zone: UTC; text that is no time: in no window)."""
+    from retry_engine.ops.status import status
+
+    lake = tmp_path / "lake"
+    config = load_config(None, lake=str(lake), env={})
+    now = T + ms(100)
+    fields = [f for f in DLQ.arrow_schema if f.name != "dead_lettered_at"]
+    rows = {f.name: [None] * 3 for f in fields}
+    rows.update(msg_id=["D1", "D2", "D3"], topic=["%DLQ%G"] * 3, consumer_group=["G"] * 3,
+                error_class=["New", "Old", "Bad"], delivery_key=["1", "2", "3"])
+    table = pa.table(rows, schema=pa.schema(fields))
+    times = [now - ms(1_000), now - dt.timedelta(days=3)]
+    if kind == "text":
+        table = table.append_column("dead_lettered_at", pa.array([t.isoformat() for t in times] + ["not a time"]))
+    elif kind == "no zone":
+        naive = [t.replace(tzinfo=None) for t in times] + [None]
+        table = table.append_column("dead_lettered_at", pa.array(naive, pa.timestamp("us")))
+    write_deltalake(str(lake / "dlq"), table)
+    if kind == "missing":
+        with pytest.raises(SchemaMismatchError, match="dead_lettered_at"):
+            status(config, now=now)
+        return
+    assert status(config, now=now).dead_letters == [DeadLetterEntry("G", None, "New", 1)]
+
+
 # -- what status reads of a lake months old ------------------------------------------------------
 
 
