@@ -48,6 +48,7 @@ from retry_engine.core.decide import RETRY as OUTCOME_RETRY  # noqa: E402
 from retry_engine.core.metrics import DELIVERED, nearest_rank  # noqa: E402
 from retry_engine.ops.status import (  # noqa: E402
     EngineTables,
+    at_or_after,
     backlog,
     lateness_ms,
     pending_retries,
@@ -384,8 +385,8 @@ def plot_data(lake: EngineTables, since: dt.datetime | None = None) -> PlotData:
     changes = metrics_changes(lake.metrics) if source == "metrics" else ledger_changes(lake.outcomes, lake.retry)
     retry, dlq = lake.retry, lake.dlq
     if since is not None:
-        retry = retry.filter(pc.greater_equal(retry["delivered_at"], pa.scalar(since, retry.schema.field("delivered_at").type)))
-        dlq = dlq.filter(pc.greater_equal(dlq["dead_lettered_at"], pa.scalar(since, dlq.schema.field("dead_lettered_at").type)))
+        retry = at_or_after(retry, RETRY, "delivered_at", since)
+        dlq = at_or_after(dlq, DLQ, "dead_lettered_at", since)
     return PlotData(
         since,
         backlog_since(changes, since),

@@ -646,13 +646,18 @@ def lateness(retry: pa.Table) -> list[LatenessEntry]:
     return entries
 
 
+def at_or_after(rows: pa.Table, table: Table, column: str, since: dt.datetime) -> pa.Table:
+    """The ``rows`` of ``table`` whose time ``column`` is at or after ``since``. A time of another type (a
+    table another writer made) is read as the engine reads a column of consume_results (a time without
+    a zone is UTC); a row without a time, or with one that has no such form, is not."""
+    expected = table[column].type
+    at, _ = cast_column(rows[column].combine_chunks(), expected)
+    return rows.filter(pc.fill_null(pc.greater_equal(at, pa.scalar(since, expected)), False))
+
+
 def recent_dead_letters(dlq: pa.Table, now: dt.datetime) -> pa.Table:
-    """The DLQ rows dead-lettered within :data:`DEAD_LETTER_WINDOW` of ``now``. A time of another type (a
-    DLQ another writer made) is read as the engine reads a column of consume_results (a time without a
-    zone is UTC); a row without a time, or with one that has no such form, is in no window."""
-    expected = DLQ["dead_lettered_at"].type
-    at, _ = cast_column(dlq["dead_lettered_at"].combine_chunks(), expected)
-    return dlq.filter(pc.fill_null(pc.greater_equal(at, pa.scalar(now - DEAD_LETTER_WINDOW, expected)), False))
+    """The DLQ rows dead-lettered within :data:`DEAD_LETTER_WINDOW` of ``now`` (see :func:`at_or_after`)."""
+    return at_or_after(dlq, DLQ, "dead_lettered_at", now - DEAD_LETTER_WINDOW)
 
 
 def dead_letters(dlq: pa.Table) -> list[DeadLetterEntry]:
@@ -766,7 +771,7 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
     given = {} if recorded is None else {"outcomes": recorded.outcomes, "retry": recorded.retry}
     # Of the DLQ, only the files (then row groups) that may hold the window's dead letters.
     dlq = open_table(config.table_path(DLQ.name))
-    if dlq is not None and _zoned_time(dlq, "dead_lettered_at"):
+    if dlq is not None:
         given["dlq"] = rows_since(config, "dlq", "dead_lettered_at", now - DEAD_LETTER_WINDOW, table=dlq)
     lake = read_tables(config, now=now, names=STATUS_TABLES, given=given)
     summary = summarise(
@@ -779,8 +784,7 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
 
 
 def _zoned_time(table: Any, column: str) -> bool:
-    """Whether the snapshot ``table`` has ``column`` as a time with a zone, which its statistics can prune
-    by; else (missing: a clear :class:`SchemaMismatchError`; another type) every row is read."""
+    """Whether the snapshot ``table`` has ``column`` as a time with a zone, which its statistics can prune by."""
     names = table_arrow_schema(table)
     if column not in names.names:
         return False
@@ -961,12 +965,16 @@ def rows_since(config: EngineConfig, name: str, column: str, since: dt.datetime,
     """What status and plots read of the table ``name`` (its :data:`_COLUMNS`), of the rows whose
     ``column`` is at or after ``since``: only the files whose statistics may hold one, then the row
     groups, then the rows. ``table``: a snapshot already open (else the table's latest version); no
-    table is an empty one."""
+    table is an empty one. A ``column`` of another type than a time with a zone (a table another writer
+    made) cannot prune: every row is read (:func:`at_or_after`; without the column:
+    :class:`SchemaMismatchError`)."""
     table_def, columns = _COLUMNS[name]
     path = config.table_path(name)
     delta = table if table is not None else open_table(path)
     if delta is None:
         return _empty(table_def, columns)
+    if not _zoned_time(delta, column):  # another writer's table: no statistics to prune by (or no column)
+        return at_or_after(_columns_of(delta, path, table_def, columns), table_def, column, since)
     dataset = delta.to_pyarrow_dataset(file_pruning_predicate=[(column, ">=", stats_from(since))])
     return _columns_of(delta, path, table_def, columns, dataset=dataset, rows=_since(dataset, column, since))
 

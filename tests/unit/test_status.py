@@ -713,10 +713,11 @@ def test_status_breaks_down_the_last_days_dead_letters_and_reads_no_older_dlq_fi
 
 @pytest.mark.parametrize("kind", ["missing", "text", "no zone"])
 def test_a_dlq_another_writer_made_with_another_time_column_is_named_or_read_whole(tmp_path: Path, kind: str) -> None:
-    """Hostile DLQ tables: without `dead_lettered_at` status names the column; a time as text or without a
-    zone cannot prune files, so every row is read and the time read as the engine reads consume results
-    (no zone: UTC; text that is no time: in no window)."""
-    from retry_engine.ops.status import status
+    """Hostile DLQ tables: without `dead_lettered_at` status and plots name the column; a time as text or
+    without a zone cannot prune files, so every row is read and the time read as the engine reads consume
+    results (no zone: UTC; text that is no time: in no window)."""
+    from retry_engine.ops.plots import read_plot_data
+    from retry_engine.ops.status import rows_since, status
 
     lake = tmp_path / "lake"
     config = load_config(None, lake=str(lake), env={})
@@ -733,11 +734,15 @@ def test_a_dlq_another_writer_made_with_another_time_column_is_named_or_read_who
         naive = [t.replace(tzinfo=None) for t in times] + [None]
         table = table.append_column("dead_lettered_at", pa.array(naive, pa.timestamp("us")))
     write_deltalake(str(lake / "dlq"), table)
+    day = now - dt.timedelta(days=1)
     if kind == "missing":
-        with pytest.raises(SchemaMismatchError, match="dead_lettered_at"):
-            status(config, now=now)
+        for call in (lambda: status(config, now=now), lambda: read_plot_data(config, since=day, now=now)):
+            with pytest.raises(SchemaMismatchError, match="dead_lettered_at"):
+                call()
         return
     assert status(config, now=now).dead_letters == [DeadLetterEntry("G", None, "New", 1)]
+    assert read_plot_data(config, since=day, now=now).dead_letters == {"New": {"G": 1}}  # plots' window alike
+    assert rows_since(config, "dlq", "dead_lettered_at", day)["error_class"].to_pylist() == ["New"]
 
 
 # -- what status reads of a lake months old ------------------------------------------------------
