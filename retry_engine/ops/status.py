@@ -629,9 +629,8 @@ def _lateness_entry(group: str, values: np.ndarray[Any, Any]) -> LatenessEntry:
 
 
 def recent_releases(retry: pa.Table, now: dt.datetime) -> pa.Table:
-    """The retry rows delivered within :data:`LATENESS_WINDOW` of ``now``."""
-    since = pa.scalar(now - LATENESS_WINDOW, retry.schema.field("delivered_at").type)
-    return retry.filter(pc.fill_null(pc.greater_equal(retry["delivered_at"], since), False))
+    """The retry rows delivered within :data:`LATENESS_WINDOW` of ``now`` (see :func:`at_or_after`)."""
+    return at_or_after(retry, RETRY, "delivered_at", now - LATENESS_WINDOW)
 
 
 def lateness(retry: pa.Table) -> list[LatenessEntry]:
@@ -651,7 +650,9 @@ def at_or_after(rows: pa.Table, table: Table, column: str, since: dt.datetime) -
     table another writer made) is read as the engine reads a column of consume_results (a time without
     a zone is UTC); a row without a time, or with one that has no such form, is not."""
     expected = table[column].type
-    at, _ = cast_column(rows[column].combine_chunks(), expected)
+    at = rows[column]
+    if at.type != expected:
+        at = cast_column(at.combine_chunks(), expected)[0]
     return rows.filter(pc.fill_null(pc.greater_equal(at, pa.scalar(since, expected)), False))
 
 
