@@ -92,7 +92,7 @@ from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,11 @@ DEFAULT_TRIGGER_INTERVAL = "1 second"
 # RocketMQ re-sends a failed send-back 5 s later; here the batch retries its write with backoff.
 DEFAULT_WRITE_ATTEMPTS = 5
 DEFAULT_WRITE_BACKOFF_SECONDS = 1.0
+# How far a producer's clock may be ahead of the consumers': a rebalance window checks the consume
+# results written from this long before the oldest message it checks (see _RebalancedBatch._consumed).
+DEFAULT_CLOCK_SKEW_SECONDS = 3600.0
+# What a rebalance reads of the group's consume results: the columns that say who consumed what.
+_CONSUMED_COLUMNS = "msg_id string, consumer_group string, message_model string"
 MESSAGE_NAMES = tuple(c.name for c in MESSAGE_COLUMNS)
 # Internal column: each delivered row's position in its source table's stream (rebalance windows).
 POSITION = "_delivery_position"
@@ -416,6 +421,7 @@ class _RebalancedBatch:
     records: str
     results_path: str
     on_assignment: Callable[[Assignment], None] = lambda _: None
+    clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     _planned: bool = field(default=False, init=False, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -529,6 +535,9 @@ class _RebalancedBatch:
 
     def _snapshot(self, path: str, version: int | None = None) -> DataFrame:
         """The table at ``version`` (default: latest) as a batch DataFrame."""
+        return self._reader(path, version).load()
+
+    def _reader(self, path: str, version: int | None = None) -> DataFrameReader:
         reader = (
             self.spark.read.format(FORMAT_NAME)
             .option("path", path)
@@ -537,13 +546,21 @@ class _RebalancedBatch:
         )
         if version is not None:
             reader = reader.option("versionAsOf", str(version))
-        return reader.load()
+        return reader
 
-    def _consumed(self) -> DataFrame:
-        """msg ids the group already has a CLUSTERING result for (read when the plan runs)."""
+    def _consumed(self, since: dt.datetime | None) -> DataFrame:
+        """msg ids the group already has a CLUSTERING result for (read when the plan runs).
+
+        Only the columns that say so are read, and with ``since`` only the files
+        whose statistics may hold a result consumed at or after it. A result
+        missed that way can only make a message delivered twice, never lost.
+        """
         from pyspark.sql import functions as F
 
-        results = self._snapshot(self.results_path)
+        reader = self._reader(self.results_path).schema(_CONSUMED_COLUMNS)
+        if since is not None:
+            reader = reader.option("pruneColumn", "consumed_at").option("pruneBefore", since.isoformat())
+        results = reader.load()
         model = F.coalesce(F.col("message_model"), F.lit(CLUSTERING))
         return (
             results.filter((F.col("consumer_group") == F.lit(self.group)) & (model == F.lit(CLUSTERING)))
@@ -577,17 +594,49 @@ class _RebalancedBatch:
         # A resent row goes to the instance it names, whoever owns its queue; the others skip it.
         to_me = F.coalesce(F.col("properties")[PROP_RESEND_TO] == F.lit(self.membership.member), F.lit(False))
         rows = batch.filter((owned & ~self._resent()) | (self._resent() & to_me))
-        consumed = self._consumed() if assignment.windows or assignment.catch_up else None
-        if assignment.windows and consumed is not None:
+        # Catch-up rows may be of any age: every file of consume results. A window's rows are in this batch:
+        # the results of the time since the oldest of them was stored (none to read if no row is inside).
+        consumed = self._consumed(None) if assignment.catch_up else None
+        if assignment.windows:
             inside = F.lit(False)
             for w in assignment.windows:
                 inside = inside | (self._in(w.topic, w.queues) & (F.col(POSITION) < F.lit(window_bound(w.through_version))))
             inside = F.coalesce(inside, F.lit(False))
-            rows = rows.filter(~inside).unionByName(rows.filter(inside).join(consumed, "msg_id", "left_anti"))
+            checked = rows.filter(inside)
+            if consumed is None:
+                found, since = self._stored_since(checked)
+                consumed = self._consumed(since) if found else None
+            if consumed is not None:
+                rows = rows.filter(~inside).unionByName(checked.join(consumed, "msg_id", "left_anti"))
         rows = rows.drop(POSITION, QUEUE_SET)
         if assignment.catch_up and consumed is not None:
             rows = rows.unionByName(self._catch_up(batch, assignment, consumed))
         return rows
+
+    def _stored_since(self, checked: DataFrame) -> tuple[bool, dt.datetime | None]:
+        """Whether ``checked`` has rows, and the time from which their consume results can be.
+
+        A result is written after its message was stored: the oldest
+        ``store_timestamp`` (never later than now), less ``clock_skew_seconds``
+        for a producer whose clock runs ahead. None (every file) if a row has
+        no time, or none Spark reads as one (a table another writer made).
+        """
+        from pyspark.sql import functions as F
+
+        at = F.col("store_timestamp").cast("timestamp")
+        row = checked.agg(
+            F.count(F.lit(1)).alias("rows"), F.count(at).alias("timed"), F.unix_micros(F.min(at)).alias("oldest")
+        ).first()
+        if row is None or not row["rows"]:
+            return False, None
+        if row["timed"] < row["rows"]:
+            return True, None
+        now = dt.datetime.now(dt.UTC)
+        try:
+            oldest = min(dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=row["oldest"]), now)
+            return True, oldest - dt.timedelta(seconds=self.clock_skew_seconds)
+        except OverflowError:  # a time near year 1 (or a skew past it): nothing to prune by
+            return True, None
 
     def _catch_up(self, batch: DataFrame, assignment: Assignment, consumed: DataFrame) -> DataFrame:
         """Rows of the gained queues, as of the recorded versions, that no instance of the group consumed."""
@@ -708,6 +757,11 @@ class Consumer:
     has ``queue_nums`` queues, ``%RETRY%G`` the group's ``retry_queue_nums``;
     an instance is live while its last heartbeat (every
     ``heartbeat_interval_seconds``) is younger than ``heartbeat_expiry_seconds``.
+    An instance that gains queues checks their rows against the group's
+    consume results of the time since those rows were stored, less
+    ``clock_skew_seconds`` (how far a producer's clock may run ahead of the
+    consumers'; a result older than that is not looked at, so a row whose
+    producer's clock ran further ahead may be consumed twice, never lost).
     """
 
     spark: SparkSession
@@ -727,6 +781,7 @@ class Consumer:
     queue_nums: int = DEFAULT_QUEUE_NUMS
     heartbeat_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS
     heartbeat_expiry_seconds: float = DEFAULT_HEARTBEAT_EXPIRY_SECONDS
+    clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     last_assignment: Assignment | None = field(default=None, init=False, repr=False)
     _heartbeater: _Heartbeater | None = field(default=None, init=False, repr=False)
     _subscriptions: dict[str, tuple[str, ...] | None] = field(default_factory=dict, init=False, repr=False)
@@ -764,6 +819,9 @@ class Consumer:
         for name, value in (("heartbeat_interval_seconds", interval), ("heartbeat_expiry_seconds", expiry)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
                 raise SubscriptionError(f"{name} {value!r} must be a positive number", code="INVALID_OPTION")
+        skew = self.clock_skew_seconds
+        if isinstance(skew, bool) or not isinstance(skew, int | float) or not 0 <= skew < float("inf"):
+            raise SubscriptionError(f"clock_skew_seconds {skew!r} must be a number >= 0", code="INVALID_OPTION")
         if expiry <= interval:
             raise SubscriptionError(
                 f"heartbeat_expiry_seconds {expiry!r} must be more than heartbeat_interval_seconds {interval!r}, "
@@ -984,6 +1042,7 @@ class Consumer:
             records=os.path.join(self.checkpoint_path, "rebalance"),
             results_path=results_path,
             on_assignment=self._on_assignment,
+            clock_skew_seconds=self.clock_skew_seconds,
         )
         deliveries = self._deliveries(position=clustering)
         if clustering:

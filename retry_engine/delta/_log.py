@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
@@ -338,16 +339,47 @@ def _stats_records(stats: object) -> int | None:
     return _records(parsed.get("numRecords")) if isinstance(parsed, dict) else None
 
 
-def snapshot_files(table: DeltaTable, version: int) -> list[FileEntry]:
+@dataclass(frozen=True)
+class FilePrune:
+    """Leave out the data files whose statistics say every ``column`` value is before ``before``.
+
+    A file without that statistic, or whose statistic is no time with a zone
+    (a table another writer made), is kept: only its rows could tell.
+    """
+
+    column: str
+    before: dt.datetime
+
+
+def snapshot_files(table: DeltaTable, version: int, prune: FilePrune | None = None) -> list[FileEntry]:
     """The data files of ``table`` (loaded at ``version``) in stream order (:func:`snapshot_entries`).
 
     Only the columns a :class:`FileEntry` holds cross to Python, not the
     per-column statistics: those are Python objects for every file, and their
-    tz-aware timestamps convert through pandas.
+    tz-aware timestamps convert through pandas. With ``prune``, the files it
+    leaves out are dropped after the files are numbered, so a kept file has
+    the index (and stream position) it has without ``prune``.
     """
     actions = add_actions(table)
     wanted = [c for c in actions.column_names if c in SNAPSHOT_COLUMNS or c.startswith(PARTITION_PREFIX)]
-    return snapshot_entries(actions.select(wanted).to_pylist(), version)
+    entries = snapshot_entries(actions.select(wanted).to_pylist(), version)
+    if prune is None:
+        return entries
+    kept = _reaching(actions, prune)
+    return entries if kept is None else [e for e in entries if e.path in kept]
+
+
+def _reaching(actions: pa.Table, prune: FilePrune) -> set[str] | None:
+    """Paths of the files ``prune`` keeps; None if the statistics cannot prune at all."""
+    name = f"max.{prune.column}"
+    if name not in actions.column_names:
+        return None
+    latest = actions[name]
+    if not (pa.types.is_timestamp(latest.type) and latest.type.tz is not None):
+        log.info("column %s of the table is %s, not a time with a zone: no file is pruned", prune.column, latest.type)
+        return None
+    reaches = pc.fill_null(pc.greater_equal(latest, pa.scalar(prune.before, latest.type)), True)
+    return set(actions.filter(reaches)["path"].to_pylist())
 
 
 def snapshot_entries(table_rows: list[dict[str, Any]], version: int) -> list[FileEntry]:
@@ -446,7 +478,7 @@ class DeltaLog:
     location: TableLocation
     _table: DeltaTable | None = field(default=None, repr=False)
     _fs: tuple[pafs.FileSystem, str] | None = field(default=None, repr=False)
-    _snapshot: tuple[int, list[FileEntry]] | None = field(default=None, repr=False)
+    _snapshot: tuple[tuple[int, FilePrune | None], list[FileEntry]] | None = field(default=None, repr=False)
     _commits: OrderedDict[int, Commit] = field(default_factory=OrderedDict, repr=False)
 
     @property
@@ -472,13 +504,14 @@ class DeltaLog:
         check_table_protocol(self.uri, table)
         return pa.schema(table.schema().to_arrow())
 
-    def snapshot(self, version: int) -> list[FileEntry]:
-        """Files of the snapshot at ``version`` in stream order (only the last one asked is cached).
+    def snapshot(self, version: int, prune: FilePrune | None = None) -> list[FileEntry]:
+        """Files of the snapshot at ``version`` in stream order (only the last one asked is cached);
+        with ``prune``, those it keeps (:func:`snapshot_files`).
 
         A version the log no longer holds (log cleanup removed its commits and
         no checkpoint at or before it is left) is ``DELTA_COMMIT_MISSING``.
         """
-        if self._snapshot is None or self._snapshot[0] != version:
+        if self._snapshot is None or self._snapshot[0] != (version, prune):
             try:
                 table = self.location.open_table(version)
             except DeltaSourceError as exc:
@@ -489,7 +522,7 @@ class DeltaLog:
                     raise self._missing(version, earliest) from exc
                 raise
             check_table_protocol(self.uri, table)
-            self._snapshot = (version, snapshot_files(table, version))
+            self._snapshot = ((version, prune), snapshot_files(table, version, prune))
             log.debug("%s: snapshot at version %d has %d files", self.uri, version, len(self._snapshot[1]))
         return self._snapshot[1]
 

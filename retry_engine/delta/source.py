@@ -33,6 +33,7 @@ Arrow anyway.
 
 from __future__ import annotations
 
+import datetime as dt
 import heapq
 import logging
 import sys
@@ -59,7 +60,14 @@ from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import ipc_array, ipc_slices
 from retry_engine.delta._files import FileToRead, read_file
-from retry_engine.delta._log import Commit, DeltaLog, FileEntry, TableLocation, relative_data_path
+from retry_engine.delta._log import (
+    Commit,
+    DeltaLog,
+    FileEntry,
+    FilePrune,
+    TableLocation,
+    relative_data_path,
+)
 from retry_engine.delta._offsets import (
     Admission,
     ChangeRules,
@@ -79,6 +87,7 @@ from retry_engine.delta._options import (
 )
 from retry_engine.delta._schema import check_stream_schema
 from retry_engine.delta._worker_heap import settle
+from retry_engine.delta.tables import stats_from
 from retry_engine.errors import ConfigError, DeltaSourceError
 
 log = logging.getLogger(__name__)
@@ -108,6 +117,9 @@ class SourceOptions:
     """``readPartitions``: at most this many read tasks a batch (None: one per file)."""
     wake_on_start: bool = False
     """``wakeOnStart``: a query's first trigger plans a batch even without new files."""
+    prune: FilePrune | None = None
+    """``pruneColumn`` and ``pruneBefore`` (a batch read): skip the files whose statistics put every
+    value of that time column before that time. Rows are not filtered: a file read keeps its older rows."""
     # ``storage.<key>`` options (not in repr: they may hold credentials); None: the registered ones.
     storage_options: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
 
@@ -142,6 +154,7 @@ class SourceOptions:
         raw_as_of = opts.get("versionasof", "").strip()
         if raw_as_of and not (raw_as_of.isascii() and raw_as_of.isdigit()):
             raise ConfigError(f"option versionAsOf={raw_as_of!r} must be a version number >= 0", code="INVALID_OPTION")
+        prune = _parse_prune(opts)
         path = require_path(opts)
         storage_options = storage.from_spark_options(opts)
         if storage_options is not None:
@@ -162,6 +175,7 @@ class SourceOptions:
             packed_column=opts.get("packedcolumn", "").strip() or None,
             read_partitions=parse_positive_int(opts, "readPartitions"),
             wake_on_start=parse_bool(opts, "wakeOnStart"),
+            prune=prune,
         )
 
     @property
@@ -188,6 +202,25 @@ class SourceOptions:
         if not isinstance(limit, ReadAllAvailable):
             log.warning("%s: read limit %r is not supported; reading everything available", self.path, limit)
         return Admission()
+
+
+def _parse_prune(opts: Mapping[str, str]) -> FilePrune | None:
+    """``pruneColumn`` with ``pruneBefore`` (both or neither), or :class:`ConfigError` ``INVALID_OPTION``."""
+    column = opts.get("prunecolumn", "").strip()
+    before = opts.get("prunebefore", "").strip()
+    if not column and not before:
+        return None
+    if not column or not before:
+        raise ConfigError(
+            f"options pruneColumn={column!r} and pruneBefore={before!r} go together: give both or neither",
+            code="INVALID_OPTION",
+        )
+    ms = parse_timestamp_ms(before, name="pruneBefore")
+    try:
+        at = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=ms)
+    except OverflowError:
+        raise ConfigError(f"option pruneBefore={before!r} is out of range", code="INVALID_OPTION") from None
+    return FilePrune(column, stats_from(at))
 
 
 # --------------------------------------------------------------------------- reading
@@ -322,6 +355,12 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
     """
 
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        if options.prune is not None:
+            raise ConfigError(
+                "options pruneColumn and pruneBefore are for a batch read (spark.read): a stream reads every "
+                "file it is given",
+                code="INVALID_OPTION",
+            )
         self._init_schemas(options, schema)
         self._available_now_version: int | None = None
         self._log: DeltaLog | None = None
@@ -490,4 +529,5 @@ class DeltaBatchReader(_FileReading, DataSourceReader):
         version = self.options.version_as_of
         if version is None:
             version = delta_log.latest_version()
-        return plan_partitions(delta_log.snapshot(version), self.options.path, self.options.read_partitions)
+        entries = delta_log.snapshot(version, self.options.prune)
+        return plan_partitions(entries, self.options.path, self.options.read_partitions)
