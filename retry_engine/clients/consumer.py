@@ -623,7 +623,7 @@ class _RebalancedBatch:
         """
         from pyspark.sql import functions as F
 
-        at = F.col("store_timestamp").cast("timestamp")
+        at = F.col("store_timestamp").try_cast("timestamp")
         row = checked.agg(
             F.count(F.lit(1)).alias("rows"), F.count(at).alias("timed"), F.unix_micros(F.min(at)).alias("oldest")
         ).first()

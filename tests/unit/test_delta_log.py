@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -38,6 +39,7 @@ from retry_engine.delta._files import (
 from retry_engine.delta._log import (
     Commit,
     DeltaLog,
+    FilePrune,
     TableLocation,
     check_reader_protocol,
     commit_entries,
@@ -729,3 +731,57 @@ def test_writer_dictionary_encodes_repeating_and_nested_columns_only_and_reads_b
     # Hostile first batches: none of these may fail the write (encoding is a choice, never an error).
     for first in (rows.slice(0, 1), rows.slice(0, 0)):
         assert isinstance(dictionary_columns(schema, first), list)
+
+
+def _times_file(path: Path, times: list[dt.datetime | None], kind: pa.DataType = pa.timestamp("us", tz="UTC"), **kw: Any) -> None:
+    at = pa.array(times, pa.timestamp("us", tz="UTC")).cast(kind) if kind != pa.string() else pa.array(
+        [None if t is None else t.isoformat() for t in times], pa.string())
+    write_deltalake(str(path), pa.table({"n": list(range(len(times))), "at": at}), mode="append", **kw)
+
+
+def test_a_snapshot_pruned_by_a_time_keeps_what_may_reach_it_with_its_indexes(tmp_path: Path) -> None:
+    """FilePrune (the deltars batch options pruneColumn / pruneBefore): a file whose statistics put every
+    value before the bound is left out; at the bound, with only nulls, or without statistics it is kept
+    (only its rows could tell). Kept files keep the index they have in the whole snapshot."""
+    before = dt.datetime(2026, 11, 1, tzinfo=UTC)
+    day = dt.timedelta(days=1)
+    path = tmp_path / "t"
+    # 0: written without statistics (another writer's), then statistics from here on
+    _times_file(path, [before - 90 * day], configuration={"delta.dataSkippingNumIndexedCols": "0"})
+    DeltaTable(str(path)).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "32"})
+    _times_file(path, [before - 40 * day, before - 30 * day])  # 2: all before: left out
+    _times_file(path, [before - 2 * day, before])  # 3: its maximum at the bound
+    _times_file(path, [before - dt.timedelta(milliseconds=1)])  # 4: a millisecond before: left out
+    _times_file(path, [None, None])  # 5: no time at all
+    _times_file(path, [before + day, before - 50 * day, before])  # 6: the maximum after
+    delta_log = DeltaLog(TableLocation(str(path)))
+    assert add_actions_stats(path).count(None) == 2  # no statistics, and nulls only
+    everything = delta_log.snapshot(6)
+    assert len(everything) == 6
+    first = {e.path: pq.read_table(path / e.path)["at"][0].as_py() for e in everything}
+    kept = delta_log.snapshot(6, FilePrune("at", before))
+    assert [e for e in everything if e in kept] == kept  # the same entries, indexes and all
+    assert [first[e.path] for e in kept] == [before - 90 * day, before - 2 * day, None, before + day]
+    assert delta_log.snapshot(6) == everything  # the cache tells the two apart
+    later = delta_log.snapshot(6, FilePrune("at", before + 2 * day))
+    assert [first[e.path] for e in later] == [before - 90 * day, None]
+
+
+def add_actions_stats(path: Path) -> list[Any]:
+    from retry_engine.delta._log import add_actions
+
+    return add_actions(DeltaTable(str(path)))["max.at"].to_pylist()
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.timestamp("us"), None])
+def test_a_time_column_that_cannot_prune_keeps_every_file(tmp_path: Path, kind: pa.DataType | None) -> None:
+    """A table another writer made: the time as text, without a zone, or no such column: nothing to prune by."""
+    path = tmp_path / "t"
+    old = dt.datetime(2020, 1, 1, tzinfo=UTC)
+    for _ in range(2):
+        if kind is None:
+            write_deltalake(str(path), pa.table({"n": [1]}), mode="append")
+        else:
+            _times_file(path, [old], kind)
+    delta_log = DeltaLog(TableLocation(str(path)))
+    assert delta_log.snapshot(1, FilePrune("at", dt.datetime(2026, 1, 1, tzinfo=UTC))) == delta_log.snapshot(1)

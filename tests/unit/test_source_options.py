@@ -11,6 +11,7 @@ real Delta tables.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,12 @@ def test_hostile_source_keys_are_rejected_at_load_naming_the_key(section: dict[s
         ({"startingVersion": "latest", "startingTimestamp": "2026-01-01"}, r"both set"),
         ({"skipChangeCommits": "1"}, r"skipChangeCommits='1' must be 'true' or 'false'"),
         ({"ignoreDeletes": "yes"}, r"ignoreDeletes='yes' must be 'true' or 'false'"),
+        ({"pruneColumn": "consumed_at"}, r"pruneColumn='consumed_at' and pruneBefore='' go together"),
+        ({"pruneBefore": "2026-01-01"}, r"pruneColumn='' and pruneBefore='2026-01-01' go together"),
+        ({"pruneColumn": "at", "pruneBefore": "soon"}, r"pruneBefore='soon' is not a date"),
+        ({"pruneColumn": "at", "pruneBefore": "1767225600000"}, r"pruneBefore='1767225600000' is not a date"),
+        ({"pruneColumn": "at", "pruneBefore": "0001-01-01T00:00:00+14:00"}, r"pruneBefore=.* is out of range"),
+        ({"pruneColumn": "at", "pruneBefore": "9999-12-31T23:59:59-14:00"}, r"pruneBefore=.* is out of range"),
     ],
 )
 def test_hostile_reader_options_fail_naming_the_option(options: dict[str, str], message: str) -> None:
@@ -378,3 +385,12 @@ def test_read_parallelism_without_a_spark_context(configured: str | None, expect
 
     assert read_parallelism(_ConnectLike(configured)) == expected  # type: ignore[arg-type]
     assert SourceOptions.parse({"path": "/t", "readPartitions": expected}).read_partitions == int(expected)
+
+
+def test_prune_options_are_for_a_batch_read_and_a_stream_refuses_them() -> None:
+    options = SourceOptions.parse({"path": "/t", "pruneColumn": "consumed_at", "pruneBefore": "2026-01-01T00:00:00Z"})
+    assert options.prune is not None and options.prune.column == "consumed_at"
+    # Widened down by the statistics' slack: a file whose maximum is truncated to the millisecond is kept.
+    assert options.prune.before == dt.datetime(2025, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC)
+    with pytest.raises(ConfigError, match=r"INVALID_OPTION.*pruneColumn and pruneBefore are for a batch read"):
+        DeltaStreamReader(options, CONSUME_RESULTS.spark_schema)
