@@ -733,8 +733,11 @@ def test_writer_dictionary_encodes_repeating_and_nested_columns_only_and_reads_b
         assert isinstance(dictionary_columns(schema, first), list)
 
 
-def _times_file(path: Path, times: list[dt.datetime | None], kind: pa.DataType = pa.timestamp("us", tz="UTC"), **kw: Any) -> None:
-    at = pa.array(times, pa.timestamp("us", tz="UTC")).cast(kind) if kind != pa.string() else pa.array(
+ZONED = pa.timestamp("us", tz="UTC")
+
+
+def _times_file(path: Path, times: list[dt.datetime | None], kind: pa.DataType = ZONED, **kw: Any) -> None:
+    at = pa.array(times, ZONED).cast(kind) if kind != pa.string() else pa.array(
         [None if t is None else t.isoformat() for t in times], pa.string())
     write_deltalake(str(path), pa.table({"n": list(range(len(times))), "at": at}), mode="append", **kw)
 
