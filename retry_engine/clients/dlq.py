@@ -39,7 +39,13 @@ from retry_engine.core.names import (
     validate_topic,
 )
 from retry_engine.delta.storage import open_delta, spark_options
-from retry_engine.delta.tables import open_table, stats_from, stats_until, table_version
+from retry_engine.delta.tables import (
+    open_table,
+    pyarrow_dataset,
+    stats_from,
+    stats_until,
+    table_version,
+)
 from retry_engine.errors import SelectionError
 from retry_engine.ops.audit import (
     AUDIT_TABLE,
@@ -317,7 +323,7 @@ def read_dlq(
     if selection is not None and selection.until is not None:
         files.append(("dead_lettered_at", "<=", stats_until(selection.until)))
         bounds = bounds & (pc.field("dead_lettered_at") < pa.scalar(selection.until, DLQ["dead_lettered_at"].type))
-    dataset = open_delta(path, version=resolved).to_pyarrow_dataset(file_pruning_predicate=files or None)
+    dataset = pyarrow_dataset(open_delta(path, version=resolved), files or None)
     rows = dataset.to_table(columns=read, filter=bounds).select(read).cast(schema)
     if selection is not None:
         rows = rows.filter(selection.mask(rows))
@@ -341,9 +347,7 @@ def dead_letters_named(config: EngineConfig, named: pa.Table, *, version: int | 
         ]
     if groups and named.column("consumer_group").null_count == 0:
         files.append(("consumer_group", "in", groups))
-    dataset = open_delta(config.table_path("dlq"), version=version).to_pyarrow_dataset(
-        file_pruning_predicate=files or None
-    )
+    dataset = pyarrow_dataset(open_delta(config.table_path("dlq"), version=version), files or None)
     ids = named.column("msg_id").combine_chunks()
     rows = dataset.to_table(columns=list(schema.names), filter=pc.field("msg_id").isin(ids))
     return rows.cast(schema)
@@ -692,7 +696,7 @@ def _read_where(config: EngineConfig, table: str, where: Any, columns: list[str]
     found = open_table(config.table_path(table))
     if found is None:
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
-    data = found.to_pyarrow_dataset()
+    data = pyarrow_dataset(found)
     names = set(data.schema.names)
     if not {"origin_msg_id", "msg_id"} <= names:  # a drifted consume_results table may lack either
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})

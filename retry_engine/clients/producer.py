@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake.exceptions import DeltaError
 
 from retry_engine.config import DEFAULT_MAX_BODY_BYTES
@@ -43,7 +44,7 @@ from retry_engine.core.names import SCHEDULE_TOPIC, is_dlq_topic, is_retry_topic
 from retry_engine.delta import FORMAT_NAME, append_arrow, ensure_table
 from retry_engine.delta.session import capped_arrow_batches
 from retry_engine.delta.storage import spark_options
-from retry_engine.delta.tables import open_table
+from retry_engine.delta.tables import open_table, pyarrow_dataset
 from retry_engine.errors import (
     ConcurrentWriteError,
     ConfigError,
@@ -411,8 +412,8 @@ class Producer:
             return
         topic, first = table.column("topic")[0].as_py(), table.column("msg_id")[0].as_py()
         held = open_table(self.path)
-        rows = None if held is None else held.to_pyarrow_table(
-            columns=["msg_id"], filters=[("topic", "=", topic), ("msg_id", "=", first)]
+        rows = None if held is None else pyarrow_dataset(held, [("topic", "=", topic), ("msg_id", "=", first)]).to_table(
+            columns=["msg_id"], filter=(pc.field("topic") == topic) & (pc.field("msg_id") == first)
         )
         if rows is not None and rows.num_rows:
             return

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Sequence, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -30,6 +30,9 @@ from retry_engine.delta.storage import (
 )
 from retry_engine.errors import ConcurrentWriteError, ConfigError, SchemaMismatchError
 
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+
 log = logging.getLogger(__name__)
 
 # A file's statistics may keep a timestamp to the millisecond (Spark's do, a maximum truncated down):
@@ -47,6 +50,51 @@ def stats_until(when: dt.datetime) -> dt.datetime:
     """``when`` widened up by :data:`STATS_SLACK` for a pruning predicate (``<=``), never past the last
     date a datetime holds."""
     return when + STATS_SLACK if dt.datetime.max.replace(tzinfo=when.tzinfo) - when >= STATS_SLACK else when
+
+
+def pyarrow_dataset(table: DeltaTable, file_pruning_predicate: Any = None) -> ds.FileSystemDataset:
+    """delta-rs's pyarrow dataset of ``table`` (optionally pruned), whose files a filter never skips wrongly.
+
+    delta-rs gives each file a guarantee built from its statistics (``col >= min and col <= max``).
+    For a file without statistics of a column (another writer's: Spark with
+    ``delta.dataSkippingNumIndexedCols``, an old writer) it writes ``col >= null`` (deltalake 1.6),
+    which a filter on that column takes for "no row here": the whole file is skipped, its rows lost
+    to the reader. Such a file's guarantee is its partition values alone; the others keep theirs.
+    """
+    from urllib.parse import unquote
+
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from retry_engine.delta._log import PARTITION_PREFIX, add_actions
+
+    dataset = table.to_pyarrow_dataset(file_pruning_predicate=file_pruning_predicate)
+    actions = add_actions(table)
+    counts = [c for c in actions.column_names if c.startswith("null_count.")]
+    if not counts or actions.num_rows == 0:
+        return dataset
+    unstated = pc.is_null(actions[counts[0]])
+    for name in counts[1:]:
+        unstated = pc.or_(unstated, pc.is_null(actions[name]))
+    if not pc.any(unstated).as_py():
+        return dataset
+    parts = [c for c in actions.column_names if c.startswith(PARTITION_PREFIX)]
+    # The log's paths are URL-encoded once more than the fragments' (a partition value "a b": "a%2520b", "a%20b").
+    bare = {unquote(r.pop("path")): r for r in actions.filter(unstated).select(["path", *parts]).to_pylist()}
+    fragments = []
+    for fragment in dataset.get_fragments():
+        values = bare.get(fragment.path)
+        if values is None:
+            fragments.append(fragment)
+            continue
+        guarantee = pc.scalar(True)
+        for name, value in values.items():
+            column = name[len(PARTITION_PREFIX):]
+            field = pc.field(column)
+            kind = dataset.schema.field(column).type
+            guarantee = guarantee & (~field.is_valid() if value is None else field == pa.scalar(value).cast(kind))
+        fragments.append(dataset.format.make_fragment(fragment.path, dataset.filesystem, partition_expression=guarantee))
+    return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
 
 
 def open_table(path: str) -> DeltaTable | None:

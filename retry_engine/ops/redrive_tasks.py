@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from retry_engine.config import EngineConfig
-from retry_engine.delta.tables import append_arrow, open_table
+from retry_engine.delta.tables import append_arrow, open_table, pyarrow_dataset
 from retry_engine.errors import RedriveError
 from retry_engine.ops.audit import MOVED, read_audit, redrive_rows
 from retry_engine.ops.terms import TASK_STATES, TaskState
@@ -89,7 +89,7 @@ def read_events(config: EngineConfig, redrive_id: str | None = None) -> pa.Table
     where = None if redrive_id is None else pc.field("redrive_id") == redrive_id
     # Files come back in any order: readers want the events in the order they happened.
     return (
-        table.to_pyarrow_dataset().to_table(filter=where).select(REDRIVE_TASKS.names).sort_by("at")
+        pyarrow_dataset(table).to_table(filter=where).select(REDRIVE_TASKS.names).sort_by("at")
     )
 
 

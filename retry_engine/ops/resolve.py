@@ -49,7 +49,13 @@ from retry_engine.clients.dlq import Selection, read_dlq
 from retry_engine.config import EngineConfig
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.delta.storage import open_delta
-from retry_engine.delta.tables import append_arrow, ensure_table, open_table, table_arrow_schema
+from retry_engine.delta.tables import (
+    append_arrow,
+    ensure_table,
+    open_table,
+    pyarrow_dataset,
+    table_arrow_schema,
+)
 from retry_engine.errors import ConcurrentWriteError, ConfigError, RedriveError
 from retry_engine.ops.audit import (
     AUDIT_TABLE,
@@ -377,7 +383,8 @@ def _remove(path: str, group: str, ids: set[str]) -> int:
     wanted = pa.array(sorted(ids), pa.string())
     for attempt in range(1, MAX_DELETE_ATTEMPTS + 1):
         table = open_delta(path)
-        rows = pa.table(table.to_pyarrow_table(filters=[("consumer_group", "=", group)]))
+        files = pyarrow_dataset(table, [("consumer_group", "=", group)])
+        rows = files.to_table(filter=pc.field("consumer_group") == group)
         rows = rows.select(table_arrow_schema(table).names).cast(table_arrow_schema(table))
         gone = pc.is_in(rows.column("msg_id"), wanted)
         removed = int(pc.sum(gone).as_py() or 0)

@@ -39,7 +39,7 @@ from retry_engine.core.metrics import DELIVERED, nearest_rank
 from retry_engine.core.standby import StandbyEntry, standbys
 from retry_engine.core.totals import COUNTED, Totals
 from retry_engine.delta.storage import is_remote
-from retry_engine.delta.tables import open_table, stats_from, table_arrow_schema
+from retry_engine.delta.tables import open_table, pyarrow_dataset, stats_from, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.terms import (
     FINISHED,
@@ -175,7 +175,7 @@ def _columns_of(
     if dataset is None and rows is None:
         read = pa.table(delta.to_pyarrow_table(columns=present))
     else:
-        read = (dataset or delta.to_pyarrow_dataset()).to_table(columns=present, filter=rows)
+        read = (dataset or pyarrow_dataset(delta)).to_table(columns=present, filter=rows)
     for name in missing:
         read = read.append_column(table[name].field, pa.nulls(read.num_rows, table[name].type))
     return read.select(list(columns))
@@ -193,9 +193,9 @@ def _recent_files(delta: Any, column: str, now: dt.datetime) -> tuple[Any, dt.da
     actions = add_actions(delta)
     stat = f"max.{column}"
     if actions.num_rows == 0 or stat not in actions.schema.names or actions[stat].null_count:
-        return delta.to_pyarrow_dataset(), None
+        return pyarrow_dataset(delta), None
     since = min(pc.max(actions[stat]).as_py(), now) - FAILURES_WINDOW
-    return delta.to_pyarrow_dataset(file_pruning_predicate=[(column, ">=", since)]), since
+    return pyarrow_dataset(delta, [(column, ">=", since)]), since
 
 
 def _results_by_group(path: str) -> pa.Table | None:
@@ -942,7 +942,7 @@ def _retries_decided(config: EngineConfig, table: Any, since: dt.datetime) -> pa
     table_def, columns = _COLUMNS["outcomes"]
     if table is None:
         return _empty(table_def, columns)
-    dataset = table.to_pyarrow_dataset(file_pruning_predicate=[("due_at", ">=", stats_from(since))])
+    dataset = pyarrow_dataset(table, [("due_at", ">=", stats_from(since))])
     rows = (pc.field("outcome") == OUTCOME_RETRY) & _since(dataset, "due_at", since)
     return _columns_of(table, config.table_path(OUTCOMES.name), table_def, columns, dataset=dataset, rows=rows)
 
@@ -952,11 +952,8 @@ def _retry_rows(config: EngineConfig, table: Any, since: dt.datetime, delivered_
     table_def, columns = _COLUMNS["retry"]
     if table is None:
         return _empty(table_def, columns)
-    dataset = table.to_pyarrow_dataset(
-        file_pruning_predicate=[
-            [("due_at", ">=", stats_from(since))],
-            [("delivered_at", ">=", stats_from(delivered_since))],
-        ]
+    dataset = pyarrow_dataset(
+        table, [[("due_at", ">=", stats_from(since))], [("delivered_at", ">=", stats_from(delivered_since))]]
     )
     rows = _since(dataset, "due_at", since) | _since(dataset, "delivered_at", delivered_since)
     return _columns_of(table, config.table_path(RETRY.name), table_def, columns, dataset=dataset, rows=rows)
@@ -976,7 +973,7 @@ def rows_since(config: EngineConfig, name: str, column: str, since: dt.datetime,
         return _empty(table_def, columns)
     if not _zoned_time(delta, column):  # another writer's table: no statistics to prune by (or no column)
         return at_or_after(_columns_of(delta, path, table_def, columns), table_def, column, since)
-    dataset = delta.to_pyarrow_dataset(file_pruning_predicate=[(column, ">=", stats_from(since))])
+    dataset = pyarrow_dataset(delta, [(column, ">=", stats_from(since))])
     return _columns_of(delta, path, table_def, columns, dataset=dataset, rows=_since(dataset, column, since))
 
 

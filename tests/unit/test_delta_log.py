@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
@@ -788,3 +789,38 @@ def test_a_time_column_that_cannot_prune_keeps_every_file(tmp_path: Path, kind: 
             _times_file(path, [old], kind)
     delta_log = DeltaLog(TableLocation(str(path)))
     assert delta_log.snapshot(1, FilePrune("at", dt.datetime(2026, 1, 1, tzinfo=UTC))) == delta_log.snapshot(1)
+
+
+def _without_statistics(path: Path, write: Any) -> None:
+    """``write`` as another writer that keeps no statistics (Spark with delta.dataSkippingNumIndexedCols
+    = 0); the table's later files have them again. An append's own `configuration` is ignored."""
+    DeltaTable(str(path)).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "0"})
+    write()
+    DeltaTable(str(path)).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "32"})
+
+
+def test_a_filter_never_skips_a_file_without_statistics(tmp_path: Path) -> None:
+    """deltalake 1.6 guarantees ``col >= null`` of a file without statistics, and a pyarrow filter on
+    that column skips the whole file: its rows were lost to status, the DLQ console, history and the
+    producer's sequence check. ``pyarrow_dataset`` keeps such a file's partition values only; the
+    partition values survive (a value that needs quoting, a null), pruning still works on the others."""
+    from retry_engine.delta.tables import pyarrow_dataset
+
+    path = tmp_path / "t"
+    at = dt.datetime(2026, 1, 1, tzinfo=UTC)
+    rows = pa.table({"n": [1, 2], "g": ["a b/%", None], "at": pa.array([at, at], ZONED)})
+    write_deltalake(str(path), rows, partition_by=["g"])
+    _without_statistics(path, lambda: write_deltalake(str(path), rows, mode="append", partition_by=["g"]))
+    table = DeltaTable(str(path))
+    assert add_actions_stats(path).count(None) == 2  # the second write's two files
+    after = ds.field("at") >= dt.datetime(2025, 1, 1, tzinfo=UTC)
+    assert pyarrow_dataset(table).to_table(filter=after).num_rows == 4
+    assert sorted(r["g"] or "-" for r in pyarrow_dataset(table).to_table(filter=after).to_pylist()) == [
+        "-", "-", "a b/%", "a b/%"]
+    assert pyarrow_dataset(table).to_table(filter=after & (ds.field("g") == "a b/%")).num_rows == 2
+    assert pyarrow_dataset(table).to_table(filter=ds.field("g").is_null()).num_rows == 2
+    assert pyarrow_dataset(table).count_rows(filter=ds.field("n") == 2) == 2
+    later = dt.datetime(2027, 1, 1, tzinfo=UTC)
+    pruned = pyarrow_dataset(table, [("at", ">=", later)])
+    assert len(list(pruned.get_fragments())) == 2  # only those without statistics may hold a later time
+    assert pruned.to_table(filter=ds.field("at") >= later).num_rows == 0

@@ -175,3 +175,16 @@ def test_a_consume_results_table_without_id_columns_does_not_hide_the_rest(tmp_p
     write(lake, DLQ, [{"msg_id": DEAD_ID, "topic": "%DLQ%billing", "consumer_group": "billing", "origin_msg_id": ORIGIN,
                        "reconsume_times": 2, "delivery_key": f"{ORIGIN}:2", "dead_lettered_at": at(11)}])
     assert dlq.history(lake.config, DEAD_ID)["event"].tolist() == ["dead-lettered"]
+
+
+def test_a_consume_result_in_a_file_without_statistics_is_in_the_history(lake: Lake) -> None:
+    """Another writer's consume results without column statistics: delta-rs's filter on msg_id skipped
+    the whole file, and the consumption was missing from `dlq show` (pyarrow_dataset)."""
+    from deltalake import DeltaTable
+
+    path = lake.path(CONSUME_RESULTS.name)
+    DeltaTable(path).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "0"})
+    write(lake, CONSUME_RESULTS, [result("BARE", consumer="c9@host", status="CONSUME_SUCCESS", at_s=50)])
+    DeltaTable(path).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "32"})
+    frame = dlq.history(lake.config, "BARE")
+    assert frame[["event", "consumer_id"]].values.tolist() == [["consumed: CONSUME_SUCCESS", "c9@host"]]

@@ -244,6 +244,22 @@ def test_a_sequence_sent_out_of_order_is_refused_not_reported_sent(tmp_path: Pat
     assert sorted(r["body"] for r in rows(path)) == [b"one", b"three"]
 
 
+def test_a_sequence_sent_into_a_file_without_statistics_is_known_as_sent(tmp_path: Path) -> None:
+    """#12 item 21, bad-input rule: a messages table whose writer kept no column statistics (a Spark
+    job with delta.dataSkippingNumIndexedCols = 0): delta-rs's filter skipped the file holding the
+    sequence's first message, and a re-send of 3 was refused as out of order (pyarrow_dataset)."""
+    from deltalake import DeltaTable
+
+    path = str(tmp_path / "m")
+    producer = Producer(path, producer_id="p1")
+    assert producer.send("orders", b"one", sequence=1).written
+    DeltaTable(path).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "0"})
+    assert producer.send("orders", b"three", sequence=3).written
+    DeltaTable(path).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "32"})
+    assert Producer(path, producer_id="p1").send("orders", b"three", sequence=3).written is False
+    assert sorted(r["body"] for r in rows(path)) == [b"one", b"three"]
+
+
 def test_sequence_without_producer_id_is_refused(tmp_path: Path) -> None:
     """#12 item 21: an instance-scoped producer cannot promise cross-process dedup, so it takes no sequence."""
     with pytest.raises(InvalidMessageError, match=r"\[PRODUCER_ID_REQUIRED\] sequence=3 needs a producer"):

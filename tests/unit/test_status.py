@@ -12,10 +12,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from retry_engine.config import load_config, parse_config
 from retry_engine.core.standby import StandbyEntry, StandbyNote
+from retry_engine.delta._log import add_actions
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.cli import EXIT_NOT_RUNNING, EXIT_USAGE, main
 from retry_engine.ops.monitor import lifecycle_row
@@ -697,8 +698,12 @@ def test_status_breaks_down_the_last_days_dead_letters_and_reads_no_older_dlq_fi
     for rows in files:
         write_deltalake(str(lake / "dlq"), pa.Table.from_pylist(rows, schema=DLQ.arrow_schema), mode="append")
     # A file another writer left without column statistics cannot be pruned: it is read, and its rows decide.
+    # (An append's `configuration` is ignored: the table's property is what the writer follows.)
+    DeltaTable(str(lake / "dlq")).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "0"})
     write_deltalake(str(lake / "dlq"), pa.Table.from_pylist([dead(9, now, "NoStats"), dead(10, edge - ms(1), "Old")],
-                    schema=DLQ.arrow_schema), mode="append", configuration={"delta.dataSkippingNumIndexedCols": "0"})
+                    schema=DLQ.arrow_schema), mode="append")
+    DeltaTable(str(lake / "dlq")).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "32"})
+    assert add_actions(DeltaTable(str(lake / "dlq")))["max.dead_lettered_at"].null_count == 1  # that file's only
     everything = summarise(read_tables(config), now=now, trigger_interval_ms=1000, flush_interval_ms=5000)
     assert everything.dead_letters == [
         DeadLetterEntry("G", "NON_RETRYABLE", "New", 2),
