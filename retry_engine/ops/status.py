@@ -145,10 +145,12 @@ def read_table_columns(
         return None
     if recent is None:
         return _columns_of(delta, path, table, columns, added_later=added_later)
-    dataset, since = _recent_files(delta, *recent)
+    since = _recent_since(delta, *recent)
+    if since is None:
+        return _columns_of(delta, path, table, columns, added_later=added_later)
     # The same bound on rows: Parquet's row-group statistics skip the older parts of big files.
-    rows = None if since is None else pc.field(recent[0]) >= pa.scalar(since, dataset.schema.field(recent[0]).type)
-    return _columns_of(delta, path, table, columns, added_later=added_later, dataset=dataset, rows=rows)
+    files = [(recent[0], ">=", since)]
+    return _columns_of(delta, path, table, columns, added_later=added_later, files=files, rows=_since(table, recent[0], since))
 
 
 def _columns_of(
@@ -158,12 +160,20 @@ def _columns_of(
     columns: tuple[str, ...],
     *,
     added_later: tuple[str, ...] = (),
-    dataset: ds.Dataset | None = None,
+    files: Any = None,
     rows: pc.Expression | None = None,
 ) -> pa.Table:
-    """``columns`` of the snapshot ``delta`` (of the table at ``path``), of ``dataset``'s files and ``rows``
-    when given (see :func:`read_table_columns`)."""
-    names = set(table_arrow_schema(delta).names)
+    """``columns`` of the snapshot ``delta`` (of the table at ``path``), of the files its statistics
+    say may hold a row of the delta-rs predicate ``files``, and the ``rows`` (of ``columns``) when given
+    (see :func:`read_table_columns`).
+
+    A column of another type than ``table`` gives it (a table another writer made) is read as the
+    engine reads a column of consume_results (:func:`cast_column`: a time without a zone is UTC, a value
+    with no such form null), then ``rows`` are picked: such a table is read whole, its statistics
+    being of the other type.
+    """
+    schema = table_arrow_schema(delta)
+    names = set(schema.names)
     missing = [c for c in columns if c not in names]
     required = [c for c in missing if c not in added_later]
     if required:
@@ -172,30 +182,42 @@ def _columns_of(
             f"{table.name} needs {', '.join(columns)}"
         )
     present = [c for c in columns if c in names]
-    if dataset is None and rows is None:
+    drifted = [c for c in present if schema.field(c).type != table[c].type]
+    if drifted:
+        log.info("%s: %s of another type than the engine's; reading every row", path, ", ".join(drifted))
+        read = pa.table(delta.to_pyarrow_table(columns=present))
+        for name in drifted:
+            cast = cast_column(read[name].combine_chunks(), table[name].type)[0]
+            read = read.set_column(read.schema.get_field_index(name), table[name].field, cast)
+        if rows is not None:
+            read = read.filter(rows)
+    elif files is None and rows is None:
         read = pa.table(delta.to_pyarrow_table(columns=present))
     else:
-        read = (dataset or pyarrow_dataset(delta)).to_table(columns=present, filter=rows)
+        read = pyarrow_dataset(delta, files).to_table(columns=present, filter=rows)
     for name in missing:
         read = read.append_column(table[name].field, pa.nulls(read.num_rows, table[name].type))
     return read.select(list(columns))
 
 
-def _recent_files(delta: Any, column: str, now: dt.datetime) -> tuple[Any, dt.datetime | None]:
-    """The table's files that may hold a ``column`` value within :data:`FAILURES_WINDOW` of its newest
-    one (or of ``now``, if earlier), by their statistics, as a pyarrow dataset; every file when one
-    has no statistics for it. A day is what `status` needs of PROGRESS: the latest run's last event
-    and batch, and the failures of the last day (a running engine records an event at least every
-    10 s), while an engine recording a batch a second adds 2.6 million rows a month. Returns the
-    dataset and where the day starts (None: no bound)."""
+def _recent_since(delta: Any, column: str, now: dt.datetime) -> dt.datetime | None:
+    """Where the day before the table's newest ``column`` value (or ``now``, if earlier) starts, by its
+    files' statistics: what :data:`FAILURES_WINDOW` of the table to read; None (every row) when a file
+    has no statistics for it, or they are not of a time with a zone. A day is what `status` needs of
+    PROGRESS: the latest run's last event and batch, and the failures of the last day (a running
+    engine records an event at least every 10 s), while an engine recording a batch a second adds
+    2.6 million rows a month."""
     from retry_engine.delta._log import add_actions
 
     actions = add_actions(delta)
     stat = f"max.{column}"
     if actions.num_rows == 0 or stat not in actions.schema.names or actions[stat].null_count:
-        return pyarrow_dataset(delta), None
-    since = min(pc.max(actions[stat]).as_py(), now) - FAILURES_WINDOW
-    return pyarrow_dataset(delta, [(column, ">=", since)]), since
+        return None
+    kind = actions[stat].type
+    if not (pa.types.is_timestamp(kind) and kind.tz is not None):
+        return None
+    newest: dt.datetime = pc.max(actions[stat]).as_py()
+    return min(newest, now) - FAILURES_WINDOW
 
 
 def _results_by_group(path: str) -> pa.Table | None:
@@ -784,15 +806,6 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
     return dataclasses.replace(summary, standbys=_standbys(config, now))
 
 
-def _zoned_time(table: Any, column: str) -> bool:
-    """Whether the snapshot ``table`` has ``column`` as a time with a zone, which its statistics can prune by."""
-    names = table_arrow_schema(table)
-    if column not in names.names:
-        return False
-    kind = names.field(column).type
-    return pa.types.is_timestamp(kind) and kind.tz is not None
-
-
 def _standbys(config: EngineConfig, now: dt.datetime) -> list[StandbyEntry]:
     """The lake's standby notes; none, with a warning, when the store does not list them."""
     try:
@@ -933,8 +946,8 @@ def _metrics_through(record: BatchRecord, table: Any) -> bool:
     return version == record.batch_id or not wrote
 
 
-def _since(dataset: ds.Dataset, column: str, since: dt.datetime) -> pc.Expression:
-    return pc.field(column) >= pa.scalar(since, dataset.schema.field(column).type)
+def _since(table: Table, column: str, since: dt.datetime) -> pc.Expression:
+    return pc.field(column) >= pa.scalar(since, table[column].type)
 
 
 def _retries_decided(config: EngineConfig, table: Any, since: dt.datetime) -> pa.Table:
@@ -942,9 +955,9 @@ def _retries_decided(config: EngineConfig, table: Any, since: dt.datetime) -> pa
     table_def, columns = _COLUMNS["outcomes"]
     if table is None:
         return _empty(table_def, columns)
-    dataset = pyarrow_dataset(table, [("due_at", ">=", stats_from(since))])
-    rows = (pc.field("outcome") == OUTCOME_RETRY) & _since(dataset, "due_at", since)
-    return _columns_of(table, config.table_path(OUTCOMES.name), table_def, columns, dataset=dataset, rows=rows)
+    files = [("due_at", ">=", stats_from(since))]
+    rows = (pc.field("outcome") == OUTCOME_RETRY) & _since(table_def, "due_at", since)
+    return _columns_of(table, config.table_path(OUTCOMES.name), table_def, columns, files=files, rows=rows)
 
 
 def _retry_rows(config: EngineConfig, table: Any, since: dt.datetime, delivered_since: dt.datetime) -> pa.Table:
@@ -952,29 +965,24 @@ def _retry_rows(config: EngineConfig, table: Any, since: dt.datetime, delivered_
     table_def, columns = _COLUMNS["retry"]
     if table is None:
         return _empty(table_def, columns)
-    dataset = pyarrow_dataset(
-        table, [[("due_at", ">=", stats_from(since))], [("delivered_at", ">=", stats_from(delivered_since))]]
-    )
-    rows = _since(dataset, "due_at", since) | _since(dataset, "delivered_at", delivered_since)
-    return _columns_of(table, config.table_path(RETRY.name), table_def, columns, dataset=dataset, rows=rows)
+    files = [[("due_at", ">=", stats_from(since))], [("delivered_at", ">=", stats_from(delivered_since))]]
+    rows = _since(table_def, "due_at", since) | _since(table_def, "delivered_at", delivered_since)
+    return _columns_of(table, config.table_path(RETRY.name), table_def, columns, files=files, rows=rows)
 
 
 def rows_since(config: EngineConfig, name: str, column: str, since: dt.datetime, *, table: Any = None) -> pa.Table:
     """What status and plots read of the table ``name`` (its :data:`_COLUMNS`), of the rows whose
     ``column`` is at or after ``since``: only the files whose statistics may hold one, then the row
     groups, then the rows. ``table``: a snapshot already open (else the table's latest version); no
-    table is an empty one. A ``column`` of another type than a time with a zone (a table another writer
-    made) cannot prune: every row is read (:func:`at_or_after`; without the column:
-    :class:`SchemaMismatchError`)."""
+    table is an empty one. A column of another type (a table another writer made) cannot prune: every
+    row is read and cast (:func:`_columns_of`; without the column: :class:`SchemaMismatchError`)."""
     table_def, columns = _COLUMNS[name]
     path = config.table_path(name)
     delta = table if table is not None else open_table(path)
     if delta is None:
         return _empty(table_def, columns)
-    if not _zoned_time(delta, column):  # another writer's table: no statistics to prune by (or no column)
-        return at_or_after(_columns_of(delta, path, table_def, columns), table_def, column, since)
-    dataset = pyarrow_dataset(delta, [(column, ">=", stats_from(since))])
-    return _columns_of(delta, path, table_def, columns, dataset=dataset, rows=_since(dataset, column, since))
+    files = [(column, ">=", stats_from(since))]
+    return _columns_of(delta, path, table_def, columns, files=files, rows=_since(table_def, column, since))
 
 
 # -- output ---------------------------------------------------------------------

@@ -855,3 +855,72 @@ def test_status_does_not_read_the_metrics_table(tmp_path: Path) -> None:
     assert status(config, now=T).outcomes == {"acknowledged": 1}
     with pytest.raises(SchemaMismatchError, match="table metrics"):
         read_tables(config)
+
+
+def _recorded_lake(root: Path, now: dt.datetime) -> None:
+    """A lake as the engine leaves it: outcomes (released, pending and long-past retries, an ack, a
+    dead letter), the released retries, the DLQ, progress, and the batch record with its totals."""
+    from retry_engine.core.lease import STATE_DIR, BatchRecord, EngineState, Owner
+    from retry_engine.ops.status import totals_of
+
+    hour = dt.timedelta(hours=1)
+    outcome_rows = [
+        ("G", "retry", "R1", 3, now - hour, now - 2 * hour),  # released
+        ("G", "retry", "R2", 4, now + hour, now - ms(500)),  # pending
+        ("H", "retry", "R3", 3, now - 40 * 24 * hour, now - 40 * 24 * hour),  # released long ago
+        ("H", "acknowledged", None, 0, None, now - hour),
+        ("H", "dead_letter", "D1", 0, None, now - hour),
+    ]
+    keys = ("consumer_group", "outcome", "output_msg_id", "delay_level", "due_at", "decided_at")
+    outcomes = pa.Table.from_pylist(
+        [{**dict.fromkeys(OUTCOMES.names), **dict(zip(keys, r, strict=True)), "batch_id": 7} for r in outcome_rows],
+        schema=OUTCOMES.arrow_schema,
+    )
+    retry = pa.Table.from_pylist([
+        {**dict.fromkeys(RETRY.names), "msg_id": m, "topic": f"%RETRY%{g}", "consumer_group": g, "delay_level": 3,
+         "due_at": due, "delivered_at": due + ms(200), "delivery_key": m}
+        for m, g, due in (("R1", "G", now - hour), ("R3", "H", now - 40 * 24 * hour))
+    ], schema=RETRY.arrow_schema)
+    dlq = pa.Table.from_pylist([{**dict.fromkeys(DLQ.names), "msg_id": "D1", "topic": "%DLQ%H", "consumer_group": "H",
+                                 "reason_code": "NON_RETRYABLE", "error_class": "E", "dead_lettered_at": now - hour,
+                                 "delivery_key": "D1"}], schema=DLQ.arrow_schema)
+    for name, table in (("outcomes", outcomes), ("retry", retry), ("dlq", dlq)):
+        write_deltalake(str(root / name), table)
+    write_deltalake(str(root / "progress"), progress(event(STARTED, now - 2 * hour), batch(7, now - ms(300))))
+    record = BatchRecord("q", 7, None, {}, pending_retries=1, totals=totals_of(outcomes, retry))
+    state = EngineState(1, Owner("h", 1, "q", str(root / "_checkpoints"), now), now, True, record)
+    write_deltalake(str(root / STATE_DIR), state.to_arrow())
+
+
+@pytest.mark.parametrize(
+    ("name", "column", "kind"),
+    [
+        ("outcomes", "due_at", "text"), ("outcomes", "due_at", "no zone"), ("outcomes", "decided_at", "text"),
+        ("outcomes", "delay_level", "text"), ("retry", "due_at", "text"), ("retry", "delivered_at", "no zone"),
+        ("progress", "recorded_at", "text"), ("progress", "recorded_at", "no zone"),
+    ],
+)
+def test_status_reads_an_engine_table_whose_column_another_writer_changed_as_the_engine_would(
+    tmp_path: Path, name: str, column: str, kind: str
+) -> None:
+    """A concurrent operator rewrote one of the engine's tables with a column of another type (times
+    as text or without a zone, a level as text): status failed with Arrow's own error (the window
+    compared, or delta-rs parsed a statistics bound, of the other type). Such a table is read whole
+    and cast as the engine reads consume results, and status says what it says of the original."""
+    from retry_engine.ops.status import status
+
+    now = T + ms(100)
+    _recorded_lake(tmp_path, now)
+    config = load_config(None, lake=str(tmp_path), env={})
+    before = status(config, now=now)
+    assert before.backlog and before.dead_letters  # the windows have rows to lose
+    table = DeltaTable(str(tmp_path / name)).to_pyarrow_table()
+    values = table[column]
+    if kind == "text":
+        changed = pa.array([None if v is None else (v.isoformat() if isinstance(v, dt.datetime) else str(v))
+                            for v in values.to_pylist()], pa.string())
+    else:
+        changed = values.cast(pa.timestamp("us"))
+    table = table.set_column(table.schema.get_field_index(column), column, changed)
+    write_deltalake(str(tmp_path / name), table, mode="overwrite", schema_mode="overwrite")
+    assert status(config, now=now) == before
