@@ -208,11 +208,21 @@ def consumer(tmp_path: Path, **options: object) -> Consumer:
         ("heartbeat_interval_seconds", 0, r"\[INVALID_OPTION\] heartbeat_interval_seconds 0"),
         ("heartbeat_interval_seconds", float("nan"), r"\[INVALID_OPTION\] heartbeat_interval_seconds nan"),
         ("heartbeat_expiry_seconds", 5, r"\[INVALID_OPTION\] heartbeat_expiry_seconds 5 must be more than"),
+        ("clock_skew_seconds", -1, r"\[INVALID_OPTION\] clock_skew_seconds -1 must be a number >= 0"),
+        ("clock_skew_seconds", float("nan"), r"\[INVALID_OPTION\] clock_skew_seconds nan"),
+        ("clock_skew_seconds", float("inf"), r"\[INVALID_OPTION\] clock_skew_seconds inf"),
+        ("clock_skew_seconds", True, r"\[INVALID_OPTION\] clock_skew_seconds True"),
+        ("clock_skew_seconds", "3600", r"\[INVALID_OPTION\] clock_skew_seconds '3600'"),
     ],
 )
 def test_hostile_consumer_options_are_clear_errors(tmp_path: Path, option: str, value: object, match: str) -> None:
     with pytest.raises(SubscriptionError, match=match):
         consumer(tmp_path, **{option: value})
+
+
+def test_a_clock_skew_of_zero_or_a_year_is_taken(tmp_path: Path) -> None:
+    assert consumer(tmp_path, clock_skew_seconds=0).clock_skew_seconds == 0
+    assert consumer(tmp_path, clock_skew_seconds=365 * 86400.0).clock_skew_seconds == 365 * 86400.0
 
 
 def test_consumer_heartbeat_and_shutdown(tmp_path: Path) -> None:
