@@ -645,7 +645,8 @@ def test_status_reads_only_the_last_day_of_progress_and_answers_as_from_all_of_i
     bench_status.py) is cut to the files, and row groups, that may hold the last day before its
     newest event. The status is the same as from every row: for a running engine and for one that
     stopped days ago (its last run, last batch and failures are still found)."""
-    from retry_engine.ops.status import _recent_files, read_tables, status, summarise
+    from retry_engine.delta.tables import pyarrow_dataset
+    from retry_engine.ops.status import _recent_since, read_tables, status, summarise
 
     lake = tmp_path / "lake"
     config = load_config(None, lake=str(lake), env={})
@@ -663,9 +664,15 @@ def test_status_reads_only_the_last_day_of_progress_and_answers_as_from_all_of_i
 
     from deltalake import DeltaTable
 
-    dataset, since = _recent_files(DeltaTable(str(lake / "progress")), "recorded_at", now)
-    assert since == stop - dt.timedelta(days=1) and len(dataset.files) == 1  # the other two are older
+    table = DeltaTable(str(lake / "progress"))
+    since = _recent_since(table, "recorded_at", now)
+    assert since == stop - dt.timedelta(days=1)
+    assert len(pyarrow_dataset(table, [("recorded_at", ">=", since)]).files) == 1  # the other two are older
     everything = summarise(read_tables(config), now=now, trigger_interval_ms=1000, flush_interval_ms=5000)
+    kept = {Path(f).name for f in pyarrow_dataset(table, [("recorded_at", ">=", since)]).files}
+    for file in (lake / "progress").glob("*.parquet"):  # status never opens the older files
+        if file.name not in kept:
+            file.write_bytes(b"not parquet")
     assert status(config, now=now) == everything
     assert everything.state == ("running" if engine_now == "running" else "stopped")
     assert everything.last_batch is not None and everything.last_batch.batch_id == (4 if engine_now == "running" else 3)
