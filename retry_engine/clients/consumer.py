@@ -422,6 +422,8 @@ class _RebalancedBatch:
     results_path: str
     on_assignment: Callable[[Assignment], None] = lambda _: None
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
+    stream_start: dt.datetime | None = None
+    """When a stream that consumes from the latest rows started (:func:`stream_start`); None: from the first."""
     _planned: bool = field(default=False, init=False, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -596,7 +598,7 @@ class _RebalancedBatch:
         rows = batch.filter((owned & ~self._resent()) | (self._resent() & to_me))
         # Catch-up rows may be of any age: every file of consume results. A window's rows are in this batch:
         # the results of the time since the oldest of them was stored (none to read if no row is inside).
-        consumed = self._consumed(None) if assignment.catch_up else None
+        consumed = self._consumed(self._skewed(self.stream_start, 2)) if assignment.catch_up else None
         if assignment.windows:
             inside = F.lit(False)
             for w in assignment.windows:
@@ -612,6 +614,13 @@ class _RebalancedBatch:
         if assignment.catch_up and consumed is not None:
             rows = rows.unionByName(self._catch_up(batch, assignment, consumed))
         return rows
+
+    def _skewed(self, at: dt.datetime | None, times: int = 1) -> dt.datetime | None:
+        """``at`` less ``times`` clock skews; None for None, or before the first time a datetime holds."""
+        try:
+            return None if at is None else at - times * dt.timedelta(seconds=self.clock_skew_seconds)
+        except OverflowError:
+            return None
 
     def _stored_since(self, checked: DataFrame) -> tuple[bool, dt.datetime | None]:
         """Whether ``checked`` has rows, and the time from which their consume results can be.
@@ -631,20 +640,24 @@ class _RebalancedBatch:
             return False, None
         if row["timed"] < row["rows"]:
             return True, None
-        now = dt.datetime.now(dt.UTC)
-        try:
-            oldest = min(dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=row["oldest"]), now)
-            return True, oldest - dt.timedelta(seconds=self.clock_skew_seconds)
-        except OverflowError:  # a time near year 1 (or a skew past it): nothing to prune by
-            return True, None
+        oldest = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=row["oldest"])
+        return True, self._skewed(min(oldest, dt.datetime.now(dt.UTC)))
 
     def _catch_up(self, batch: DataFrame, assignment: Assignment, consumed: DataFrame) -> DataFrame:
-        """Rows of the gained queues, as of the recorded versions, that no instance of the group consumed."""
+        """Rows of the gained queues, as of the recorded versions, that no instance of the group consumed.
+
+        A stream that consumes from the latest rows never passed the rows stored before it started:
+        those are not caught up either (a row stored up to ``clock_skew_seconds`` before may be).
+        """
         from pyspark.sql import functions as F
 
+        since = self._skewed(self.stream_start)
         parts = []
         for topic, queues in sorted(assignment.catch_up.items()):
             table = self._snapshot(self.sources[topic], assignment.catch_up_versions[topic])
+            if since is not None:  # a row without a time (or none Spark reads as one) is caught up
+                stored = F.col("store_timestamp").try_cast("timestamp") >= F.lit(since)
+                table = table.filter(F.coalesce(stored, F.lit(True)))
             tagged = table.filter(self.topic_filter(topic)).withColumn(QUEUE_SET, F.lit(topic))
             # A resent row is never caught up: its instance's own stream delivers it.
             parts.append(tagged.filter(self._in(topic, queues) & ~self._resent()).select(*MESSAGE_NAMES))
@@ -661,6 +674,45 @@ class _RebalancedBatch:
 
     def _consume(self, rows: DataFrame) -> DataFrame:
         return rows.select(*MESSAGE_NAMES, DELIVERY_KEY).mapInArrow(_consume_partition(self.spec), CONSUME_RESULTS.spark_schema)
+
+
+START_RECORD = "start.json"
+
+
+def stream_start(checkpoint: str, consume_from: ConsumeFrom, now: dt.datetime | None = None) -> dt.datetime | None:
+    """When the stream of ``checkpoint`` started, if it consumes from the latest rows; None: from the first.
+
+    Written at the first start of a new checkpoint with ``consume_from='latest'``
+    (``<checkpoint>/rebalance/start.json``) and read at every later start, whatever
+    ``consume_from`` says then (a restarted stream resumes where it was). A
+    checkpoint an earlier release started has none (its rows are all caught up,
+    as before); a damaged record is logged and read as none (rows may be
+    delivered again, none is lost).
+    """
+    path = os.path.join(checkpoint, "rebalance", START_RECORD)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if data["consume_from"] != "latest":
+            return None
+        started = dt.datetime.fromisoformat(data["started_at"])
+        if started.tzinfo is None:
+            raise ValueError(f"started_at {data['started_at']!r} has no zone")
+        return started
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("unreadable stream start record %s (%s): every row of a gained queue is caught up", path, exc)
+        return None
+    offsets = os.path.join(checkpoint, "offsets")
+    if consume_from != "latest" or (os.path.isdir(offsets) and os.listdir(offsets)):
+        return None
+    started = now or dt.datetime.now(dt.UTC)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"consume_from": "latest", "started_at": started.isoformat()}, f)
+    os.replace(path + ".tmp", path)
+    return started
 
 
 class _Heartbeater:
@@ -1043,6 +1095,7 @@ class Consumer:
             results_path=results_path,
             on_assignment=self._on_assignment,
             clock_skew_seconds=self.clock_skew_seconds,
+            stream_start=stream_start(self.checkpoint_path, self.consume_from) if clustering else None,
         )
         deliveries = self._deliveries(position=clustering)
         if clustering:

@@ -237,3 +237,37 @@ def test_the_time_a_window_reads_results_from(spark: Any, tmp_path: Path) -> Non
     found, future = since([before + dt.timedelta(days=3650)])
     assert found and future is not None and before - skew <= future <= dt.datetime.now(dt.UTC) - skew
     assert since([dt.datetime(1, 1, 1, 0, 5, tzinfo=dt.UTC)]) == (True, None)
+
+
+def test_a_group_consuming_from_latest_never_catches_up_what_came_before_it(spark: Any, tmp_path: Path) -> None:
+    """R2/R3, B1: a group started with consume_from='latest' never consumes what its topic held before
+    it started. A queue that comes back to an instance (another instance joined and left) is caught
+    up from the table: only its rows the stream passed that no instance consumed. (Every message the
+    topic held before the group started was delivered on the first rebalance.)"""
+    lake = Lake.make(tmp_path)
+    sent = Sent(lake)
+    before = sent.messages(8, "old")
+    # One machine, one clock: no skew to allow for (rows stored up to the skew before the start may be caught up).
+    a = consumer(spark, lake, "A", "one", consume_from="latest", clock_skew_seconds=0)
+    b = consumer(spark, lake, "B", "two", consume_from="latest", clock_skew_seconds=0)
+    queries: list[Any] = []
+    try:
+        start_consumer(a, queries)
+        first = sent.messages(4, "p1")
+        wait_for(lambda: consumed(lake, queries) >= first, timeout=300, what="A consuming what came after it")
+        b.heartbeat()  # B joins (no query): A gives up half the queues ...
+        sent.messages(1, "tick")
+        seen = wait_for(lambda: a.last_assignment if a.last_assignment and "B@two" in a.last_assignment.members
+                        else None, timeout=300, what="A seeing B")
+        b.shutdown()  # ... and takes them back when B leaves: a catch-up of those queues
+        sent.messages(1, "tock")
+        back = wait_for(lambda: a.last_assignment if a.last_assignment.batch_id > seen.batch_id else None,
+                        timeout=300, what="A's next batch")
+        assert back.members == ("A@one",) and back.catch_up  # the queues came back: caught up
+        last = sent.messages(4, "p2")
+        wait_for(lambda: consumed(lake, queries) >= last, timeout=300, what="A consuming the last messages")
+        assert not consumed(lake, queries) & before
+    finally:
+        for query in queries:
+            query.stop()
+        a.shutdown()

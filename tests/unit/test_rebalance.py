@@ -285,3 +285,50 @@ def test_a_restarted_instance_windows_every_owned_queue() -> None:
                             previous=before, restarted=True)
     assert again.catch_up == {"orders": (2, 3)}
     assert again.windows == (Window("orders", (0, 1, 2, 3), 9),)
+
+
+# -- when a stream that consumes from the latest rows started (its catch-ups start there) ---------------
+
+NOW = dt.datetime(2026, 11, 29, 5, 0, tzinfo=dt.UTC)
+
+
+def test_a_new_latest_checkpoint_records_its_start_and_keeps_it(tmp_path: Path) -> None:
+    from retry_engine.clients.consumer import stream_start
+
+    checkpoint = str(tmp_path / "ck")
+    assert stream_start(checkpoint, "latest", NOW) == NOW
+    later = NOW + dt.timedelta(days=3)
+    assert stream_start(checkpoint, "latest", later) == NOW  # a restart keeps the first start
+    assert stream_start(checkpoint, "earliest", later) == NOW  # the stream resumes where it was, whatever it says now
+    assert json.loads((tmp_path / "ck" / "rebalance" / "start.json").read_text())["consume_from"] == "latest"
+
+
+def test_a_stream_from_the_first_rows_or_an_earlier_releases_checkpoint_has_no_start(tmp_path: Path) -> None:
+    from retry_engine.clients.consumer import stream_start
+
+    assert stream_start(str(tmp_path / "new"), "earliest", NOW) is None
+    assert not (tmp_path / "new" / "rebalance").exists()
+    (tmp_path / "old" / "offsets").mkdir(parents=True)
+    (tmp_path / "old" / "offsets" / "0").write_text("v1")
+    assert stream_start(str(tmp_path / "old"), "latest", NOW) is None  # when it started is not known
+    assert not (tmp_path / "old" / "rebalance").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json", "[]", "null", '{"consume_from": "latest"}', '{"consume_from": "latest", "started_at": "yesterday"}',
+        '{"consume_from": "latest", "started_at": 5}', '{"consume_from": "latest", "started_at": "2026-11-29T05:00:00"}',
+        '{"consume_from": "earliest", "started_at": "2026-11-29T05:00:00+00:00"}', "\udcff",
+    ],
+)
+def test_a_damaged_start_record_is_read_as_none_never_fatal(tmp_path: Path, text: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Bad input (a restored checkpoint): rows of a gained queue may then be delivered again, none is lost."""
+    from retry_engine.clients.consumer import stream_start
+
+    record = tmp_path / "rebalance" / "start.json"
+    record.parent.mkdir()
+    record.write_bytes(text.encode("utf-8", "surrogateescape"))
+    assert stream_start(str(tmp_path), "latest", NOW) is None
+    if "earliest" not in text:
+        assert "unreadable stream start record" in caplog.text
