@@ -52,6 +52,7 @@ from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from retry_engine.clients.dlq import redrive_count_column
 from retry_engine.clients.producer import DEFAULT_QUEUE_NUMS
@@ -87,6 +88,7 @@ from retry_engine.core.names import (
     validate_topic,
 )
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, storage, table_version
+from retry_engine.delta._checkpoint import checkpoint_folder, write_bytes_atomically
 from retry_engine.delta.session import capped_arrow_batches, read_parallelism
 from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
@@ -683,36 +685,54 @@ def stream_start(checkpoint: str, consume_from: ConsumeFrom, now: dt.datetime | 
     """When the stream of ``checkpoint`` started, if it consumes from the latest rows; None: from the first.
 
     Written at the first start of a new checkpoint with ``consume_from='latest'``
-    (``<checkpoint>/rebalance/start.json``) and read at every later start, whatever
-    ``consume_from`` says then (a restarted stream resumes where it was). A
-    checkpoint an earlier release started has none (its rows are all caught up,
-    as before); a damaged record is logged and read as none (rows may be
-    delivered again, none is lost).
+    (``<checkpoint>/rebalance/start.json``, beside Spark's own files) and read at
+    every later start, whatever ``consume_from`` says then (a restarted stream
+    resumes where it was). A checkpoint an earlier release started has none (its
+    rows are all caught up, as before); a damaged record, or one the checkpoint's
+    file system cannot give, is logged and read as none (rows may be delivered
+    again, none is lost).
     """
-    path = os.path.join(checkpoint, "rebalance", START_RECORD)
     try:
-        with open(path) as f:
-            data = json.load(f)
+        fs, folder = checkpoint_folder(checkpoint, "rebalance")
+        path = f"{folder}/{START_RECORD}"
+        try:
+            with fs.open_input_stream(path) as stream:
+                text: str | None = stream.read().decode("utf-8")
+        except FileNotFoundError:
+            text = None
+        if text is None:
+            if consume_from != "latest" or _has_offsets(checkpoint):
+                return None
+            started = now or dt.datetime.now(dt.UTC)
+            record = {"consume_from": "latest", "started_at": started.isoformat()}
+            write_bytes_atomically(fs, path, json.dumps(record).encode("utf-8"))
+            return started
+        data = json.loads(text)
         if data["consume_from"] != "latest":
             return None
         started = dt.datetime.fromisoformat(data["started_at"])
         if started.tzinfo is None:
             raise ValueError(f"started_at {data['started_at']!r} has no zone")
         return started
-    except FileNotFoundError:
-        pass
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("unreadable stream start record %s (%s): every row of a gained queue is caught up", path, exc)
+        log.warning("unreadable stream start record in %s (%s): every row of a gained queue is caught up", checkpoint, exc)
         return None
-    offsets = os.path.join(checkpoint, "offsets")
-    if consume_from != "latest" or (os.path.isdir(offsets) and os.listdir(offsets)):
-        return None
-    started = now or dt.datetime.now(dt.UTC)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump({"consume_from": "latest", "started_at": started.isoformat()}, f)
-    os.replace(path + ".tmp", path)
-    return started
+
+
+def records_folder(checkpoint: str) -> str:
+    """The local folder of the per-batch assignments: ``<checkpoint>/rebalance`` (a ``file:`` URI as
+    its path); of a checkpoint on another file system, that path as a local one (README: local files)."""
+    try:
+        fs, folder = checkpoint_folder(checkpoint, "rebalance")
+    except (OSError, ValueError):  # a scheme pyarrow cannot open here (hdfs:// without libhdfs)
+        return os.path.join(checkpoint, "rebalance")
+    return folder if isinstance(fs, pafs.LocalFileSystem) else os.path.join(checkpoint, "rebalance")
+
+
+def _has_offsets(checkpoint: str) -> bool:
+    """Whether Spark has started a stream on ``checkpoint`` (its offsets log has a file)."""
+    fs, folder = checkpoint_folder(checkpoint, "offsets")
+    return any(info.type == pafs.FileType.File for info in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)))
 
 
 class _Heartbeater:
@@ -1091,7 +1111,7 @@ class Consumer:
             queue_counts=self.queue_counts(),
             sources=self._sources(),
             topic_filter=self._topic_filter,
-            records=os.path.join(self.checkpoint_path, "rebalance"),
+            records=records_folder(self.checkpoint_path),
             results_path=results_path,
             on_assignment=self._on_assignment,
             clock_skew_seconds=self.clock_skew_seconds,

@@ -49,6 +49,19 @@ def write_arrow_file(
     partial = f"{path}.{uuid.uuid4().hex}.tmp"
     with fs.open_output_stream(partial) as stream, pa.ipc.new_file(stream, table.schema, options=options) as writer:
         writer.write_table(table)
+    _move_over(fs, partial, path)
+
+
+def write_bytes_atomically(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """``data`` as the file at ``path``, written aside and renamed over it (as :func:`write_arrow_file`)."""
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    partial = f"{path}.{uuid.uuid4().hex}.tmp"
+    with fs.open_output_stream(partial) as stream:
+        stream.write(data)
+    _move_over(fs, partial, path)
+
+
+def _move_over(fs: pafs.FileSystem, partial: str, path: str) -> None:
     try:
         fs.move(partial, path)
     except OSError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -332,3 +333,21 @@ def test_a_damaged_start_record_is_read_as_none_never_fatal(tmp_path: Path, text
     assert stream_start(str(tmp_path), "latest", NOW) is None
     if "earliest" not in text:
         assert "unreadable stream start record" in caplog.text
+
+
+def test_a_file_uri_checkpoint_keeps_its_start_beside_sparks_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `file:` checkpoint (as Spark users write them): the record is in that folder, not in a
+    folder named `file:` under the working directory, so a restart from elsewhere finds it."""
+    from retry_engine.clients.consumer import stream_start
+
+    monkeypatch.chdir(tmp_path)
+    assert stream_start(f"file://{tmp_path}/ck", "latest", NOW) == NOW
+    assert (tmp_path / "ck" / "rebalance" / "start.json").is_file() and not (tmp_path / "file:").exists()
+    assert stream_start(str(tmp_path / "ck"), "latest", NOW + dt.timedelta(hours=1)) == NOW
+    (tmp_path / "old" / "offsets").mkdir(parents=True)
+    (tmp_path / "old" / "offsets" / "3").write_text("v1")
+    assert stream_start(f"file:{tmp_path}/old", "latest", NOW) is None
+    from retry_engine.clients.consumer import records_folder
+
+    assert records_folder(f"file://{tmp_path}/ck") == f"{tmp_path}/ck/rebalance"  # the assignments too
+    assert records_folder("relative/ck") == os.path.abspath("relative/ck/rebalance")
