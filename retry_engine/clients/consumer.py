@@ -598,8 +598,9 @@ class _RebalancedBatch:
         # A resent row goes to the instance it names, whoever owns its queue; the others skip it.
         to_me = F.coalesce(F.col("properties")[PROP_RESEND_TO] == F.lit(self.membership.member), F.lit(False))
         rows = batch.filter((owned & ~self._resent()) | (self._resent() & to_me))
-        # Catch-up rows may be of any age: every file of consume results. A window's rows are in this batch:
-        # the results of the time since the oldest of them was stored (none to read if no row is inside).
+        # Catch-up rows may be of any age since the stream started (any age for a stream from the first rows):
+        # the results since then. A window's rows are in this batch: the results since the oldest of them was
+        # stored (none to read if no row is inside).
         consumed = self._consumed(self._skewed(self.stream_start, 2)) if assignment.catch_up else None
         if assignment.windows:
             inside = F.lit(False)
