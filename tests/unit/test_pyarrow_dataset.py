@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from retry_engine.delta.tables import pyarrow_dataset
 
 T = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
-TIMES = [None, *(T + dt.timedelta(days=d) for d in range(4))]
+DAYS = [T + dt.timedelta(days=d) for d in range(4)]
+TIMES = [None, *DAYS]
 GROUPS = [None, "a", "a b/%"]
 SCHEMA = pa.schema([("n", pa.int64()), ("g", pa.string()), ("at", pa.timestamp("us", tz="UTC"))])
 _tables = itertools.count()
@@ -34,7 +35,7 @@ _tables = itertools.count()
 rows = st.lists(st.tuples(st.sampled_from([None, *range(4)]), st.sampled_from(GROUPS), st.sampled_from(TIMES)),
                 min_size=1, max_size=4)
 appends = st.lists(st.tuples(rows, st.booleans()), min_size=1, max_size=4)  # (rows, with statistics)
-when = st.sampled_from(TIMES[1:])
+when = st.sampled_from(DAYS)
 
 
 @st.composite
