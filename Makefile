@@ -9,8 +9,8 @@ CONFIG ?= conf/retry-engine.toml
 PYTEST_ARGS ?=
 # Test files run on two pytest-xdist workers, each file whole on one (its module fixtures, often one
 # shared engine run, are not repeated): most of a streaming test is waiting on a trigger or a JVM,
-# so two workers use the 2-core machine better: 17:26 in one process, 10:00-10:14 on two with the
-# slowest files first (tests/conftest.py), 2026-11-29. TEST_WORKERS=0 runs them in this process.
+# so two workers use the 2-core machine better: 17:26 in one process, 8:46-10:41 on two with the
+# slowest files first (tests/conftest.py), 2026-11-29 (fresh clones). TEST_WORKERS=0 runs them in this process.
 TEST_WORKERS ?= 2
 MASTER ?= spark://127.0.0.1:7077
 CRASH_KILLS ?= 40
