@@ -185,6 +185,22 @@ def cast_column(array: pa.Array, to: pa.DataType) -> tuple[pa.Array, list[int]]:
     return pa.array(values, type=to), wrong
 
 
+def drifted_columns(found: pa.Schema, expected: pa.Schema, columns: Sequence[str]) -> list[str]:
+    """Those of ``columns`` that a table's schema ``found`` holds with another type than ``expected``
+    (a table another writer changed): they cannot prune by their statistics nor be compared as they
+    are, only read and cast (:func:`cast_columns`)."""
+    return [c for c in columns if c in found.names and c in expected.names and found.field(c).type != expected.field(c).type]
+
+
+def cast_columns(rows: pa.Table, expected: pa.Schema, columns: Sequence[str]) -> pa.Table:
+    """``rows`` with each of ``columns`` read as :func:`cast_column` reads it into ``expected``'s type."""
+    for name in columns:
+        if name in rows.schema.names:
+            cast = cast_column(rows[name].combine_chunks(), expected.field(name).type)[0]
+            rows = rows.set_column(rows.schema.get_field_index(name), expected.field(name), cast)
+    return rows
+
+
 def _valid_utf8(name: str, array: pa.Array, problems: Problems) -> pa.Array:
     """``array`` with every value that is not valid UTF-8 replaced, and its row flagged INVALID_UTF8.
 

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from retry_engine.config import EngineConfig
-from retry_engine.core.decide import DEAD_LETTER, cast_column
+from retry_engine.core.decide import DEAD_LETTER, cast_column, cast_columns, drifted_columns
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.lease import BatchRecord, read_state
@@ -182,13 +182,10 @@ def _columns_of(
             f"{table.name} needs {', '.join(columns)}"
         )
     present = [c for c in columns if c in names]
-    drifted = [c for c in present if schema.field(c).type != table[c].type]
+    drifted = drifted_columns(schema, table.arrow_schema, present)
     if drifted:
         log.info("%s: %s of another type than the engine's; reading every row", path, ", ".join(drifted))
-        read = pa.table(delta.to_pyarrow_table(columns=present))
-        for name in drifted:
-            cast = cast_column(read[name].combine_chunks(), table[name].type)[0]
-            read = read.set_column(read.schema.get_field_index(name), table[name].field, cast)
+        read = cast_columns(pa.table(delta.to_pyarrow_table(columns=present)), table.arrow_schema, drifted)
         if rows is not None:
             read = read.filter(rows)
     elif files is None and rows is None:

@@ -156,3 +156,30 @@ def test_an_empty_lake_reads_as_empty(tmp_path: Path, capsys: pytest.CaptureFixt
     conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
     assert main(["dlq", "show", "--config", str(conf), "M1"]) == EXIT_USAGE
     assert f"[LAKE_NOT_FOUND] no lake at {tmp_path}: it holds no engine table" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["zoned", "text", "no zone"])
+def test_the_console_reads_a_dlq_whose_time_another_writer_changed(tmp_path: Path, kind: str) -> None:
+    """Bad input (a DLQ another writer rewrote with `dead_lettered_at` as text or without a zone): `dlq
+    list` and a re-drive's plan failed with Arrow's or delta-rs's own error (a statistics bound of the
+    other type, a comparison); the time is now read as consume results are (no zone: UTC) and the
+    selection picks the same dead letters, bodies included, as on the engine's own DLQ."""
+    rows = _dlq_rows()
+    at = rows["dead_lettered_at"]
+    if kind == "text":
+        at = pa.array([t.isoformat() for t in at.to_pylist()], pa.string())
+    elif kind == "no zone":
+        at = at.cast(pa.timestamp("us"))
+    rows = rows.set_column(rows.schema.get_field_index("dead_lettered_at"), "dead_lettered_at", at)
+    rows = rows.set_column(rows.schema.get_field_index("body"), "body", pa.array([b"b1", b"b2", b"b3"], pa.binary()))
+    from deltalake import write_deltalake
+
+    write_deltalake(str(tmp_path / "dlq"), rows, partition_by=["consumer_group"])
+    config = parse_config({"engine": {"lake": str(tmp_path)}})
+    selection = Selection(group="G", since=T0 + dt.timedelta(minutes=30))
+    page, total = dlq.dead_letter_page(config, selection, limit=10, version=0)
+    assert (page["msg_id"].tolist(), total) == (["D2"], 1)
+    picked = dlq.read_dlq(config, Selection(since=T0 + dt.timedelta(minutes=30), until=T0 + dt.timedelta(hours=2)))
+    assert picked["msg_id"].to_pylist() == ["D2"] and picked["dead_lettered_at"].type == DLQ["dead_lettered_at"].type
+    named = dlq.dead_letters_named(config, picked.select(["msg_id", "consumer_group", "dead_lettered_at"]), version=0)
+    assert named["body"].to_pylist() == [b"b2"]
