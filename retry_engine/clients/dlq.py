@@ -31,7 +31,6 @@ import pyarrow.compute as pc
 from deltalake.exceptions import DeltaError
 
 from retry_engine.config import EngineConfig
-from retry_engine.core.decide import cast_columns, drifted_columns
 from retry_engine.core.names import (
     PROP_REDRIVE_COUNT,
     REDRIVE_COUNT_PATTERN,
@@ -43,9 +42,9 @@ from retry_engine.delta.storage import open_delta, spark_options
 from retry_engine.delta.tables import (
     open_table,
     pyarrow_dataset,
+    read_columns,
     stats_from,
     stats_until,
-    table_arrow_schema,
     table_version,
 )
 from retry_engine.errors import SelectionError
@@ -325,25 +324,11 @@ def read_dlq(
     if selection is not None and selection.until is not None:
         files.append(("dead_lettered_at", "<=", stats_until(selection.until)))
         bounds = bounds & (pc.field("dead_lettered_at") < pa.scalar(selection.until, DLQ["dead_lettered_at"].type))
-    rows = _dlq_rows(open_delta(path, version=resolved), read, files, bounds).select(read).cast(schema)
+    delta = open_delta(path, version=resolved)
+    rows = read_columns(delta, DLQ.arrow_schema, read, files=files or None, rows=bounds).select(read).cast(schema)
     if selection is not None:
         rows = rows.filter(selection.mask(rows))
     return rows.select(columns)
-
-
-def _dlq_rows(delta: Any, columns: Sequence[str], files: list[tuple[str, str, Any]], rows: pc.Expression) -> pa.Table:
-    """``columns`` of the DLQ snapshot ``delta``: of the files ``files`` may match, the ``rows`` it picks.
-
-    A column of another type than the engine's (a DLQ another writer changed: a time as text or
-    without a zone) prunes no file and is compared only once read as the engine reads consume
-    results (:func:`~retry_engine.core.decide.cast_columns`: no zone is UTC, no such form is null).
-    """
-    drifted = drifted_columns(table_arrow_schema(delta), DLQ.arrow_schema, list(DLQ.names))
-    if not drifted:
-        return pyarrow_dataset(delta, files or None).to_table(columns=list(columns), filter=rows)
-    kept = [term for term in files if term[0] not in drifted]
-    read = pyarrow_dataset(delta, kept or None).to_table(columns=list(columns))
-    return cast_columns(read, DLQ.arrow_schema, [c for c in drifted if c in columns]).filter(rows)
 
 
 def dead_letters_named(config: EngineConfig, named: pa.Table, *, version: int | None) -> pa.Table:
@@ -365,7 +350,7 @@ def dead_letters_named(config: EngineConfig, named: pa.Table, *, version: int | 
         files.append(("consumer_group", "in", groups))
     ids = named.column("msg_id").combine_chunks()
     delta = open_delta(config.table_path("dlq"), version=version)
-    return _dlq_rows(delta, schema.names, files, pc.field("msg_id").isin(ids)).cast(schema)
+    return read_columns(delta, schema, schema.names, files=files or None, rows=pc.field("msg_id").isin(ids)).cast(schema)
 
 
 def dead_letters(

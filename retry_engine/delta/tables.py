@@ -97,6 +97,58 @@ def pyarrow_dataset(table: DeltaTable, file_pruning_predicate: Any = None) -> ds
     return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
 
 
+def read_columns(
+    table: DeltaTable,
+    expected: pa.Schema,
+    columns: Sequence[str],
+    *,
+    files: Any = None,
+    rows: Any = None,
+) -> pa.Table:
+    """``columns`` of the snapshot ``table`` in the engine's types (``expected``): of the files the
+    delta-rs predicate ``files`` may match (:func:`pyarrow_dataset`), the ``rows`` (an expression on
+    ``columns``) picks.
+
+    A column another writer changed to another type (a time as text or without a zone) prunes no
+    file, and is read as the engine reads a column of consume_results
+    (:func:`~retry_engine.core.decide.cast_columns`: no zone is UTC, a value with no such form null)
+    before ``rows`` picks: its statistics and its values are of the other type.
+    """
+    from retry_engine.core.decide import cast_columns, drifted_columns
+
+    wanted = list(columns)
+    drifted = drifted_columns(table_arrow_schema(table), expected, [*wanted, *(term[0] for term in _terms(files))])
+    if not drifted:
+        if files is None and rows is None:
+            return pa.table(table.to_pyarrow_table(columns=wanted))
+        return pyarrow_dataset(table, files).to_table(columns=wanted, filter=rows)
+    log.info("%s of another type than the engine's: it prunes no file, and is cast before rows are picked", ", ".join(drifted))
+    read = cast_columns(pyarrow_dataset(table, _without(files, drifted)).to_table(columns=wanted), expected, drifted)
+    return read if rows is None else read.filter(rows)
+
+
+def _conjunctions(files: Any) -> list[list[tuple[str, str, Any]]]:
+    """The delta-rs predicate ``files`` (terms, or a list of term lists: an OR of ANDs) as a list of ANDs."""
+    if not files:
+        return []
+    return [files] if isinstance(files[0], tuple) else files
+
+
+def _terms(files: Any) -> list[tuple[str, str, Any]]:
+    return [term for terms in _conjunctions(files) for term in terms]
+
+
+def _without(files: Any, columns: Sequence[str]) -> Any:
+    """The delta-rs predicate ``files`` without the terms on ``columns``: it then matches at least the
+    files it matched. None when nothing is left to prune by."""
+    if not files:
+        return None
+    kept = [[term for term in terms if term[0] not in columns] for terms in _conjunctions(files)]
+    if any(not terms for terms in kept):  # a conjunction left empty matches every file
+        return None
+    return kept[0] if isinstance(files[0], tuple) else kept
+
+
 def open_table(path: str) -> DeltaTable | None:
     """The table at ``path`` (a folder or URI, with its storage options), or None if there is none."""
     try:

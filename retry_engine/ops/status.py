@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from retry_engine.config import EngineConfig
-from retry_engine.core.decide import DEAD_LETTER, cast_column, cast_columns, drifted_columns
+from retry_engine.core.decide import DEAD_LETTER, cast_column
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.lease import BatchRecord, read_state
@@ -39,7 +39,7 @@ from retry_engine.core.metrics import DELIVERED, nearest_rank
 from retry_engine.core.standby import StandbyEntry, standbys
 from retry_engine.core.totals import COUNTED, Totals
 from retry_engine.delta.storage import is_remote
-from retry_engine.delta.tables import open_table, pyarrow_dataset, stats_from, table_arrow_schema
+from retry_engine.delta.tables import open_table, read_columns, stats_from, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.terms import (
     FINISHED,
@@ -167,13 +167,10 @@ def _columns_of(
     say may hold a row of the delta-rs predicate ``files``, and the ``rows`` (of ``columns``) when given
     (see :func:`read_table_columns`).
 
-    A column of another type than ``table`` gives it (a table another writer made) is read as the
-    engine reads a column of consume_results (:func:`cast_column`: a time without a zone is UTC, a value
-    with no such form null), then ``rows`` are picked: such a table is read whole, its statistics
-    being of the other type.
+    A column of another type than ``table`` gives it (a table another writer made) prunes no file and
+    is read in the engine's type before ``rows`` picks (:func:`~retry_engine.delta.tables.read_columns`).
     """
-    schema = table_arrow_schema(delta)
-    names = set(schema.names)
+    names = set(table_arrow_schema(delta).names)
     missing = [c for c in columns if c not in names]
     required = [c for c in missing if c not in added_later]
     if required:
@@ -182,16 +179,7 @@ def _columns_of(
             f"{table.name} needs {', '.join(columns)}"
         )
     present = [c for c in columns if c in names]
-    drifted = drifted_columns(schema, table.arrow_schema, present)
-    if drifted:
-        log.info("%s: %s of another type than the engine's; reading every row", path, ", ".join(drifted))
-        read = cast_columns(pa.table(delta.to_pyarrow_table(columns=present)), table.arrow_schema, drifted)
-        if rows is not None:
-            read = read.filter(rows)
-    elif files is None and rows is None:
-        read = pa.table(delta.to_pyarrow_table(columns=present))
-    else:
-        read = pyarrow_dataset(delta, files).to_table(columns=present, filter=rows)
+    read = read_columns(delta, table.arrow_schema, present, files=files, rows=rows)
     for name in missing:
         read = read.append_column(table[name].field, pa.nulls(read.num_rows, table[name].type))
     return read.select(list(columns))

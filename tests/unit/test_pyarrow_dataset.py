@@ -98,3 +98,24 @@ def test_a_filtered_read_finds_what_a_filter_of_every_row_finds(
     expected = _rows(everything.filter(expr))
     assert _rows(pyarrow_dataset(table, prune).to_table(filter=expr)) == expected
     assert pyarrow_dataset(table, prune).count_rows(filter=expr) == sum(expected.values())
+
+
+def test_a_column_another_writer_changed_prunes_nothing_and_is_compared_in_the_engines_type(tmp_path: Path) -> None:
+    """``read_columns``: `at` written as text (another writer) is read as a time before the rows are
+    picked; the terms on it leave the file predicate, those on other columns still prune; an OR whose
+    branch was only on it prunes nothing."""
+    from retry_engine.delta.tables import _without, read_columns
+
+    text = pa.schema([("n", pa.int64()), ("g", pa.string()), ("at", pa.string())])
+    rows = [(1, "a", DAYS[0].isoformat()), (2, "a", DAYS[2].isoformat()), (3, "b", DAYS[3].isoformat()),
+            (4, "a", "not a time")]
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.Table.from_pylist([dict(zip(text.names, r, strict=True)) for r in rows], schema=text),
+                    partition_by=["g"])
+    after = pc.field("at") >= pa.scalar(DAYS[1], SCHEMA.field("at").type)
+    read = read_columns(DeltaTable(str(path)), SCHEMA, ["n", "at"], files=[("g", "=", "a"), ("at", ">=", DAYS[1])],
+                        rows=after)
+    assert read.to_pylist() == [{"n": 2, "at": DAYS[2]}]  # file g=b pruned by the group, row 1 by its time
+    assert _without([("g", "=", "a"), ("at", ">=", DAYS[1])], ["at"]) == [("g", "=", "a")]
+    assert _without([[("at", ">=", DAYS[1])], [("n", "=", 1)]], ["at"]) is None
+    assert _without([[("at", ">=", DAYS[1]), ("n", "=", 1)], [("g", "=", "b")]], ["at"]) == [[("n", "=", 1)], [("g", "=", "b")]]
