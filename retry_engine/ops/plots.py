@@ -385,8 +385,8 @@ def plot_data(lake: EngineTables, since: dt.datetime | None = None) -> PlotData:
     changes = metrics_changes(lake.metrics) if source == "metrics" else ledger_changes(lake.outcomes, lake.retry)
     retry, dlq = lake.retry, lake.dlq
     if since is not None:
-        retry = at_or_after(retry, RETRY, "delivered_at", since)
-        dlq = at_or_after(dlq, DLQ, "dead_lettered_at", since)
+        retry = at_or_after(retry, "delivered_at", since)
+        dlq = at_or_after(dlq, "dead_lettered_at", since)
     return PlotData(
         since,
         backlog_since(changes, since),

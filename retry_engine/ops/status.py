@@ -637,7 +637,7 @@ def _lateness_entry(group: str, values: np.ndarray[Any, Any]) -> LatenessEntry:
 
 def recent_releases(retry: pa.Table, now: dt.datetime) -> pa.Table:
     """The retry rows delivered within :data:`LATENESS_WINDOW` of ``now`` (see :func:`at_or_after`)."""
-    return at_or_after(retry, RETRY, "delivered_at", now - LATENESS_WINDOW)
+    return at_or_after(retry, "delivered_at", now - LATENESS_WINDOW)
 
 
 def lateness(retry: pa.Table) -> list[LatenessEntry]:
@@ -652,20 +652,17 @@ def lateness(retry: pa.Table) -> list[LatenessEntry]:
     return entries
 
 
-def at_or_after(rows: pa.Table, table: Table, column: str, since: dt.datetime) -> pa.Table:
-    """The ``rows`` of ``table`` whose time ``column`` is at or after ``since``. A time of another type (a
-    table another writer made) is read as the engine reads a column of consume_results (a time without
-    a zone is UTC); a row without a time, or with one that has no such form, is not."""
-    expected = table[column].type
+def at_or_after(rows: pa.Table, column: str, since: dt.datetime) -> pa.Table:
+    """The ``rows`` whose time ``column`` is at or after ``since``; a row without a time is not. The
+    rows are in the engine's types: a table another writer changed is cast where it is read
+    (:func:`~retry_engine.delta.tables.read_columns`)."""
     at = rows[column]
-    if at.type != expected:
-        at = cast_column(at.combine_chunks(), expected)[0]
-    return rows.filter(pc.fill_null(pc.greater_equal(at, pa.scalar(since, expected)), False))
+    return rows.filter(pc.fill_null(pc.greater_equal(at, pa.scalar(since, at.type)), False))
 
 
 def recent_dead_letters(dlq: pa.Table, now: dt.datetime) -> pa.Table:
     """The DLQ rows dead-lettered within :data:`DEAD_LETTER_WINDOW` of ``now`` (see :func:`at_or_after`)."""
-    return at_or_after(dlq, DLQ, "dead_lettered_at", now - DEAD_LETTER_WINDOW)
+    return at_or_after(dlq, "dead_lettered_at", now - DEAD_LETTER_WINDOW)
 
 
 def dead_letters(dlq: pa.Table) -> list[DeadLetterEntry]:
