@@ -87,6 +87,7 @@ from retry_engine.core.names import (
     validate_group,
     validate_topic,
 )
+from retry_engine.core.resume import is_fresh
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, storage, table_version
 from retry_engine.delta._checkpoint import checkpoint_folder, write_bytes_atomically
 from retry_engine.delta.session import capped_arrow_batches, read_parallelism
@@ -702,7 +703,7 @@ def stream_start(checkpoint: str, consume_from: ConsumeFrom, now: dt.datetime | 
         except FileNotFoundError:
             text = None
         if text is None:
-            if consume_from != "latest" or _has_offsets(checkpoint):
+            if consume_from != "latest" or not is_fresh(checkpoint):
                 return None
             started = now or dt.datetime.now(dt.UTC)
             record = {"consume_from": "latest", "started_at": started.isoformat()}
@@ -728,12 +729,6 @@ def records_folder(checkpoint: str) -> str:
     except (OSError, ValueError):  # a scheme pyarrow cannot open here (hdfs:// without libhdfs)
         return os.path.join(checkpoint, "rebalance")
     return folder if isinstance(fs, pafs.LocalFileSystem) else os.path.join(checkpoint, "rebalance")
-
-
-def _has_offsets(checkpoint: str) -> bool:
-    """Whether Spark has started a stream on ``checkpoint`` (its offsets log has a file)."""
-    fs, folder = checkpoint_folder(checkpoint, "offsets")
-    return any(info.type == pafs.FileType.File for info in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)))
 
 
 class _Heartbeater:
