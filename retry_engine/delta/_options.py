@@ -80,6 +80,12 @@ def parse_timestamp_ms(raw: str, *, name: str = "startingTimestamp") -> int:
 
     Raises :class:`ConfigError` ``INVALID_OPTION`` naming the value and the forms accepted.
     """
+    return (parse_timestamp(raw, name=name) - _EPOCH) // dt.timedelta(milliseconds=1)
+
+
+def parse_timestamp(raw: str, *, name: str) -> dt.datetime:
+    """Delta's ``startingTimestamp`` forms as a time with its zone (naive values are UTC); see
+    :func:`parse_timestamp_ms`."""
     text = raw.strip()
     try:
         if not re.fullmatch(r"\d{4}-\d{2}-\d{2}([ T][0-9:.]+(Z|[+-]\d{2}:?\d{2})?)?", text):
@@ -87,6 +93,4 @@ def parse_timestamp_ms(raw: str, *, name: str = "startingTimestamp") -> int:
         parsed = dt.datetime.fromisoformat(text)
     except ValueError:
         raise ConfigError(f"option {name}={raw!r} is not {TIMESTAMP_FORMS}", code="INVALID_OPTION") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
-    return (parsed - _EPOCH) // dt.timedelta(milliseconds=1)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)

@@ -82,6 +82,7 @@ from retry_engine.delta._options import (
     parse_bool,
     parse_bytes,
     parse_positive_int,
+    parse_timestamp,
     parse_timestamp_ms,
     require_path,
 )
@@ -215,9 +216,8 @@ def _parse_prune(opts: Mapping[str, str]) -> FilePrune | None:
             f"options pruneColumn={column!r} and pruneBefore={before!r} go together: give both or neither",
             code="INVALID_OPTION",
         )
-    ms = parse_timestamp_ms(before, name="pruneBefore")
-    try:
-        at = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=ms)
+    try:  # in UTC, as the statistics are: an offset may take the time past the years a datetime holds
+        at = parse_timestamp(before, name="pruneBefore").astimezone(dt.UTC)
     except OverflowError:
         raise ConfigError(f"option pruneBefore={before!r} is out of range", code="INVALID_OPTION") from None
     return FilePrune(column, stats_from(at))
