@@ -66,3 +66,9 @@ def write_table(path: Path, data: pa.Table, *, files: int) -> None:
     step = max(1, data.num_rows // files)
     for start in range(0, data.num_rows, step):
         write_deltalake(str(path), data.slice(start, step), mode="append")
+
+
+def fill(schema: pa.Schema, columns: dict[str, pa.Array], n: int) -> pa.Table:
+    """``n`` rows of ``schema``: ``columns`` where given, nulls elsewhere."""
+    arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)

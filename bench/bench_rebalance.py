@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,6 +37,9 @@ from retry_engine.clients.consumer import _RebalancedBatch
 from retry_engine.core.decide import CLUSTERING
 from retry_engine.delta.session import build_session
 from retry_engine.schemas import CONSUME_RESULTS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _data import fill  # noqa: E402
 
 GROUPS = np.array(["billing", "orders", "search", "audit"])
 
@@ -65,8 +69,7 @@ def build(root: Path, n: int, days: float, body_bytes: int, seed: int = 11) -> N
                 "body": body.take(pa.array(mine - rows[0])), "keys": pa.array(np.char.add("k-", ids)),
                 "tags": pa.array(["TagA"] * k), "queue_id": pa.array(mine % 8, pa.int32()),
             }
-            arrays = [columns[f.name] if f.name in columns else pa.nulls(k, f.type) for f in schema]
-            write_deltalake(str(root), pa.Table.from_arrays(arrays, schema=schema), mode="append")
+            write_deltalake(str(root), fill(schema, columns, k), mode="append")
     DeltaTable(str(root)).create_checkpoint()
 
 
@@ -83,9 +86,7 @@ def batch_rows(spark: Any, root: Path, window: int) -> Any:
         "message_model": pa.array([CLUSTERING] * k), "status": pa.array(["CONSUME_SUCCESS"] * k),
         "consumed_at": pa.array([now] * k, pa.timestamp("us", tz="UTC")),
     }
-    schema = CONSUME_RESULTS.arrow_schema
-    arrays = [columns[f.name] if f.name in columns else pa.nulls(k, f.type) for f in schema]
-    write_deltalake(str(root), pa.Table.from_arrays(arrays, schema=schema), mode="append")
+    write_deltalake(str(root), fill(CONSUME_RESULTS.arrow_schema, columns, k), mode="append")
     return spark.createDataFrame(list(zip(ids, stored, strict=True)), "msg_id string, store_timestamp timestamp")
 
 

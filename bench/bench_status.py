@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -61,17 +62,15 @@ from retry_engine.ops.status import (
 )
 from retry_engine.schemas import CONSUME_RESULTS, DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _data import fill  # noqa: E402
+
 T0 = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
 
 
 def _ts(offsets_ms: np.ndarray) -> pa.Array:
     base = int(T0.timestamp() * 1_000_000)
     return pa.array(base + offsets_ms.astype(np.int64) * 1000, pa.timestamp("us", tz="UTC"))
-
-
-def _fill(table_schema: pa.Schema, columns: dict[str, pa.Array], n: int) -> pa.Table:
-    arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in table_schema]
-    return pa.Table.from_arrays(arrays, schema=table_schema)
 
 
 def build_lake(root: Path, n: int, *, days: float = 30, progress_rows: int = 50_000, seed: int = 7) -> None:
@@ -86,7 +85,7 @@ def build_lake(root: Path, n: int, *, days: float = 30, progress_rows: int = 50_
     due = decided + 1000 * level
     ids = np.char.add("out-", np.arange(n).astype(str))
     is_retry = outcome == "retry"
-    outcomes = _fill(OUTCOMES.arrow_schema, {
+    outcomes = fill(OUTCOMES.arrow_schema, {
         "consumer_group": pa.array(groups), "outcome": pa.array(outcome),
         "output_msg_id": pa.array(np.where(outcome == "acknowledged", None, ids)),
         "delay_level": pa.array(np.where(is_retry, level, 0), pa.int32()),
@@ -94,7 +93,7 @@ def build_lake(root: Path, n: int, *, days: float = 30, progress_rows: int = 50_
     }, n)
     released = np.flatnonzero(is_retry & (due <= now_ms - 500))
     m = released.size
-    retry = _fill(RETRY.arrow_schema, {
+    retry = fill(RETRY.arrow_schema, {
         "msg_id": pa.array(ids[released]), "topic": pa.array(np.char.add("%RETRY%", groups[released])),
         "consumer_group": pa.array(groups[released]), "delay_level": pa.array(level[released], pa.int32()),
         "due_at": _ts(due[released]), "delivered_at": _ts(due[released] + rng.integers(0, 400, m)),
@@ -112,7 +111,7 @@ def build_lake(root: Path, n: int, *, days: float = 30, progress_rows: int = 50_
     write_deltalake(str(root / STATE_DIR), state.to_arrow())
     dead = np.flatnonzero(outcome == "dead_letter")
     k = dead.size
-    dlq = _fill(DLQ.arrow_schema, {
+    dlq = fill(DLQ.arrow_schema, {
         "msg_id": pa.array(ids[dead]), "topic": pa.array(np.char.add("%DLQ%", groups[dead])),
         "consumer_group": pa.array(groups[dead]),
         "reason_code": pa.array(np.array(["MAX_RECONSUME_TIMES", "NON_RETRYABLE"])[rng.integers(0, 2, k)]),
@@ -126,7 +125,7 @@ def build_lake(root: Path, n: int, *, days: float = 30, progress_rows: int = 50_
     for rows in np.array_split(np.arange(n), 100):
         for group in np.unique(groups[rows]):
             mine = rows[groups[rows] == group]
-            write_deltalake(str(root / "consume_results"), _fill(CONSUME_RESULTS.arrow_schema, {
+            write_deltalake(str(root / "consume_results"), fill(CONSUME_RESULTS.arrow_schema, {
                 "msg_id": pa.array(np.char.add("m-", mine.astype(str))), "consumer_group": pa.array(groups[mine]),
                 "status": pa.array(np.where(outcome[mine] == "acknowledged", "CONSUME_SUCCESS", "RECONSUME_LATER")),
                 "consumed_at": _ts(decided[mine]),
@@ -144,7 +143,7 @@ def build_lake(root: Path, n: int, *, days: float = 30, progress_rows: int = 50_
     counted = keys.group_by(["batch_id", "consumer_group", "metric", "delay_level"]).aggregate([([], "count_all")])
     counted = counted.sort_by("batch_id")
     c = counted.num_rows
-    metrics = _fill(METRICS.arrow_schema, {
+    metrics = fill(METRICS.arrow_schema, {
         "batch_id": counted["batch_id"], "batch_time": _ts(counted["batch_id"].to_numpy() * 1000),
         "consumer_group": counted["consumer_group"], "retry_topic": pa.array(["orders"] * c),
         "delay_level": pc.if_else(pc.equal(counted["delay_level"], -1), None, counted["delay_level"]),
@@ -155,7 +154,7 @@ def build_lake(root: Path, n: int, *, days: float = 30, progress_rows: int = 50_
     # One batch a second, the last one just now.
     p = progress_rows
     seconds = np.arange(p) - p + int((dt.datetime.now(dt.UTC) - T0).total_seconds())
-    write_deltalake(str(root / "progress"), _fill(PROGRESS.arrow_schema, {
+    write_deltalake(str(root / "progress"), fill(PROGRESS.arrow_schema, {
         "query_id": pa.array(["q"] * p), "run_id": pa.array(["r"] * p), "event": pa.array(["progress"] * p),
         "batch_id": pa.array(np.arange(p)), "event_time": _ts(seconds * 1000),
         "recorded_at": _ts(seconds * 1000 + 5), "batch_duration_ms": pa.array(np.full(p, 180)),

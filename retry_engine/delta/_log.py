@@ -369,13 +369,19 @@ def snapshot_files(table: DeltaTable, version: int, prune: FilePrune | None = No
     return entries if kept is None else [e for e in entries if e.path in kept]
 
 
+def zoned_time(kind: pa.DataType) -> bool:
+    """Whether ``kind`` is a time with a zone: what the engine's times are, and what a time bound
+    can prune statistics of (another writer's text or zoneless time cannot)."""
+    return pa.types.is_timestamp(kind) and kind.tz is not None
+
+
 def _reaching(actions: pa.Table, prune: FilePrune) -> set[str] | None:
     """Paths of the files ``prune`` keeps; None if the statistics cannot prune at all."""
     name = f"max.{prune.column}"
     if name not in actions.column_names:
         return None
     latest = actions[name]
-    if not (pa.types.is_timestamp(latest.type) and latest.type.tz is not None):
+    if not zoned_time(latest.type):
         log.info("column %s of the table is %s, not a time with a zone: no file is pruned", prune.column, latest.type)
         return None
     reaches = pc.fill_null(pc.greater_equal(latest, pa.scalar(prune.before, latest.type)), True)

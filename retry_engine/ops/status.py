@@ -192,14 +192,13 @@ def _recent_since(delta: Any, column: str, now: dt.datetime) -> dt.datetime | No
     PROGRESS: the latest run's last event and batch, and the failures of the last day (a running
     engine records an event at least every 10 s), while an engine recording a batch a second adds
     2.6 million rows a month."""
-    from retry_engine.delta._log import add_actions
+    from retry_engine.delta._log import add_actions, zoned_time
 
     actions = add_actions(delta)
     stat = f"max.{column}"
     if actions.num_rows == 0 or stat not in actions.schema.names or actions[stat].null_count:
         return None
-    kind = actions[stat].type
-    if not (pa.types.is_timestamp(kind) and kind.tz is not None):
+    if not zoned_time(actions[stat].type):
         return None
     newest: dt.datetime = pc.max(actions[stat]).as_py()
     return min(newest, now) - FAILURES_WINDOW
