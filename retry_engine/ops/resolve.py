@@ -383,8 +383,7 @@ def _remove(path: str, group: str, ids: set[str]) -> int:
     wanted = pa.array(sorted(ids), pa.string())
     for attempt in range(1, MAX_DELETE_ATTEMPTS + 1):
         table = open_delta(path)
-        files = pyarrow_dataset(table, [("consumer_group", "=", group)])
-        rows = files.to_table(filter=pc.field("consumer_group") == group)
+        rows = pyarrow_dataset(table, [("consumer_group", "=", group)]).to_table(filter=pc.field("consumer_group") == group)
         rows = rows.select(table_arrow_schema(table).names).cast(table_arrow_schema(table))
         gone = pc.is_in(rows.column("msg_id"), wanted)
         removed = int(pc.sum(gone).as_py() or 0)
