@@ -68,7 +68,7 @@ from retry_engine.ops.audit import (
     resolution_rows,
 )
 from retry_engine.ops.redrive import MAX_CLAIM_ATTEMPTS, whoami
-from retry_engine.schemas import DLQ, REDRIVE_AUDIT
+from retry_engine.schemas import REDRIVE_AUDIT
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +395,8 @@ def _remove(path: str, group: str, ids: set[str]) -> int:
                 rows.filter(pc.invert(gone)),
                 mode="overwrite",
                 predicate=f"consumer_group = {_sql_string(group)}",
-                partition_by=list(DLQ.partition_by),
+                # The table's own layout: another writer's DLQ may not be partitioned by group.
+                partition_by=table.metadata().partition_columns or None,
             )
             return removed
         except CommitFailedError as exc:

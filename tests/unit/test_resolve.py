@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from retry_engine.clients import dlq
 from retry_engine.clients.dlq import Selection
@@ -25,7 +26,8 @@ from retry_engine.errors import ConfigError, RedriveError
 from retry_engine.ops import redrive, resolve
 from retry_engine.ops.audit import read_audit
 from retry_engine.ops.cli import EXIT_OK, main
-from tests.dead_letters import dead_letter, dlq_lake
+from retry_engine.schemas import DLQ
+from tests.dead_letters import T0, dead_letter, dlq_lake
 
 DEAD = 12
 # Ids a hostile producer could mint: quotes, SQL, escapes, control characters, non-ASCII.
@@ -402,3 +404,49 @@ def test_resolve_racing_a_redrive_at_most_one_wins(tmp_path: Path, round_: int) 
         assert results["resolve"][2] == len(resolved)
     if results["redrive"][1] == "ok":
         assert results["redrive"][2] == len(redriven)
+
+
+@pytest.mark.parametrize("kind", ["text", "no zone", "text, one file"])
+def test_resolve_and_expire_on_a_dlq_another_writer_changed(tmp_path: Path, kind: str) -> None:
+    """Bad input (SPEC, bad input; #13 part 5 item 2): a DLQ another writer rewrote with
+    `dead_lettered_at` as text or without a zone, partitioned by group or not. A resolve selected by
+    time marks the same dead letters as on the engine's own DLQ, and expire removes exactly the purged
+    ones: every other dead letter stays, with the other writer's column type (no rewrite of the schema)."""
+    rows = pa.Table.from_pylist(
+        [dead_letter(i) for i in range(DEAD)] + [dead_letter(50 + i, group="other") for i in range(3)],
+        schema=DLQ.arrow_schema,
+    )
+    at = rows.column("dead_lettered_at")
+    at = (pa.array([t.isoformat() for t in at.to_pylist()], pa.string()) if kind.startswith("text")
+          else at.cast(pa.timestamp("us")))
+    rows = rows.set_column(rows.schema.get_field_index("dead_lettered_at"), "dead_lettered_at", at)
+    root = tmp_path / "lake"
+    write_deltalake(str(root / "dlq"), rows, partition_by=None if "one file" in kind else ["consumer_group"])
+    config = parse_config({"engine": {"lake": str(root)}})
+    before = DeltaTable(str(root / "dlq")).schema().to_arrow()
+
+    since = T0 + dt.timedelta(seconds=DEAD - 4)  # the last four of billing, none of "other" (50 s on)
+    window = Selection(group="billing", since=since)
+    dry = resolve.resolve(config, window, reason="dup", action="purge", dry_run=True)
+    assert list(dry.rows["msg_id"]) == [f"DLQ-{i:03d}" for i in range(DEAD - 4, DEAD)]
+    purged = resolve.resolve(config, window, reason="dup", action="purge")
+    assert purged.resolved == 4
+    assert resolve.resolve(config, Selection(ids=("DLQ-000",)), reason="handled").resolved == 1
+    assert sorted(_listed(config)) == sorted(
+        {f"DLQ-{i:03d}" for i in range(1, DEAD - 4)} | {f"DLQ-{50 + i:03d}" for i in range(3)}
+    )
+
+    removed = resolve.expire(config)
+    assert (removed.removed, removed.purged) == (4, 4)
+    assert _dlq_ids(config) == sorted(
+        {f"DLQ-{i:03d}" for i in range(DEAD - 4)} | {f"DLQ-{50 + i:03d}" for i in range(3)}
+    )
+    after = DeltaTable(str(root / "dlq"))
+    assert after.schema().to_arrow() == before  # the other writer's types, kept
+    kept = after.to_pyarrow_table()
+    assert sorted(zip(kept.column("msg_id").to_pylist(), kept.column("dead_lettered_at").to_pylist(),
+                      strict=True)) == sorted(
+        (m, t) for m, t in zip(rows.column("msg_id").to_pylist(), at.to_pylist(), strict=True)
+        if m not in {f"DLQ-{i:03d}" for i in range(DEAD - 4, DEAD)}
+    )
+    assert resolve.expire(config).removed == 0
