@@ -362,6 +362,10 @@ class DlqSection(_Strict):
 # Delta's own default for keeping files a newer version no longer references.
 DEFAULT_MAINTENANCE_RETENTION = "7d"
 DEFAULT_MAINTENANCE_INTERVAL = "1h"
+# How long the progress table keeps its rows (one a micro-batch: 2.6 million a month at a 1 s trigger).
+DEFAULT_PROGRESS_RETENTION = "30d"
+# `status` reads the progress table's last day (the running rule, the failures of the day).
+MIN_PROGRESS_RETENTION_MS = 86_400_000
 # No more than a century: delta-rs counts the retention in whole hours.
 MAX_RETENTION_HOURS = 100 * 365 * 24
 _RETENTION = re.compile(r"([0-9]+)(h|d)")
@@ -408,6 +412,9 @@ class MaintenanceSection(_Strict):
     interval: str = DEFAULT_MAINTENANCE_INTERVAL
     every_batches: StrictInt = Field(default=0, ge=0)
     retention: str = DEFAULT_MAINTENANCE_RETENTION
+    progress_retention: str = DEFAULT_PROGRESS_RETENTION
+    """How long the progress table keeps its rows ("off": every row, for good). Maintenance removes
+    the files whose rows are all older (by ``recorded_at``); a file with a newer row waits for it."""
 
     @field_validator("interval")
     @classmethod
@@ -430,6 +437,25 @@ class MaintenanceSection(_Strict):
             raise ValueError(str(exc)) from None
         return value
 
+    @field_validator("progress_retention")
+    @classmethod
+    def _progress_retention(cls, value: str) -> str:
+        if value == "off":
+            return value
+        try:
+            ms = parse_duration_ms(value)
+        except DelayLevelError:
+            raise ValueError(
+                f"progress_retention {value!r} is not a duration: give e.g. '30d' or '720h', or 'off'"
+            ) from None
+        if ms < MIN_PROGRESS_RETENTION_MS:
+            raise ValueError(
+                f"progress_retention {value!r} is shorter than a day: `status` reads the progress table's last day"
+            )
+        if ms > MAX_RETENTION_HOURS * _HOUR_MS:
+            raise ValueError(f"progress_retention {value!r} is more than 100 years; give 'off' to keep every row")
+        return value
+
     @model_validator(mode="after")
     def _scheduled(self) -> MaintenanceSection:
         if (self.engine_tables or self.consume_results) and self.interval == "off" and self.every_batches == 0:
@@ -442,6 +468,10 @@ class MaintenanceSection(_Strict):
     @property
     def interval_ms(self) -> int | None:
         return None if self.interval == "off" else parse_duration_ms(self.interval)
+
+    @property
+    def progress_retention_ms(self) -> int | None:
+        return None if self.progress_retention == "off" else parse_duration_ms(self.progress_retention)
 
     @property
     def enabled(self) -> bool:

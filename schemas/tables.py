@@ -347,6 +347,12 @@ MAINTENANCE = Table(
             pa.int64(),
             "Unreferenced data files deleted (older than the retention).",
         ),
+        Column(
+            "files_expired",
+            pa.int64(),
+            "Files removed because every row was older than the row retention (progress: progress_retention).",
+        ),
+        Column("rows_expired", pa.int64(), "Rows of those files."),
         Column("retention_hours", pa.int64(), "The vacuum retention used, in hours.", False),
         Column("error", pa.string(), "What failed (the run went on with the next step), or null."),
     ),

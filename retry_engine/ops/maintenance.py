@@ -26,6 +26,12 @@ what Delta's own maintenance does:
    "lite" vacuum: only files the log removed; files not in the log at all, such
    as a running batch's files that are not committed yet, are never touched).
 
+Before those, the progress table (a row a micro-batch, 2.6 million a month at
+a 1 s trigger) loses its rows older than ``[maintenance] progress_retention``
+(:func:`expire_rows`): whole files whose statistics say every row is older, in
+one commit of removes; a file with a newer row, a row without a time, or no
+statistics stays until a later run can tell.
+
 :func:`run_maintenance` does that for the tables the engine owns and for
 consume_results (``retry-engine maintain``), and records what it did in the
 lake's ``_maintenance`` table (:data:`~retry_engine.schemas.MAINTENANCE`).
@@ -49,9 +55,11 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, WriterProperties
 from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
 from retry_engine.config import (
     EngineConfig,
@@ -60,7 +68,14 @@ from retry_engine.config import (
 )
 from retry_engine.core.names import ENGINE_TABLES, INPUT_TABLES, MAINTAINED_TABLES, TABLE_NAMES
 from retry_engine.delta._files import ROW_GROUP_ROWS
-from retry_engine.delta._log import LOG_DIR, add_actions, join_path, snapshot_files
+from retry_engine.delta._log import (
+    LOG_DIR,
+    add_actions,
+    data_file_path,
+    join_path,
+    snapshot_files,
+    zoned_time,
+)
 from retry_engine.delta.storage import filesystem, log_failure, open_delta, write_delta
 from retry_engine.delta.tables import (
     EXPIRED_LOG_CLEANUP,
@@ -86,6 +101,9 @@ COMPACT_ATTEMPTS = 10
 COMPACTED_ROW_GROUP_ROWS = ROW_GROUP_ROWS
 # The in-engine thread looks whether maintenance is due at least this often.
 POLL_SECONDS = 1.0
+# Tables whose rows expire after ``[maintenance] progress_retention``, and the time they are judged by.
+EXPIRING_TABLES: dict[str, str] = {"progress": "recorded_at"}
+EXPIRE_OPERATION = "EXPIRE ROWS"
 
 Trigger = Literal["command", "engine"]
 _T = TypeVar("_T")
@@ -118,6 +136,9 @@ class TableReport:
     log_files_before: int | None = None
     log_files_after: int | None = None
     files_vacuumed: int = 0
+    files_expired: int = 0
+    """Files removed because every row was older than the table's row retention (progress only)."""
+    rows_expired: int = 0
     error: str | None = None
 
     @property
@@ -179,6 +200,69 @@ def _compact(path: str) -> tuple[int, int]:
     )
 
 
+def expiring_files(table: DeltaTable, column: str, before: dt.datetime) -> tuple[list[Any], int]:
+    """The files of ``table`` whose every ``column`` value is before ``before`` (statistics), and their rows.
+
+    Only a file whose statistics give a zoned time maximum, no null in the
+    column and a row count: anything else might hold a row to keep.
+    """
+    actions = add_actions(table)
+    latest, nulls = f"max.{column}", f"null_count.{column}"
+    if not actions.num_rows or {latest, nulls, "num_records"} - set(actions.column_names):
+        return [], 0
+    if not zoned_time(actions[latest].type):
+        return [], 0
+    old = pc.and_(
+        pc.less(actions[latest], pa.scalar(before, actions[latest].type)),
+        pc.and_(pc.equal(actions[nulls], 0), pc.is_valid(actions["num_records"])),
+    )
+    chosen = actions.filter(pc.fill_null(old, False))
+    paths = set(chosen["path"].to_pylist())
+    files = [e for e in snapshot_files(table, table.version()) if e.path in paths]
+    return files, int(pc.sum(chosen["num_records"]).as_py() or 0)
+
+
+def expire_rows(path: str, column: str, before: dt.datetime) -> tuple[int, int]:
+    """Remove the files of ``path`` whose rows are all before ``before`` by ``column``: (files, rows).
+
+    One commit of removes (``dataChange=true``: the rows are gone, as after a
+    delete; a stream reading the table needs ``ignoreDeletes``), as the version
+    after the one planned from: delta-rs rebases a commit of removes over a
+    compaction that removed the same files first, so any commit in between
+    (an append, a compaction) makes it plan again on a fresh snapshot.
+    """
+    for attempt in range(1, COMPACT_ATTEMPTS + 1):
+        table = open_delta(path)
+        files, rows = expiring_files(table, column, before)
+        if not files:
+            return 0, 0
+        now = int(time.time() * 1000)
+        removes: list[AddAction | RemoveAction] = [
+            RemoveAction(
+                path=data_file_path(f.path),
+                data_change=True,
+                deletion_timestamp=now,
+                size=f.size,
+                partition_values=dict(f.partition_values),
+            )
+            for f in files
+        ]
+        try:
+            table.create_write_transaction(
+                removes,
+                mode="append",
+                schema=table.schema(),
+                partition_by=list(table.metadata().partition_columns) or None,
+                commit_properties=CommitProperties(
+                    max_commit_retries=0, custom_metadata={"retry_engine.operation": EXPIRE_OPERATION}
+                ),
+            )
+            return len(files), rows
+        except CommitFailedError as exc:
+            log.warning("%s: row expiry conflicted with another commit (attempt %d): %s", path, attempt, exc)
+    raise CommitFailedError(f"row expiry of {path} conflicted {COMPACT_ATTEMPTS} times with other writers")
+
+
 # Two cleaners at once (a `maintain` next to the engine's own maintenance) make delta-rs fail on
 # the file the other deleted first, sometimes both of them; each retry lists what is left. Two
 # cleaners retrying in step kept colliding: on a loaded machine both used up 5 attempts on one
@@ -212,8 +296,12 @@ def maintain_table(
     retention_hours: int,
     dry_run: bool = False,
     lock: threading.Lock | None = None,
+    expire_before: dt.datetime | None = None,
 ) -> TableReport:
     """Compact, checkpoint, clean the log of and vacuum the table ``name`` at ``path``.
+
+    ``expire_before``: for a table of :data:`EXPIRING_TABLES`, first remove the
+    files whose rows are all older (:func:`expire_rows`).
 
     A missing table gives an empty report. A step that fails is logged and
     named in the report's ``error``; the later steps still run (a failed
@@ -233,7 +321,9 @@ def maintain_table(
         bytes_before=before.bytes,
         log_files_before=before.log_files,
     )
+    expiring = EXPIRING_TABLES.get(name) if expire_before is not None else None
     if dry_run:
+        expired = expiring_files(table, expiring, expire_before) if expiring and expire_before else ([], 0)
         doomed = table.vacuum(
             retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False
         )
@@ -245,6 +335,8 @@ def maintain_table(
             log_files_after=before.log_files,
             files_compacted=_small_files_to_compact(table),
             files_vacuumed=len(doomed),
+            files_expired=len(expired[0]),
+            rows_expired=expired[1],
         )
     errors: list[str] = []
     guard = lock if lock is not None else threading.Lock()
@@ -258,6 +350,11 @@ def maintain_table(
             errors.append(f"{what}: {type(exc).__name__}: {exc}")
             return None
 
+    if expiring and expire_before is not None:
+        before_time = expire_before
+        gone = step("row retention", lambda: expire_rows(path, expiring, before_time))
+        if gone is not None:
+            report = replace(report, files_expired=gone[0], rows_expired=gone[1])
     compacted = step("compaction", lambda: _compact(path))
     if compacted is not None:
         report = replace(report, files_compacted=compacted[0], files_written=compacted[1])
@@ -376,13 +473,17 @@ def run_maintenance(
     if any(name in ENGINE_TABLES for name, _ in selected):
         selected.append((RECORD_TABLE, maintenance_path(config.engine.lake)))
     run_at = dt.datetime.now(dt.UTC)
+    keep_ms = config.maintenance.progress_retention_ms
+    expire_before = None if keep_ms is None else run_at - dt.timedelta(milliseconds=keep_ms)
     reports = []
     for name, path in selected:
         if stopping():
             log.info("maintenance stopped before %s; the next run does it", name)
             break
         reports.append(
-            maintain_table(name, path, retention_hours=hours, dry_run=dry_run, lock=lock)
+            maintain_table(
+                name, path, retention_hours=hours, dry_run=dry_run, lock=lock, expire_before=expire_before
+            )
         )
     if not dry_run:
         try:
@@ -421,6 +522,8 @@ def format_report(reports: Sequence[TableReport], *, dry_run: bool = False) -> s
                 f"{r.version_before}, log entries {r.log_files_before}; would compact {r.files_compacted} "
                 f"small files, would vacuum {r.files_vacuumed}"
             )
+            if r.files_expired:
+                line += f", would expire {r.files_expired} files ({r.rows_expired} rows)"
             lines.append(line)
             continue
         line = (
@@ -429,6 +532,8 @@ def format_report(reports: Sequence[TableReport], *, dry_run: bool = False) -> s
             f"log entries {r.log_files_before} -> {r.log_files_after}; compacted {r.files_compacted} "
             f"into {r.files_written}, vacuumed {r.files_vacuumed}"
         )
+        if r.files_expired:
+            line += f", expired {r.files_expired} files ({r.rows_expired} rows past the retention)"
         if r.checkpoint_version is not None:
             line += f", checkpoint at {r.checkpoint_version}"
         if r.error:

@@ -9,6 +9,7 @@ clear error naming the option that skips ahead.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -31,9 +32,11 @@ from retry_engine.config import (
 from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import DeltaLog, TableLocation
 from retry_engine.delta._offsets import ChangeRules, Offset, files_after
+from retry_engine.delta.tables import append_arrow
 from retry_engine.errors import ConfigError, DeltaSourceError
-from retry_engine.ops import maintenance
+from retry_engine.ops import maintenance, status
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
+from retry_engine.ops.monitor import ensure_progress_table
 from retry_engine.ops.maintenance import (
     EXPIRED_LOG_CLEANUP,
     MAINTAINED_TABLES,
@@ -46,6 +49,7 @@ from retry_engine.ops.maintenance import (
     run_maintenance,
     select_tables,
 )
+from retry_engine.schemas import PROGRESS
 from tests.lakehouse import wait_for
 
 WEEK = 168
@@ -732,3 +736,128 @@ def test_an_engine_that_stops_does_not_wait_for_the_remaining_tables(tmp_path: P
     assert [r.table_name for r in reports] == ["consume_results"]
     assert DeltaTable(str(tmp_path / "consume_results")).version() == 4
     assert DeltaTable(str(tmp_path / "outcomes")).version() == 3
+
+
+# --------------------------------------------------------------------------- progress retention
+
+DAY = dt.timedelta(days=1)
+
+
+def progress_rows(run: str, times: list[dt.datetime], first_batch: int = 0) -> pa.Table:
+    rows = [
+        {**dict.fromkeys(PROGRESS.names), "query_id": "q", "run_id": run, "event": "progress",
+         "batch_id": first_batch + i, "event_time": t, "recorded_at": t, "batch_duration_ms": 100}
+        for i, t in enumerate(times)
+    ]
+    return pa.Table.from_pylist(rows, schema=PROGRESS.arrow_schema)
+
+
+def progress_lake(root: Path, now: dt.datetime) -> dict[str, list[int]]:
+    """A progress table of five appends: two 40 and 35 days old, one file straddling 31 days and an hour,
+    one 40 days old without statistics, and the last hour's. The batch ids of each."""
+    path = str(root / "progress")
+    ensure_progress_table(path)
+    files = {
+        "old": [now - 40 * DAY, now - 40 * DAY + dt.timedelta(seconds=1)],
+        "older": [now - 35 * DAY],
+        "straddling": [now - 31 * DAY, now - dt.timedelta(hours=1)],
+        "no statistics": [now - 40 * DAY],
+        "recent": [now - dt.timedelta(seconds=s) for s in (3, 2, 1)],
+    }
+    batches, first = {}, 0
+    for name, times in files.items():
+        if name == "no statistics":
+            DeltaTable(path).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "0"})
+        append_arrow(path, progress_rows("run-1", times, first))
+        if name == "no statistics":
+            DeltaTable(path).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "32"})
+        batches[name] = list(range(first, first + len(times)))
+        first += len(times)
+    return batches
+
+
+def batch_ids(path: str) -> list[int]:
+    return sorted(DeltaTable(path).to_pyarrow_table().column("batch_id").to_pylist())
+
+
+def test_progress_rows_past_the_retention_go_in_whole_files_and_status_judges_the_run_as_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#14 (months on a lake): the progress table gets a row a micro-batch (2.6 million a month at a 1 s
+    trigger). `maintain` removes the files whose rows are all older than `progress_retention` (30 days by
+    default), by their statistics; a file with a newer row, or without statistics, stays. The dry run
+    says so and changes nothing; `status` judges the run as before; a second run removes nothing."""
+    now = dt.datetime.now(dt.UTC)
+    batches = progress_lake(tmp_path, now)
+    path = str(tmp_path / "progress")
+    config = parse_config({"engine": {"lake": str(tmp_path), "trigger_interval": "1s"}})
+    judged = status.status(config, now=now)
+    version = DeltaTable(path).version()
+
+    assert main(["maintain", "--lake", str(tmp_path), "--table", "progress", "--dry-run"]) == EXIT_OK
+    assert "would expire 2 files (3 rows)" in capsys.readouterr().out
+    assert DeltaTable(path).version() == version
+
+    [report, _] = run_maintenance(config, tables=["progress"])
+    assert (report.files_expired, report.rows_expired, report.error) == (2, 3, None)
+    kept = sorted(batches["straddling"] + batches["no statistics"] + batches["recent"])
+    assert batch_ids(path) == kept
+    after = status.status(config, now=now)
+    assert (after.state, after.last_batch, after.last_event_at) == (judged.state, judged.last_batch, judged.last_event_at)
+    assert after.state == "running" and after.last_batch is not None and after.last_batch.batch_id == kept[-1]
+    recorded = DeltaTable(maintenance_path(str(tmp_path))).to_pyarrow_table().to_pylist()
+    assert [(r["table_name"], r["files_expired"], r["rows_expired"]) for r in recorded] == [("progress", 2, 3)]
+    commits = [a for a in log_actions(tmp_path / "progress", version + 1) if "remove" in a]
+    assert len(commits) == 2 and all(a["remove"]["dataChange"] for a in commits)
+
+    [again, _] = run_maintenance(config, tables=["progress"])
+    assert (again.files_expired, again.rows_expired) == (0, 0) and batch_ids(path) == kept
+    # A longer retention, or "off", keeps what is left; the straddling file goes once its last row is old.
+    off = parse_config({"engine": {"lake": str(tmp_path)}, "maintenance": {"progress_retention": "off"}})
+    assert run_maintenance(off, tables=["progress"])[0].files_expired == 0
+    later = run_maintenance(config, tables=["progress"])  # within the hour: the straddling file stays
+    assert later[0].files_expired == 0 and batch_ids(path) == kept
+
+
+@pytest.mark.parametrize("race", ["append", "compaction"])
+def test_rows_expire_beside_a_concurrent_append_and_after_a_conflicting_compaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, race: str
+) -> None:
+    """#14 part 1 (a conflict is retried, never fatal): a commit that lands between the expiry's plan and
+    its commit makes it plan again. A writer's append is kept; after a compaction that removed the
+    planned files first, the compacted file (rows as old) goes instead, and the count is its rows, once."""
+    now = dt.datetime.now(dt.UTC)
+    path = str(tmp_path / "progress")
+    ensure_progress_table(path)
+    for i in range(3):
+        append_arrow(path, progress_rows("run-1", [now - (40 - i) * DAY], first_batch=i))
+    planned = maintenance.expiring_files
+    calls: list[int] = []
+
+    def racing(table: DeltaTable, column: str, before: dt.datetime) -> tuple[list[Any], int]:
+        plan = planned(table, column, before)
+        calls.append(len(plan[0]))
+        if len(calls) == 1 and race == "append":
+            append_arrow(path, progress_rows("run-2", [now], first_batch=10))
+        elif len(calls) == 1:
+            DeltaTable(path).optimize.compact()
+        return plan
+
+    monkeypatch.setattr(maintenance, "expiring_files", racing)
+    files, rows = maintenance.expire_rows(path, "recorded_at", now - 30 * DAY)
+    if race == "append":
+        assert calls == [3, 3] and (files, rows) == (3, 3) and batch_ids(path) == [10]
+    else:
+        assert calls == [3, 1] and (files, rows) == (1, 3) and batch_ids(path) == []
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [("23h", "shorter than a day"), ("0", "not a duration"), ("-30d", "not a duration"), ("1.5d", "not a duration"),
+     ("soon", "not a duration"), (30, "valid string"), (True, "valid string"), ("36501d", "more than 100 years"),
+     ("9" * 30 + "d", "more than 100 years")],
+)
+def test_a_hostile_progress_retention_is_refused_on_load(value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"maintenance": {"progress_retention": value}})
+    assert parse_config({}).maintenance.progress_retention == "30d"
