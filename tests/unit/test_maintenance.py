@@ -36,7 +36,6 @@ from retry_engine.delta.tables import append_arrow
 from retry_engine.errors import ConfigError, DeltaSourceError
 from retry_engine.ops import maintenance, status
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
-from retry_engine.ops.monitor import ensure_progress_table
 from retry_engine.ops.maintenance import (
     EXPIRED_LOG_CLEANUP,
     MAINTAINED_TABLES,
@@ -49,6 +48,7 @@ from retry_engine.ops.maintenance import (
     run_maintenance,
     select_tables,
 )
+from retry_engine.ops.monitor import ensure_progress_table
 from retry_engine.schemas import PROGRESS
 from tests.lakehouse import wait_for
 
