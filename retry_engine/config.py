@@ -22,6 +22,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -362,10 +363,12 @@ class DlqSection(_Strict):
 # Delta's own default for keeping files a newer version no longer references.
 DEFAULT_MAINTENANCE_RETENTION = "7d"
 DEFAULT_MAINTENANCE_INTERVAL = "1h"
-# How long the progress table keeps its rows (one a micro-batch: 2.6 million a month at a 1 s trigger).
+# How long the progress and metrics tables keep their rows (progress: one a micro-batch, 2.6 million a
+# month at a 1 s trigger; metrics: a few per group and level of every batch that decided something).
 DEFAULT_PROGRESS_RETENTION = "30d"
+DEFAULT_METRICS_RETENTION = "30d"
 # `status` reads the progress table's last day (the running rule, the failures of the day).
-MIN_PROGRESS_RETENTION_MS = 86_400_000
+MIN_ROW_RETENTION_MS = 86_400_000
 # No more than a century: delta-rs counts the retention in whole hours.
 MAX_RETENTION_HOURS = 100 * 365 * 24
 _RETENTION = re.compile(r"([0-9]+)(h|d)")
@@ -415,6 +418,8 @@ class MaintenanceSection(_Strict):
     progress_retention: str = DEFAULT_PROGRESS_RETENTION
     """How long the progress table keeps its rows ("off": every row, for good). Maintenance removes
     the files whose rows are all older (by ``recorded_at``); a file with a newer row waits for it."""
+    metrics_retention: str = DEFAULT_METRICS_RETENTION
+    """The same for the metrics table (by ``batch_time``)."""
 
     @field_validator("interval")
     @classmethod
@@ -437,23 +442,20 @@ class MaintenanceSection(_Strict):
             raise ValueError(str(exc)) from None
         return value
 
-    @field_validator("progress_retention")
+    @field_validator("progress_retention", "metrics_retention")
     @classmethod
-    def _progress_retention(cls, value: str) -> str:
+    def _row_retention(cls, value: str, info: ValidationInfo) -> str:
         if value == "off":
             return value
+        name = info.field_name
         try:
             ms = parse_duration_ms(value)
         except DelayLevelError:
-            raise ValueError(
-                f"progress_retention {value!r} is not a duration: give e.g. '30d' or '720h', or 'off'"
-            ) from None
-        if ms < MIN_PROGRESS_RETENTION_MS:
-            raise ValueError(
-                f"progress_retention {value!r} is shorter than a day: `status` reads the progress table's last day"
-            )
+            raise ValueError(f"{name} {value!r} is not a duration: give e.g. '30d' or '720h', or 'off'") from None
+        if ms < MIN_ROW_RETENTION_MS:
+            raise ValueError(f"{name} {value!r} is shorter than a day: `status` and `plots` read the last day")
         if ms > MAX_RETENTION_HOURS * _HOUR_MS:
-            raise ValueError(f"progress_retention {value!r} is more than 100 years; give 'off' to keep every row")
+            raise ValueError(f"{name} {value!r} is more than 100 years; give 'off' to keep every row")
         return value
 
     @model_validator(mode="after")
@@ -469,9 +471,10 @@ class MaintenanceSection(_Strict):
     def interval_ms(self) -> int | None:
         return None if self.interval == "off" else parse_duration_ms(self.interval)
 
-    @property
-    def progress_retention_ms(self) -> int | None:
-        return None if self.progress_retention == "off" else parse_duration_ms(self.progress_retention)
+    def row_retention_ms(self, table: str) -> int | None:
+        """How long ``table`` (``progress`` or ``metrics``) keeps its rows; None: for good."""
+        value = {"progress": self.progress_retention, "metrics": self.metrics_retention}[table]
+        return None if value == "off" else parse_duration_ms(value)
 
     @property
     def enabled(self) -> bool:

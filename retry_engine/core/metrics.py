@@ -61,6 +61,11 @@ LATENESS_MS_MAX: Final = "lateness_ms_max"
 """Largest lateness (ms)."""
 LATENESS_METRICS: Final = (LATENESS_MS_MIN, LATENESS_MS_P50, LATENESS_MS_P99, LATENESS_MS_MAX)
 
+EXPIRED: Final = "expired_before"
+"""Written by maintenance (not a batch: ``batch_id`` -1) before it removes the rows older than
+``batch_time`` (``[maintenance] metrics_retention``); ``value``: the rows planned to go. The table
+holds every row from the latest such row's ``batch_time`` on; running sums before it cannot start at 0."""
+
 _KEYS = ("consumer_group", "retry_topic", "delay_level", "metric")
 COUNTS_SCHEMA: Final = pa.schema(
     [

@@ -27,10 +27,12 @@ what Delta's own maintenance does:
    as a running batch's files that are not committed yet, are never touched).
 
 Before those, the progress table (a row a micro-batch, 2.6 million a month at
-a 1 s trigger) loses its rows older than ``[maintenance] progress_retention``
-(:func:`expire_rows`): whole files whose statistics say every row is older, in
-one commit of removes; a file with a newer row, a row without a time, or no
-statistics stays until a later run can tell.
+a 1 s trigger) and the metrics table lose their rows older than ``[maintenance]
+progress_retention`` / ``metrics_retention`` (:func:`expire_rows`): whole files
+whose statistics say every row is older, in one commit of removes; a file with
+a newer row, a row without a time, or no statistics stays until a later run
+can tell. The metrics table first gets a row saying so (:data:`EXPIRED_METRIC`):
+the plots' running sums then know the table no longer starts at the lake's start.
 
 :func:`run_maintenance` does that for the tables the engine owns and for
 consume_results (``retry-engine maintain``), and records what it did in the
@@ -66,6 +68,7 @@ from retry_engine.config import (
     minimum_retention_hours,
     parse_retention_hours,
 )
+from retry_engine.core.metrics import EXPIRED as EXPIRED_METRIC
 from retry_engine.core.names import ENGINE_TABLES, INPUT_TABLES, MAINTAINED_TABLES, TABLE_NAMES
 from retry_engine.delta._files import ROW_GROUP_ROWS
 from retry_engine.delta._log import (
@@ -79,12 +82,13 @@ from retry_engine.delta._log import (
 from retry_engine.delta.storage import filesystem, log_failure, open_delta, write_delta
 from retry_engine.delta.tables import (
     EXPIRED_LOG_CLEANUP,
+    append_arrow,
     ensure_table,
     open_table,
     writers_clean_log,
 )
 from retry_engine.errors import ConfigError
-from retry_engine.schemas import MAINTENANCE
+from retry_engine.schemas import MAINTENANCE, METRICS
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +105,10 @@ COMPACT_ATTEMPTS = 10
 COMPACTED_ROW_GROUP_ROWS = ROW_GROUP_ROWS
 # The in-engine thread looks whether maintenance is due at least this often.
 POLL_SECONDS = 1.0
-# Tables whose rows expire after ``[maintenance] progress_retention``, and the time they are judged by.
-EXPIRING_TABLES: dict[str, str] = {"progress": "recorded_at"}
+# Tables whose rows expire after ``[maintenance] <name>_retention``, and the time they are judged by.
+EXPIRING_TABLES: dict[str, str] = {"progress": "recorded_at", METRICS.name: "batch_time"}
 EXPIRE_OPERATION = "EXPIRE ROWS"
+STATISTICS_GRAIN = dt.timedelta(milliseconds=1)
 
 Trigger = Literal["command", "engine"]
 _T = TypeVar("_T")
@@ -212,8 +217,10 @@ def expiring_files(table: DeltaTable, column: str, before: dt.datetime) -> tuple
         return [], 0
     if not zoned_time(actions[latest].type):
         return [], 0
+    # Delta's statistics hold times to the millisecond, cut down: a file whose maximum reads a
+    # millisecond before ``before`` may hold a row at ``before`` (the marker, say).
     old = pc.and_(
-        pc.less(actions[latest], pa.scalar(before, actions[latest].type)),
+        pc.less(actions[latest], pa.scalar(before - STATISTICS_GRAIN, actions[latest].type)),
         pc.and_(pc.equal(actions[nulls], 0), pc.is_valid(actions["num_records"])),
     )
     chosen = actions.filter(pc.fill_null(old, False))
@@ -222,8 +229,19 @@ def expiring_files(table: DeltaTable, column: str, before: dt.datetime) -> tuple
     return files, int(pc.sum(chosen["num_records"]).as_py() or 0)
 
 
-def expire_rows(path: str, column: str, before: dt.datetime) -> tuple[int, int]:
+def expired_marker(before: dt.datetime, rows: int) -> pa.Table:
+    """The METRICS row written before its rows up to ``before`` are removed: metric
+    :data:`EXPIRED_METRIC` at ``before``, ``value`` the rows planned to go."""
+    row = {**dict.fromkeys(METRICS.names), "batch_id": -1, "batch_time": before, "metric": EXPIRED_METRIC,
+           "value": float(rows)}
+    return pa.Table.from_pylist([row], schema=METRICS.arrow_schema)
+
+
+def expire_rows(path: str, column: str, before: dt.datetime, *, marked: bool = False) -> tuple[int, int]:
     """Remove the files of ``path`` whose rows are all before ``before`` by ``column``: (files, rows).
+
+    ``marked`` (the metrics table): when there is any, first append :func:`expired_marker`, so a
+    reader that sees rows gone sees the marker too.
 
     One commit of removes (``dataChange=true``: the rows are gone, as after a
     delete; a stream reading the table needs ``ignoreDeletes``), as the version
@@ -231,6 +249,11 @@ def expire_rows(path: str, column: str, before: dt.datetime) -> tuple[int, int]:
     compaction that removed the same files first, so any commit in between
     (an append, a compaction) makes it plan again on a fresh snapshot.
     """
+    if marked:
+        files, rows = expiring_files(open_delta(path), column, before)
+        if not files:
+            return 0, 0
+        append_arrow(path, expired_marker(before, rows))
     for attempt in range(1, COMPACT_ATTEMPTS + 1):
         table = open_delta(path)
         files, rows = expiring_files(table, column, before)
@@ -352,7 +375,9 @@ def maintain_table(
 
     if expiring and expire_before is not None:
         before_time = expire_before
-        gone = step("row retention", lambda: expire_rows(path, expiring, before_time))
+        gone = step(
+            "row retention", lambda: expire_rows(path, expiring, before_time, marked=name == METRICS.name)
+        )
         if gone is not None:
             report = replace(report, files_expired=gone[0], rows_expired=gone[1])
     compacted = step("compaction", lambda: _compact(path))
@@ -473,8 +498,11 @@ def run_maintenance(
     if any(name in ENGINE_TABLES for name, _ in selected):
         selected.append((RECORD_TABLE, maintenance_path(config.engine.lake)))
     run_at = dt.datetime.now(dt.UTC)
-    keep_ms = config.maintenance.progress_retention_ms
-    expire_before = None if keep_ms is None else run_at - dt.timedelta(milliseconds=keep_ms)
+    expire_before = {
+        name: run_at - dt.timedelta(milliseconds=keep_ms)
+        for name in EXPIRING_TABLES
+        if (keep_ms := config.maintenance.row_retention_ms(name)) is not None
+    }
     reports = []
     for name, path in selected:
         if stopping():
@@ -482,7 +510,7 @@ def run_maintenance(
             break
         reports.append(
             maintain_table(
-                name, path, retention_hours=hours, dry_run=dry_run, lock=lock, expire_before=expire_before
+                name, path, retention_hours=hours, dry_run=dry_run, lock=lock, expire_before=expire_before.get(name)
             )
         )
     if not dry_run:

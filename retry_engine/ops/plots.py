@@ -45,7 +45,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from retry_engine.config import EngineConfig  # noqa: E402
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY  # noqa: E402
-from retry_engine.core.metrics import DELIVERED, nearest_rank  # noqa: E402
+from retry_engine.core.metrics import DELIVERED, EXPIRED, nearest_rank  # noqa: E402
 from retry_engine.ops.status import (  # noqa: E402
     EngineTables,
     at_or_after,
@@ -379,9 +379,22 @@ class PlotData:
     dead_letters: dict[str, dict[str, int]]
 
 
+def metrics_hold(metrics: pa.Table, since: dt.datetime | None) -> bool:
+    """Whether the METRICS rows ``metrics`` hold every change from ``since`` on (None: from the lake's
+    start): no maintenance removed rows after it (its :data:`~retry_engine.core.metrics.EXPIRED` rows
+    say up to when it did), and there are rows at all (a native Delta engine writes none)."""
+    if not metrics.num_rows:
+        return False
+    marks = metrics.filter(pc.equal(metrics["metric"], EXPIRED))["batch_time"]
+    if not len(marks):
+        return True
+    return since is not None and since >= pc.max(marks).as_py()
+
+
 def plot_data(lake: EngineTables, since: dt.datetime | None = None) -> PlotData:
-    """The charts' data from tables read whole (:func:`~retry_engine.ops.status.read_tables`)."""
-    source: BacklogSource = "metrics" if lake.metrics.num_rows else "ledger"
+    """The charts' data from tables read whole (:func:`~retry_engine.ops.status.read_tables`). The
+    backlog comes from the METRICS rows where they hold it (:func:`metrics_hold`), else from the ledger."""
+    source: BacklogSource = "metrics" if metrics_hold(lake.metrics, since) else "ledger"
     changes = metrics_changes(lake.metrics) if source == "metrics" else ledger_changes(lake.outcomes, lake.retry)
     retry, dlq = lake.retry, lake.dlq
     if since is not None:
@@ -416,6 +429,9 @@ def _recorded_backlog(config: EngineConfig, since: dt.datetime, now: dt.datetime
             return None
         pending = {(e.consumer_group, e.delay_level): e.pending for e in backlog(pending_retries(*window))}
         metrics = rows_since(config, METRICS.name, "batch_time", since, table=snapshot[METRICS.name])
+        if not metrics_hold(metrics, since) and metrics.num_rows:
+            log.info("plots: maintenance removed METRICS rows after %s; drawing the backlog from the ledger", since)
+            return None
         return backlog_anchored(metrics_changes(metrics), since, pending)
     except Exception as exc:  # noqa: BLE001 - a shortcut only: whatever stops it, every row is read
         log.warning("plots: the lake's batch record could not be used (%s: %s); reading every METRICS row",
@@ -444,7 +460,7 @@ def read_plot_data(config: EngineConfig, *, since: dt.datetime | None, now: dt.d
                 since, series, "metrics, from the lake's batch record", _lateness_values(retry), dead_letters_by_class(dlq)
             )
     lake = read_tables(config, names=PLOT_TABLES)
-    if lake.metrics.num_rows == 0:  # a native Delta engine writes none: the backlog comes from the ledger
+    if not metrics_hold(lake.metrics, since):  # none (a native Delta engine), or expired: from the ledger
         given = {name: getattr(lake, name) for name in PLOT_TABLES}
         lake = read_tables(config, names=(*PLOT_TABLES, OUTCOMES.name), given=given)
     return plot_data(lake, since)

@@ -328,6 +328,49 @@ def test_plots_since_reads_its_window_and_draws_what_every_row_draws(run: Run, t
     assert plots.read_plot_data(lake.config, since=released).backlog_source == "metrics"
 
 
+def test_plots_after_maintenance_expired_metrics_rows_draw_from_the_ledger_before_the_cut(
+    run: Run, tmp_path: Path
+) -> None:
+    """#14 (months on a lake): maintenance removes METRICS rows past `metrics_retention`, after writing
+    an `expired_before` row at the cut. The plots' running sums no longer start at 0 before it: a
+    window from the cut on draws from the METRICS rows (the record's fast path) what it drew before;
+    a window from before the cut, and the whole history, draw from the ledger what the ledger drew
+    before. Without the marker, the whole history would start every line at 0 at the first kept row."""
+    from retry_engine.core.metrics import EXPIRED
+    from retry_engine.ops import maintenance
+
+    root = tmp_path / "lake"
+    shutil.copytree(run.lake.root, root, ignore=shutil.ignore_patterns("_checkpoints"))
+    lake = Lake.make(root)
+    config = lake.config
+    metrics = DeltaTable(str(root / "metrics")).to_pyarrow_table()
+    released = min(m["batch_time"] for m in metrics.to_pylist() if m["metric"] == "delivered")
+    first = min(metrics["batch_time"].to_pylist()) - dt.timedelta(seconds=1)
+    before = {since: plots.read_plot_data(config, since=since) for since in (None, first, released)}
+    ledger = {since: plots.plot_data(dataclasses.replace(read_tables(config), metrics=metrics.slice(0, 0)), since)
+              for since in (None, first)}
+
+    files, rows = maintenance.expire_rows(str(root / "metrics"), "batch_time", released, marked=True)
+    assert files > 0 and 0 < rows < metrics.num_rows
+    kept = DeltaTable(str(root / "metrics")).to_pyarrow_table()
+    marks = kept.filter(pa.compute.equal(kept["metric"], EXPIRED)).to_pylist()
+    assert [(m["batch_time"], m["value"], m["batch_id"]) for m in marks] == [(released, float(rows), -1)]
+    assert kept.num_rows == metrics.num_rows - rows + 1
+
+    after = plots.read_plot_data(config, since=released)
+    assert after.backlog_source == "metrics, from the lake's batch record"
+    assert after.backlog == before[released].backlog
+    for since in (None, first):
+        drawn = plots.read_plot_data(config, since=since)
+        assert drawn.backlog_source == "outcomes+retry", since
+        assert drawn.backlog == ledger[since].backlog and drawn.dead_letters == before[since].dead_letters
+    assert before[None].backlog_source == "metrics" and ledger[None].backlog_source == "outcomes+retry"
+    # The ledger's lines hold the same pending counts at the end as the METRICS lines did.
+    assert {(s.consumer_group, s.delay_level): s.pending[-1] for s in ledger[None].backlog} == {
+        (s.consumer_group, s.delay_level): s.pending[-1] for s in before[None].backlog
+    }
+
+
 def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 

@@ -29,10 +29,11 @@ from retry_engine.config import (
     parse_config,
     parse_retention_hours,
 )
+from retry_engine.core.metrics import EXPIRED
 from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import DeltaLog, TableLocation
 from retry_engine.delta._offsets import ChangeRules, Offset, files_after
-from retry_engine.delta.tables import append_arrow
+from retry_engine.delta.tables import append_arrow, ensure_table
 from retry_engine.errors import ConfigError, DeltaSourceError
 from retry_engine.ops import maintenance, status
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
@@ -49,7 +50,7 @@ from retry_engine.ops.maintenance import (
     select_tables,
 )
 from retry_engine.ops.monitor import ensure_progress_table
-from retry_engine.schemas import PROGRESS
+from retry_engine.schemas import METRICS, PROGRESS
 from tests.lakehouse import wait_for
 
 WEEK = 168
@@ -857,7 +858,32 @@ def test_rows_expire_beside_a_concurrent_append_and_after_a_conflicting_compacti
      ("soon", "not a duration"), (30, "valid string"), (True, "valid string"), ("36501d", "more than 100 years"),
      ("9" * 30 + "d", "more than 100 years")],
 )
-def test_a_hostile_progress_retention_is_refused_on_load(value: object, message: str) -> None:
+@pytest.mark.parametrize("name", ["progress_retention", "metrics_retention"])
+def test_a_hostile_row_retention_is_refused_on_load(name: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_config({"maintenance": {"progress_retention": value}})
-    assert parse_config({}).maintenance.progress_retention == "30d"
+        parse_config({"maintenance": {name: value}})
+    assert getattr(parse_config({}).maintenance, name) == "30d"
+
+
+def test_metrics_rows_expire_after_a_marker_a_dry_run_writes_nothing(tmp_path: Path) -> None:
+    """#14: the METRICS table's rows past `metrics_retention` go like the progress table's, after a row
+    `expired_before` at the cut (the plots' running sums must know, see test_monitoring); a dry run
+    counts them and writes nothing; "off" keeps them."""
+    now = dt.datetime.now(dt.UTC)
+    path = str(tmp_path / "metrics")
+    ensure_table(path, METRICS.arrow_schema)
+    for i, age in enumerate((40 * DAY, 35 * DAY, dt.timedelta(hours=1))):
+        rows = [{**dict.fromkeys(METRICS.names), "batch_id": i, "batch_time": now - age, "consumer_group": "G",
+                 "delay_level": 3, "metric": m, "value": 1.0} for m in ("retry", "delivered")]
+        append_arrow(path, pa.Table.from_pylist(rows, schema=METRICS.arrow_schema))
+    config = parse_config({"engine": {"lake": str(tmp_path)}})
+    off = parse_config({"engine": {"lake": str(tmp_path)}, "maintenance": {"metrics_retention": "off"}})
+    [dry, _] = run_maintenance(config, tables=["metrics"], dry_run=True)
+    assert (dry.files_expired, dry.rows_expired) == (2, 4) and DeltaTable(path).version() == 3
+    assert run_maintenance(off, tables=["metrics"], dry_run=True)[0].files_expired == 0
+    [report, _] = run_maintenance(config, tables=["metrics"])
+    assert (report.files_expired, report.rows_expired, report.error) == (2, 4, None)
+    rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+    assert sorted((r["batch_id"], r["metric"]) for r in rows) == [(-1, EXPIRED), (2, "delivered"), (2, "retry")]
+    [mark] = [r for r in rows if r["metric"] == EXPIRED]
+    assert mark["value"] == 4.0 and now - 31 * DAY < mark["batch_time"] < now - 29 * DAY
