@@ -85,6 +85,7 @@ from retry_engine.delta.tables import (
     append_arrow,
     ensure_table,
     open_table,
+    stats_from,
     writers_clean_log,
 )
 from retry_engine.errors import ConfigError
@@ -108,7 +109,6 @@ POLL_SECONDS = 1.0
 # Tables whose rows expire after ``[maintenance] <name>_retention``, and the time they are judged by.
 EXPIRING_TABLES: dict[str, str] = {"progress": "recorded_at", METRICS.name: "batch_time"}
 EXPIRE_OPERATION = "EXPIRE ROWS"
-STATISTICS_GRAIN = dt.timedelta(milliseconds=1)
 
 Trigger = Literal["command", "engine"]
 _T = TypeVar("_T")
@@ -217,10 +217,9 @@ def expiring_files(table: DeltaTable, column: str, before: dt.datetime) -> tuple
         return [], 0
     if not zoned_time(actions[latest].type):
         return [], 0
-    # Delta's statistics hold times to the millisecond, cut down: a file whose maximum reads a
-    # millisecond before ``before`` may hold a row at ``before`` (the marker, say).
+    # A maximum kept to the millisecond (cut down) a millisecond before ``before`` may be a row at it.
     old = pc.and_(
-        pc.less(actions[latest], pa.scalar(before - STATISTICS_GRAIN, actions[latest].type)),
+        pc.less(actions[latest], pa.scalar(stats_from(before), actions[latest].type)),
         pc.and_(pc.equal(actions[nulls], 0), pc.is_valid(actions["num_records"])),
     )
     chosen = actions.filter(pc.fill_null(old, False))
