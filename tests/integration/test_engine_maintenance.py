@@ -11,18 +11,24 @@ every reader must see the same rows as before maintenance.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from retry_engine.core import engine
+from retry_engine.core.metrics import EXPIRED
 from retry_engine.delta import register
+from retry_engine.delta.tables import append_arrow, ensure_table
 from retry_engine.ops.cli import EXIT_OK, main
 from retry_engine.ops.maintenance import ENGINE_TABLES, RECORD_TABLE, maintenance_path
+from retry_engine.ops.monitor import ensure_progress_table
+from retry_engine.schemas import METRICS, PROGRESS
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
 
@@ -105,6 +111,17 @@ def test_maintenance_in_and_around_the_engine_loses_and_repeats_nothing(
         groups=SLOW,
     )
     first, second, third = phase("a", 6), phase("b", 3), phase("c", 2)
+    # A lake months old: progress and metrics rows of 40 days ago, past the 30-day row retentions.
+    long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(days=40)
+    ensure_progress_table(lake.path("progress"))
+    append_arrow(lake.path("progress"), pa.Table.from_pylist(
+        [{**dict.fromkeys(PROGRESS.names), "query_id": "old", "run_id": "old-run", "event": "progress",
+          "batch_id": i, "event_time": long_ago, "recorded_at": long_ago} for i in range(3)],
+        schema=PROGRESS.arrow_schema))
+    ensure_table(lake.path("metrics"), METRICS.arrow_schema)
+    append_arrow(lake.path("metrics"), pa.Table.from_pylist(
+        [{**dict.fromkeys(METRICS.names), "batch_id": 9000, "batch_time": long_ago, "consumer_group": "slow",
+          "delay_level": 3, "metric": "retry", "value": 1.0}], schema=METRICS.arrow_schema))
 
     through = write(lake, first)
     query = engine.start(spark, lake.config)
@@ -128,6 +145,13 @@ def test_maintenance_in_and_around_the_engine_loses_and_repeats_nothing(
     assert any(
         r["files_compacted"] > 0 for r in engine_runs if r["table_name"] == "consume_results"
     )
+    # The old rows went while the engine recorded its own beside them (#14: row retention).
+    expired = {r["table_name"]: r["rows_expired"] for r in engine_runs if r["rows_expired"]}
+    assert expired == {"progress": 3, "metrics": 1}
+    progress = lake.rows("progress")
+    assert progress and all(r["run_id"] != "old-run" for r in progress)
+    marks = [r for r in lake.rows("metrics") if r["metric"] == EXPIRED]
+    assert [r["value"] for r in marks] == [1.0] and 9000 not in {r["batch_id"] for r in lake.rows("metrics")}
 
     before = {table: delta_rows(lake, table) for table in KEYS}
     keys_before = {table: readers(spark, lake, table) for table in KEYS}
