@@ -887,3 +887,24 @@ def test_metrics_rows_expire_after_a_marker_a_dry_run_writes_nothing(tmp_path: P
     assert sorted((r["batch_id"], r["metric"]) for r in rows) == [(-1, EXPIRED), (2, "delivered"), (2, "retry")]
     [mark] = [r for r in rows if r["metric"] == EXPIRED]
     assert mark["value"] == 4.0 and now - 31 * DAY < mark["batch_time"] < now - 29 * DAY
+
+
+@pytest.mark.parametrize("kind", ["text", "no zone", "null times"])
+def test_a_progress_table_another_writer_changed_loses_no_row_it_cannot_date(tmp_path: Path, kind: str) -> None:
+    """Bad input (a table written by others): a progress table whose `recorded_at` another writer made
+    text or zoneless, or holds nulls, has no file whose statistics say all its rows are old: nothing is
+    removed and the run reports no error (compaction still runs)."""
+    old = dt.datetime.now(dt.UTC) - 40 * DAY
+    times: pa.Array
+    if kind == "text":
+        times = pa.array([old.isoformat()] * 2)
+    elif kind == "no zone":
+        times = pa.array([old.replace(tzinfo=None)] * 2, pa.timestamp("us"))
+    else:
+        times = pa.array([old, None], pa.timestamp("us", tz="UTC"))
+    for _ in range(2):
+        write_deltalake(str(tmp_path / "progress"), pa.table({"run_id": ["r", "r"], "recorded_at": times}), mode="append")
+    config = parse_config({"engine": {"lake": str(tmp_path)}})
+    [report, _] = run_maintenance(config, tables=["progress"])
+    assert (report.files_expired, report.rows_expired, report.error) == (0, 0, None)
+    assert DeltaTable(str(tmp_path / "progress")).to_pyarrow_table().num_rows == 4

@@ -415,6 +415,34 @@ def test_backlog_series_from_metrics_is_a_running_sum_of_retry_minus_delivered()
     assert (level4.delay_level, level4.pending) == (4, [1, 1])  # held until the last change
 
 
+@pytest.mark.parametrize(
+    "marks, since, held",
+    [
+        ([], None, True),
+        ([T], None, False),  # rows before the cut are gone: a running sum from 0 is wrong
+        ([T], T - ms(1), False),
+        ([T], T, True),
+        ([T - ms(5), T], T - ms(1), False),  # the latest cut counts
+        ([dt.datetime(9999, 12, 31, tzinfo=dt.UTC)], T, False),  # another writer's far-future row: the ledger
+        ([dt.datetime(1, 1, 1, tzinfo=dt.UTC)], T, True),
+    ],
+)
+def test_metrics_hold_the_backlog_from_the_latest_expiry_cut_on(
+    marks: list[dt.datetime], since: dt.datetime | None, held: bool
+) -> None:
+    """#14 (row retention): METRICS rows hold the backlog's changes from ``since`` on unless maintenance
+    removed rows after it (its `expired_before` rows); an empty table holds nothing."""
+    from retry_engine.core.metrics import EXPIRED
+    from retry_engine.ops.plots import metrics_hold
+
+    rows = [{"batch_id": 1, "batch_time": T + ms(100), "consumer_group": "G", "retry_topic": "o",
+             "delay_level": 3, "metric": "retry", "value": 1.0}]
+    rows += [{"batch_id": -1, "batch_time": t, "consumer_group": None, "retry_topic": None,
+              "delay_level": None, "metric": EXPIRED, "value": 0.0} for t in marks]
+    assert metrics_hold(pa.Table.from_pylist(rows, schema=METRICS.arrow_schema), since) is held
+    assert metrics_hold(METRICS.arrow_schema.empty_table(), since) is False
+
+
 def test_backlog_series_from_ledger_counts_up_on_decision_and_down_on_release() -> None:
     outcomes = ledger(("G", "retry", "r1", 3, T), ("G", "retry", "r2", 3, T))
     retry = released(("r1", "G", 3, T, T + ms(300)))
