@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 # here beats more often because a micro-batch, not a 20 s rebalance timer, applies the result.
 DEFAULT_HEARTBEAT_INTERVAL_SECONDS = 10.0
 DEFAULT_HEARTBEAT_EXPIRY_SECONDS = 30.0
+# A heartbeat this much older than its expiry (and at least a day old) is an instance that died
+# without leaving (killed, its host lost): ``live`` deletes its file, or every batch of every instance
+# would list and read it for good (a GET each on an object store), one more per crash for months.
+FORGET_AFTER_EXPIRIES = 100
+FORGET_AFTER_MIN_SECONDS = 86_400.0
 MEMBER_ID_MAX_LENGTH = 255
 # Host names, pids, IPv6 addresses and RocketMQ instance names fit; whitespace, line breaks,
 # path separators and anything non-ASCII do not (an id is logged and compared, never a path).
@@ -101,7 +106,8 @@ class Membership:
     """The heartbeat files of one group's CLUSTERING instances in the lake (local file system).
 
     ``beat`` (over)writes this instance's file atomically; ``live`` lists the
-    instances that beat within ``expiry_seconds`` of ``now``; ``leave``
+    instances that beat within ``expiry_seconds`` of ``now`` and deletes the
+    files of instances dead for long (:func:`forget_after`); ``leave``
     deletes this instance's file. A file that cannot be read (half-written by
     a crashed writer, or not ours) is skipped with a warning, never fatal.
     """
@@ -132,22 +138,59 @@ class Membership:
         group_uri = f"{self.lake.rstrip('/')}/{CONSUMERS_FOLDER}/group-{_digest(self.group)}"
         return storage.filesystem(group_uri)
 
-    def _remote_heartbeats(self) -> list[Heartbeat]:
-        fs, root = self._store()
+    def _files(self) -> list[tuple[str, str]]:
+        """(path, text) of each ``.json`` file of the group's folder, sorted; a file gone or unreadable
+        between the listing and its read is left out (logged)."""
         out = []
+        if not self._remote:
+            for path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+                try:
+                    # Bytes that are not UTF-8 make the JSON unreadable (a warning), not an exception here.
+                    out.append((str(path), path.read_bytes().decode(errors="replace")))
+                except FileNotFoundError:  # left (graceful close) between glob and read
+                    continue
+                except OSError as exc:
+                    log.warning("group %s: skipping unreadable heartbeat file %s: %s", self.group, path, exc)
+            return out
+        fs, root = self._store()
         infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
         for info in sorted(infos, key=lambda i: i.path):
             if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
                 continue
             try:
                 with fs.open_input_stream(info.path) as stream:
-                    text = stream.read().decode(errors="replace")
+                    out.append((info.path, stream.read().decode(errors="replace")))
             except (FileNotFoundError, OSError) as exc:  # left between list and read, or unreadable
                 log.info("group %s: heartbeat %s unreadable: %s", self.group, info.path, exc)
-                continue
-            beat = _parse_heartbeat(text, info.path, self.group)
+        return out
+
+    def _read(self, path: str) -> str | None:
+        try:
+            if not self._remote:
+                return Path(path).read_bytes().decode(errors="replace")
+            fs, _ = self._store()
+            with fs.open_input_stream(path) as stream:
+                return bytes(stream.read()).decode(errors="replace")
+        except (FileNotFoundError, OSError):
+            return None
+
+    def _delete(self, path: str) -> None:
+        if not self._remote:
+            Path(path).unlink(missing_ok=True)
+            return
+        fs, _ = self._store()
+        try:
+            fs.delete_file(path)
+        except FileNotFoundError:
+            pass
+
+    def _beats(self) -> list[tuple[Heartbeat, str, str]]:
+        """Each readable heartbeat of the group with its file's path and text."""
+        out = []
+        for path, text in self._files():
+            beat = _parse_heartbeat(text, path, self.group)
             if beat is not None:
-                out.append(beat)
+                out.append((beat, path, text))
         return out
 
     @property
@@ -185,50 +228,44 @@ class Membership:
         """Graceful close: the others take this instance's queues at their next batch."""
         if self._remote:
             fs, root = self._store()
-            try:
-                fs.delete_file(_join(root, self.file.name))
-            except FileNotFoundError:
-                pass
+            self._delete(_join(root, self.file.name))
             return
-        self.file.unlink(missing_ok=True)
+        self._delete(str(self.file))
 
     def heartbeats(self) -> list[Heartbeat]:
         """Every readable heartbeat of the group, live or not."""
-        if self._remote:
-            return self._remote_heartbeats()
-        out = []
-        for path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
-            beat = _read_heartbeat(path, self.group)
-            if beat is not None:
-                out.append(beat)
-        return out
+        return [beat for beat, _, _ in self._beats()]
+
+    def forget_after(self) -> dt.timedelta:
+        """How old a heartbeat is when ``live`` deletes its file: :data:`FORGET_AFTER_EXPIRIES`
+        expiries, at least :data:`FORGET_AFTER_MIN_SECONDS`."""
+        return dt.timedelta(seconds=max(FORGET_AFTER_MIN_SECONDS, FORGET_AFTER_EXPIRIES * self.expiry_seconds))
 
     def live(self, now: dt.datetime | None = None) -> list[str]:
         """Sorted ids of the instances whose last heartbeat is at most ``expiry_seconds`` old.
 
         A heartbeat from the future (another host's clock ahead of ours)
-        counts as live. This instance always counts: it is running.
+        counts as live. This instance always counts: it is running. The file
+        of a heartbeat older than :meth:`forget_after` is deleted, if it still
+        holds that heartbeat (an instance that came back has rewritten it).
         """
         at = now or dt.datetime.now(dt.UTC)
         oldest = at - dt.timedelta(seconds=self.expiry_seconds)
-        members = {b.member for b in self.heartbeats() if b.at >= oldest}
+        beats = self._beats()
+        for beat, path, text in beats:
+            if beat.at < at - self.forget_after() and beat.member != self.member and self._read(path) == text:
+                log.info("group %s: forgetting %s, whose last heartbeat was at %s (%s)",
+                         self.group, beat.member, beat.at.isoformat(), path)
+                try:
+                    self._delete(path)
+                except OSError as exc:  # housekeeping: the next batch tries again
+                    log.warning("group %s: could not delete the heartbeat file %s: %s", self.group, path, exc)
+        members = {b.member for b, _, _ in beats if b.at >= oldest}
         return sorted(members | {self.member})
 
 
 def _join(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name}" if root else name
-
-
-def _read_heartbeat(path: Path, group: str) -> Heartbeat | None:
-    try:
-        # Bytes that are not UTF-8 make the JSON unreadable below (a warning), not an exception here.
-        text = path.read_bytes().decode(errors="replace")
-    except FileNotFoundError:  # left (graceful close) between glob and read
-        return None
-    except OSError as exc:
-        log.warning("group %s: skipping unreadable heartbeat file %s: %s", group, path, exc)
-        return None
-    return _parse_heartbeat(text, str(path), group)
 
 
 def _parse_heartbeat(text: str, path: str, group: str) -> Heartbeat | None:

@@ -141,6 +141,41 @@ def test_a_heartbeat_from_the_future_counts_and_bad_files_are_skipped(tmp_path: 
     assert a.live(T0) == ["A@1", "B@1"]
 
 
+def test_the_files_of_instances_dead_for_long_are_deleted_and_nothing_else(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#14 (months on a lake): an instance killed without leaving kept its heartbeat file for good, and
+    every batch of every instance listed and read it (a GET each on S3), one more per crash. `live`
+    deletes a heartbeat file a day (or 100 expiries) old, the one it read (a file whose name is not
+    its member's too), unless it changed since (the instance came back); live, recent, unreadable and
+    this instance's own files stay."""
+    now = T0 + dt.timedelta(days=10)
+    a = Membership(str(tmp_path), "G", "A@1", expiry_seconds=30)
+    a.beat(now - dt.timedelta(days=3))  # its own, however old: it is running
+    Membership(str(tmp_path), "G", "B@1").beat(now - dt.timedelta(days=2))
+    Membership(str(tmp_path), "G", "C@1").beat(now - dt.timedelta(hours=23))
+    Membership(str(tmp_path), "G", "D@1").beat(now)
+    (a.folder / "renamed.json").write_text(
+        json.dumps({"group": "G", "member": "D@1", "heartbeat_at": (now - dt.timedelta(days=5)).isoformat()}))
+    (a.folder / "garbage.json").write_text("{not json")
+    before = {p.name for p in a.folder.iterdir()}
+
+    assert a.live(now) == ["A@1", "D@1"]
+    gone = before - {p.name for p in a.folder.iterdir()}
+    assert gone == {Membership(str(tmp_path), "G", "B@1").file.name, "renamed.json"}
+    assert Membership(str(tmp_path), "G", "D@1").file.exists()  # the live D's own file
+    assert {b.member for b in a.heartbeats()} == {"A@1", "C@1", "D@1"}
+    # With an hour's expiry, the horizon is 100 hours: two days dead is kept.
+    slow, dead = (Membership(str(tmp_path), "H", m, expiry_seconds=3600) for m in ("E@1", "F@1"))
+    dead.beat(now - dt.timedelta(days=2))
+    assert slow.live(now) == ["E@1"] and dead.file.exists()
+    assert slow.live(now + dt.timedelta(hours=53)) == ["E@1"] and not dead.file.exists()
+
+    # An instance that beats again between the read and the delete keeps its file.
+    stale = Membership(str(tmp_path), "G", "G@1")
+    stale.beat(now - dt.timedelta(days=2))
+    monkeypatch.setattr(Membership, "_read", lambda self, path: "rewritten")
+    assert a.live(now) == ["A@1", "D@1"] and stale.file.exists()
+
+
 @pytest.mark.parametrize("expiry", [0, -1, float("inf"), float("nan"), True, "30"])
 def test_hostile_expiry_is_refused(tmp_path: Path, expiry: object) -> None:
     with pytest.raises(SubscriptionError, match=r"\[INVALID_OPTION\] heartbeat expiry"):

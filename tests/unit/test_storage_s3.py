@@ -7,6 +7,7 @@ two writers could commit one table version are refused.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import multiprocessing
 import uuid
@@ -334,6 +335,13 @@ def test_consumer_heartbeats_live_on_the_object_store(s3_server: S3Server) -> No
     assert Membership(lake, "G1", "host-c").live() == ["host-a", "host-b", "host-c"]
     second.leave()
     assert first.live() == ["host-a"]
+    # An instance killed a week ago without leaving: the next `live` deletes its object, once.
+    killed = Membership(lake, "G1", "host-killed")
+    killed.beat(dt.datetime.now(dt.UTC) - dt.timedelta(days=7))
+    key = f"{folder}/{killed.file.name}"
+    assert key in s3_server.objects(bucket)
+    assert first.live() == ["host-a"] and key not in s3_server.objects(bucket)
+    assert f"{folder}/junk.json" in s3_server.objects(bucket)
     assert not any(k.startswith("s3:") for k in (p.name for p in Path(".").iterdir()))
 
 
