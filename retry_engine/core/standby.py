@@ -36,6 +36,9 @@ MAX_NOTE_BYTES: Final = 8_192
 # How many polls a standby may miss before its note is stale, and the clocks' slack.
 STALE_POLLS: Final = 3
 CLOCK_SLACK: Final = dt.timedelta(seconds=10)
+# A note not renewed for this long is a standby that died without a word: the next standby to start
+# deletes it, or `status` would list every standby ever killed, for good.
+FORGET_AFTER: Final = dt.timedelta(days=1)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -152,6 +155,8 @@ class Standby:
             with fs.open_output_stream(part) as stream:
                 stream.write(self.note.to_json().encode("utf-8"))
             fs.move(part, _join(root, self.note.name))
+            if not self.written:
+                _forget_dead(fs, root, self.lake, now, keep=self.note.name)
             self.written = True
         except Exception as exc:  # noqa: BLE001 - only a note for operators
             log.warning("standby: could not write its note on the lake %s: %s", self.lake, exc)
@@ -168,6 +173,25 @@ class Standby:
         except Exception as exc:  # noqa: BLE001 - a stale note says itself that it is stale
             log.warning("standby: could not delete its note on the lake %s: %s", self.lake, exc)
         self.written = False
+
+
+def _forget_dead(fs: pafs.FileSystem, root: str, lake: str, now: dt.datetime, *, keep: str) -> None:
+    """Delete the notes (other than ``keep``) not renewed since :data:`FORGET_AFTER` before ``now``, each
+    only if it still holds the note read (a standby that came back has renewed it)."""
+    for entry in standbys(lake, now=now):
+        note = entry.note
+        if note is None or entry.file == keep or now - note.seen_at <= FORGET_AFTER:
+            continue
+        path = _join(root, entry.file)
+        try:
+            with fs.open_input_stream(path) as stream:
+                still = StandbyNote.from_json(stream.read(MAX_NOTE_BYTES + 1)) == note
+            if still:
+                fs.delete_file(path)
+                log.info("standby: deleted the note of %s pid %d, not renewed since %s", note.host, note.pid,
+                         note.seen_at.isoformat())
+        except (FileNotFoundError, ValueError):  # gone or rewritten meanwhile
+            continue
 
 
 def standbys(lake: str, *, now: dt.datetime) -> list[StandbyEntry]:

@@ -141,3 +141,25 @@ def test_what_anyone_wrote_in_a_note_stays_on_its_own_status_line(tmp_path: Path
     assert len(standby_lines) == 2 and "forged" in standby_lines[1] and "\\n" in standby_lines[1]
     assert "\\x1b[2J" in standby_lines[1] and "\x1b" not in text
     assert not any(line.startswith("query       running: forged") for line in text.splitlines())
+
+
+def test_a_standby_that_starts_deletes_the_notes_of_standbys_dead_for_a_day(tmp_path: Path) -> None:
+    """#14 (months on a lake): a standby killed without a word (SIGKILL, a lost host) left its note for
+    good, and `status` listed every one ever killed as stale. A standby that starts deletes the notes
+    not renewed for a day; recent stale ones (status still shows them), live ones and files that are
+    not notes stay."""
+    lake = str(tmp_path / "lake")
+    folder = tmp_path / "lake" / STANDBY_DIR
+    folder.mkdir(parents=True)
+    now = dt.datetime.now(dt.UTC)
+    (folder / "dead-1.json").write_bytes(_note(pid=1, seen_at=now - dt.timedelta(days=3)))
+    (folder / "dead-2.json").write_bytes(_note(pid=2, seen_at=now - dt.timedelta(hours=25)))
+    (folder / "stale-3.json").write_bytes(_note(pid=3, seen_at=now - dt.timedelta(hours=2)))
+    (folder / "live-4.json").write_bytes(_note(pid=4, seen_at=now))
+    (folder / "junk.json").write_bytes(b"\xff not a note")
+    standby = Standby(lake, "/ckpt", 2.0)
+    standby.seen()
+    standby.seen()  # only its first write looks
+    names = {e.file for e in standbys(lake, now=now)}
+    assert names == {"stale-3.json", "live-4.json", "junk.json", standby.note.name}
+    standby.gone()
