@@ -107,7 +107,7 @@ class Membership:
 
     ``beat`` (over)writes this instance's file atomically; ``live`` lists the
     instances that beat within ``expiry_seconds`` of ``now`` and deletes the
-    files of instances dead for long (:func:`forget_after`); ``leave``
+    files of instances dead for long (:meth:`forget_after`); ``leave``
     deletes this instance's file. A file that cannot be read (half-written by
     a crashed writer, or not ours) is skipped with a warning, never fatal.
     """
