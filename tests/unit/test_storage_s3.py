@@ -414,6 +414,34 @@ def test_maintain_compacts_checkpoints_and_records_on_the_object_store(s3_server
     ]
 
 
+def test_progress_and_metrics_rows_expire_on_the_object_store(s3_server: S3Server) -> None:
+    """#14 parts 1 and 4: the row retention's plan (statistics), the metrics marker and the commit of
+    removes go through the lake's [storage] options: 40-day-old rows go, this hour's stay."""
+    from retry_engine.core.metrics import EXPIRED
+    from retry_engine.ops.maintenance import run_maintenance
+    from retry_engine.schemas import METRICS, PROGRESS
+
+    bucket = s3_server.new_bucket()
+    config = parse_config({"engine": {"lake": f"s3://{bucket}/lake"}, "storage": s3_server.storage_options()})
+    now = dt.datetime.now(dt.UTC)
+    for age in (dt.timedelta(days=40), dt.timedelta(minutes=5)):
+        at = now - age
+        append_arrow(config.table_path("progress"), pa.Table.from_pylist(
+            [{**dict.fromkeys(PROGRESS.names), "query_id": "q", "run_id": "r", "event": "idle",
+              "event_time": at, "recorded_at": at}], schema=PROGRESS.arrow_schema))
+        append_arrow(config.table_path("metrics"), pa.Table.from_pylist(
+            [{**dict.fromkeys(METRICS.names), "batch_id": 1, "batch_time": at, "metric": "retry", "value": 1.0}],
+            schema=METRICS.arrow_schema))
+    reports = {r.table_name: r for r in run_maintenance(config, tables=["progress", "metrics"])}
+    assert {n: (reports[n].files_expired, reports[n].rows_expired, reports[n].error) for n in ("progress", "metrics")} == {
+        "progress": (1, 1, None), "metrics": (1, 1, None)}
+    progress = read_table(config.table_path("progress"))
+    metrics = read_table(config.table_path("metrics"))
+    assert progress is not None and metrics is not None
+    assert [t > now - dt.timedelta(hours=1) for t in progress.column("recorded_at").to_pylist()] == [True]
+    assert sorted(metrics.column("metric").to_pylist()) == sorted([EXPIRED, "retry"])
+
+
 def test_an_engine_start_moves_old_partition_folders_on_the_object_store(
     s3_server: S3Server,
 ) -> None:
