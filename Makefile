@@ -144,7 +144,7 @@ clean:
 	rm -rf $(VENV) data build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache mutants
 
 # Watching the engine (tables under engine.lake; no Spark session).
-.PHONY: status plots bench-status
+.PHONY: status plots bench-status bench-retention
 
 status: venv
 	$(VENV)/bin/retry-engine status --config $(CONFIG)
@@ -154,3 +154,6 @@ plots: venv
 
 bench-status: venv
 	$(PY) bench/bench_status.py
+
+bench-retention: venv
+	$(PY) bench/bench_retention.py
