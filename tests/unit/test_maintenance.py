@@ -908,3 +908,48 @@ def test_a_progress_table_another_writer_changed_loses_no_row_it_cannot_date(tmp
     [report, _] = run_maintenance(config, tables=["progress"])
     assert (report.files_expired, report.rows_expired, report.error) == (0, 0, None)
     assert DeltaTable(str(tmp_path / "progress")).to_pyarrow_table().num_rows == 4
+
+
+def test_two_expiries_at_once_remove_each_file_once_and_both_end_cleanly(tmp_path: Path) -> None:
+    """#14 part 1 (a concurrent operator: `maintain` beside the engine's own maintenance, an append
+    beside both): two expiries of the same metrics table racing each other and a writer's appends both
+    end without error, together remove each old file once (their counts add up to the old rows), and
+    every new row stays."""
+    now = dt.datetime.now(dt.UTC)
+    path = str(tmp_path / "metrics")
+    ensure_table(path, METRICS.arrow_schema)
+
+    def rows(first: int, n: int, at: dt.datetime) -> pa.Table:
+        return pa.Table.from_pylist(
+            [{**dict.fromkeys(METRICS.names), "batch_id": first + i, "batch_time": at, "metric": "retry", "value": 1.0}
+             for i in range(n)], schema=METRICS.arrow_schema)
+
+    for i in range(12):
+        append_arrow(path, rows(i * 10, 10, now - (40 - i) * DAY))
+    barrier = threading.Barrier(3)
+    results: list[tuple[int, int]] = []
+    errors: list[BaseException] = []
+
+    def expire() -> None:
+        barrier.wait()
+        try:
+            results.append(maintenance.expire_rows(path, "batch_time", now - 30 * DAY, marked=True))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def write() -> None:
+        barrier.wait()
+        for i in range(5):
+            append_arrow(path, rows(1000 + i, 1, now))
+
+    threads = [threading.Thread(target=f) for f in (expire, expire, write)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    # Ten files 40 to 31 days old go; the ones 30 (at the cut) and 29 days old stay.
+    assert sum(r for _, r in results) == 100 and sum(f for f, _ in results) >= 1
+    kept = DeltaTable(path).to_pyarrow_table()
+    assert sorted(b for b in kept["batch_id"].to_pylist() if b >= 0) == [*range(100, 120), *range(1000, 1005)]
+    assert set(kept["metric"].to_pylist()) == {"retry", EXPIRED}
