@@ -286,14 +286,15 @@ def read_tables(
     *,
     now: dt.datetime | None = None,
     names: tuple[str, ...] = tuple(_COLUMNS),
-    given: Mapping[str, pa.Table] | None = None,
+    given: Mapping[str, pa.Table | None] | None = None,
 ) -> EngineTables:
     """Read what status and plots need. Raises :class:`TablesUnavailableError` when
     none of the engine's tables exists (most often a wrong ``engine.lake``).
 
     ``now`` (status): of PROGRESS, only the files that may hold its last day (:func:`_recent_files`).
     ``names``: the tables to read (status: :data:`STATUS_TABLES`); the others are empty.
-    ``given``: tables already read (status: :func:`_recorded_tables`), taken as they are.
+    ``given``: tables already read (status: :func:`_recorded_tables`), taken as they are; None: looked
+    for and not there.
     """
     tables: dict[str, pa.Table] = {}
     present: set[str] = set()
@@ -772,11 +773,14 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
     """Read the engine's tables and summarise them."""
     now = now or dt.datetime.now(dt.UTC)
     recorded = _recorded_tables(config, now)
-    given = {} if recorded is None else {"outcomes": recorded.outcomes, "retry": recorded.retry}
+    given: dict[str, pa.Table | None] = (
+        {} if recorded is None else {"outcomes": recorded.outcomes, "retry": recorded.retry}
+    )
     # Of the DLQ, only the files (then row groups) that may hold the window's dead letters.
     dlq = open_table(config.table_path(DLQ.name))
-    if dlq is not None:
-        given["dlq"] = rows_since(config, "dlq", "dead_lettered_at", now - DEAD_LETTER_WINDOW, table=dlq)
+    given["dlq"] = (
+        None if dlq is None else rows_since(config, "dlq", "dead_lettered_at", now - DEAD_LETTER_WINDOW, table=dlq)
+    )
     lake = read_tables(config, now=now, names=STATUS_TABLES, given=given)
     summary = summarise(
         lake if recorded is None else dataclasses.replace(lake, totals=recorded.totals),
