@@ -361,12 +361,18 @@ def snapshot_files(table: DeltaTable, version: int, prune: FilePrune | None = No
     the index (and stream position) it has without ``prune``.
     """
     actions = add_actions(table)
-    wanted = [c for c in actions.column_names if c in SNAPSHOT_COLUMNS or c.startswith(PARTITION_PREFIX)]
-    entries = snapshot_entries(actions.select(wanted).to_pylist(), version)
+    entries = file_entries(actions, version)
     if prune is None:
         return entries
     kept = _reaching(actions, prune)
     return entries if kept is None else [e for e in entries if e.path in kept]
+
+
+def file_entries(actions: pa.Table, version: int) -> list[FileEntry]:
+    """The files of ``actions`` (rows of :func:`add_actions`) as :class:`FileEntry`, in stream order
+    (:func:`snapshot_entries`); only the columns an entry holds cross to Python."""
+    wanted = [c for c in actions.column_names if c in SNAPSHOT_COLUMNS or c.startswith(PARTITION_PREFIX)]
+    return snapshot_entries(actions.select(wanted).to_pylist(), version)
 
 
 def zoned_time(kind: pa.DataType) -> bool:

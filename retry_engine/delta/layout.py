@@ -22,14 +22,12 @@ removed by someone else and re-added here.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
 from retry_engine.delta import storage
 from retry_engine.delta._files import (
@@ -48,7 +46,7 @@ from retry_engine.delta._log import (
     join_path,
     snapshot_files,
 )
-from retry_engine.delta.tables import not_null_columns, table_arrow_schema
+from retry_engine.delta.tables import commit_next, not_null_columns, table_arrow_schema
 from retry_engine.errors import ConcurrentWriteError
 
 log = logging.getLogger(__name__)
@@ -131,7 +129,7 @@ def migrate_partition_folders(
             return LayoutMigration(uri, 0, 0, None)
         written = _rewrite(location, table, misplaced)
         try:
-            version = _commit(table, misplaced, written)
+            version = commit_next(table, misplaced, written, data_change=False, operation=MIGRATION_OPERATION)
         except CommitFailedError as exc:
             _delete_written(location, written)
             last = exc
@@ -188,45 +186,6 @@ def _rewrite(
         writer.discard()
         _delete_written(location, writer.done)
         raise
-
-
-def _commit(table: DeltaTable, removed: Sequence[FileEntry], added: Sequence[WrittenFile]) -> int:
-    """Commit the move as the version after ``table``'s, or raise CommitFailedError (no rebase).
-
-    Paths are given physical: delta-rs URL-encodes them into the log itself.
-    """
-    now = int(time.time() * 1000)
-    actions: list[AddAction | RemoveAction] = [
-        RemoveAction(
-            path=data_file_path(entry.path),
-            data_change=False,
-            deletion_timestamp=now,
-            size=entry.size,
-            partition_values=dict(entry.partition_values),
-        )
-        for entry in removed
-    ]
-    actions += [
-        AddAction(
-            path=data_file_path(f.path),
-            size=f.size,
-            partition_values=f.partition_values,
-            modification_time=f.modification_time,
-            data_change=False,
-            stats=f.stats,
-        )
-        for f in added
-    ]
-    table.create_write_transaction(
-        actions,
-        mode="append",
-        schema=table.schema(),
-        partition_by=list(table.metadata().partition_columns) or None,
-        commit_properties=CommitProperties(
-            max_commit_retries=0, custom_metadata={"retry_engine.operation": MIGRATION_OPERATION}
-        ),
-    )
-    return table.version() + 1
 
 
 def _delete_written(location: TableLocation, files: Sequence[WrittenFile]) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import CommitProperties, Transaction
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from retry_engine.delta._handles import Handle, keep, open_or_create
 from retry_engine.delta._schema import (
@@ -32,6 +33,9 @@ from retry_engine.errors import ConcurrentWriteError, ConfigError, SchemaMismatc
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
+
+    from retry_engine.delta._files import WrittenFile
+    from retry_engine.delta._log import FileEntry
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +151,58 @@ def _without(files: Any, columns: Sequence[str]) -> Any:
     if any(not terms for terms in kept):  # a conjunction left empty matches every file
         return None
     return kept[0] if isinstance(files[0], tuple) else kept
+
+
+def commit_next(
+    table: DeltaTable,
+    removed: Sequence[FileEntry],
+    added: Sequence[WrittenFile] = (),
+    *,
+    data_change: bool,
+    operation: str,
+) -> int:
+    """Commit removes of ``removed`` and adds of ``added`` as the version after ``table``'s; that
+    version, or :class:`CommitFailedError` when another writer committed in between (never rebased:
+    delta-rs would rebase removes over a commit that removed the same files first).
+
+    ``data_change`` False: the rows do not change (a rewrite, as OPTIMIZE); True: ``removed`` rows are
+    gone and ``added`` ones new. ``operation``: the commit's ``retry_engine.operation``. Paths are
+    given physical: delta-rs URL-encodes them into the log itself.
+    """
+    from retry_engine.delta._log import data_file_path
+
+    now = int(time.time() * 1000)
+    actions: list[AddAction | RemoveAction] = [
+        RemoveAction(
+            path=data_file_path(entry.path),
+            data_change=data_change,
+            deletion_timestamp=now,
+            size=entry.size,
+            partition_values=dict(entry.partition_values),
+        )
+        for entry in removed
+    ]
+    actions += [
+        AddAction(
+            path=data_file_path(f.path),
+            size=f.size,
+            partition_values=f.partition_values,
+            modification_time=f.modification_time,
+            data_change=data_change,
+            stats=f.stats,
+        )
+        for f in added
+    ]
+    table.create_write_transaction(
+        actions,
+        mode="append",
+        schema=table.schema(),
+        partition_by=list(table.metadata().partition_columns) or None,
+        commit_properties=CommitProperties(
+            max_commit_retries=0, custom_metadata={"retry_engine.operation": operation}
+        ),
+    )
+    return table.version() + 1
 
 
 def open_table(path: str) -> DeltaTable | None:

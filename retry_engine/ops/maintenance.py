@@ -61,7 +61,6 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 from deltalake import DeltaTable, WriterProperties
 from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction
 
 from retry_engine.config import (
     EngineConfig,
@@ -74,7 +73,7 @@ from retry_engine.delta._files import ROW_GROUP_ROWS
 from retry_engine.delta._log import (
     LOG_DIR,
     add_actions,
-    data_file_path,
+    file_entries,
     join_path,
     snapshot_files,
     zoned_time,
@@ -83,6 +82,7 @@ from retry_engine.delta.storage import filesystem, log_failure, open_delta, writ
 from retry_engine.delta.tables import (
     EXPIRED_LOG_CLEANUP,
     append_arrow,
+    commit_next,
     ensure_table,
     open_table,
     stats_from,
@@ -223,9 +223,7 @@ def expiring_files(table: DeltaTable, column: str, before: dt.datetime) -> tuple
         pc.and_(pc.equal(actions[nulls], 0), pc.is_valid(actions["num_records"])),
     )
     chosen = actions.filter(pc.fill_null(old, False))
-    paths = set(chosen["path"].to_pylist())
-    files = [e for e in snapshot_files(table, table.version()) if e.path in paths]
-    return files, int(pc.sum(chosen["num_records"]).as_py() or 0)
+    return file_entries(chosen, table.version()), int(pc.sum(chosen["num_records"]).as_py() or 0)
 
 
 def expired_marker(before: dt.datetime, rows: int) -> pa.Table:
@@ -244,9 +242,8 @@ def expire_rows(path: str, column: str, before: dt.datetime, *, marked: bool = F
 
     One commit of removes (``dataChange=true``: the rows are gone, as after a
     delete; a stream reading the table needs ``ignoreDeletes``), as the version
-    after the one planned from: delta-rs rebases a commit of removes over a
-    compaction that removed the same files first, so any commit in between
-    (an append, a compaction) makes it plan again on a fresh snapshot.
+    after the one planned from (:func:`~retry_engine.delta.tables.commit_next`):
+    any commit in between (an append, a compaction) makes it plan again.
     """
     if marked:
         files, rows = expiring_files(open_delta(path), column, before)
@@ -258,27 +255,8 @@ def expire_rows(path: str, column: str, before: dt.datetime, *, marked: bool = F
         files, rows = expiring_files(table, column, before)
         if not files:
             return 0, 0
-        now = int(time.time() * 1000)
-        removes: list[AddAction | RemoveAction] = [
-            RemoveAction(
-                path=data_file_path(f.path),
-                data_change=True,
-                deletion_timestamp=now,
-                size=f.size,
-                partition_values=dict(f.partition_values),
-            )
-            for f in files
-        ]
         try:
-            table.create_write_transaction(
-                removes,
-                mode="append",
-                schema=table.schema(),
-                partition_by=list(table.metadata().partition_columns) or None,
-                commit_properties=CommitProperties(
-                    max_commit_retries=0, custom_metadata={"retry_engine.operation": EXPIRE_OPERATION}
-                ),
-            )
+            commit_next(table, files, data_change=True, operation=EXPIRE_OPERATION)
             return len(files), rows
         except CommitFailedError as exc:
             log.warning("%s: row expiry conflicted with another commit (attempt %d): %s", path, attempt, exc)
