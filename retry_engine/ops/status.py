@@ -138,7 +138,8 @@ def read_table_columns(
     ``added_later``: columns a table written by an older release lacks until
     the engine's next start adds them; they read as null. Raises
     :class:`SchemaMismatchError` naming the first other missing column.
-    ``recent``: ``(column, now)``: only the files :func:`_recent_files` keeps.
+    ``recent``: ``(column, now)``: only the rows of the day :func:`_recent_since` finds, and the files
+    that may hold one.
     """
     delta = open_table(path)
     if delta is None:
@@ -149,7 +150,7 @@ def read_table_columns(
     if since is None:
         return _columns_of(delta, path, table, columns, added_later=added_later)
     # The same bound on rows: Parquet's row-group statistics skip the older parts of big files.
-    files = [(recent[0], ">=", since)]
+    files = [(recent[0], ">=", stats_from(since))]
     return _columns_of(delta, path, table, columns, added_later=added_later, files=files, rows=_since(table, recent[0], since))
 
 
@@ -291,7 +292,7 @@ def read_tables(
     """Read what status and plots need. Raises :class:`TablesUnavailableError` when
     none of the engine's tables exists (most often a wrong ``engine.lake``).
 
-    ``now`` (status): of PROGRESS, only the files that may hold its last day (:func:`_recent_files`).
+    ``now`` (status): of PROGRESS, only its last day (:func:`_recent_since`).
     ``names``: the tables to read (status: :data:`STATUS_TABLES`); the others are empty.
     ``given``: tables already read (status: :func:`_recorded_tables`), taken as they are; None: looked
     for and not there.
