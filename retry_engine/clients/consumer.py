@@ -62,7 +62,9 @@ from retry_engine.clients.rebalance import (
     MEMBER_ID_CHARACTERS,
     Assignment,
     Membership,
+    TopicOffsets,
     Window,
+    best_offsets,
     plan_assignment,
     validate_member_id,
     window_bound,
@@ -87,11 +89,14 @@ from retry_engine.core.names import (
     validate_group,
     validate_topic,
 )
-from retry_engine.core.resume import is_fresh
+from retry_engine.core.resume import is_fresh, planned_ends
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, storage, table_version
 from retry_engine.delta._checkpoint import checkpoint_folder, write_bytes_atomically
+from retry_engine.delta._log import DeltaLog
+from retry_engine.delta._offsets import Offset
 from retry_engine.delta.session import capped_arrow_batches, read_parallelism
-from retry_engine.errors import ConsumeResultWriteError, SubscriptionError
+from retry_engine.delta.tables import open_table
+from retry_engine.errors import ConsumeResultWriteError, DeltaSourceError, SubscriptionError
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
 
 if TYPE_CHECKING:
@@ -126,6 +131,9 @@ QUEUE_SET = "_delivery_queue_set"
 MAX_QUEUE_NUMS = 1024
 # Assignments of the last batches kept in the checkpoint (a replay needs only the last two).
 KEEP_ASSIGNMENTS = 20
+# A catch-up after a published offset reads the log's commits since it, one file each: past this
+# many it reads the whole table instead (an offset that old: a topic the group has had no row of).
+MAX_CATCH_UP_COMMITS = 1000
 
 
 def delivery_key_column() -> Column:
@@ -427,7 +435,15 @@ class _RebalancedBatch:
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     stream_start: dt.datetime | None = None
     """When a stream that consumes from the latest rows started (:func:`stream_start`); None: from the first."""
+    checkpoint: str = ""
+    """The query's checkpoint: its offsets log tells how far the stream has read each table."""
+    tags: dict[str, tuple[str, ...] | None] = field(default_factory=dict)
+    """topic -> the subscription's tags (None: every tag): published offsets are for those rows only."""
+    publish_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS
     _planned: bool = field(default=False, init=False, repr=False)
+    _table_ids: dict[str, str] | None = field(default=None, init=False, repr=False)
+    _unpublished: Assignment | None = field(default=None, init=False, repr=False)
+    _published: tuple[float, dict[str, dict[int, int]]] = field(default=(0.0, {}), init=False, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         from pyspark import StorageLevel
@@ -443,6 +459,76 @@ class _RebalancedBatch:
             self.writer(self._consume(self._rows(batch, assignment)), batch_id)
         finally:
             batch.unpersist()
+        self._unpublished = assignment  # its results are committed: what it vouches for is true now
+        if time.monotonic() - self._published[0] >= self.publish_interval_seconds:
+            self.publish()
+
+    # -- consumed offsets ---------------------------------------------------------------
+
+    def publish(self) -> None:
+        """Publish the consumed offsets of the last committed batch (if changed): a gainer of these
+        queues then catches up only what came after them. Never fails a batch: an offset not
+        published only makes a gainer read further back."""
+        assignment, self._unpublished = self._unpublished, None
+        if assignment is None or self.membership is None or assignment.consumed_through == self._published[1]:
+            return
+        try:
+            keys = self._offset_keys()
+            self.membership.publish({
+                topic: replace(keys[topic], through=dict(through))
+                for topic, through in assignment.consumed_through.items() if topic in keys
+            })
+        except Exception as exc:
+            log.warning("group %s: could not publish consumed offsets: %s", self.group, exc)
+            return
+        self._published = (time.monotonic(), assignment.consumed_through)
+
+    def _source_table_ids(self) -> dict[str, str]:
+        """Path -> Delta table id of each table a topic is read from (a table re-created at its path is
+        another table: the stream itself then stops, so the ids of the first batch hold)."""
+        if self._table_ids is None:
+            ids = {}
+            for path in set(self.sources.values()):
+                table = open_table(path)
+                if table is not None:
+                    ids[path] = str(table.metadata().id)
+            self._table_ids = ids
+        return self._table_ids
+
+    def _offset_keys(self) -> dict[str, TopicOffsets]:
+        """Topic -> what an offset of it must be for (table, queue count, tags) to be this instance's."""
+        ids = self._source_table_ids()
+        return {
+            topic: TopicOffsets(ids[path], self.queue_counts[topic], self.tags.get(topic), {})
+            for topic, path in self.sources.items() if path in ids and topic in self.queue_counts
+        }
+
+    def _stream_through(self, batch_id: int) -> dict[str, int] | None:
+        """Topic -> the version through which this stream has delivered every row of the topic's table once
+        ``batch_id`` is done (Spark's offsets log of the batch); -1 inside a first snapshot or unknown.
+        None for a stream from the latest rows: it never delivered what came before it."""
+        if self.stream_start is not None:
+            return None
+        through: dict[str, int] = {}
+        try:
+            ends = planned_ends(self.checkpoint, batch_id) if self.checkpoint else []
+            ids = self._source_table_ids()
+        except (OSError, ValueError) as exc:
+            log.info("group %s batch %d: stream offsets unreadable (%s); vouching for nothing new", self.group, batch_id, exc)
+            return through
+        for end in ends:
+            try:
+                offset = Offset.from_json(end) if end is not None else None
+            except DeltaSourceError:
+                offset = None
+            paths = [p for p, table in ids.items() if offset is not None and table == offset.reservoir_id]
+            if offset is None or len(paths) != 1:
+                continue
+            version = -1 if offset.is_starting_version else offset.version - 1
+            for topic, path in self.sources.items():
+                if path == paths[0]:
+                    through[topic] = max(version, through.get(topic, -1))
+        return through
 
     # -- planning -----------------------------------------------------------------
 
@@ -492,7 +578,8 @@ class _RebalancedBatch:
         members = self.membership.live()
         versions = {topic: table_version(path) or 0 for topic, path in self.sources.items()}
         previous = self._load(batch_id - 1)
-        planned = plan_assignment(
+        plan = functools.partial(
+            plan_assignment,
             batch_id=batch_id,
             members=members,
             me=self.membership.member,
@@ -501,7 +588,16 @@ class _RebalancedBatch:
             previous=previous,
             carried_windows=previous.windows if previous is not None else (),
             restarted=not self._planned,
+            stream_through=self._stream_through(batch_id),
         )
+        planned = plan()
+        if planned.catch_up:  # queues gained: where the group's published offsets let the catch-up start
+            try:
+                published = best_offsets(self.membership.published(), self._offset_keys())
+            except Exception as exc:
+                log.warning("group %s: published offsets unreadable (%s); catching up whole tables", self.group, exc)
+                published = {}
+            planned = plan(published=published)
         self._planned = True
         assignment = replace(planned, windows=self._open_windows(batch, planned.windows))
         self._save(assignment)
@@ -599,24 +695,25 @@ class _RebalancedBatch:
         # A resent row goes to the instance it names, whoever owns its queue; the others skip it.
         to_me = F.coalesce(F.col("properties")[PROP_RESEND_TO] == F.lit(self.membership.member), F.lit(False))
         rows = batch.filter((owned & ~self._resent()) | (self._resent() & to_me))
-        # Catch-up rows may be of any age since the stream started (any age for a stream from the first rows):
-        # the results since then. A window's rows are in this batch: the results since the oldest of them was
-        # stored (none to read if no row is inside).
-        consumed = self._consumed(self._skewed(self.stream_start, 2)) if assignment.catch_up else None
-        if assignment.windows:
-            inside = F.lit(False)
-            for w in assignment.windows:
-                inside = inside | (self._in(w.topic, w.queues) & (F.col(POSITION) < F.lit(window_bound(w.through_version))))
-            inside = F.coalesce(inside, F.lit(False))
-            checked = rows.filter(inside)
-            if consumed is None:
-                found, since = self._stored_since(checked)
-                consumed = self._consumed(since) if found else None
-            if consumed is not None:
-                rows = rows.filter(~inside).unionByName(checked.join(consumed, "msg_id", "left_anti"))
+        inside = F.lit(False)
+        for w in assignment.windows:
+            inside = inside | (self._in(w.topic, w.queues) & (F.col(POSITION) < F.lit(window_bound(w.through_version))))
+        inside = F.coalesce(inside, F.lit(False))
+        checked = rows.filter(inside) if assignment.windows else None
+        caught, whole = self._catch_up_rows(assignment) if assignment.catch_up else (None, False)
+        # The results that may say a checked or caught-up row was consumed: those since the oldest of them
+        # was stored (nothing to read if there is none). A catch-up that read a whole table (rows of any age
+        # since the stream started, any age for a stream from the first rows): every result since then.
+        if whole:
+            consumed: DataFrame | None = self._consumed(self._skewed(self.stream_start, 2))
+        else:
+            found, since = self._stored_since(*[d for d in (checked, caught) if d is not None])
+            consumed = self._consumed(since) if found else None
+        if checked is not None and consumed is not None:
+            rows = rows.filter(~inside).unionByName(checked.join(consumed, "msg_id", "left_anti"))
         rows = rows.drop(POSITION, QUEUE_SET)
-        if assignment.catch_up and consumed is not None:
-            rows = rows.unionByName(self._catch_up(batch, assignment, consumed))
+        if caught is not None and consumed is not None:
+            rows = rows.unionByName(self._catch_up(batch, caught, consumed))
         return rows
 
     def _skewed(self, at: dt.datetime | None, times: int = 1) -> dt.datetime | None:
@@ -626,8 +723,8 @@ class _RebalancedBatch:
         except OverflowError:
             return None
 
-    def _stored_since(self, checked: DataFrame) -> tuple[bool, dt.datetime | None]:
-        """Whether ``checked`` has rows, and the time from which their consume results can be.
+    def _stored_since(self, *frames: DataFrame) -> tuple[bool, dt.datetime | None]:
+        """Whether ``frames`` have rows, and the time from which their consume results can be.
 
         A result is written after its message was stored: the oldest
         ``store_timestamp`` (never later than now), less ``clock_skew_seconds``
@@ -637,18 +734,22 @@ class _RebalancedBatch:
         from pyspark.sql import functions as F
 
         at = F.col("store_timestamp").try_cast("timestamp")
-        row = checked.agg(
-            F.count(F.lit(1)).alias("rows"), F.count(at).alias("timed"), F.unix_micros(F.min(at)).alias("oldest")
-        ).first()
-        if row is None or not row["rows"]:
-            return False, None
-        if row["timed"] < row["rows"]:
-            return True, None
-        oldest = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=row["oldest"])
-        return True, self._skewed(min(oldest, dt.datetime.now(dt.UTC)))
+        found, oldest = False, dt.datetime.now(dt.UTC)
+        for frame in frames:
+            row = frame.agg(
+                F.count(F.lit(1)).alias("rows"), F.count(at).alias("timed"), F.unix_micros(F.min(at)).alias("oldest")
+            ).first()
+            if row is None or not row["rows"]:
+                continue
+            if row["timed"] < row["rows"]:
+                return True, None
+            found = True
+            oldest = min(oldest, dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=row["oldest"]))
+        return found, self._skewed(oldest) if found else None
 
-    def _catch_up(self, batch: DataFrame, assignment: Assignment, consumed: DataFrame) -> DataFrame:
-        """Rows of the gained queues, as of the recorded versions, that no instance of the group consumed.
+    def _catch_up_rows(self, assignment: Assignment) -> tuple[DataFrame | None, bool]:
+        """Rows of the gained queues as of the recorded versions (none to read: None), and whether a
+        table was read whole rather than after a published offset (``catch_up_after``).
 
         A stream that consumes from the latest rows never passed the rows stored before it started:
         those are not caught up either (a row stored up to ``clock_skew_seconds`` before may be).
@@ -656,20 +757,51 @@ class _RebalancedBatch:
         from pyspark.sql import functions as F
 
         since = self._skewed(self.stream_start)
-        parts = []
+        parts, whole = [], False
         for topic, queues in sorted(assignment.catch_up.items()):
-            table = self._snapshot(self.sources[topic], assignment.catch_up_versions[topic])
+            path, version = self.sources[topic], assignment.catch_up_versions[topic]
+            after = assignment.catch_up_after.get(topic)
+            if after is not None and after >= version:
+                continue  # the group consumed every row of these queues the table had then
+            reader = self._reader(path, version)
+            if after is not None and self._log_holds(path, after, version):
+                reader = reader.option("addedAfterVersion", str(after))
+            else:
+                whole = True
+            table = reader.load()
             if since is not None:  # a row without a time (or none Spark reads as one) is caught up
                 stored = F.col("store_timestamp").try_cast("timestamp") >= F.lit(since)
                 table = table.filter(F.coalesce(stored, F.lit(True)))
             tagged = table.filter(self.topic_filter(topic)).withColumn(QUEUE_SET, F.lit(topic))
             # A resent row is never caught up: its instance's own stream delivers it.
             parts.append(tagged.filter(self._in(topic, queues) & ~self._resent()).select(*MESSAGE_NAMES))
+        if not parts:
+            return None, False
         rows = parts[0]
         for part in parts[1:]:
             rows = rows.unionByName(part)
+        return rows, whole
+
+    def _log_holds(self, path: str, after: int, version: int) -> bool:
+        """Whether the log of ``path`` still has (few enough) commits ``after + 1`` .. ``version`` to
+        pick their files; the oldest goes first in a log cleanup."""
+        if version - after > MAX_CATCH_UP_COMMITS:
+            log.info("group %s: %s is %d commits past the published offset %d; catching up the whole table",
+                     self.group, path, version - after, after)
+            return False
+        try:
+            held = DeltaLog(storage.location(path)).commit(after + 1) is not None
+        except Exception as exc:
+            log.info("group %s: log of %s unreadable at commit %d (%s); catching up the whole table", self.group, path, after + 1, exc)
+            return False
+        if not held:
+            log.info("group %s: commit %d of %s is gone from the log; catching up the whole table", self.group, after + 1, path)
+        return held
+
+    def _catch_up(self, batch: DataFrame, caught: DataFrame, consumed: DataFrame) -> DataFrame:
+        """The caught-up rows (:meth:`_catch_up_rows`) no instance of the group consumed, not in this batch."""
         return (
-            rows.join(consumed, "msg_id", "left_anti")
+            caught.join(consumed, "msg_id", "left_anti")
             .join(batch.select("msg_id"), "msg_id", "left_anti")
             .dropDuplicates(["msg_id"])
             .withColumn(DELIVERY_KEY, delivery_key_column())
@@ -738,9 +870,10 @@ class _Heartbeater:
     instance leaves the group, so its queues move to the others.
     """
 
-    def __init__(self, membership: Membership, interval: float) -> None:
+    def __init__(self, membership: Membership, interval: float, before_leave: Callable[[], None] = lambda: None) -> None:
         self.membership = membership
         self.interval = interval
+        self.before_leave = before_leave
         self.query: StreamingQuery | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{membership.member}", daemon=True)
@@ -759,6 +892,7 @@ class _Heartbeater:
                 query = self.query
                 if query is not None and not query.isActive:
                     log.info("consumer %s: query stopped; leaving group %s", self.membership.member, self.membership.group)
+                    self.before_leave()
                     self.membership.leave()
                     return
                 self.membership.beat()
@@ -790,6 +924,10 @@ at_exit.at_exit("consumer", _left_at_exit)
 
 
 # -- the consumer -----------------------------------------------------------------------
+
+
+def _sorted_tags(tags: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    return None if tags is None else tuple(sorted(set(tags)))
 
 
 def parse_tags(expression: str) -> tuple[str, ...] | None:
@@ -852,6 +990,7 @@ class Consumer:
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
     last_assignment: Assignment | None = field(default=None, init=False, repr=False)
     _heartbeater: _Heartbeater | None = field(default=None, init=False, repr=False)
+    _batch_function: _RebalancedBatch | None = field(default=None, init=False, repr=False)
     _subscriptions: dict[str, tuple[str, ...] | None] = field(default_factory=dict, init=False, repr=False)
     _on_message: MessageListener | None = field(default=None, init=False, repr=False)
     _on_batch: BatchListener | None = field(default=None, init=False, repr=False)
@@ -962,6 +1101,8 @@ class Consumer:
                 self._heartbeater.stop()
                 self._heartbeater = None
             if self.message_model == CLUSTERING:
+                if self._batch_function is not None:
+                    self._batch_function.publish()  # RocketMQ persists its offsets on shutdown too
                 self.membership.leave()
 
     def register_message_listener(self, listener: MessageListener) -> Consumer:
@@ -1112,12 +1253,16 @@ class Consumer:
             on_assignment=self._on_assignment,
             clock_skew_seconds=self.clock_skew_seconds,
             stream_start=stream_start(self.checkpoint_path, self.consume_from) if clustering else None,
+            checkpoint=self.checkpoint_path,
+            tags={topic: _sorted_tags(self._subscriptions.get(topic)) for topic in self._sources()},
+            publish_interval_seconds=self.heartbeat_interval_seconds,
         )
+        self._batch_function = batch_function
         deliveries = self._deliveries(position=clustering)
         if clustering:
             # Join before the first batch plans, so instances started together split from the start.
             self.heartbeat()
-            self._heartbeater = _Heartbeater(self.membership, self.heartbeat_interval_seconds)
+            self._heartbeater = _Heartbeater(self.membership, self.heartbeat_interval_seconds, batch_function.publish)
         try:
             stream = (
                 deliveries.writeStream.queryName(f"consumer-{hashlib.sha1(self.checkpoint_path.encode()).hexdigest()[:12]}")

@@ -25,7 +25,7 @@ import os
 import re
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ MEMBER_ID_MAX_LENGTH = 255
 MEMBER_ID_CHARACTERS = "A-Za-z0-9_.:@%|+-"
 _MEMBER_ID = re.compile(f"[{MEMBER_ID_CHARACTERS}]{{1,{MEMBER_ID_MAX_LENGTH}}}")
 CONSUMERS_FOLDER = "_consumers"
+OFFSETS_FOLDER = "offsets"
 
 
 def validate_member_id(value: object, *, what: str = "consumer id") -> str:
@@ -133,17 +134,18 @@ class Membership:
     def _remote(self) -> bool:
         return storage.is_remote(self.lake)
 
-    def _store(self) -> tuple[pafs.FileSystem, str]:
-        """The group's folder on the lake's object store (with the lake's storage options)."""
+    def _store(self, sub: str = "") -> tuple[pafs.FileSystem, str]:
+        """The group's folder (or its ``sub`` folder) on the lake's object store (with the lake's storage options)."""
         group_uri = f"{self.lake.rstrip('/')}/{CONSUMERS_FOLDER}/group-{_digest(self.group)}"
-        return storage.filesystem(group_uri)
+        return storage.filesystem(_join(group_uri, sub) if sub else group_uri)
 
-    def _files(self) -> list[tuple[str, str]]:
-        """(path, text) of each ``.json`` file of the group's folder, sorted; a file gone or unreadable
-        between the listing and its read is left out (logged)."""
+    def _files(self, sub: str = "") -> list[tuple[str, str]]:
+        """(path, text) of each ``.json`` file of the group's folder (or its ``sub`` folder), sorted; a
+        file gone or unreadable between the listing and its read is left out (logged)."""
         out = []
         if not self._remote:
-            for path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+            folder = self.folder / sub if sub else self.folder
+            for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
                 try:
                     # Bytes that are not UTF-8 make the JSON unreadable (a warning), not an exception here.
                     out.append((str(path), path.read_bytes().decode(errors="replace")))
@@ -152,7 +154,7 @@ class Membership:
                 except OSError as exc:
                     log.warning("group %s: skipping unreadable heartbeat file %s: %s", self.group, path, exc)
             return out
-        fs, root = self._store()
+        fs, root = self._store(sub)
         infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
         for info in sorted(infos, key=lambda i: i.path):
             if info.type != pafs.FileType.File or not info.base_name.endswith(".json"):
@@ -200,26 +202,30 @@ class Membership:
     def beat(self, now: dt.datetime | None = None) -> None:
         """Record that this instance is alive at ``now`` (default: the wall clock)."""
         at = now or dt.datetime.now(dt.UTC)
-        body = json.dumps({"group": self.group, "member": self.member, "heartbeat_at": at.isoformat()})
+        self._write(self.file.name, json.dumps({"group": self.group, "member": self.member, "heartbeat_at": at.isoformat()}))
+
+    def _write(self, name: str, body: str, sub: str = "") -> None:
+        """(Over)write file ``name`` of the group's folder (or its ``sub`` folder) at once."""
         if self._remote:
             # One PUT: an object store never shows half an object, so no rename is needed.
-            fs, root = self._store()
+            fs, root = self._store(sub)
             # Through a C++ buffered stream: delta-rs's object stream takes bytes, and pyarrow's
             # Python-level write hands it an Arrow Buffer (TypeError); the C++ path hands bytes.
             # The buffer must exceed the data: a write of a buffer's size or more bypasses it.
             data = body.encode()
-            with fs.open_output_stream(_join(root, self.file.name)) as raw:
+            with fs.open_output_stream(_join(root, name)) as raw:
                 out = pa.BufferedOutputStream(raw, buffer_size=len(data) + 1)
                 out.write(data)
                 out.close()
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
+        folder = self.folder / sub if sub else self.folder
+        folder.mkdir(parents=True, exist_ok=True)
         # Write then rename: a reader never sees half a file.
-        fd, tmp = tempfile.mkstemp(prefix=".beat-", dir=self.folder)
+        fd, tmp = tempfile.mkstemp(prefix=".write-", dir=folder)
         try:
             with os.fdopen(fd, "w") as out:
                 out.write(body)
-            os.replace(tmp, self.file)
+            os.replace(tmp, folder / name)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -262,6 +268,131 @@ class Membership:
                     log.warning("group %s: could not delete the heartbeat file %s: %s", self.group, path, exc)
         members = {b.member for b, _, _ in beats if b.at >= oldest}
         return sorted(members | {self.member})
+
+    # -- consumed offsets (RocketMQ's offset store): what a gainer of a queue need not read again --
+
+    def publish(self, offsets: dict[str, TopicOffsets], now: dt.datetime | None = None) -> None:
+        """(Over)write this instance's consumed offsets (``offsets/<hash>.json`` of the group's folder)."""
+        at = now or dt.datetime.now(dt.UTC)
+        body = {
+            "group": self.group,
+            "member": self.member,
+            "published_at": at.isoformat(),
+            "topics": {topic: o.to_json() for topic, o in sorted(offsets.items())},
+        }
+        self._write(self.file.name, json.dumps(body), OFFSETS_FOLDER)
+
+    def published(self, now: dt.datetime | None = None) -> list[dict[str, TopicOffsets]]:
+        """The consumed offsets every instance of the group published, this one's too.
+
+        A file that cannot be read, or says something no offset says, is
+        skipped with a warning (its instance's queues are then caught up from
+        further back, never less). A file not rewritten for
+        :meth:`forget_after` is deleted, if it still holds what was read: the
+        queues of an instance gone that long have been caught up since.
+        """
+        at = now or dt.datetime.now(dt.UTC)
+        out = []
+        for path, text in self._files(OFFSETS_FOLDER):
+            parsed = _parse_offsets(text, path, self.group)
+            if parsed is None:
+                continue
+            published_at, offsets = parsed
+            if published_at < at - self.forget_after() and self._read(path) == text:
+                log.info("group %s: forgetting the offsets published at %s (%s)", self.group, published_at.isoformat(), path)
+                try:
+                    self._delete(path)
+                except OSError as exc:  # housekeeping: the next catch-up tries again
+                    log.warning("group %s: could not delete the offsets file %s: %s", self.group, path, exc)
+                continue
+            out.append(offsets)
+        return out
+
+
+@dataclass(frozen=True)
+class TopicOffsets:
+    """What one instance consumed of a topic: every row of queue ``q`` (but one ``dlq resend`` wrote
+    for a named instance) committed in table ``table`` at a version up to ``through[q]`` has a
+    CLUSTERING result of the group.
+
+    The claim holds for that table only (``table``: its Delta id; one re-created at the same
+    path starts its versions anew), for the queues as ``queues`` numbers them, and for the rows
+    of the subscription's ``tags`` (None: every tag).
+    """
+
+    table: str
+    queues: int
+    tags: tuple[str, ...] | None
+    through: dict[int, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "queues": self.queues,
+            "tags": None if self.tags is None else list(self.tags),
+            "through": {str(q): v for q, v in sorted(self.through.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> TopicOffsets:
+        """Or ValueError/TypeError/KeyError for anything an instance of this release never writes."""
+        table, queues, tags, through = data["table"], data["queues"], data["tags"], data["through"]
+        if not isinstance(table, str) or not table:
+            raise ValueError(f"table {table!r} is not a table id")
+        if not _count(queues) or queues < 1:
+            raise ValueError(f"queues {queues!r} is not a queue count")
+        if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
+            raise ValueError(f"tags {tags!r} are not a list of tags")
+        if not isinstance(through, dict):
+            raise ValueError(f"through {through!r} is not queue -> version")
+        versions = {}
+        for key, version in through.items():
+            if not (isinstance(key, str) and key.isascii() and key.isdigit()) or int(key) >= queues:
+                raise ValueError(f"queue {key!r} is not one of {queues} queues")
+            if not _count(version) or version < -1 or version >= 2**63:
+                raise ValueError(f"version {version!r} of queue {key} is not a table version")
+            versions[int(key)] = version
+        return cls(table, queues, None if tags is None else tuple(tags), versions)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_offsets(text: str, path: str, group: str) -> tuple[dt.datetime, dict[str, TopicOffsets]] | None:
+    try:
+        data: Any = json.loads(text)
+        if data["group"] != group:
+            raise ValueError(f"it belongs to group {data['group']!r}")
+        validate_member_id(data["member"])
+        at = dt.datetime.fromisoformat(data["published_at"])
+        if at.tzinfo is None:
+            raise ValueError("published_at has no time zone")
+        topics = data["topics"]
+        if not isinstance(topics, dict):
+            raise ValueError("topics is not topic -> offsets")
+        return at, {str(topic): TopicOffsets.from_json(o) for topic, o in topics.items()}
+    except (ValueError, KeyError, TypeError, AttributeError, SubscriptionError) as exc:
+        log.warning("group %s: skipping unreadable offsets file %s: %s", group, path, exc)
+        return None
+
+
+def best_offsets(published: Sequence[dict[str, TopicOffsets]], wanted: dict[str, TopicOffsets]) -> dict[str, dict[int, int]]:
+    """Topic -> queue -> the furthest version any instance consumed through, of the claims that fit
+    ``wanted`` (this instance's table, queue count and tags per topic; ``through`` unused).
+
+    Every claim that fits is true on its own, so the furthest is.
+    """
+    best: dict[str, dict[int, int]] = {}
+    for offsets in published:
+        for topic, claim in offsets.items():
+            mine = wanted.get(topic)
+            if mine is None or (claim.table, claim.queues, claim.tags) != (mine.table, mine.queues, mine.tags):
+                continue
+            queues = best.setdefault(topic, {})
+            for queue, version in claim.through.items():
+                queues[queue] = max(version, queues.get(queue, -1))
+    return best
 
 
 def _join(root: str, name: str) -> str:
@@ -330,6 +461,14 @@ class Assignment:
     read again from the table (the previous owner may have stopped before
     reaching them, while this instance's stream had already passed them).
     ``windows``: see :class:`Window`.
+    ``catch_up_after``: topic -> a version through which the group consumed
+    every row of that topic's gained queues (published offsets): the catch-up
+    reads only the files added after it. A topic without one is read whole.
+    ``consumed_through``: topic -> queue -> the version through which every
+    row of an owned queue has a result of the group once this batch is
+    committed (what this instance publishes); a queue whose history this
+    instance cannot vouch for (a stream from the latest rows, a lost record)
+    has none.
     """
 
     batch_id: int
@@ -339,6 +478,8 @@ class Assignment:
     catch_up: dict[str, tuple[int, ...]]
     catch_up_versions: dict[str, int]
     windows: tuple[Window, ...]
+    catch_up_after: dict[str, int] = field(default_factory=dict)
+    consumed_through: dict[str, dict[int, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -349,6 +490,8 @@ class Assignment:
             "catch_up": {t: list(q) for t, q in self.catch_up.items()},
             "catch_up_versions": dict(self.catch_up_versions),
             "windows": [w.to_json() for w in self.windows],
+            "catch_up_after": dict(self.catch_up_after),
+            "consumed_through": {t: {str(q): v for q, v in qs.items()} for t, qs in self.consumed_through.items()},
         }
 
     @classmethod
@@ -361,6 +504,11 @@ class Assignment:
             catch_up={str(t): tuple(int(q) for q in qs) for t, qs in data["catch_up"].items()},
             catch_up_versions={str(t): int(v) for t, v in data["catch_up_versions"].items()},
             windows=tuple(Window.from_json(w) for w in data["windows"]),
+            # Records of earlier releases have neither: read whole, vouch for nothing.
+            catch_up_after={str(t): int(v) for t, v in data.get("catch_up_after", {}).items()},
+            consumed_through={
+                str(t): {int(q): int(v) for q, v in qs.items()} for t, qs in data.get("consumed_through", {}).items()
+            },
         )
 
 
@@ -374,6 +522,8 @@ def plan_assignment(
     previous: Assignment | None,
     carried_windows: Sequence[Window] = (),
     restarted: bool = False,
+    stream_through: dict[str, int] | None = None,
+    published: dict[str, dict[int, int]] | None = None,
 ) -> Assignment:
     """This instance's queues for ``batch_id`` (pure).
 
@@ -386,6 +536,18 @@ def plan_assignment(
     that are still open. ``restarted``: the first batch this process plans
     on an existing checkpoint; while it was down others may have consumed its
     queues, so every owned queue gets a window, as for a new checkpoint.
+
+    Consumed offsets: ``stream_through`` (topic -> the version through which
+    this instance's stream has delivered every row once this batch is done;
+    None for a stream from the latest rows, which vouches for nothing) and
+    ``published`` (topic -> queue -> the group's furthest published offset,
+    :func:`best_offsets`). A queue this stream has owned since its first row
+    or since its gain is consumed through the furthest of the stream's
+    version, the table version its catch-up read and the offset that
+    catch-up started after; the first batch of a new checkpoint reads from
+    the first row (with ``previous`` None on a later batch, nothing is known).
+    A topic's catch-up starts after the lowest published offset of its
+    gained queues, if every one has one.
     """
     owned = {topic: tuple(allocate_averagely(count, members, me)) for topic, count in sorted(queue_counts.items())}
     catch_up: dict[str, tuple[int, ...]] = {}
@@ -402,6 +564,26 @@ def plan_assignment(
             gained = owned
     windows = [w for w in carried_windows if w.topic in owned]
     windows += [Window(topic, queues, versions[topic]) for topic, queues in gained.items() if queues]
+    published = published or {}
+    catch_up_after = {}
+    for topic, queues in catch_up.items():
+        bounds = [published.get(topic, {}).get(q) for q in queues]
+        if all(b is not None for b in bounds):
+            catch_up_after[topic] = min(b for b in bounds if b is not None)
+    through: dict[str, dict[int, int]] = {}
+    for topic, queues in owned.items() if stream_through is not None else ():
+        streamed = stream_through.get(topic, -1) if stream_through is not None else -1
+        known = {}
+        for q in queues:
+            if q in catch_up.get(topic, ()):
+                known[q] = max(versions[topic], published.get(topic, {}).get(q, -1), streamed)
+            elif previous is None:
+                if batch_id == 0:
+                    known[q] = streamed
+            elif q in previous.consumed_through.get(topic, {}):
+                known[q] = max(previous.consumed_through[topic][q], streamed)
+        if known:
+            through[topic] = known
     return Assignment(
         batch_id=batch_id,
         members=tuple(sorted(set(members))),
@@ -410,4 +592,6 @@ def plan_assignment(
         catch_up=catch_up,
         catch_up_versions={topic: versions[topic] for topic in catch_up},
         windows=tuple(windows),
+        catch_up_after=catch_up_after,
+        consumed_through=through,
     )

@@ -66,21 +66,32 @@ def last_planned(checkpoint: str) -> int | None:
 
 
 def planned_end(checkpoint: str, batch_id: int) -> dict[str, Any] | None:
-    """The source end offset Spark logged for ``batch_id`` (``offsets/<batch_id>``), if any.
+    """The source end offset Spark logged for ``batch_id`` (``offsets/<batch_id>``), if any (the
+    engine has one source)."""
+    ends = planned_ends(checkpoint, batch_id)
+    return ends[0] if ends else None
 
-    The file is ``v1``, the batch metadata, then one offset per source; the
-    engine has one source.
+
+def planned_ends(checkpoint: str, batch_id: int) -> list[dict[str, Any] | None]:
+    """The end offset of each source Spark logged for ``batch_id`` (``offsets/<batch_id>``), in its
+    order; None for a source without one (or a line that is no JSON object); [] without the file.
+
+    The file is ``v1``, the batch metadata, then one offset per source.
     """
     fs, root = checkpoint_filesystem(checkpoint)
     try:
         with fs.open_input_stream(f"{root}/{OFFSETS_DIR}/{batch_id}") as stream:
             lines = stream.read().decode("utf-8").split("\n")
     except FileNotFoundError:
-        return None
-    if len(lines) < 3 or lines[2] in ("", "-"):
-        return None
-    offset = json.loads(lines[2])
-    return offset if isinstance(offset, dict) else None
+        return []
+    ends: list[dict[str, Any] | None] = []
+    for line in lines[2:]:
+        try:
+            offset = json.loads(line) if line not in ("", "-") else None
+        except ValueError:
+            offset = None
+        ends.append(offset if isinstance(offset, dict) else None)
+    return ends
 
 
 def stored(checkpoint: str) -> ResumePoint | None:
@@ -171,4 +182,4 @@ def plan(
     return point
 
 
-__all__ = ["RESUME_FILE", "ResumePoint", "is_fresh", "last_planned", "plan", "planned_end", "store", "stored"]
+__all__ = ["RESUME_FILE", "ResumePoint", "is_fresh", "last_planned", "plan", "planned_end", "planned_ends", "store", "stored"]

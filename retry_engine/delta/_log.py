@@ -195,6 +195,8 @@ class Commit:
     metadata: Mapping[str, Any] | None = None
     in_commit_timestamp: int | None = None
     """``commitInfo.inCommitTimestamp`` (ms) when the table records commit times in the log."""
+    rewrites: tuple[str, ...] = ()
+    """Paths of the ``add`` actions with ``dataChange`` false (a compaction's files: rows committed before)."""
 
     @property
     def changes_data(self) -> bool:
@@ -210,6 +212,7 @@ def parse_commit(version: int, lines: Iterable[str]) -> Commit:
     """
     adds: list[Mapping[str, Any]] = []
     removes: list[Mapping[str, Any]] = []
+    rewrites: list[str] = []
     protocol = metadata = None
     in_commit_timestamp: int | None = None
     for number, line in enumerate(lines, start=1):
@@ -224,6 +227,8 @@ def parse_commit(version: int, lines: Iterable[str]) -> Commit:
         if "add" in action:
             if action["add"].get("dataChange", True):
                 adds.append(action["add"])
+            elif isinstance(action["add"].get("path"), str):
+                rewrites.append(action["add"]["path"])
         elif "remove" in action:
             if action["remove"].get("dataChange", True):
                 removes.append(action["remove"])
@@ -234,7 +239,7 @@ def parse_commit(version: int, lines: Iterable[str]) -> Commit:
         elif "commitInfo" in action and isinstance(action["commitInfo"], dict):
             stamp = action["commitInfo"].get("inCommitTimestamp")
             in_commit_timestamp = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else None
-    return Commit(version, tuple(adds), tuple(removes), protocol, metadata, in_commit_timestamp)
+    return Commit(version, tuple(adds), tuple(removes), protocol, metadata, in_commit_timestamp, tuple(rewrites))
 
 
 def commit_log_path(version: int) -> str:
@@ -619,6 +624,22 @@ class DeltaLog:
                 break
             found, version = version, version - 1
         return found
+
+    def added_after(self, after: int, through: int) -> set[str]:
+        """Paths (relative to the table, as :func:`relative_data_path` makes them) of every file commits
+        ``after + 1`` .. ``through`` added, rewrites too; a commit gone from the log is ``DELTA_COMMIT_MISSING``.
+
+        A row committed in that range is in one of these files, or in a file a
+        later commit rewrote it into, added after it: so, of the snapshot at
+        ``through``, the files in this set hold every row committed after ``after``
+        (and, in rewritten files, some committed before).
+        """
+        paths: set[str] = set()
+        for version in range(max(after + 1, 0), through + 1):
+            commit = self.require_commit(version)
+            for path in [str(a["path"]) for a in commit.adds] + list(commit.rewrites):
+                paths.add(relative_data_path(path, self.uri))
+        return paths
 
     def require_commit(self, version: int) -> Commit:
         commit = self.commit(version)

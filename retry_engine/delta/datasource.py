@@ -26,6 +26,8 @@ class DeltaRsDataSource(DataSource):
     1000), ``maxBytesPerTrigger``, ``ignoreDeletes``, ``skipChangeCommits``,
     ``startingVersion`` (a version or "latest") or ``startingTimestamp`` (a
     date or timestamp: the first commit at or after it), ``versionAsOf`` (batch),
+    ``addedAfterVersion`` (batch: only the files commits after that version added), ``pruneColumn`` with
+    ``pruneBefore`` (batch: skip files whose statistics put every value before that time),
     ``sourcePositionColumn``, ``packedColumn`` (rows packed as Arrow IPC
     batches in one binary column), ``readPartitions`` (at most this many read
     tasks a batch, files grouped by size; default one task per file), ``wakeOnStart``

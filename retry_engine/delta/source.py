@@ -112,6 +112,10 @@ class SourceOptions:
     starting_timestamp: str | None = None
     """As given; :attr:`starting_timestamp_ms` is its value."""
     version_as_of: int | None = None
+    added_after_version: int | None = None
+    """``addedAfterVersion`` (a batch read): only the snapshot's files that commits after this version
+    added (:meth:`DeltaLog.added_after`): every row committed since, and the rows a compaction rewrote
+    into such a file with them."""
     position_column: str | None = None
     packed_column: str | None = None
     read_partitions: int | None = None
@@ -155,6 +159,11 @@ class SourceOptions:
         raw_as_of = opts.get("versionasof", "").strip()
         if raw_as_of and not (raw_as_of.isascii() and raw_as_of.isdigit()):
             raise ConfigError(f"option versionAsOf={raw_as_of!r} must be a version number >= 0", code="INVALID_OPTION")
+        raw_after = opts.get("addedafterversion", "").strip()
+        if raw_after and not (raw_after.isascii() and raw_after.isdigit()):
+            raise ConfigError(
+                f"option addedAfterVersion={raw_after!r} must be a version number >= 0", code="INVALID_OPTION"
+            )
         prune = _parse_prune(opts)
         path = require_path(opts)
         storage_options = storage.from_spark_options(opts)
@@ -172,6 +181,7 @@ class SourceOptions:
             starting_version=starting,
             starting_timestamp=raw_timestamp,
             version_as_of=int(raw_as_of) if raw_as_of else None,
+            added_after_version=int(raw_after) if raw_after else None,
             position_column=opts.get("sourcepositioncolumn", "").strip() or None,
             packed_column=opts.get("packedcolumn", "").strip() or None,
             read_partitions=parse_positive_int(opts, "readPartitions"),
@@ -361,6 +371,11 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
                 "file it is given",
                 code="INVALID_OPTION",
             )
+        if options.added_after_version is not None:
+            raise ConfigError(
+                "option addedAfterVersion is for a batch read (spark.read): a stream starts with startingVersion",
+                code="INVALID_OPTION",
+            )
         self._init_schemas(options, schema)
         self._available_now_version: int | None = None
         self._log: DeltaLog | None = None
@@ -519,7 +534,9 @@ def _quiet_after_hangup(previous: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class DeltaBatchReader(_FileReading, DataSourceReader):
-    """Reads the snapshot at ``versionAsOf`` (default: the latest version), one task per file."""
+    """Reads the snapshot at ``versionAsOf`` (default: the latest version), one task per file; with
+    ``addedAfterVersion``, only its files added after that version (a commit gone from the log since:
+    ``DELTA_COMMIT_MISSING``)."""
 
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         self._init_schemas(options, schema)
@@ -530,4 +547,8 @@ class DeltaBatchReader(_FileReading, DataSourceReader):
         if version is None:
             version = delta_log.latest_version()
         entries = delta_log.snapshot(version, self.options.prune)
+        after = self.options.added_after_version
+        if after is not None:
+            added = delta_log.added_after(after, version)
+            entries = [e for e in entries if relative_data_path(e.path, delta_log.uri) in added]
         return plan_partitions(entries, self.options.path, self.options.read_partitions)

@@ -394,3 +394,84 @@ def test_prune_options_are_for_a_batch_read_and_a_stream_refuses_them() -> None:
     assert options.prune.before == dt.datetime(2025, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC)
     with pytest.raises(ConfigError, match=r"INVALID_OPTION.*pruneColumn and pruneBefore are for a batch read"):
         DeltaStreamReader(options, CONSUME_RESULTS.spark_schema)
+
+
+# -- addedAfterVersion: a catch-up that starts after a group's consumed offset (#14: reads flat with age) --
+
+
+def _added_after(path: str, after: str, version: int | None = None) -> list[str]:
+    from retry_engine.delta.source import DeltaBatchReader
+
+    options = {"path": path, "addedAfterVersion": after}
+    if version is not None:
+        options["versionAsOf"] = str(version)
+    reader = DeltaBatchReader(SourceOptions.parse(options), CONSUME_RESULTS.spark_schema)
+    return sorted(m for part in reader.partitions() for b in reader.read(part) for m in b.column("msg_id").to_pylist())
+
+
+def test_added_after_version_reads_the_rows_committed_since_and_what_a_compaction_rewrote_with_them(tmp_path: Path) -> None:
+    """Of the snapshot, the files commits after the version added: every row committed since; a compaction's
+    file holds rows committed before too (read again: a superset is safe, a row left out would be lost)."""
+    from deltalake import DeltaTable
+
+    path = _table_of_commits(tmp_path, [2, 2, 2])  # version 0: the table; 1-3: C0, C1, C2
+    assert _added_after(path, "1") == ["C1-0", "C1-1", "C2-0", "C2-1"]
+    assert _added_after(path, "2") == ["C2-0", "C2-1"]
+    assert _added_after(path, "3") == [] and _added_after(path, "99") == []
+    assert _added_after(path, "2", version=2) == []  # as of version 2: nothing after it
+    assert len(_added_after(path, "0")) == 6
+    DeltaTable(path).optimize.compact()  # version 4: one file of all six rows (dataChange false)
+    append_arrow(path, results_table([Result.of("C4-0")]))  # version 5
+    assert _added_after(path, "4") == ["C4-0"]
+    everything = sorted([f"C{c}-{i}" for c in range(3) for i in range(2)] + ["C4-0"])
+    assert _added_after(path, "3") == everything  # the rewrite holds C2's rows: the whole file is read
+    assert _added_after(path, "2", version=3) == ["C2-0", "C2-1"]  # as of before the compaction
+
+
+def test_added_after_a_commit_the_log_no_longer_holds_is_a_clear_error(tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    path = _table_of_commits(tmp_path, [1, 1, 1])
+    DeltaTable(path).create_checkpoint()
+    for version in (0, 1, 2):
+        (Path(path) / "_delta_log" / f"{version:020d}.json").unlink()
+    assert _added_after(path, "2") == ["C2-0"]
+    with pytest.raises(DeltaSourceError, match=r"DELTA_COMMIT_MISSING.*commit 2 .* is missing"):
+        _added_after(path, "1")
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "one", "\u00b2", "1e3", " 0x1 "])
+def test_a_bad_added_after_version_is_a_clear_error(value: str) -> None:
+    with pytest.raises(ConfigError, match=rf"INVALID_OPTION.*addedAfterVersion={value.strip()!r} must be a version"):
+        SourceOptions.parse({"path": "/t", "addedAfterVersion": value})
+
+
+def test_added_after_version_is_for_a_batch_read() -> None:
+    options = SourceOptions.parse({"path": "/t", "addedAfterVersion": "3"})
+    assert options.added_after_version == 3
+    with pytest.raises(ConfigError, match=r"INVALID_OPTION.*addedAfterVersion is for a batch read"):
+        DeltaStreamReader(options, CONSUME_RESULTS.spark_schema)
+
+
+def test_added_after_version_finds_files_under_partition_values_the_log_url_encodes(tmp_path: Path) -> None:
+    """The log names ``consumer_group=a%20b%25c/...``; delta-rs's snapshot may name it decoded: both are one file."""
+    import pyarrow as pa
+
+    from retry_engine.delta.source import DeltaBatchReader
+    from retry_engine.schemas import RETRY
+
+    path = str(tmp_path / "retry")
+    ensure_table(path, RETRY.arrow_schema, partition_by=RETRY.partition_by)
+
+    def append(msg_id: str, group: str) -> None:
+        row = {"msg_id": msg_id, "topic": f"%RETRY%{group}", "consumer_group": group, "queue_id": 0,
+               "reconsume_times": 1, "origin_msg_id": "O", "retry_topic": "orders", "body": b"r",
+               "store_timestamp": dt.datetime(2026, 11, 29, tzinfo=dt.UTC), "delivery_key": f"{msg_id}:1"}
+        write_deltalake(path, pa.Table.from_pylist([row], schema=RETRY.arrow_schema), mode="append")
+
+    append("R1", "a b%c")
+    append("R2", "a b%c/é")
+    append("R3", "plain")
+    reader = DeltaBatchReader(SourceOptions.parse({"path": path, "addedAfterVersion": "1"}), RETRY.spark_schema)
+    ids = sorted(m for part in reader.partitions() for b in reader.read(part) for m in b.column("msg_id").to_pylist())
+    assert ids == ["R2", "R3"]
