@@ -11,6 +11,7 @@ retry queue 1 (derived by hand: 4 / 2 = 2 each; 2 / 2 = 1 each).
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -47,11 +48,14 @@ class Sent:
         self.lake = lake
         self.producer = Producer(lake.path("messages"))
         self.queue: dict[str, tuple[str, int]] = {}
+        self.unreadable: set[Path] = set()
+        """Data files a test made unreadable: not read here either."""
         ensure_table(lake.path("retry"), RETRY.arrow_schema, partition_by=RETRY.partition_by)
 
     def messages(self, n: int, tag: str) -> set[str]:
         ids = set(self.producer.send_batch([Message("orders", f"{tag}-{i}") for i in range(n)]).msg_ids)
-        rows = {r["msg_id"]: r["queue_id"] for r in self.lake.rows("messages")}
+        files = [f for f in DeltaTable(self.lake.path("messages")).file_uris() if Path(f) not in self.unreadable]
+        rows = {r["msg_id"]: r["queue_id"] for f in files for r in pq.read_table(f, columns=["msg_id", "queue_id"]).to_pylist()}
         self.queue.update({m: ("orders", rows[m]) for m in ids})
         return ids
 
@@ -271,3 +275,58 @@ def test_a_group_consuming_from_latest_never_catches_up_what_came_before_it(spar
         for query in queries:
             query.stop()
         a.shutdown()
+
+
+def test_a_gainer_catches_up_only_what_came_after_the_groups_published_offsets(spark: Any, tmp_path: Path) -> None:
+    """#14 (reads that grow with the lake's age), R2/R3, B1: every rolling restart moves queues, and the
+    gainer's catch-up read the gained queues' whole history (bodies too) and every consume result of
+    the group. Now each instance publishes, per owned queue, the version through which the group
+    consumed it; the gainer reads only the files added after it, and the results since those rows
+    were stored. Here the first rows' data files are made unreadable once both instances consumed
+    them: a catch-up that read them would fail the query. B stops (its last rows unconsumed: it
+    crashed), then leaves; A catches up B's share of what came after B's offsets, exactly once."""
+    lake = Lake.make(tmp_path, groups={"G": {"retry_queue_nums": 2}})
+    sent = Sent(lake)
+    a = consumer(spark, lake, "A", "one")
+    # B beats (and publishes) once at start and then only when it shuts down: stopping its query is a crash.
+    b = consumer(spark, lake, "B", "two", heartbeat_interval_seconds=3000)
+    queries: list[Any] = []
+    try:
+        phase1 = sent.messages(12, "p1") | sent.retries(6, "p1")
+        first_files = {p for t in ("messages", "retry") for p in Path(lake.path(t)).rglob("*.parquet")}
+        a.heartbeat()
+        b.heartbeat()
+        start_consumer(a, queries)
+        qb = start_consumer(b, queries)
+        wait_for(lambda: consumed(lake, queries) >= phase1, timeout=300, what="phase 1 consumed")
+        versions = {t: DeltaTable(lake.path(t)).version() for t in ("messages", "retry")}
+        for file in first_files:
+            file.write_bytes(b"not parquet")
+        sent.unreadable = first_files
+
+        qb.stop()
+        phase2 = sent.messages(12, "p2") | sent.retries(6, "p2")
+        a_share = sent.owned_by(phase2, FIRST)
+        wait_for(lambda: consumed(lake, queries) >= a_share, timeout=300, what="A's share of phase 2")
+        assert not consumed(lake, queries) & (phase2 - a_share)
+        b.shutdown()  # publishes what it consumed (phase 1), then leaves: A gains its queues
+        published = json.loads((b.membership.folder / "offsets" / b.membership.file.name).read_text())
+        through = {t: o["through"] for t, o in published["topics"].items()}
+        assert through == {"orders": {"2": versions["messages"], "3": versions["messages"]},
+                           "%RETRY%G": {"1": versions["retry"]}}
+        trigger = sent.messages(1, "p3")  # a batch runs when a row comes
+        wait_for(lambda: consumed(lake, queries) >= phase1 | phase2 | trigger, timeout=300,
+                 what="B's share caught up by A")
+        by = Counter((r["msg_id"], r["consumer_id"]) for r in results(lake))
+        assert all(n == 1 for n in by.values()) and len(by) == len(phase1 | phase2 | trigger)
+        assert {m for m, cid in by if cid == "A"} == sent.owned_by(phase1, FIRST) | phase2 | trigger
+        records = [json.loads(p.read_text()) for p in (Path(a.checkpoint_path) / "rebalance").glob("*.json")
+                   if p.stem.isdigit()]
+        (gain,) = [r for r in records if r["catch_up"]]
+        assert gain["catch_up_after"] == {"orders": versions["messages"], "%RETRY%G": versions["retry"]}
+        assert gain["consumed_through"]["orders"]["2"] >= gain["catch_up_versions"]["orders"]
+    finally:
+        for query in queries:
+            query.stop()
+        for instance in (a, b):
+            instance.shutdown()

@@ -1,0 +1,178 @@
+"""Consumed offsets (RocketMQ's offset store) of a CLUSTERING group, without Spark (#14: reads flat with age).
+
+Each instance vouches, per owned queue, for the table version through which
+every row of the queue has a result of the group; a gainer of the queue
+catches up only what was committed after the furthest such version. These
+tests pin the rules that make a vouched-for version true (worked out by hand
+in each docstring) and that a hostile offsets file is skipped, never trusted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from retry_engine.clients.rebalance import (
+    Assignment,
+    Membership,
+    TopicOffsets,
+    best_offsets,
+    plan_assignment,
+)
+
+COUNTS = {"orders": 4, "%RETRY%G": 2}
+NOW = dt.datetime(2026, 11, 29, 10, 0, tzinfo=dt.UTC)
+
+
+def plan(batch_id: int, members: list[str], previous: Assignment | None, **kw: object) -> Assignment:
+    return plan_assignment(batch_id=batch_id, members=members, me="A@1", queue_counts=COUNTS,
+                           versions=kw.pop("versions", {"orders": 20, "%RETRY%G": 9}),  # type: ignore[arg-type]
+                           previous=previous, **kw)  # type: ignore[arg-type]
+
+
+def test_a_new_checkpoint_from_the_first_row_vouches_for_what_its_stream_delivered() -> None:
+    """Batch 0 of a stream from the first row: A (of A, B) owns orders 0-1 and retry 0; the stream is through
+    orders version 12; the retry table is still in its first snapshot (-1: nothing whole yet)."""
+    first = plan(0, ["A@1", "B@1"], None, stream_through={"orders": 12, "%RETRY%G": -1})
+    assert first.consumed_through == {"orders": {0: 12, 1: 12}, "%RETRY%G": {0: -1}}
+    # The next batch goes on from there: the furthest of the last and the stream's.
+    second = plan(1, ["A@1", "B@1"], first, stream_through={"orders": 15, "%RETRY%G": 4})
+    assert second.consumed_through == {"orders": {0: 15, 1: 15}, "%RETRY%G": {0: 4}}
+    # A stream offset unknown (an unreadable offsets file) never takes a vouched version back.
+    third = plan(2, ["A@1", "B@1"], second, stream_through={})
+    assert third.consumed_through == second.consumed_through
+
+
+def test_what_an_instance_cannot_know_it_does_not_vouch_for() -> None:
+    """A stream from the latest rows (stream_through None) never delivered what came before it; a later
+    batch without its previous record (lost) cannot tell what happened between; a queue whose last
+    record vouched for nothing stays so until it is gained again."""
+    assert plan(0, ["A@1"], None, stream_through=None).consumed_through == {}
+    assert plan(7, ["A@1"], None, stream_through={"orders": 12}).consumed_through == {}
+    unknown = plan(8, ["A@1"], plan(7, ["A@1"], None, stream_through={"orders": 12}), stream_through={"orders": 14})
+    assert unknown.consumed_through == {}
+
+
+def test_a_gained_queue_is_vouched_for_through_what_its_catch_up_read() -> None:
+    """B leaves: A gains orders 2-3 and retry 1. B published orders 2 -> 11, orders 3 -> 14, retry 1 -> 5.
+    The catch-up of orders starts after 11 (the lower of 2 and 3) and reads the table as of version 20:
+    afterwards every row of 2-3 through 20 is consumed. Retry 1: after 5, as of 9."""
+    before = plan(3, ["A@1", "B@1"], None, stream_through={"orders": 8, "%RETRY%G": 2})
+    assert before.consumed_through == {}  # batch 3 without a record: nothing known of the kept queues either
+    start = plan(0, ["A@1", "B@1"], None, stream_through={"orders": 8, "%RETRY%G": 2})
+    published = {"orders": {2: 11, 3: 14}, "%RETRY%G": {1: 5}}
+    gained = plan(1, ["A@1"], start, stream_through={"orders": 16, "%RETRY%G": 3}, published=published)
+    assert gained.catch_up == {"orders": (2, 3), "%RETRY%G": (1,)}
+    assert gained.catch_up_after == {"orders": 11, "%RETRY%G": 5}
+    assert gained.consumed_through == {"orders": {0: 16, 1: 16, 2: 20, 3: 20}, "%RETRY%G": {0: 3, 1: 9}}
+    # A published offset past the version the plan read (published after it) is still true: the furthest.
+    ahead = plan(1, ["A@1"], start, stream_through={"orders": 16, "%RETRY%G": 3},
+                 published={"orders": {2: 11, 3: 25}, "%RETRY%G": {1: 5}})
+    assert ahead.consumed_through["orders"] == {0: 16, 1: 16, 2: 20, 3: 25}
+    assert Assignment.from_json(json.loads(json.dumps(gained.to_json()))) == gained  # the checkpoint record
+
+
+def test_a_topic_with_a_gained_queue_nobody_published_is_caught_up_whole() -> None:
+    """orders 3 has no published offset: the catch-up of orders reads the whole table (no catch_up_after)."""
+    start = plan(0, ["A@1", "B@1"], None, stream_through={"orders": 8, "%RETRY%G": 2})
+    gained = plan(1, ["A@1"], start, stream_through={"orders": 8, "%RETRY%G": 2},
+                  published={"orders": {2: 11}, "%RETRY%G": {1: 5}})
+    assert gained.catch_up_after == {"%RETRY%G": 5}
+    assert gained.consumed_through["orders"] == {0: 8, 1: 8, 2: 20, 3: 20}
+    # A stream from the latest rows uses what others published, and vouches for nothing itself.
+    latest = plan(1, ["A@1"], start, stream_through=None, published={"orders": {2: 11, 3: 4}})
+    assert latest.catch_up_after == {"orders": 4} and latest.consumed_through == {}
+
+
+def test_a_record_of_an_earlier_release_loads_without_offsets() -> None:
+    record = plan(0, ["A@1"], None).to_json()
+    del record["catch_up_after"], record["consumed_through"]
+    loaded = Assignment.from_json(json.loads(json.dumps(record)))
+    assert loaded.catch_up_after == {} and loaded.consumed_through == {}
+
+
+# -- the published files ------------------------------------------------------------------------------
+
+
+def offsets(through: dict[int, int], table: str = "t-1", queues: int = 4, tags: tuple[str, ...] | None = None) -> TopicOffsets:
+    return TopicOffsets(table, queues, tags, through)
+
+
+def test_published_offsets_round_trip_and_the_furthest_that_fits_wins(tmp_path: Path) -> None:
+    a = Membership(str(tmp_path), "G", "A@1")
+    b = Membership(str(tmp_path), "G", "B@1")
+    a.publish({"orders": offsets({0: 7, 1: 9}), "%RETRY%G": offsets({0: 3}, table="t-2", queues=2)}, NOW)
+    b.publish({"orders": offsets({1: 12, 2: 5})}, NOW)
+    # Another table at the path (re-created), another queue count or other tags: not this instance's rows.
+    Membership(str(tmp_path), "G", "C@1").publish({"orders": offsets({0: 99}, table="t-0")}, NOW)
+    Membership(str(tmp_path), "G", "D@1").publish({"orders": offsets({0: 98}, queues=8)}, NOW)
+    Membership(str(tmp_path), "G", "E@1").publish({"orders": offsets({0: 97}, tags=("red",))}, NOW)
+    Membership(str(tmp_path), "H", "F@1").publish({"orders": offsets({0: 96})}, NOW)  # another group's folder
+    published = a.published(NOW)
+    assert len(published) == 5
+    wanted = {"orders": offsets({}), "%RETRY%G": offsets({}, table="t-2", queues=2)}
+    assert best_offsets(published, wanted) == {"orders": {0: 7, 1: 12, 2: 5}, "%RETRY%G": {0: 3}}
+    # The heartbeat registry does not see the offsets folder.
+    assert a.heartbeats() == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        "[]",
+        '{"group": "H", "member": "B@1", "published_at": "2026-11-29T10:00:00+00:00", "topics": {}}',
+        '{"group": "G", "member": "B 1", "published_at": "2026-11-29T10:00:00+00:00", "topics": {}}',
+        '{"group": "G", "member": "B@1", "published_at": "2026-11-29T10:00:00", "topics": {}}',
+        '{"group": "G", "member": "B@1", "published_at": "soon", "topics": {}}',
+        '{"group": "G", "member": "B@1", "published_at": "2026-11-29T10:00:00+00:00", "topics": []}',
+    ]
+    + [
+        '{"group": "G", "member": "B@1", "published_at": "2026-11-29T10:00:00+00:00", "topics": {"orders": ' + o + "}}"
+        for o in [
+            '{"table": "t-1", "queues": 4, "tags": null, "through": {"0": true}}',
+            '{"table": "t-1", "queues": 4, "tags": null, "through": {"0": -2}}',
+            '{"table": "t-1", "queues": 4, "tags": null, "through": {"0": 9223372036854775808}}',
+            '{"table": "t-1", "queues": 4, "tags": null, "through": {"0": 1.5}}',
+            '{"table": "t-1", "queues": 4, "tags": null, "through": {"0": "7"}}',
+            '{"table": "t-1", "queues": 4, "tags": null, "through": {"4": 7}}',
+            '{"table": "t-1", "queues": 4, "tags": null, "through": {"-1": 7}}',
+            '{"table": "t-1", "queues": 4, "tags": null, "through": {"\u00b2": 7}}',
+            '{"table": "t-1", "queues": 4, "tags": null, "through": [7]}',
+            '{"table": "t-1", "queues": 0, "tags": null, "through": {}}',
+            '{"table": "t-1", "queues": true, "tags": null, "through": {}}',
+            '{"table": "", "queues": 4, "tags": null, "through": {"0": 7}}',
+            '{"table": 1, "queues": 4, "tags": null, "through": {"0": 7}}',
+            '{"table": "t-1", "queues": 4, "tags": "red", "through": {"0": 7}}',
+            '{"table": "t-1", "queues": 4, "tags": [1], "through": {"0": 7}}',
+            '{"table": "t-1", "queues": 4, "through": {"0": 7}}',
+        ]
+    ],
+)
+def test_a_hostile_offsets_file_is_skipped_with_a_warning_never_trusted(
+    tmp_path: Path, text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anything an instance of this release never writes: the file counts for nothing (its queues are caught up
+    from further back), the good file beside it still counts."""
+    a = Membership(str(tmp_path), "G", "A@1")
+    a.publish({"orders": offsets({0: 3})}, NOW)
+    (a.folder / "offsets" / "0123456789abcdef.json").write_text(text)
+    with caplog.at_level(logging.WARNING):
+        published = a.published(NOW)
+    assert best_offsets(published, {"orders": offsets({})}) == {"orders": {0: 3}}
+    assert "skipping unreadable offsets file" in caplog.text
+
+
+def test_offsets_not_published_for_a_day_are_forgotten_and_nothing_else(tmp_path: Path) -> None:
+    a = Membership(str(tmp_path), "G", "A@1")
+    Membership(str(tmp_path), "G", "B@1").publish({"orders": offsets({0: 3})}, NOW - dt.timedelta(days=2))
+    Membership(str(tmp_path), "G", "C@1").publish({"orders": offsets({0: 4})}, NOW - dt.timedelta(hours=20))
+    a.publish({"orders": offsets({1: 5})}, NOW)
+    (a.folder / "offsets" / "junk.json").write_text("junk")
+    assert best_offsets(a.published(NOW), {"orders": offsets({})}) == {"orders": {0: 4, 1: 5}}
+    names = sorted(p.name for p in (a.folder / "offsets").iterdir())
+    assert len(names) == 3 and "junk.json" in names  # B's file is gone; C's, A's own and the junk stay
