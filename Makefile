@@ -157,3 +157,6 @@ bench-status: venv
 
 bench-retention: venv
 	$(PY) bench/bench_retention.py
+
+bench-catch-up: venv
+	$(PY) bench/bench_catch_up.py
