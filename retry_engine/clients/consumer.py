@@ -134,6 +134,9 @@ KEEP_ASSIGNMENTS = 20
 # A catch-up after a published offset reads the log's commits since it, one file each: past this
 # many it reads the whole table instead (an offset that old: a topic the group has had no row of).
 MAX_CATCH_UP_COMMITS = 1000
+# Offsets unchanged (no new commit to read) are still published this often: the group forgets a
+# file not rewritten for a day (Membership.published), and this instance's is still true.
+REPUBLISH_SECONDS = 3600.0
 
 
 def delivery_key_column() -> Column:
@@ -470,7 +473,11 @@ class _RebalancedBatch:
         queues then catches up only what came after them. Never fails a batch: an offset not
         published only makes a gainer read further back."""
         assignment, self._unpublished = self._unpublished, None
-        if assignment is None or self.membership is None or assignment.consumed_through == self._published[1]:
+        # Nothing vouched for (a stream from the latest rows, a lost record): a file published before stays true.
+        if assignment is None or self.membership is None or not assignment.consumed_through:
+            return
+        unchanged = assignment.consumed_through == self._published[1]
+        if unchanged and time.monotonic() - self._published[0] < REPUBLISH_SECONDS:
             return
         try:
             keys = self._offset_keys()

@@ -166,21 +166,22 @@ class Membership:
                 log.info("group %s: heartbeat %s unreadable: %s", self.group, info.path, exc)
         return out
 
-    def _read(self, path: str) -> str | None:
+    def _read(self, path: str, sub: str = "") -> str | None:
+        """The text of ``path`` as :meth:`_files` (of the same ``sub`` folder) named it; None if gone."""
         try:
             if not self._remote:
                 return Path(path).read_bytes().decode(errors="replace")
-            fs, _ = self._store()
+            fs, _ = self._store(sub)
             with fs.open_input_stream(path) as stream:
                 return bytes(stream.read()).decode(errors="replace")
         except (FileNotFoundError, OSError):
             return None
 
-    def _delete(self, path: str) -> None:
+    def _delete(self, path: str, sub: str = "") -> None:
         if not self._remote:
             Path(path).unlink(missing_ok=True)
             return
-        fs, _ = self._store()
+        fs, _ = self._store(sub)
         try:
             fs.delete_file(path)
         except FileNotFoundError:
@@ -298,10 +299,10 @@ class Membership:
             if parsed is None:
                 continue
             published_at, offsets = parsed
-            if published_at < at - self.forget_after() and self._read(path) == text:
+            if published_at < at - self.forget_after() and self._read(path, OFFSETS_FOLDER) == text:
                 log.info("group %s: forgetting the offsets published at %s (%s)", self.group, published_at.isoformat(), path)
                 try:
-                    self._delete(path)
+                    self._delete(path, OFFSETS_FOLDER)
                 except OSError as exc:  # housekeeping: the next catch-up tries again
                     log.warning("group %s: could not delete the offsets file %s: %s", self.group, path, exc)
                 continue

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,52 @@ def test_offsets_not_published_for_a_day_are_forgotten_and_nothing_else(tmp_path
     assert best_offsets(a.published(NOW), {"orders": offsets({})}) == {"orders": {0: 4, 1: 5}}
     names = sorted(p.name for p in (a.folder / "offsets").iterdir())
     assert len(names) == 3 and "junk.json" in names  # B's file is gone; C's, A's own and the junk stay
+
+
+def test_an_instance_publishes_what_changed_the_same_hourly_and_never_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch function publishes the last committed batch's offsets when they changed, the same offsets
+    again after an hour (the group forgets a file a day old), nothing when it vouches for nothing (a
+    file published before stays)."""
+    from deltalake import DeltaTable
+
+    from retry_engine.clients import consumer as consumer_module
+    from retry_engine.clients.consumer import _RebalancedBatch
+    from retry_engine.delta import ensure_table
+    from retry_engine.schemas import MESSAGES
+
+    messages = str(tmp_path / "messages")
+    ensure_table(messages, MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
+    member = Membership(str(tmp_path), "G", "A@1")
+    fn = _RebalancedBatch(
+        spark=None, group="G", spec=None, writer=None, membership=member,  # type: ignore[arg-type]
+        queue_counts={"orders": 4}, sources={"orders": messages}, topic_filter=None,  # type: ignore[arg-type]
+        records=str(tmp_path / "rebalance"), results_path="", tags={"orders": ("a", "b")}, publish_interval_seconds=10,
+    )
+    clock = [1000.0]
+    monkeypatch.setattr(consumer_module.time, "monotonic", lambda: clock[0])
+    file = member.folder / "offsets" / member.file.name
+    writes: list[dict[str, object]] = []
+    publish = Membership.publish
+    monkeypatch.setattr(Membership, "publish", lambda self, offsets, now=None: (writes.append(offsets), publish(self, offsets, now)))
+
+    def committed(through: dict[int, int]) -> None:
+        fn._unpublished = replace(plan(0, ["A@1"], None), consumed_through={"orders": through} if through else {})
+        fn.publish()
+
+    def on_file() -> dict[str, object]:
+        return json.loads(file.read_text())["topics"]["orders"]  # type: ignore[no-any-return]
+
+    committed({0: 3})
+    table = str(DeltaTable(messages).metadata().id)
+    assert on_file() == {"table": table, "queues": 4, "tags": ["a", "b"], "through": {"0": 3}}
+    clock[0] += 1
+    committed({0: 3})  # unchanged: not written again
+    committed({})  # nothing vouched for: the file stays
+    assert on_file()["through"] == {"0": 3} and len(writes) == 1
+    clock[0] += 3600
+    committed({0: 3})  # an hour on, unchanged: written again (a newer published_at)
+    assert len(writes) == 2
+    committed({0: 5})
+    assert on_file()["through"] == {"0": 5} and len(writes) == 3

@@ -345,6 +345,25 @@ def test_consumer_heartbeats_live_on_the_object_store(s3_server: S3Server) -> No
     assert not any(k.startswith("s3:") for k in (p.name for p in Path(".").iterdir()))
 
 
+def test_consumer_offsets_live_on_the_object_store(s3_server: S3Server) -> None:
+    """#14 part 4: a gainer finds the offsets the group published in the S3 lake; the heartbeat
+    listing does not see them; offsets published a week ago are deleted by the next read, once."""
+    from retry_engine.clients.rebalance import TopicOffsets, best_offsets
+
+    bucket = s3_server.new_bucket()
+    lake = f"s3://{bucket}/lake"
+    parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
+    first, gone = Membership(lake, "G1", "host-a"), Membership(lake, "G1", "host-gone")
+    first.publish({"orders": TopicOffsets("t-1", 4, None, {0: 7, 1: 8})})
+    gone.publish({"orders": TopicOffsets("t-1", 4, None, {2: 9})}, dt.datetime.now(dt.UTC) - dt.timedelta(days=7))
+    first.beat()
+    assert first.live() == ["host-a"]  # the offsets folder is no heartbeat
+    wanted = {"orders": TopicOffsets("t-1", 4, None, {})}
+    assert best_offsets(first.published(), wanted) == {"orders": {0: 7, 1: 8}}
+    keys = [k for k in s3_server.objects(bucket) if "/offsets/" in k]
+    assert len(keys) == 1 and keys[0].endswith(first.file.name)
+
+
 def test_an_empty_s3_lake_is_named_as_given(s3_server: S3Server) -> None:
     """#14 part 4: `status`/`dlq` on a lake URI with no tables say so, naming the URI (not a local folder)."""
     bucket = s3_server.new_bucket()
