@@ -490,6 +490,37 @@ class _RebalancedBatch:
             return
         self._published = (time.monotonic(), assignment.consumed_through)
 
+    def group_starts(self) -> dict[str, int]:
+        """Path -> the version the stream of a new checkpoint may start at: the group has a result for
+        every row of the table's topics before it (published offsets of each of their queues, the
+        lowest, plus one); RocketMQ's new instance of a group also resumes at the group's offsets.
+
+        A table some queue of which has no published offset, or whose log no longer holds that
+        commit, is not in it (the stream reads its snapshot, and the windows skip what the group
+        consumed). Never past the latest version (a start there reads that commit again: consumed
+        rows are skipped by the windows). Never fails a start: nothing known is read from the first row.
+        """
+        if self.membership is None:
+            return {}
+        try:
+            published = best_offsets(self.membership.published(), self._offset_keys())
+            starts = {}
+            for path in sorted(set(self.sources.values())):
+                bounds = [published.get(t, {}).get(q) for t, p in self.sources.items() if p == path
+                          for q in range(self.queue_counts.get(t, 0))]
+                if not bounds or any(b is None for b in bounds):
+                    continue
+                delta_log = DeltaLog(storage.location(path))
+                start = min(min(b for b in bounds if b is not None) + 1, delta_log.latest_version())
+                if start > 0 and delta_log.commit(start) is not None:
+                    starts[path] = start
+        except Exception as exc:
+            log.warning("group %s: published offsets unreadable (%s); the new stream reads from the first row", self.group, exc)
+            return {}
+        if starts:
+            log.info("group %s: a new checkpoint starts after the group's published offsets: %s", self.group, starts)
+        return starts
+
     def _source_table_ids(self) -> dict[str, str]:
         """Path -> Delta table id of each table a topic is read from (a table re-created at its path is
         another table: the stream itself then stops, so the ids of the first batch hold)."""
@@ -1144,7 +1175,7 @@ class Consumer:
             return os.path.join(os.path.dirname(self.config.engine.checkpoint.rstrip("/")), f"consumer-{digest}")
         return os.path.join(self.config.engine.lake, "_checkpoints", f"consumer-{digest}")
 
-    def _read(self, path: str, *, position: bool) -> DataFrame:
+    def _read(self, path: str, *, position: bool, starts: Mapping[str, int] | None = None) -> DataFrame:
         reader = (
             self.spark.readStream.format(FORMAT_NAME)
             .option("path", path)
@@ -1155,6 +1186,8 @@ class Consumer:
             reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_trigger))
         if self.consume_from == "latest":
             reader = reader.option("startingVersion", "latest")
+        elif starts and path in starts:  # a new checkpoint of a group with published offsets: after them
+            reader = reader.option("startingVersion", str(starts[path]))
         if position:
             reader = reader.option("sourcePositionColumn", POSITION)
         return reader.load()
@@ -1190,7 +1223,7 @@ class Consumer:
         """
         return self._deliveries(position=False)
 
-    def _deliveries(self, *, position: bool) -> DataFrame:
+    def _deliveries(self, *, position: bool, starts: Mapping[str, int] | None = None) -> DataFrame:
         from pyspark.sql import functions as F
 
         sources = self._sources()
@@ -1198,12 +1231,12 @@ class Consumer:
         wanted = F.lit(False)
         for topic in self._subscriptions:
             wanted = wanted | self._topic_filter(topic)
-        delivered = self._read(messages_path, position=position).filter(wanted)
+        delivered = self._read(messages_path, position=position, starts=starts).filter(wanted)
         extra = [F.col(POSITION), F.col("topic").alias(QUEUE_SET)] if position else []
         delivered = delivered.select(*MESSAGE_NAMES, *extra)
         if self.reads_retry:
             retry = retry_topic(self.group)
-            retries = self._read(sources[retry], position=position).filter(self._topic_filter(retry))
+            retries = self._read(sources[retry], position=position, starts=starts).filter(self._topic_filter(retry))
             # Every row of the retry table is in %RETRY%G's queues, whatever its topic column says.
             extra = [F.col(POSITION), F.lit(retry).alias(QUEUE_SET)] if position else []
             delivered = delivered.unionByName(retries.select(*MESSAGE_NAMES, *extra))
@@ -1265,7 +1298,8 @@ class Consumer:
             publish_interval_seconds=self.heartbeat_interval_seconds,
         )
         self._batch_function = batch_function
-        deliveries = self._deliveries(position=clustering)
+        starts = batch_function.group_starts() if clustering and self.consume_from != "latest" and is_fresh(self.checkpoint_path) else {}
+        deliveries = self._deliveries(position=clustering, starts=starts)
         if clustering:
             # Join before the first batch plans, so instances started together split from the start.
             self.heartbeat()

@@ -284,12 +284,15 @@ def test_a_gainer_catches_up_only_what_came_after_the_groups_published_offsets(s
     consumed it; the gainer reads only the files added after it, and the results since those rows
     were stored. Here the first rows' data files are made unreadable once both instances consumed
     them: a catch-up that read them would fail the query. B stops (its last rows unconsumed: it
-    crashed), then leaves; A catches up B's share of what came after B's offsets, exactly once."""
+    crashed), then leaves; A catches up B's share of what came after B's offsets, exactly once.
+    Then C joins with a new checkpoint: its stream starts after the group's offsets (as a new
+    instance of a RocketMQ group resumes at the group's offsets), not at the first row."""
     lake = Lake.make(tmp_path, groups={"G": {"retry_queue_nums": 2}})
     sent = Sent(lake)
     a = consumer(spark, lake, "A", "one")
     # B beats (and publishes) once at start and then only when it shuts down: stopping its query is a crash.
     b = consumer(spark, lake, "B", "two", heartbeat_interval_seconds=3000)
+    c = consumer(spark, lake, "C", "three")
     queries: list[Any] = []
     try:
         phase1 = sent.messages(12, "p1") | sent.retries(6, "p1")
@@ -325,8 +328,21 @@ def test_a_gainer_catches_up_only_what_came_after_the_groups_published_offsets(s
         (gain,) = [r for r in records if r["catch_up"]]
         assert gain["catch_up_after"] == {"orders": versions["messages"], "%RETRY%G": versions["retry"]}
         assert gain["consumed_through"]["orders"]["2"] >= gain["catch_up_versions"]["orders"]
+
+        # C joins with a new checkpoint: its stream starts after the group's offsets (A's, every queue),
+        # not at the first row (whose files it cannot read), and shares the new rows with A.
+        wait_for(lambda: (a.membership.folder / "offsets" / a.membership.file.name).exists(), what="A's offsets")
+        c.heartbeat()
+        start_consumer(c, queries)
+        phase4 = sent.messages(8, "p4") | sent.retries(4, "p4")
+        everything = phase1 | phase2 | trigger | phase4
+        wait_for(lambda: consumed(lake, queries) >= everything, timeout=300, what="phase 4 consumed")
+        by_msg = Counter(r["msg_id"] for r in results(lake))
+        assert set(by_msg) == everything and set(by_msg.values()) == {1}
+        owner = {r["msg_id"]: r["consumer_id"] for r in results(lake)}
+        assert {m for m in phase4 if owner[m] == "C"} == sent.owned_by(phase4, SECOND)
     finally:
         for query in queries:
             query.stop()
-        for instance in (a, b):
+        for instance in (a, b, c):
             instance.shutdown()

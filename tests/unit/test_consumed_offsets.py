@@ -226,3 +226,44 @@ def test_an_instance_publishes_what_changed_the_same_hourly_and_never_nothing(
     assert len(writes) == 2
     committed({0: 5})
     assert on_file()["through"] == {"0": 5} and len(writes) == 3
+
+
+def test_a_new_checkpoint_starts_after_the_lowest_offset_of_every_queue_or_at_the_first_row(tmp_path: Path) -> None:
+    """``group_starts``: a table whose every queue (of every topic read from it) has a published offset is
+    started after the lowest; never past the latest version; not when one queue has none, when the
+    log no longer holds that commit, or when the offsets are another table's."""
+    from deltalake import DeltaTable
+
+    from retry_engine.clients.consumer import _RebalancedBatch
+    from retry_engine.delta import append_arrow, ensure_table
+    from retry_engine.schemas import CONSUME_RESULTS
+    from tests.builders import Result, results_table
+
+    table = str(tmp_path / "t")
+    ensure_table(table, CONSUME_RESULTS.arrow_schema)
+    for i in range(6):  # versions 1-6
+        append_arrow(table, results_table([Result.of(f"m{i}")]))
+    member = Membership(str(tmp_path), "G", "A@1")
+    fn = _RebalancedBatch(
+        spark=None, group="G", spec=None, writer=None, membership=member,  # type: ignore[arg-type]
+        queue_counts={"orders": 2, "audit": 1}, sources={"orders": table, "audit": table}, topic_filter=None,  # type: ignore[arg-type]
+        records=str(tmp_path / "rebalance"), results_path="",
+    )
+    table_id = str(DeltaTable(table).metadata().id)
+    other = Membership(str(tmp_path), "G", "B@1")
+
+    def published(orders: dict[int, int], audit: dict[int, int], table_id: str = table_id) -> dict[str, int]:
+        other.publish({"orders": TopicOffsets(table_id, 2, None, orders), "audit": TopicOffsets(table_id, 1, None, audit)})
+        return fn.group_starts()
+
+    assert published({0: 4, 1: 3}, {0: 5}) == {table: 4}
+    assert published({0: 4}, {0: 5}) == {}  # orders 1: nobody vouches for it
+    assert published({0: 4, 1: 3}, {}) == {}
+    assert published({0: 40, 1: 30}, {0: 50}) == {table: 6}  # the latest version, read again
+    assert published({0: -1, 1: 3}, {0: 5}) == {}  # from version 0: the first row anyway
+    assert published({0: 4, 1: 3}, {0: 5}, table_id="another") == {}
+    DeltaTable(table).create_checkpoint()
+    for version in range(5):
+        (Path(table) / "_delta_log" / f"{version:020d}.json").unlink()
+    assert published({0: 4, 1: 3}, {0: 5}) == {}  # starts at commit 4, gone from the log
+    assert published({0: 4, 1: 5}, {0: 5}) == {table: 5}
