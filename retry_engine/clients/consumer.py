@@ -65,6 +65,7 @@ from retry_engine.clients.rebalance import (
     TopicOffsets,
     Window,
     best_offsets,
+    credible,
     plan_assignment,
     validate_member_id,
     window_bound,
@@ -506,12 +507,14 @@ class _RebalancedBatch:
             published = best_offsets(self.membership.published(), self._offset_keys())
             starts = {}
             for path in sorted(set(self.sources.values())):
+                delta_log = DeltaLog(storage.location(path))
+                latest = delta_log.latest_version()
                 bounds = [published.get(t, {}).get(q) for t, p in self.sources.items() if p == path
                           for q in range(self.queue_counts.get(t, 0))]
-                if not bounds or any(b is None for b in bounds):
+                # An offset past the latest version vouches for commits nobody made: not one to trust.
+                if not bounds or any(b is None or b > latest for b in bounds):
                     continue
-                delta_log = DeltaLog(storage.location(path))
-                start = min(min(b for b in bounds if b is not None) + 1, delta_log.latest_version())
+                start = min(min(b for b in bounds if b is not None) + 1, latest)
                 if start > 0 and delta_log.commit(start) is not None:
                     starts[path] = start
         except Exception as exc:
@@ -632,10 +635,11 @@ class _RebalancedBatch:
         if planned.catch_up:  # queues gained: where the group's published offsets let the catch-up start
             try:
                 published = best_offsets(self.membership.published(), self._offset_keys())
+                latest = {topic: table_version(path) or 0 for topic, path in self.sources.items()}
             except Exception as exc:
                 log.warning("group %s: published offsets unreadable (%s); catching up whole tables", self.group, exc)
-                published = {}
-            planned = plan(published=published)
+                published, latest = {}, versions
+            planned = plan(published=credible(published, versions, latest))
         self._planned = True
         assignment = replace(planned, windows=self._open_windows(batch, planned.windows))
         self._save(assignment)

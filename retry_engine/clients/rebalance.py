@@ -348,12 +348,22 @@ class TopicOffsets:
             raise ValueError(f"through {through!r} is not queue -> version")
         versions = {}
         for key, version in through.items():
-            if not (isinstance(key, str) and key.isascii() and key.isdigit()) or int(key) >= queues:
-                raise ValueError(f"queue {key!r} is not one of {queues} queues")
-            if not _count(version) or version < -1 or version >= 2**63:
-                raise ValueError(f"version {version!r} of queue {key} is not a table version")
-            versions[int(key)] = version
+            versions[_queue(key, queues)] = _version(version)
         return cls(table, queues, None if tags is None else tuple(tags), versions)
+
+
+def _version(value: object) -> int:
+    """A table version of a record (-1: before the first), or ValueError."""
+    if not _count(value) or not -1 <= value < 2**63:  # type: ignore[operator]
+        raise ValueError(f"{value!r} is not a table version")
+    return value  # type: ignore[return-value]
+
+
+def _queue(value: object, count: int) -> int:
+    """A queue id (a JSON key) of ``count`` queues, or ValueError."""
+    if not (isinstance(value, str) and value.isascii() and value.isdigit()) or int(value) >= count:
+        raise ValueError(f"{value!r} is not one of {count} queues")
+    return int(value)
 
 
 def _count(value: object) -> bool:
@@ -394,6 +404,19 @@ def best_offsets(published: Sequence[dict[str, TopicOffsets]], wanted: dict[str,
             for queue, version in claim.through.items():
                 queues[queue] = max(version, queues.get(queue, -1))
     return best
+
+
+def credible(
+    published: dict[str, dict[int, int]], planned: dict[str, int], latest: dict[str, int]
+) -> dict[str, dict[int, int]]:
+    """The published offsets a plan may use: none past the ``latest`` version (read after the offsets: it
+    vouches for commits nobody made, a damaged or forged file), the others no further than the version
+    the plan read (``planned``, read before them: an instance may have consumed commits made since,
+    and what holds through a version holds through an earlier one)."""
+    return {
+        topic: {q: min(v, planned[topic]) for q, v in queues.items() if v <= latest.get(topic, -1)}
+        for topic, queues in published.items() if topic in planned
+    }
 
 
 def _join(root: str, name: str) -> str:
@@ -506,9 +529,10 @@ class Assignment:
             catch_up_versions={str(t): int(v) for t, v in data["catch_up_versions"].items()},
             windows=tuple(Window.from_json(w) for w in data["windows"]),
             # Records of earlier releases have neither: read whole, vouch for nothing.
-            catch_up_after={str(t): int(v) for t, v in data.get("catch_up_after", {}).items()},
+            catch_up_after={str(t): _version(v) for t, v in data.get("catch_up_after", {}).items()},
             consumed_through={
-                str(t): {int(q): int(v) for q, v in qs.items()} for t, qs in data.get("consumed_through", {}).items()
+                str(t): {_queue(q, int(data["queue_counts"].get(t, 0))): _version(v) for q, v in qs.items()}
+                for t, qs in data.get("consumed_through", {}).items()
             },
         )
 
@@ -573,7 +597,8 @@ def plan_assignment(
             catch_up_after[topic] = min(b for b in bounds if b is not None)
     through: dict[str, dict[int, int]] = {}
     for topic, queues in owned.items() if stream_through is not None else ():
-        streamed = stream_through.get(topic, -1) if stream_through is not None else -1
+        # The stream cannot have read past the table's latest version (a damaged offsets log could say so).
+        streamed = min(stream_through.get(topic, -1), versions[topic]) if stream_through is not None else -1
         known = {}
         for q in queues:
             if q in catch_up.get(topic, ()):

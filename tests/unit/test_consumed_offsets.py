@@ -230,8 +230,8 @@ def test_an_instance_publishes_what_changed_the_same_hourly_and_never_nothing(
 
 def test_a_new_checkpoint_starts_after_the_lowest_offset_of_every_queue_or_at_the_first_row(tmp_path: Path) -> None:
     """``group_starts``: a table whose every queue (of every topic read from it) has a published offset is
-    started after the lowest; never past the latest version; not when one queue has none, when the
-    log no longer holds that commit, or when the offsets are another table's."""
+    started after the lowest; never past the latest version; not when one queue has none or one past
+    the latest version, when the log no longer holds that commit, or when the offsets are another table's."""
     from deltalake import DeltaTable
 
     from retry_engine.clients.consumer import _RebalancedBatch
@@ -259,7 +259,8 @@ def test_a_new_checkpoint_starts_after_the_lowest_offset_of_every_queue_or_at_th
     assert published({0: 4, 1: 3}, {0: 5}) == {table: 4}
     assert published({0: 4}, {0: 5}) == {}  # orders 1: nobody vouches for it
     assert published({0: 4, 1: 3}, {}) == {}
-    assert published({0: 40, 1: 30}, {0: 50}) == {table: 6}  # the latest version, read again
+    assert published({0: 6, 1: 6}, {0: 6}) == {table: 6}  # through the latest: from it, read again
+    assert published({0: 40, 1: 30}, {0: 50}) == {}  # past the latest: commits nobody made, a forged file
     assert published({0: -1, 1: 3}, {0: 5}) == {}  # from version 0: the first row anyway
     assert published({0: 4, 1: 3}, {0: 5}, table_id="another") == {}
     DeltaTable(table).create_checkpoint()
@@ -267,3 +268,39 @@ def test_a_new_checkpoint_starts_after_the_lowest_offset_of_every_queue_or_at_th
         (Path(table) / "_delta_log" / f"{version:020d}.json").unlink()
     assert published({0: 4, 1: 3}, {0: 5}) == {}  # starts at commit 4, gone from the log
     assert published({0: 4, 1: 5}, {0: 5}) == {table: 5}
+
+
+def test_offsets_past_what_the_table_holds_are_not_credible_and_the_others_hold_through_the_plans_version() -> None:
+    """``credible``: the plan read version 20; the offsets were read after, when the table was at 22. An
+    offset of 25 vouches for commits nobody made (dropped: that queue is caught up whole); 21 was
+    possible (a commit since): it holds through 20; a topic the plan does not read is left out."""
+    from retry_engine.clients.rebalance import credible
+
+    published = {"orders": {0: 25, 1: 21, 2: 7}, "audit": {0: 3}}
+    assert credible(published, {"orders": 20}, {"orders": 22}) == {"orders": {1: 20, 2: 7}}
+    # A stream offset past the table's version (a damaged offsets log) is held to the version.
+    first = plan(0, ["A@1"], None, stream_through={"orders": 10**12, "%RETRY%G": 2})
+    assert first.consumed_through["orders"] == {0: 20, 1: 20, 2: 20, 3: 20}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("catch_up_after", {"orders": True}), ("catch_up_after", {"orders": -2}), ("catch_up_after", {"orders": "7"}),
+     ("consumed_through", {"orders": {"9": 3}}), ("consumed_through", {"orders": {"x": 3}}),
+     ("consumed_through", {"orders": {"0": 2**63}}), ("consumed_through", {"orders": {"0": 1.5}}),
+     ("consumed_through", {"orders": [3]}), ("consumed_through", {"nope": {"0": 3}})],
+)
+def test_a_damaged_record_is_planned_anew_never_vouched_for(tmp_path: Path, key: str, value: object) -> None:
+    """A recorded assignment whose offsets are no versions of its queues is no record: its batch is planned
+    anew (and the next one, without it, vouches for nothing it cannot know)."""
+    from retry_engine.clients.consumer import _RebalancedBatch
+
+    fn = _RebalancedBatch(
+        spark=None, group="G", spec=None, writer=None, membership=None, queue_counts=COUNTS,  # type: ignore[arg-type]
+        sources={}, topic_filter=None, records=str(tmp_path), results_path="",  # type: ignore[arg-type]
+    )
+    record = plan(0, ["A@1"], None, stream_through={"orders": 3}).to_json()
+    (tmp_path / "0.json").write_text(json.dumps(record))
+    assert fn._load(0) is not None
+    (tmp_path / "0.json").write_text(json.dumps({**record, key: value}))
+    assert fn._load(0) is None
