@@ -93,7 +93,7 @@ from retry_engine.core.names import (
 from retry_engine.core.resume import is_fresh, planned_ends
 from retry_engine.delta import FORMAT_NAME, ensure_query_id, ensure_table, storage, table_version
 from retry_engine.delta._checkpoint import checkpoint_folder, write_bytes_atomically
-from retry_engine.delta._log import DeltaLog
+from retry_engine.delta._log import DeltaLog, relative_data_path
 from retry_engine.delta._offsets import Offset
 from retry_engine.delta.session import capped_arrow_batches, read_parallelism
 from retry_engine.delta.tables import open_table
@@ -444,9 +444,14 @@ class _RebalancedBatch:
     tags: dict[str, tuple[str, ...] | None] = field(default_factory=dict)
     """topic -> the subscription's tags (None: every tag): published offsets are for those rows only."""
     publish_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS
+    vouches: bool = True
+    """Whether this stream delivers from the first row (``consume_from="earliest"``), so may vouch for what
+    it consumed; a stream from the latest rows never delivered what came before it."""
     _planned: bool = field(default=False, init=False, repr=False)
     _table_ids: dict[str, str] | None = field(default=None, init=False, repr=False)
     _unpublished: Assignment | None = field(default=None, init=False, repr=False)
+    _latest: Assignment | None = field(default=None, init=False, repr=False)
+    _publishing: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _published: tuple[float, dict[str, dict[int, int]]] = field(default=(0.0, {}), init=False, repr=False)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -470,43 +475,48 @@ class _RebalancedBatch:
     # -- consumed offsets ---------------------------------------------------------------
 
     def publish(self) -> None:
-        """Publish the consumed offsets of the last committed batch (if changed): a gainer of these
-        queues then catches up only what came after them. Never fails a batch: an offset not
-        published only makes a gainer read further back."""
-        assignment, self._unpublished = self._unpublished, None
-        # Nothing vouched for (a stream from the latest rows, a lost record): a file published before stays true.
-        if assignment is None or self.membership is None or not assignment.consumed_through:
-            return
-        unchanged = assignment.consumed_through == self._published[1]
-        if unchanged and time.monotonic() - self._published[0] < REPUBLISH_SECONDS:
-            return
-        try:
-            keys = self._offset_keys()
-            self.membership.publish({
-                topic: replace(keys[topic], through=dict(through))
-                for topic, through in assignment.consumed_through.items() if topic in keys
-            })
-        except Exception as exc:
-            log.warning("group %s: could not publish consumed offsets: %s", self.group, exc)
-            return
-        self._published = (time.monotonic(), assignment.consumed_through)
+        """Publish the consumed offsets of the last committed batch if they changed, or again once they
+        are :data:`REPUBLISH_SECONDS` old (the heartbeat thread calls this too: an idle instance's
+        file must not be forgotten): a gainer of these queues then catches up only what came after
+        them. Never fails a batch: an offset not published only makes a gainer read further back."""
+        with self._publishing:
+            if self._unpublished is not None:
+                self._latest, self._unpublished = self._unpublished, None
+            # Nothing vouched for now (a lost record, other tags): what was published before is still true.
+            through = (self._latest.consumed_through if self._latest is not None else {}) or self._published[1]
+            if self.membership is None or not through:
+                return
+            if through == self._published[1] and time.monotonic() - self._published[0] < REPUBLISH_SECONDS:
+                return
+            try:
+                keys = self._offset_keys()
+                self.membership.publish({
+                    topic: replace(keys[topic], through=dict(queues)) for topic, queues in through.items() if topic in keys
+                })
+            except Exception as exc:
+                log.warning("group %s: could not publish consumed offsets: %s", self.group, exc)
+                return
+            self._published = (time.monotonic(), through)
 
     def group_starts(self) -> dict[str, int]:
         """Path -> the version the stream of a new checkpoint may start at: the group has a result for
         every row of the table's topics before it (published offsets of each of their queues, the
         lowest, plus one); RocketMQ's new instance of a group also resumes at the group's offsets.
 
-        A table some queue of which has no published offset, or whose log no longer holds that
-        commit, is not in it (the stream reads its snapshot, and the windows skip what the group
-        consumed). Never past the latest version (a start there reads that commit again: consumed
+        A table some queue of which has no published offset, or one past the latest version, or
+        that a stream could not read from there (:meth:`_streamable`), is not in it (the stream
+        reads its snapshot, and the windows skip what the group consumed); nor is %RETRY%G's. Never past the latest version (a start there reads that commit again: consumed
         rows are skipped by the windows). Never fails a start: nothing known is read from the first row.
         """
         if self.membership is None:
             return {}
+        retry = retry_topic(self.group)
         try:
             published = best_offsets(self.membership.published(), self._offset_keys())
             starts = {}
-            for path in sorted(set(self.sources.values())):
+            # Not %RETRY%G's table: a row `dlq resend` wrote for this instance is in no offset, and only
+            # this instance's own stream delivers it.
+            for path in sorted({p for t, p in self.sources.items() if t != retry} - {self.sources.get(retry)}):
                 delta_log = DeltaLog(storage.location(path))
                 latest = delta_log.latest_version()
                 bounds = [published.get(t, {}).get(q) for t, p in self.sources.items() if p == path
@@ -515,7 +525,7 @@ class _RebalancedBatch:
                 if not bounds or any(b is None or b > latest for b in bounds):
                     continue
                 start = min(min(b for b in bounds if b is not None) + 1, latest)
-                if start > 0 and delta_log.commit(start) is not None:
+                if start > 0 and self._streamable(delta_log, start, latest):
                     starts[path] = start
         except Exception as exc:
             log.warning("group %s: published offsets unreadable (%s); the new stream reads from the first row", self.group, exc)
@@ -523,6 +533,22 @@ class _RebalancedBatch:
         if starts:
             log.info("group %s: a new checkpoint starts after the group's published offsets: %s", self.group, starts)
         return starts
+
+    @staticmethod
+    def _streamable(delta_log: DeltaLog, start: int, latest: int) -> bool:
+        """Whether a stream can start at commit ``start``: not too far back to check, every commit since
+        in the log, none removing data (a stream cannot follow it), and every file they added still in
+        the table (a file compacted away since may be vacuumed: the stream could not read it)."""
+        if latest - start > MAX_CATCH_UP_COMMITS:
+            return False
+        current = {relative_data_path(e.path, delta_log.uri) for e in delta_log.snapshot(latest)}
+        for version in range(start, latest + 1):
+            commit = delta_log.commit(version)
+            if commit is None or commit.removes:
+                return False
+            if any(relative_data_path(str(add["path"]), delta_log.uri) not in current for add in commit.adds):
+                return False
+        return True
 
     def _source_table_ids(self) -> dict[str, str]:
         """Path -> Delta table id of each table a topic is read from (a table re-created at its path is
@@ -548,7 +574,7 @@ class _RebalancedBatch:
         """Topic -> the version through which this stream has delivered every row of the topic's table once
         ``batch_id`` is done (Spark's offsets log of the batch); -1 inside a first snapshot or unknown.
         None for a stream from the latest rows: it never delivered what came before it."""
-        if self.stream_start is not None:
+        if self.stream_start is not None or not self.vouches:
             return None
         through: dict[str, int] = {}
         try:
@@ -630,6 +656,7 @@ class _RebalancedBatch:
             carried_windows=previous.windows if previous is not None else (),
             restarted=not self._planned,
             stream_through=self._stream_through(batch_id),
+            tags=self.tags,
         )
         planned = plan()
         if planned.catch_up:  # queues gained: where the group's published offsets let the catch-up start
@@ -909,13 +936,14 @@ class _Heartbeater:
     """Beats every ``interval`` seconds on a daemon thread while the query runs.
 
     Once the query has stopped (the caller stopped it, or it failed) the
-    instance leaves the group, so its queues move to the others.
+    instance leaves the group, so its queues move to the others. ``publish``
+    (the consumer offsets) runs after each beat and before leaving.
     """
 
-    def __init__(self, membership: Membership, interval: float, before_leave: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, membership: Membership, interval: float, publish: Callable[[], None] = lambda: None) -> None:
         self.membership = membership
         self.interval = interval
-        self.before_leave = before_leave
+        self.publish = publish
         self.query: StreamingQuery | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{membership.member}", daemon=True)
@@ -934,10 +962,11 @@ class _Heartbeater:
                 query = self.query
                 if query is not None and not query.isActive:
                     log.info("consumer %s: query stopped; leaving group %s", self.membership.member, self.membership.group)
-                    self.before_leave()
+                    self.publish()
                     self.membership.leave()
                     return
                 self.membership.beat()
+                self.publish()
             except Exception as exc:  # a missed beat is retried next interval; the expiry allows several
                 log.warning("consumer %s: heartbeat failed: %s", self.membership.member, exc)
 
@@ -1300,6 +1329,7 @@ class Consumer:
             checkpoint=self.checkpoint_path,
             tags={topic: _sorted_tags(self._subscriptions.get(topic)) for topic in self._sources()},
             publish_interval_seconds=self.heartbeat_interval_seconds,
+            vouches=self.consume_from != "latest",
         )
         self._batch_function = batch_function
         starts = batch_function.group_starts() if clustering and self.consume_from != "latest" and is_fresh(self.checkpoint_path) else {}

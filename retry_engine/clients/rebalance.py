@@ -366,6 +366,13 @@ def _queue(value: object, count: int) -> int:
     return int(value)
 
 
+def _tags(value: object) -> tuple[str, ...] | None:
+    """A subscription's tags (a list of text, or None for every tag), or ValueError."""
+    if value is not None and (not isinstance(value, list) or not all(isinstance(t, str) for t in value)):
+        raise ValueError(f"tags {value!r} are not a list of tags")
+    return None if value is None else tuple(value)
+
+
 def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -492,7 +499,9 @@ class Assignment:
     row of an owned queue has a result of the group once this batch is
     committed (what this instance publishes); a queue whose history this
     instance cannot vouch for (a stream from the latest rows, a lost record)
-    has none.
+    has none. ``tags``: topic -> the subscription's tags (None: every tag)
+    ``consumed_through`` is for; a later batch under other tags (a restart
+    with another subscription) cannot go on from it.
     """
 
     batch_id: int
@@ -504,6 +513,7 @@ class Assignment:
     windows: tuple[Window, ...]
     catch_up_after: dict[str, int] = field(default_factory=dict)
     consumed_through: dict[str, dict[int, int]] = field(default_factory=dict)
+    tags: dict[str, tuple[str, ...] | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -516,6 +526,7 @@ class Assignment:
             "windows": [w.to_json() for w in self.windows],
             "catch_up_after": dict(self.catch_up_after),
             "consumed_through": {t: {str(q): v for q, v in qs.items()} for t, qs in self.consumed_through.items()},
+            "tags": {t: None if tags is None else list(tags) for t, tags in self.tags.items()},
         }
 
     @classmethod
@@ -534,6 +545,7 @@ class Assignment:
                 str(t): {_queue(q, int(data["queue_counts"].get(t, 0))): _version(v) for q, v in qs.items()}
                 for t, qs in data.get("consumed_through", {}).items()
             },
+            tags={str(t): _tags(tags) for t, tags in data.get("tags", {}).items()},
         )
 
 
@@ -549,6 +561,7 @@ def plan_assignment(
     restarted: bool = False,
     stream_through: dict[str, int] | None = None,
     published: dict[str, dict[int, int]] | None = None,
+    tags: dict[str, tuple[str, ...] | None] | None = None,
 ) -> Assignment:
     """This instance's queues for ``batch_id`` (pure).
 
@@ -572,7 +585,9 @@ def plan_assignment(
     catch-up started after; the first batch of a new checkpoint reads from
     the first row (with ``previous`` None on a later batch, nothing is known).
     A topic's catch-up starts after the lowest published offset of its
-    gained queues, if every one has one.
+    gained queues, if every one has one. ``tags``: topic -> the
+    subscription's tags; a queue goes on from ``previous`` only under the
+    same tags (rows of a tag added since were never delivered).
     """
     owned = {topic: tuple(allocate_averagely(count, members, me)) for topic, count in sorted(queue_counts.items())}
     catch_up: dict[str, tuple[int, ...]] = {}
@@ -595,6 +610,12 @@ def plan_assignment(
         bounds = [published.get(topic, {}).get(q) for q in queues]
         if all(b is not None for b in bounds):
             catch_up_after[topic] = min(b for b in bounds if b is not None)
+    tags = tags or {}
+    unknown = object()
+
+    def same_tags(topic: str) -> bool:
+        return previous is not None and previous.tags.get(topic, unknown) == tags.get(topic, unknown)
+
     through: dict[str, dict[int, int]] = {}
     for topic, queues in owned.items() if stream_through is not None else ():
         # The stream cannot have read past the table's latest version (a damaged offsets log could say so).
@@ -606,7 +627,7 @@ def plan_assignment(
             elif previous is None:
                 if batch_id == 0:
                     known[q] = streamed
-            elif q in previous.consumed_through.get(topic, {}):
+            elif q in previous.consumed_through.get(topic, {}) and same_tags(topic):
                 known[q] = max(previous.consumed_through[topic][q], streamed)
         if known:
             through[topic] = known
@@ -620,4 +641,5 @@ def plan_assignment(
         windows=tuple(windows),
         catch_up_after=catch_up_after,
         consumed_through=through,
+        tags=dict(tags),
     )

@@ -24,6 +24,8 @@ from retry_engine.clients.rebalance import (
     best_offsets,
     plan_assignment,
 )
+from retry_engine.delta import storage
+from retry_engine.delta._log import DeltaLog
 
 COUNTS = {"orders": 4, "%RETRY%G": 2}
 NOW = dt.datetime(2026, 11, 29, 10, 0, tzinfo=dt.UTC)
@@ -183,8 +185,8 @@ def test_an_instance_publishes_what_changed_the_same_hourly_and_never_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The batch function publishes the last committed batch's offsets when they changed, the same offsets
-    again after an hour (the group forgets a file a day old), nothing when it vouches for nothing (a
-    file published before stays)."""
+    again after an hour even without a batch since (the group forgets a file a day old), nothing when
+    it vouches for nothing (a file published before stays)."""
     from deltalake import DeltaTable
 
     from retry_engine.clients import consumer as consumer_module
@@ -222,7 +224,9 @@ def test_an_instance_publishes_what_changed_the_same_hourly_and_never_nothing(
     committed({})  # nothing vouched for: the file stays
     assert on_file()["through"] == {"0": 3} and len(writes) == 1
     clock[0] += 3600
-    committed({0: 3})  # an hour on, unchanged: written again (a newer published_at)
+    fn.publish()  # an hour on, no batch since (an idle instance; the heartbeat thread calls it): written again
+    assert len(writes) == 2
+    fn.publish()
     assert len(writes) == 2
     committed({0: 5})
     assert on_file()["through"] == {"0": 5} and len(writes) == 3
@@ -304,3 +308,70 @@ def test_a_damaged_record_is_planned_anew_never_vouched_for(tmp_path: Path, key:
     assert fn._load(0) is not None
     (tmp_path / "0.json").write_text(json.dumps({**record, key: value}))
     assert fn._load(0) is None
+
+
+def test_a_queue_goes_on_from_its_record_only_under_the_same_tags() -> None:
+    """A restart with tags A || B on a checkpoint that consumed tag A: the tag-B rows before were never
+    delivered, so the kept queues vouch for nothing (a record of an earlier release has no tags: same)."""
+    first = plan(0, ["A@1"], None, stream_through={"orders": 12}, tags={"orders": ("A",)})
+    assert first.consumed_through["orders"] == {0: 12, 1: 12, 2: 12, 3: 12}
+    same = plan(1, ["A@1"], first, stream_through={"orders": 14}, tags={"orders": ("A",)})
+    assert same.consumed_through["orders"] == {0: 14, 1: 14, 2: 14, 3: 14}
+    for other in (("A", "B"), None):
+        assert "orders" not in plan(1, ["A@1"], first, stream_through={"orders": 14}, tags={"orders": other}).consumed_through
+    older = Assignment.from_json({k: v for k, v in first.to_json().items() if k != "tags"})
+    assert "orders" not in plan(1, ["A@1"], older, stream_through={"orders": 14}, tags={"orders": ("A",)}).consumed_through
+
+
+def test_a_stream_from_the_latest_rows_vouches_for_nothing_even_without_its_start_record(tmp_path: Path) -> None:
+    """A new ``consume_from="latest"`` checkpoint whose start record could not be written (stream_start
+    None) still never delivered the rows before it: no stream offset, so nothing vouched for."""
+    from retry_engine.clients.consumer import _RebalancedBatch
+
+    fn = _RebalancedBatch(
+        spark=None, group="G", spec=None, writer=None, membership=None, queue_counts=COUNTS,  # type: ignore[arg-type]
+        sources={}, topic_filter=None, records=str(tmp_path), results_path="", vouches=False,  # type: ignore[arg-type]
+    )
+    assert fn._stream_through(0) is None
+    assert replace(fn, vouches=True)._stream_through(0) == {}
+
+
+def test_a_new_checkpoint_never_starts_where_a_stream_could_not_go_nor_the_retry_table_after_offsets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``group_starts``: not after a compaction whose removed files a stream from there would read (vacuum
+    may have deleted them), not over a commit that removes data, not further back than it checks; and
+    never %RETRY%G's table (a row resent for this instance is in no offset)."""
+    from deltalake import DeltaTable
+
+    from retry_engine.clients import consumer as consumer_module
+    from retry_engine.clients.consumer import _RebalancedBatch
+    from retry_engine.delta import append_arrow, ensure_table
+    from retry_engine.schemas import CONSUME_RESULTS
+    from tests.builders import Result, results_table
+
+    tables = {name: str(tmp_path / name) for name in ("messages", "retry")}
+    for path in tables.values():
+        ensure_table(path, CONSUME_RESULTS.arrow_schema)
+        for i in range(4):  # versions 1-4
+            append_arrow(path, results_table([Result.of(f"m{i}")]))
+    member = Membership(str(tmp_path), "G", "A@1")
+    fn = _RebalancedBatch(
+        spark=None, group="G", spec=None, writer=None, membership=member,  # type: ignore[arg-type]
+        queue_counts={"orders": 1, "%RETRY%G": 1}, sources={"orders": tables["messages"], "%RETRY%G": tables["retry"]},
+        topic_filter=None, records=str(tmp_path / "rebalance"), results_path="",  # type: ignore[arg-type]
+    )
+    ids = {name: str(DeltaTable(path).metadata().id) for name, path in tables.items()}
+    Membership(str(tmp_path), "G", "B@1").publish({
+        "orders": TopicOffsets(ids["messages"], 1, None, {0: 2}), "%RETRY%G": TopicOffsets(ids["retry"], 1, None, {0: 2}),
+    })
+    assert fn.group_starts() == {tables["messages"]: 3}  # the retry table: from its first row
+    monkeypatch.setattr(consumer_module, "MAX_CATCH_UP_COMMITS", 0)
+    assert fn.group_starts() == {}  # commits 3-4 are more than it checks
+    monkeypatch.undo()
+    DeltaTable(tables["messages"]).optimize.compact()  # version 5: commit 3's and 4's files are removed
+    assert fn.group_starts() == {}
+    append_arrow(tables["retry"], results_table([Result.of("r")]))
+    DeltaTable(tables["retry"]).delete("msg_id = 'r'")
+    assert fn._streamable(DeltaLog(storage.location(tables["retry"])), 3, 4)
+    assert not fn._streamable(DeltaLog(storage.location(tables["retry"])), 3, DeltaTable(tables["retry"]).version())
