@@ -404,14 +404,16 @@ def parse_retention_hours(value: object, *, name: str = "retention") -> int:
 class MaintenanceSection(_Strict):
     """``[maintenance]``: the engine's own table maintenance, and `retry-engine maintain`'s retention.
 
-    ``engine_tables`` / ``consume_results`` turn in-engine maintenance on per
-    table class (the tables the engine writes; the input others write). It runs
+    ``engine_tables`` / ``consume_results`` / ``messages`` turn in-engine
+    maintenance on per table class (the tables the engine writes; the input
+    consumers write; the topics' messages producers write). It runs
     every ``interval`` ("off" to disable) or every ``every_batches`` batches (0
     to disable), whichever comes first.
     """
 
     engine_tables: StrictBool = True
     consume_results: StrictBool = False
+    messages: StrictBool = False
     interval: str = DEFAULT_MAINTENANCE_INTERVAL
     every_batches: StrictInt = Field(default=0, ge=0)
     retention: str = DEFAULT_MAINTENANCE_RETENTION
@@ -460,10 +462,10 @@ class MaintenanceSection(_Strict):
 
     @model_validator(mode="after")
     def _scheduled(self) -> MaintenanceSection:
-        if (self.engine_tables or self.consume_results) and self.interval == "off" and self.every_batches == 0:
+        if self.enabled and self.interval == "off" and self.every_batches == 0:
             raise ValueError(
-                "maintenance is on (engine_tables or consume_results) but interval = 'off' and every_batches = 0 "
-                "never trigger it: set one of them, or turn both table classes off"
+                "maintenance is on (engine_tables, consume_results or messages) but interval = 'off' and "
+                "every_batches = 0 never trigger it: set one of them, or turn every table class off"
             )
         return self
 
@@ -478,7 +480,7 @@ class MaintenanceSection(_Strict):
 
     @property
     def enabled(self) -> bool:
-        return self.engine_tables or self.consume_results
+        return self.engine_tables or self.consume_results or self.messages
 
 
 def minimum_retention_ms(engine: EngineSection, maintenance: MaintenanceSection) -> int:

@@ -22,8 +22,9 @@ TABLE_NAMES = (
 )
 # Tables the engine and its operator tools write: maintained by default, in the engine too.
 ENGINE_TABLES = ("retry", "dlq", "quarantine", "outcomes", "metrics", "progress", "redrive_audit", "redrive_tasks")
-# The input, written by others: `maintain` covers it, the engine only when asked.
-INPUT_TABLES = ("consume_results",)
+# Written by others (consumers and producers: this package's clients, or any Delta writer): `maintain`
+# covers them, the engine only when asked.
+INPUT_TABLES = ("consume_results", "messages")
 MAINTAINED_TABLES = (*INPUT_TABLES, *ENGINE_TABLES)
 
 TOPIC_MAX_LENGTH = 127

@@ -574,7 +574,8 @@ def engine_tables_to_maintain(config: EngineConfig) -> list[str]:
     """The tables in-engine maintenance covers under ``[maintenance]``."""
     section = config.maintenance
     return [
-        *(INPUT_TABLES if section.consume_results else ()),
+        *(("consume_results",) if section.consume_results else ()),
+        *(("messages",) if section.messages else ()),
         *(ENGINE_TABLES if section.engine_tables else ()),
     ]
 

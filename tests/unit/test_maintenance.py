@@ -515,6 +515,9 @@ def test_the_retention_floor_is_the_longest_trigger_plus_the_maintenance_interva
         ({"interval": "soon"}, "interval"),
         ({"interval": "off"}, "never trigger"),
         ({"engine_tables": "yes"}, "engine_tables"),
+        ({"messages": "yes"}, "messages"),
+        ({"messages": 1}, "messages"),
+        ({"engine_tables": False, "messages": True, "interval": "off"}, "never trigger"),
         ({"retention": "1h"}, "shorter than the 2h"),
         ({"retention": "-7d"}, "INVALID_RETENTION"),
         ({"tables": ["retry"]}, "unknown key 'maintenance.tables'"),
@@ -572,12 +575,46 @@ def test_due_every_n_batches_or_after_the_interval_whichever_first() -> None:
     assert not _Due(every_batches=0, interval_ms=None).due(10**12)
 
 
-def test_only_the_engine_tables_and_consume_results_are_maintained(tmp_path: Path) -> None:
+def test_the_engine_tables_consume_results_and_messages_are_maintained(tmp_path: Path) -> None:
     config = parse_config({"engine": {"lake": str(tmp_path)}})
     assert [n for n, _ in select_tables(config)] == list(MAINTAINED_TABLES)
+    assert {"consume_results", "messages", "retry", "dlq"} <= set(MAINTAINED_TABLES)
     assert select_tables(config, ["dlq", "dlq"]) == [("dlq", str(tmp_path / "dlq"))]
-    with pytest.raises(ConfigError, match=r"UNKNOWN_TABLE.*'messages'.*written by others"):
-        select_tables(config, ["messages"])
+    with pytest.raises(ConfigError, match=r"UNKNOWN_TABLE.*'nope'"):
+        select_tables(config, ["nope"])
+
+
+def test_the_producers_messages_table_is_compacted_and_a_consumers_stream_sees_each_row_once(tmp_path: Path) -> None:
+    """#14 (months on a lake): a producer commits once a send, and nothing compacted or checkpointed the
+    messages table, so every consumer batch opened a table of ever more files. `maintain` covers it now
+    (in the engine with `[maintenance] messages = true`): a stream that read part of it before the
+    compaction reads the rest after it, each message once."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
+
+    from retry_engine.clients.producer import Message, Producer
+    from retry_engine.delta.source import DeltaStreamReader, SourceOptions
+    from retry_engine.schemas import MESSAGES
+
+    config = parse_config({"engine": {"lake": str(tmp_path)}})
+    path = config.table_path("messages")
+    producer = Producer(path)
+    sent = [producer.send_batch([Message("orders", f"m{i}".encode())]).msg_ids[0] for i in range(12)]
+    reader = DeltaStreamReader(SourceOptions.parse({"path": path}), MESSAGES.spark_schema)
+
+    def read(start: Any, end: Any) -> list[str]:
+        return [m for part in reader.partitions(start, end) for b in reader.read(part) for m in b.column("msg_id").to_pylist()]
+
+    start = reader.initialOffset()
+    middle = reader.latestOffset(start, ReadMaxFiles(5))
+    before = read(start, middle)
+    (report,) = run_maintenance(config, tables=["messages"])
+    assert report.files_before == 12 and report.files_after == 1 and report.files_compacted == 12
+    sent += [producer.send_batch([Message("orders", f"n{i}".encode())]).msg_ids[0] for i in range(3)]
+    after = read(middle, reader.latestOffset(middle, ReadAllAvailable()))
+    assert len(before) == 5 and sorted(before + after) == sorted(sent)
+    on = parse_config({"engine": {"lake": str(tmp_path)}, "maintenance": {"messages": True, "engine_tables": False}})
+    assert maintenance.engine_tables_to_maintain(on) == ["messages"]
+    assert "messages" not in maintenance.engine_tables_to_maintain(parse_config({}))
     with pytest.raises(ConfigError, match=r"UNKNOWN_TABLE.*'../etc'.*consume_results"):
         select_tables(config, ["../etc"])
 
@@ -662,7 +699,8 @@ def test_maintain_prints_and_records_what_it_did_per_table(
     ("args", "code", "message"),
     [
         (["--table", "unknown"], EXIT_USAGE, "invalid choice: 'unknown'"),
-        (["--table", "messages"], EXIT_USAGE, "invalid choice: 'messages'"),
+        (["--table", "progres"], EXIT_USAGE, "invalid choice: 'progres'"),
+        (["--table", "_engine_state"], EXIT_USAGE, "invalid choice: '_engine_state'"),
         (["--retention", "0"], EXIT_ERROR, "RETENTION_TOO_SHORT"),
         (["--retention", "1h"], EXIT_ERROR, "RETENTION_TOO_SHORT"),
         (["--retention=-1d"], EXIT_ERROR, "INVALID_RETENTION"),
