@@ -95,7 +95,7 @@ while len(lake.rows("consume_results")) < 4:
     time.sleep(0.1)
 if how == "query.stop":
     query.stop()
-print("members", len(list((root / "_consumers").rglob("*.json"))), flush=True)
+print("members", len([p for p in (root / "_consumers").rglob("*.json") if p.parent.name != "offsets"]), flush=True)
 """
 
 
@@ -107,6 +107,8 @@ def test_a_script_whose_consumer_was_not_shut_down_leaves_its_group_at_exit(tmp_
     done, context = _script(_CONSUMER, root, "not stopped")
     # A member while the script ran; none once it had ended.
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "members 1", context
-    assert list((root / "_consumers").rglob("*.json")) == [], context
+    # Its heartbeat is gone; its consumer offsets stay, for the instance that gains its queues.
+    left = list((root / "_consumers").rglob("*.json"))
+    assert left and all(p.parent.name == "offsets" for p in left), context
     for noise in ("Traceback", "py4j", "Exception in thread", "terminate called"):
         assert noise not in done.stdout + done.stderr, f"{noise!r} in the output\n{context}"
