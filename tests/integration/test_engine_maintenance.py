@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from retry_engine.clients.producer import Message, Producer
 from retry_engine.core import engine
 from retry_engine.core.metrics import EXPIRED
 from retry_engine.delta import register
@@ -107,7 +108,7 @@ def test_maintenance_in_and_around_the_engine_loses_and_repeats_nothing(
     lake = Lake.make(
         tmp_path / "lake",
         engine={"max_files_per_trigger": 2},
-        maintenance={"every_batches": 1, "consume_results": True},
+        maintenance={"every_batches": 1, "consume_results": True, "messages": True},
         groups=SLOW,
     )
     first, second, third = phase("a", 6), phase("b", 3), phase("c", 2)
@@ -123,6 +124,10 @@ def test_maintenance_in_and_around_the_engine_loses_and_repeats_nothing(
         [{**dict.fromkeys(METRICS.names), "batch_id": 9000, "batch_time": long_ago, "consumer_group": "slow",
           "delay_level": 3, "metric": "retry", "value": 1.0}], schema=METRICS.arrow_schema))
 
+    # The producers' messages table, a commit per send: the engine maintains it too when asked.
+    producer = Producer(lake.path("messages"))
+    sent = sorted(producer.send_batch([Message("orders", f"m{i}")]).msg_ids[0] for i in range(4))
+
     through = write(lake, first)
     query = engine.start(spark, lake.config)
     try:
@@ -130,9 +135,9 @@ def test_maintenance_in_and_around_the_engine_loses_and_repeats_nothing(
         wait_for(
             lambda: (
                 {r["table_name"] for r in _rows(lake) if r["trigger"] == "engine"}
-                >= {"consume_results", "outcomes"}
+                >= {"consume_results", "outcomes", "messages"}
             ),
-            what="in-engine maintenance of consume_results and outcomes",
+            what="in-engine maintenance of consume_results, messages and outcomes",
         )
         # Input committed after the engine compacted consume_results: read once, like the rest.
         through = write(lake, second)
@@ -141,10 +146,11 @@ def test_maintenance_in_and_around_the_engine_loses_and_repeats_nothing(
         engine.stop(query)
     engine_runs = [r for r in _rows(lake) if r["trigger"] == "engine"]
     assert engine_runs and all(r["error"] is None for r in engine_runs)
-    assert {r["table_name"] for r in engine_runs} <= {"consume_results", *ENGINE_TABLES, RECORD_TABLE}
-    assert any(
-        r["files_compacted"] > 0 for r in engine_runs if r["table_name"] == "consume_results"
-    )
+    assert {r["table_name"] for r in engine_runs} <= {"consume_results", "messages", *ENGINE_TABLES, RECORD_TABLE}
+    for table in ("consume_results", "messages"):
+        assert any(r["files_compacted"] > 0 for r in engine_runs if r["table_name"] == table), table
+    assert sorted(r["msg_id"] for r in lake.rows("messages")) == sent
+    assert len(DeltaTable(lake.path("messages")).file_uris()) == 1
     # The old rows went while the engine recorded its own beside them (#14: row retention).
     expired = {r["table_name"]: r["rows_expired"] for r in engine_runs if r["rows_expired"]}
     assert expired == {"progress": 3, "metrics": 1}
