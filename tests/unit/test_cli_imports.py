@@ -96,7 +96,7 @@ def test_the_parsers_words_name_what_the_library_has() -> None:
     [
         (["schema", "nope"], "invalid choice: 'nope'"),
         (["schema", "--format", "yaml"], "invalid choice: 'yaml'"),
-        (["maintain", "--table", "messages"], "invalid choice: 'messages'"),
+        (["maintain", "--table", "_engine_state"], "invalid choice: '_engine_state'"),
         (["dlq", "redrive", "--to", "consumer"], "invalid choice: 'consumer'"),
         (["dlq", "redrive", "--chunk-size", "0"], "0 must be at least 1"),
         (["dlq", "list", "--since", "yesterday"], "is not an ISO 8601 time"),
