@@ -375,3 +375,47 @@ def test_a_new_checkpoint_never_starts_where_a_stream_could_not_go_nor_the_retry
     DeltaTable(tables["retry"]).delete("msg_id = 'r'")
     assert fn._streamable(DeltaLog(storage.location(tables["retry"])), 3, 4)
     assert not fn._streamable(DeltaLog(storage.location(tables["retry"])), 3, DeltaTable(tables["retry"]).version())
+
+
+def test_the_streams_offsets_are_read_from_sparks_log_and_hostile_lines_vouch_for_nothing(tmp_path: Path) -> None:
+    """``_stream_through`` reads ``offsets/<batch>`` of the consumer's checkpoint: each source's end offset,
+    matched to a topic's table by its reservoir id; a line that is no offset, another table's offset, a
+    missing file or one inside the first snapshot vouch for nothing (never an error)."""
+    from deltalake import DeltaTable
+
+    from retry_engine.clients.consumer import _RebalancedBatch
+    from retry_engine.core.resume import planned_ends
+    from retry_engine.delta import ensure_table
+    from retry_engine.schemas import MESSAGES, RETRY
+
+    messages, retry = str(tmp_path / "messages"), str(tmp_path / "retry")
+    ensure_table(messages, MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
+    ensure_table(retry, RETRY.arrow_schema, partition_by=RETRY.partition_by)
+    ids = {p: str(DeltaTable(p).metadata().id) for p in (messages, retry)}
+    checkpoint = tmp_path / "ck"
+    (checkpoint / "offsets").mkdir(parents=True)
+    fn = _RebalancedBatch(
+        spark=None, group="G", spec=None, writer=None, membership=None, queue_counts=COUNTS,  # type: ignore[arg-type]
+        sources={"orders": messages, "audit": messages, "%RETRY%G": retry}, topic_filter=None,  # type: ignore[arg-type]
+        records=str(tmp_path / "rebalance"), results_path="", checkpoint=str(checkpoint),
+    )
+
+    def offset(table: str, version: int, starting: bool = False) -> str:
+        return json.dumps({"sourceVersion": 1, "reservoirId": table, "reservoirVersion": version, "index": -1,
+                           "isStartingVersion": starting})
+
+    def through(*lines: str) -> dict[str, int] | None:
+        (checkpoint / "offsets" / "5").write_text("\n".join(["v1", '{"batchWatermarkMs":0}', *lines]))
+        return fn._stream_through(5)
+
+    assert through(offset(ids[messages], 12), offset(ids[retry], 4)) == {"orders": 11, "audit": 11, "%RETRY%G": 3}
+    assert through(offset(ids[retry], 4), offset(ids[messages], 12)) == {"orders": 11, "audit": 11, "%RETRY%G": 3}
+    assert through(offset(ids[messages], 7, starting=True), "-") == {"orders": -1, "audit": -1}
+    hostile = ["not json", "[1, 2]", "{}", '{"reservoirVersion": "x"}', offset("another table", 9),
+               json.dumps({"sourceVersion": 99, "reservoirId": ids[messages], "reservoirVersion": 3, "index": -1,
+                           "isStartingVersion": False}), ""]
+    assert through(*hostile) == {}
+    assert through(offset(ids[messages], 12), *hostile) == {"orders": 11, "audit": 11}
+    assert fn._stream_through(6) == {}  # no offsets file for that batch
+    assert planned_ends(str(checkpoint), 5)[0] == {"sourceVersion": 1, "reservoirId": ids[messages], "reservoirVersion": 12,
+                                                   "index": -1, "isStartingVersion": False}
