@@ -98,6 +98,7 @@ from retry_engine.delta._offsets import Offset
 from retry_engine.delta.session import capped_arrow_batches, read_parallelism
 from retry_engine.delta.tables import open_table
 from retry_engine.errors import ConsumeResultWriteError, DeltaSourceError, SubscriptionError
+from retry_engine.ops.terms import RESEND_TARGET
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
 
 if TYPE_CHECKING:
@@ -444,6 +445,8 @@ class _RebalancedBatch:
     tags: dict[str, tuple[str, ...] | None] = field(default_factory=dict)
     """topic -> the subscription's tags (None: every tag): published offsets are for those rows only."""
     publish_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS
+    audit_path: str = ""
+    """The re-drive audit table (`dlq resend` records there whom it resent to); "" unknown."""
     vouches: bool = True
     """Whether this stream delivers from the first row (``consume_from="earliest"``), so may vouch for what
     it consumed; a stream from the latest rows never delivered what came before it."""
@@ -505,8 +508,11 @@ class _RebalancedBatch:
 
         A table some queue of which has no published offset, or one past the latest version, or
         that a stream could not read from there (:meth:`_streamable`), is not in it (the stream
-        reads its snapshot, and the windows skip what the group consumed); nor is %RETRY%G's. Never past the latest version (a start there reads that commit again: consumed
-        rows are skipped by the windows). Never fails a start: nothing known is read from the first row.
+        reads its snapshot, and the windows skip what the group consumed). Never past the latest
+        version (a start there reads that commit again: consumed rows are skipped by the windows).
+        %RETRY%G's table only if no `dlq resend` ever named this instance (:meth:`_resent_to_me`): a
+        row resent to it is in no offset, and only its own stream delivers it. Never fails a
+        start: nothing known is read from the first row.
         """
         if self.membership is None:
             return {}
@@ -514,9 +520,7 @@ class _RebalancedBatch:
         try:
             published = best_offsets(self.membership.published(), self._offset_keys())
             starts = {}
-            # Not %RETRY%G's table: a row `dlq resend` wrote for this instance is in no offset, and only
-            # this instance's own stream delivers it.
-            for path in sorted({p for t, p in self.sources.items() if t != retry} - {self.sources.get(retry)}):
+            for path in sorted(set(self.sources.values())):
                 delta_log = DeltaLog(storage.location(path))
                 latest = delta_log.latest_version()
                 bounds = [published.get(t, {}).get(q) for t, p in self.sources.items() if p == path
@@ -527,12 +531,37 @@ class _RebalancedBatch:
                 start = min(min(b for b in bounds if b is not None) + 1, latest)
                 if start > 0 and self._streamable(delta_log, start, latest):
                     starts[path] = start
+            # After the retry table's latest version was read: a resend's audit row commits before its
+            # retry row, so one whose row is at or before that version is seen here.
+            if self.sources.get(retry) in starts and self._resent_to_me():
+                del starts[self.sources[retry]]
         except Exception as exc:
             log.warning("group %s: published offsets unreadable (%s); the new stream reads from the first row", self.group, exc)
             return {}
         if starts:
             log.info("group %s: a new checkpoint starts after the group's published offsets: %s", self.group, starts)
         return starts
+
+    def _resent_to_me(self) -> bool:
+        """Whether the re-drive audit holds a `dlq resend` of this group to this instance (or one it cannot
+        read as another's); True when there is no audit table path to look in."""
+        if not self.audit_path:
+            return True
+        table = open_table(self.audit_path)
+        if table is None:
+            return False
+        rows = table.to_pyarrow_table(columns=["target", "consumer_group", "selection"]).to_pylist()
+        assert self.membership is not None  # only called for CLUSTERING; not an input check
+        for row in rows:
+            if row["target"] != RESEND_TARGET or row["consumer_group"] != self.group:
+                continue
+            try:
+                named = json.loads(row["selection"]).get("consumer_id")
+            except (TypeError, ValueError, AttributeError):
+                return True
+            if named == self.membership.member or not isinstance(named, str):
+                return True
+        return False
 
     @staticmethod
     def _streamable(delta_log: DeltaLog, start: int, latest: int) -> bool:
@@ -1330,6 +1359,7 @@ class Consumer:
             tags={topic: _sorted_tags(self._subscriptions.get(topic)) for topic in self._sources()},
             publish_interval_seconds=self.heartbeat_interval_seconds,
             vouches=self.consume_from != "latest",
+            audit_path=self.config.table_path("redrive_audit"),
         )
         self._batch_function = batch_function
         starts = batch_function.group_starts() if clustering and self.consume_from != "latest" and is_fresh(self.checkpoint_path) else {}

@@ -89,6 +89,7 @@ from retry_engine.ops.audit import (
 )
 from retry_engine.ops.redrive_tasks import Cancelled, RunTracker
 from retry_engine.ops.terms import DEFAULT_CHUNK_SIZE, REDRIVE_TARGETS, RedriveTarget
+from retry_engine.ops.terms import RESEND_TARGET as RESEND_TARGET
 from retry_engine.schemas import DLQ, MESSAGES, REDRIVE_AUDIT, RETRY
 
 log = logging.getLogger(__name__)
@@ -98,7 +99,6 @@ TARGETS: tuple[Target, ...] = REDRIVE_TARGETS
 TARGET_TABLES: dict[str, str] = {"topic": "messages", "retry": "retry"}
 # ``dlq resend`` (retry_engine.ops.resend): a %RETRY%G row only one consumer instance delivers.
 # Not a --to of ``dlq redrive``: it needs the instance, recorded in the audit's selection.
-RESEND_TARGET: Target = "consumer"
 TARGET_TABLES[RESEND_TARGET] = "retry"
 REDRIVE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # Claims a re-drive may lose in a row before it gives up. Each lost claim is another

@@ -27,6 +27,7 @@ DEFAULT_SUMMARY: tuple[SummaryKey, ...] = ("group", "topic", "error_class", "day
 # but not a ``--to`` of ``dlq redrive``.
 RedriveTarget = Literal["topic", "retry", "consumer"]
 REDRIVE_TARGETS: tuple[RedriveTarget, ...] = ("topic", "retry")
+RESEND_TARGET: RedriveTarget = "consumer"
 DEFAULT_CHUNK_SIZE = 100
 
 # A re-drive task's state (:mod:`retry_engine.ops.redrive_tasks`).

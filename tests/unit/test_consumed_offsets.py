@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -419,3 +420,45 @@ def test_the_streams_offsets_are_read_from_sparks_log_and_hostile_lines_vouch_fo
     assert fn._stream_through(6) == {}  # no offsets file for that batch
     assert planned_ends(str(checkpoint), 5)[0] == {"sourceVersion": 1, "reservoirId": ids[messages], "reservoirVersion": 12,
                                                    "index": -1, "isStartingVersion": False}
+
+
+def test_a_new_checkpoint_starts_the_retry_table_after_offsets_unless_a_resend_named_it(tmp_path: Path) -> None:
+    """%RETRY%G's table starts after the group's offsets too, unless the re-drive audit holds a `dlq resend`
+    of this group to this instance (its row is in no offset: only this instance's stream delivers it),
+    or one whose selection cannot be read; a resend to another instance or of another group does not count."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from retry_engine.clients.consumer import _RebalancedBatch
+    from retry_engine.delta import append_arrow, ensure_table
+    from retry_engine.schemas import CONSUME_RESULTS, REDRIVE_AUDIT
+    from tests.builders import Result, results_table
+
+    retry, audit = str(tmp_path / "retry"), str(tmp_path / "audit")
+    ensure_table(retry, CONSUME_RESULTS.arrow_schema)
+    for i in range(4):
+        append_arrow(retry, results_table([Result.of(f"r{i}")]))
+    member = Membership(str(tmp_path), "G", "A@1")
+    fn = _RebalancedBatch(
+        spark=None, group="G", spec=None, writer=None, membership=member,  # type: ignore[arg-type]
+        queue_counts={"%RETRY%G": 1}, sources={"%RETRY%G": retry}, topic_filter=None,  # type: ignore[arg-type]
+        records=str(tmp_path / "rebalance"), results_path="", audit_path=audit,
+    )
+    Membership(str(tmp_path), "G", "B@1").publish({"%RETRY%G": TopicOffsets(str(DeltaTable(retry).metadata().id), 1, None, {0: 2})})
+    assert fn.group_starts() == {retry: 3}  # no audit table: nothing was ever resent
+
+    def audited(target: str, group: str, selection: str | None) -> dict[str, int]:
+        row = {**dict.fromkeys(REDRIVE_AUDIT.names), "redrive_id": "x", "chunk": 0, "target": target,
+               "reset_reconsume_times": False, "consumer_group": group, "dlq_msg_id": "d", "redriven_msg_id": "n",
+               "topic": "%RETRY%G", "target_table": "retry", "redriven_at": NOW, "selection": selection}
+        ensure_table(audit, REDRIVE_AUDIT.arrow_schema)
+        append_arrow(audit, pa.Table.from_pylist([row], schema=REDRIVE_AUDIT.arrow_schema))
+        return fn.group_starts()
+
+    assert audited("retry", "G", '{"consumer_id": "A@1"}') == {retry: 3}  # a re-drive, not a resend
+    assert audited("consumer", "G", '{"consumer_id": "B@1"}') == {retry: 3}
+    assert audited("consumer", "H", '{"consumer_id": "A@1"}') == {retry: 3}
+    assert audited("consumer", "G", '{"consumer_id": "A@1"}') == {}
+    for hostile in ("not json", None, '{"consumer_id": 7}', "[]"):  # a selection it cannot read as another's
+        shutil.rmtree(audit)
+        assert audited("consumer", "G", hostile) == {}, hostile
