@@ -669,11 +669,19 @@ class _RebalancedBatch:
         recorded = self._load(batch_id)
         if recorded is not None:
             log.info("group %s batch %d: replaying recorded assignment %s", self.group, batch_id, recorded.owned)
+            streamed = self._stream_through(batch_id)
+            if recorded.consumed_through and streamed != recorded.streamed:
+                # Spark's offsets of the batch are not those it was planned on (the checkpoint was edited):
+                # what the record vouches for may not be what this replay reads.
+                log.warning("group %s batch %d: the stream's offsets changed since the batch was planned (%s, now %s); "
+                            "its replay vouches for nothing", self.group, batch_id, recorded.streamed, streamed)
+                recorded = replace(recorded, consumed_through={})
             return recorded
         assert self.membership is not None  # only called for CLUSTERING; not an input check
         members = self.membership.live()
         versions = {topic: table_version(path) or 0 for topic, path in self.sources.items()}
         previous = self._load(batch_id - 1)
+        streamed = self._stream_through(batch_id)
         plan = functools.partial(
             plan_assignment,
             batch_id=batch_id,
@@ -684,7 +692,7 @@ class _RebalancedBatch:
             previous=previous,
             carried_windows=previous.windows if previous is not None else (),
             restarted=not self._planned,
-            stream_through=self._stream_through(batch_id),
+            stream_through=streamed,
             tags=self.tags,
         )
         planned = plan()

@@ -514,6 +514,8 @@ class Assignment:
     catch_up_after: dict[str, int] = field(default_factory=dict)
     consumed_through: dict[str, dict[int, int]] = field(default_factory=dict)
     tags: dict[str, tuple[str, ...] | None] = field(default_factory=dict)
+    streamed: dict[str, int] | None = None
+    """The ``stream_through`` it was planned with: a replay whose stream offsets differ vouches for nothing."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -527,6 +529,7 @@ class Assignment:
             "catch_up_after": dict(self.catch_up_after),
             "consumed_through": {t: {str(q): v for q, v in qs.items()} for t, qs in self.consumed_through.items()},
             "tags": {t: None if tags is None else list(tags) for t, tags in self.tags.items()},
+            "streamed": self.streamed,
         }
 
     @classmethod
@@ -546,6 +549,7 @@ class Assignment:
                 for t, qs in data.get("consumed_through", {}).items()
             },
             tags={str(t): _tags(tags) for t, tags in data.get("tags", {}).items()},
+            streamed=None if data.get("streamed") is None else {str(t): _version(v) for t, v in data["streamed"].items()},
         )
 
 
@@ -642,4 +646,5 @@ def plan_assignment(
         catch_up_after=catch_up_after,
         consumed_through=through,
         tags=dict(tags),
+        streamed=None if stream_through is None else dict(stream_through),
     )

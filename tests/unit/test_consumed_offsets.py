@@ -293,7 +293,8 @@ def test_offsets_past_what_the_table_holds_are_not_credible_and_the_others_hold_
     [("catch_up_after", {"orders": True}), ("catch_up_after", {"orders": -2}), ("catch_up_after", {"orders": "7"}),
      ("consumed_through", {"orders": {"9": 3}}), ("consumed_through", {"orders": {"x": 3}}),
      ("consumed_through", {"orders": {"0": 2**63}}), ("consumed_through", {"orders": {"0": 1.5}}),
-     ("consumed_through", {"orders": [3]}), ("consumed_through", {"nope": {"0": 3}})],
+     ("consumed_through", {"orders": [3]}), ("consumed_through", {"nope": {"0": 3}}),
+     ("streamed", {"orders": True}), ("streamed", [3]), ("tags", {"orders": "A"})],
 )
 def test_a_damaged_record_is_planned_anew_never_vouched_for(tmp_path: Path, key: str, value: object) -> None:
     """A recorded assignment whose offsets are no versions of its queues is no record: its batch is planned
@@ -462,3 +463,39 @@ def test_a_new_checkpoint_starts_the_retry_table_after_offsets_unless_a_resend_n
     for hostile in ("not json", None, '{"consumer_id": 7}', "[]"):  # a selection it cannot read as another's
         shutil.rmtree(audit)
         assert audited("consumer", "G", hostile) == {}, hostile
+
+
+def test_a_replay_whose_stream_offsets_changed_since_its_plan_vouches_for_nothing(tmp_path: Path) -> None:
+    """A replayed batch reuses its recorded assignment; if Spark's offsets of the batch are no longer those
+    it was planned on (an operator edited the checkpoint), what it vouches for may not be what the replay
+    reads: it vouches for nothing (the review's fifth finding)."""
+    from deltalake import DeltaTable
+
+    from retry_engine.clients.consumer import _RebalancedBatch
+    from retry_engine.delta import ensure_table
+    from retry_engine.schemas import MESSAGES
+
+    messages = str(tmp_path / "messages")
+    ensure_table(messages, MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
+    table = str(DeltaTable(messages).metadata().id)
+    checkpoint = tmp_path / "ck"
+    (checkpoint / "offsets").mkdir(parents=True)
+    fn = _RebalancedBatch(
+        spark=None, group="G", spec=None, writer=None, membership=Membership(str(tmp_path), "G", "A@1"),  # type: ignore[arg-type]
+        queue_counts={"orders": 4}, sources={"orders": messages}, topic_filter=None,  # type: ignore[arg-type]
+        records=str(tmp_path / "rebalance"), results_path="", checkpoint=str(checkpoint),
+    )
+
+    def offsets(version: int) -> None:
+        end = {"sourceVersion": 1, "reservoirId": table, "reservoirVersion": version, "index": -1, "isStartingVersion": False}
+        (checkpoint / "offsets" / "0").write_text("\n".join(["v1", "{}", json.dumps(end)]))
+
+    offsets(9)
+    planned = plan_assignment(batch_id=0, members=["A@1"], me="A@1", queue_counts={"orders": 4}, versions={"orders": 9},
+                              previous=None, stream_through=fn._stream_through(0))
+    assert planned.consumed_through == {"orders": {0: 8, 1: 8, 2: 8, 3: 8}} and planned.streamed == {"orders": 8}
+    fn._save(planned)
+    assert fn._assignment(None, 0) == planned  # type: ignore[arg-type]  # a replay on the same offsets
+    offsets(5)
+    replayed = fn._assignment(None, 0)  # type: ignore[arg-type]
+    assert replayed.consumed_through == {} and replayed.owned == planned.owned
