@@ -27,8 +27,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from deltalake.transaction import AddAction
 
-from retry_engine.delta._log import join_path, partition_value_string, relative_data_path
+from retry_engine.delta._log import (
+    data_file_path,
+    join_path,
+    partition_value_string,
+    relative_data_path,
+)
 from retry_engine.errors import DeltaSinkError, DeltaSourceError
 
 READ_BATCH_ROWS = 65_536
@@ -246,6 +252,18 @@ class WrittenFile:
     modification_time: int
     num_records: int
     stats: str
+
+    def add_action(self, *, data_change: bool) -> AddAction:
+        """Its ``add`` action. delta-rs URL-encodes an action's path when it writes the log, so it takes
+        the physical path: passing the log form would encode the % of Hive folder names twice."""
+        return AddAction(
+            path=data_file_path(self.path),
+            size=self.size,
+            partition_values=self.partition_values,
+            modification_time=self.modification_time,
+            data_change=data_change,
+            stats=self.stats,
+        )
 
 
 # Columns that get min/max/nullCount stats, as delta-rs's own writer does. Every such

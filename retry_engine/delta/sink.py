@@ -141,19 +141,7 @@ def commit_files(
         log.debug("%s: nothing to commit for %s/%s", location.uri, app_id, txn_version)
         keep(handle)
         return False
-    # delta-rs URL-encodes an action's path when it writes the log, so it takes the
-    # physical path: passing the log form would encode the % of Hive folder names twice.
-    actions: list[AddAction | RemoveAction] = [
-        AddAction(
-            path=data_file_path(f.path),
-            size=f.size,
-            partition_values=f.partition_values,
-            modification_time=f.modification_time,
-            data_change=True,
-            stats=f.stats,
-        )
-        for f in files
-    ]
+    actions: list[AddAction | RemoveAction] = [f.add_action(data_change=True) for f in files]
     properties = (
         CommitProperties(app_transactions=[Transaction(app_id, txn_version)])
         if app_id is not None and txn_version is not None

@@ -182,17 +182,7 @@ def commit_next(
         )
         for entry in removed
     ]
-    actions += [
-        AddAction(
-            path=data_file_path(f.path),
-            size=f.size,
-            partition_values=f.partition_values,
-            modification_time=f.modification_time,
-            data_change=data_change,
-            stats=f.stats,
-        )
-        for f in added
-    ]
+    actions += [f.add_action(data_change=data_change) for f in added]
     table.create_write_transaction(
         actions,
         mode="append",

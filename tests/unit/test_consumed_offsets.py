@@ -15,9 +15,12 @@ import logging
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
+from retry_engine.clients.consumer import _RebalancedBatch
 from retry_engine.clients.rebalance import (
     Assignment,
     Membership,
@@ -25,11 +28,28 @@ from retry_engine.clients.rebalance import (
     best_offsets,
     plan_assignment,
 )
-from retry_engine.delta import storage
+from retry_engine.delta import append_arrow, ensure_table, storage
 from retry_engine.delta._log import DeltaLog
+from retry_engine.schemas import CONSUME_RESULTS
+from tests.builders import Result, results_table
 
 COUNTS = {"orders": 4, "%RETRY%G": 2}
 NOW = dt.datetime(2026, 11, 29, 10, 0, tzinfo=dt.UTC)
+
+
+def batch_function(tmp_path: Path, **fields: Any) -> _RebalancedBatch:
+    """The consumer's batch function without Spark: what these tests call of it needs none."""
+    base: dict[str, Any] = dict(spark=None, group="G", spec=None, writer=None, membership=None, queue_counts=COUNTS,
+                                sources={}, topic_filter=None, records=str(tmp_path / "rebalance"), results_path="")
+    return _RebalancedBatch(**{**base, **fields})
+
+
+def table_of_commits(path: str, commits: int) -> str:
+    """A consume_results-shaped table at ``path``: version 0 empty, then ``commits`` one-row commits."""
+    ensure_table(path, CONSUME_RESULTS.arrow_schema)
+    for i in range(commits):
+        append_arrow(path, results_table([Result.of(f"m{i}")]))
+    return path
 
 
 def plan(batch_id: int, members: list[str], previous: Assignment | None, **kw: object) -> Assignment:
@@ -188,20 +208,20 @@ def test_an_instance_publishes_what_changed_the_same_hourly_and_never_nothing(
     """The batch function publishes the last committed batch's offsets when they changed, the same offsets
     again after an hour even without a batch since (the group forgets a file a day old), nothing when
     it vouches for nothing (a file published before stays)."""
-    from deltalake import DeltaTable
 
     from retry_engine.clients import consumer as consumer_module
-    from retry_engine.clients.consumer import _RebalancedBatch
-    from retry_engine.delta import ensure_table
     from retry_engine.schemas import MESSAGES
 
     messages = str(tmp_path / "messages")
     ensure_table(messages, MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
     member = Membership(str(tmp_path), "G", "A@1")
-    fn = _RebalancedBatch(
-        spark=None, group="G", spec=None, writer=None, membership=member,  # type: ignore[arg-type]
-        queue_counts={"orders": 4}, sources={"orders": messages}, topic_filter=None,  # type: ignore[arg-type]
-        records=str(tmp_path / "rebalance"), results_path="", tags={"orders": ("a", "b")}, publish_interval_seconds=10,
+    fn = batch_function(
+        tmp_path,
+        membership=member,
+        queue_counts={"orders": 4},
+        sources={"orders": messages},
+        tags={"orders": ("a", "b")},
+        publish_interval_seconds=10,
     )
     clock = [1000.0]
     monkeypatch.setattr(consumer_module.time, "monotonic", lambda: clock[0])
@@ -237,22 +257,15 @@ def test_a_new_checkpoint_starts_after_the_lowest_offset_of_every_queue_or_at_th
     """``group_starts``: a table whose every queue (of every topic read from it) has a published offset is
     started after the lowest; never past the latest version; not when one queue has none or one past
     the latest version, when the log no longer holds that commit, or when the offsets are another table's."""
-    from deltalake import DeltaTable
 
-    from retry_engine.clients.consumer import _RebalancedBatch
-    from retry_engine.delta import append_arrow, ensure_table
-    from retry_engine.schemas import CONSUME_RESULTS
-    from tests.builders import Result, results_table
 
-    table = str(tmp_path / "t")
-    ensure_table(table, CONSUME_RESULTS.arrow_schema)
-    for i in range(6):  # versions 1-6
-        append_arrow(table, results_table([Result.of(f"m{i}")]))
+    table = table_of_commits(str(tmp_path / "t"), 6)  # versions 1-6
     member = Membership(str(tmp_path), "G", "A@1")
-    fn = _RebalancedBatch(
-        spark=None, group="G", spec=None, writer=None, membership=member,  # type: ignore[arg-type]
-        queue_counts={"orders": 2, "audit": 1}, sources={"orders": table, "audit": table}, topic_filter=None,  # type: ignore[arg-type]
-        records=str(tmp_path / "rebalance"), results_path="",
+    fn = batch_function(
+        tmp_path,
+        membership=member,
+        queue_counts={"orders": 2, "audit": 1},
+        sources={"orders": table, "audit": table},
     )
     table_id = str(DeltaTable(table).metadata().id)
     other = Membership(str(tmp_path), "G", "B@1")
@@ -299,16 +312,12 @@ def test_offsets_past_what_the_table_holds_are_not_credible_and_the_others_hold_
 def test_a_damaged_record_is_planned_anew_never_vouched_for(tmp_path: Path, key: str, value: object) -> None:
     """A recorded assignment whose offsets are no versions of its queues is no record: its batch is planned
     anew (and the next one, without it, vouches for nothing it cannot know)."""
-    from retry_engine.clients.consumer import _RebalancedBatch
 
-    fn = _RebalancedBatch(
-        spark=None, group="G", spec=None, writer=None, membership=None, queue_counts=COUNTS,  # type: ignore[arg-type]
-        sources={}, topic_filter=None, records=str(tmp_path), results_path="",  # type: ignore[arg-type]
-    )
+    fn = batch_function(tmp_path)
     record = plan(0, ["A@1"], None, stream_through={"orders": 3}).to_json()
-    (tmp_path / "0.json").write_text(json.dumps(record))
+    fn._save(Assignment.from_json(record))
     assert fn._load(0) is not None
-    (tmp_path / "0.json").write_text(json.dumps({**record, key: value}))
+    (tmp_path / "rebalance" / "0.json").write_text(json.dumps({**record, key: value}))
     assert fn._load(0) is None
 
 
@@ -328,12 +337,8 @@ def test_a_queue_goes_on_from_its_record_only_under_the_same_tags() -> None:
 def test_a_stream_from_the_latest_rows_vouches_for_nothing_even_without_its_start_record(tmp_path: Path) -> None:
     """A new ``consume_from="latest"`` checkpoint whose start record could not be written (stream_start
     None) still never delivered the rows before it: no stream offset, so nothing vouched for."""
-    from retry_engine.clients.consumer import _RebalancedBatch
 
-    fn = _RebalancedBatch(
-        spark=None, group="G", spec=None, writer=None, membership=None, queue_counts=COUNTS,  # type: ignore[arg-type]
-        sources={}, topic_filter=None, records=str(tmp_path), results_path="", vouches=False,  # type: ignore[arg-type]
-    )
+    fn = batch_function(tmp_path, vouches=False)
     assert fn._stream_through(0) is None
     assert replace(fn, vouches=True)._stream_through(0) == {}
 
@@ -344,24 +349,16 @@ def test_a_new_checkpoint_never_starts_where_a_stream_could_not_go_nor_the_retry
     """``group_starts``: not after a compaction whose removed files a stream from there would read (vacuum
     may have deleted them), not over a commit that removes data, not further back than it checks; and
     never %RETRY%G's table (a row resent for this instance is in no offset)."""
-    from deltalake import DeltaTable
 
     from retry_engine.clients import consumer as consumer_module
-    from retry_engine.clients.consumer import _RebalancedBatch
-    from retry_engine.delta import append_arrow, ensure_table
-    from retry_engine.schemas import CONSUME_RESULTS
-    from tests.builders import Result, results_table
 
-    tables = {name: str(tmp_path / name) for name in ("messages", "retry")}
-    for path in tables.values():
-        ensure_table(path, CONSUME_RESULTS.arrow_schema)
-        for i in range(4):  # versions 1-4
-            append_arrow(path, results_table([Result.of(f"m{i}")]))
+    tables = {name: table_of_commits(str(tmp_path / name), 4) for name in ("messages", "retry")}  # versions 1-4
     member = Membership(str(tmp_path), "G", "A@1")
-    fn = _RebalancedBatch(
-        spark=None, group="G", spec=None, writer=None, membership=member,  # type: ignore[arg-type]
-        queue_counts={"orders": 1, "%RETRY%G": 1}, sources={"orders": tables["messages"], "%RETRY%G": tables["retry"]},
-        topic_filter=None, records=str(tmp_path / "rebalance"), results_path="",  # type: ignore[arg-type]
+    fn = batch_function(
+        tmp_path,
+        membership=member,
+        queue_counts={"orders": 1, "%RETRY%G": 1},
+        sources={"orders": tables["messages"], "%RETRY%G": tables["retry"]},
     )
     ids = {name: str(DeltaTable(path).metadata().id) for name, path in tables.items()}
     Membership(str(tmp_path), "G", "B@1").publish({
@@ -383,11 +380,8 @@ def test_the_streams_offsets_are_read_from_sparks_log_and_hostile_lines_vouch_fo
     """``_stream_through`` reads ``offsets/<batch>`` of the consumer's checkpoint: each source's end offset,
     matched to a topic's table by its reservoir id; a line that is no offset, another table's offset, a
     missing file or one inside the first snapshot vouch for nothing (never an error)."""
-    from deltalake import DeltaTable
 
-    from retry_engine.clients.consumer import _RebalancedBatch
     from retry_engine.core.resume import planned_ends
-    from retry_engine.delta import ensure_table
     from retry_engine.schemas import MESSAGES, RETRY
 
     messages, retry = str(tmp_path / "messages"), str(tmp_path / "retry")
@@ -396,10 +390,10 @@ def test_the_streams_offsets_are_read_from_sparks_log_and_hostile_lines_vouch_fo
     ids = {p: str(DeltaTable(p).metadata().id) for p in (messages, retry)}
     checkpoint = tmp_path / "ck"
     (checkpoint / "offsets").mkdir(parents=True)
-    fn = _RebalancedBatch(
-        spark=None, group="G", spec=None, writer=None, membership=None, queue_counts=COUNTS,  # type: ignore[arg-type]
-        sources={"orders": messages, "audit": messages, "%RETRY%G": retry}, topic_filter=None,  # type: ignore[arg-type]
-        records=str(tmp_path / "rebalance"), results_path="", checkpoint=str(checkpoint),
+    fn = batch_function(
+        tmp_path,
+        sources={"orders": messages, "audit": messages, "%RETRY%G": retry},
+        checkpoint=str(checkpoint),
     )
 
     def offset(table: str, version: int, starting: bool = False) -> str:
@@ -428,22 +422,17 @@ def test_a_new_checkpoint_starts_the_retry_table_after_offsets_unless_a_resend_n
     of this group to this instance (its row is in no offset: only this instance's stream delivers it),
     or one whose selection cannot be read; a resend to another instance or of another group does not count."""
     import pyarrow as pa
-    from deltalake import DeltaTable
 
-    from retry_engine.clients.consumer import _RebalancedBatch
-    from retry_engine.delta import append_arrow, ensure_table
-    from retry_engine.schemas import CONSUME_RESULTS, REDRIVE_AUDIT
-    from tests.builders import Result, results_table
+    from retry_engine.schemas import REDRIVE_AUDIT
 
-    retry, audit = str(tmp_path / "retry"), str(tmp_path / "audit")
-    ensure_table(retry, CONSUME_RESULTS.arrow_schema)
-    for i in range(4):
-        append_arrow(retry, results_table([Result.of(f"r{i}")]))
+    retry, audit = table_of_commits(str(tmp_path / "retry"), 4), str(tmp_path / "audit")
     member = Membership(str(tmp_path), "G", "A@1")
-    fn = _RebalancedBatch(
-        spark=None, group="G", spec=None, writer=None, membership=member,  # type: ignore[arg-type]
-        queue_counts={"%RETRY%G": 1}, sources={"%RETRY%G": retry}, topic_filter=None,  # type: ignore[arg-type]
-        records=str(tmp_path / "rebalance"), results_path="", audit_path=audit,
+    fn = batch_function(
+        tmp_path,
+        membership=member,
+        queue_counts={"%RETRY%G": 1},
+        sources={"%RETRY%G": retry},
+        audit_path=audit,
     )
     Membership(str(tmp_path), "G", "B@1").publish({"%RETRY%G": TopicOffsets(str(DeltaTable(retry).metadata().id), 1, None, {0: 2})})
     assert fn.group_starts() == {retry: 3}  # no audit table: nothing was ever resent
@@ -469,10 +458,7 @@ def test_a_replay_whose_stream_offsets_changed_since_its_plan_vouches_for_nothin
     """A replayed batch reuses its recorded assignment; if Spark's offsets of the batch are no longer those
     it was planned on (an operator edited the checkpoint), what it vouches for may not be what the replay
     reads: it vouches for nothing (the review's fifth finding)."""
-    from deltalake import DeltaTable
 
-    from retry_engine.clients.consumer import _RebalancedBatch
-    from retry_engine.delta import ensure_table
     from retry_engine.schemas import MESSAGES
 
     messages = str(tmp_path / "messages")
@@ -480,10 +466,12 @@ def test_a_replay_whose_stream_offsets_changed_since_its_plan_vouches_for_nothin
     table = str(DeltaTable(messages).metadata().id)
     checkpoint = tmp_path / "ck"
     (checkpoint / "offsets").mkdir(parents=True)
-    fn = _RebalancedBatch(
-        spark=None, group="G", spec=None, writer=None, membership=Membership(str(tmp_path), "G", "A@1"),  # type: ignore[arg-type]
-        queue_counts={"orders": 4}, sources={"orders": messages}, topic_filter=None,  # type: ignore[arg-type]
-        records=str(tmp_path / "rebalance"), results_path="", checkpoint=str(checkpoint),
+    fn = batch_function(
+        tmp_path,
+        membership=Membership(str(tmp_path), "G", "A@1"),
+        queue_counts={"orders": 4},
+        sources={"orders": messages},
+        checkpoint=str(checkpoint),
     )
 
     def offsets(version: int) -> None:
