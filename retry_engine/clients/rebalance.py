@@ -260,13 +260,8 @@ class Membership:
         oldest = at - dt.timedelta(seconds=self.expiry_seconds)
         beats = self._beats()
         for beat, path, text in beats:
-            if beat.at < at - self.forget_after() and beat.member != self.member and self._read(path) == text:
-                log.info("group %s: forgetting %s, whose last heartbeat was at %s (%s)",
-                         self.group, beat.member, beat.at.isoformat(), path)
-                try:
-                    self._delete(path)
-                except OSError as exc:  # housekeeping: the next batch tries again
-                    log.warning("group %s: could not delete the heartbeat file %s: %s", self.group, path, exc)
+            if beat.at < at - self.forget_after() and beat.member != self.member:
+                self._forget(path, text, f"{beat.member}'s heartbeat of {beat.at.isoformat()}")
         members = {b.member for b, _, _ in beats if b.at >= oldest}
         return sorted(members | {self.member})
 
@@ -299,15 +294,22 @@ class Membership:
             if parsed is None:
                 continue
             published_at, offsets = parsed
-            if published_at < at - self.forget_after() and self._read(path, OFFSETS_FOLDER) == text:
-                log.info("group %s: forgetting the offsets published at %s (%s)", self.group, published_at.isoformat(), path)
-                try:
-                    self._delete(path, OFFSETS_FOLDER)
-                except OSError as exc:  # housekeeping: the next catch-up tries again
-                    log.warning("group %s: could not delete the offsets file %s: %s", self.group, path, exc)
+            if published_at < at - self.forget_after():
+                self._forget(path, text, f"the offsets published at {published_at.isoformat()}", OFFSETS_FOLDER)
                 continue
             out.append(offsets)
         return out
+
+    def _forget(self, path: str, text: str, what: str, sub: str = "") -> None:
+        """Delete ``path`` if it still holds ``text`` (one that came back has rewritten it since it was
+        read). Housekeeping: a file that cannot be deleted is left for the next look."""
+        if self._read(path, sub) != text:
+            return
+        log.info("group %s: forgetting %s (%s)", self.group, what, path)
+        try:
+            self._delete(path, sub)
+        except OSError as exc:
+            log.warning("group %s: could not delete %s: %s", self.group, path, exc)
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,7 @@ def test_the_files_of_instances_dead_for_long_are_deleted_and_nothing_else(tmp_p
     # An instance that beats again between the read and the delete keeps its file.
     stale = Membership(str(tmp_path), "G", "G@1")
     stale.beat(now - dt.timedelta(days=2))
-    monkeypatch.setattr(Membership, "_read", lambda self, path: "rewritten")
+    monkeypatch.setattr(Membership, "_read", lambda self, path, sub="": "rewritten")
     assert a.live(now) == ["A@1", "D@1"] and stale.file.exists()
 
 
