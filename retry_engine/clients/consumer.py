@@ -518,18 +518,18 @@ class _RebalancedBatch:
             return {}
         retry = retry_topic(self.group)
         try:
-            published = best_offsets(self.membership.published(), self._offset_keys())
+            logs = {path: DeltaLog(storage.location(path)) for path in set(self.sources.values())}
+            latest = {path: delta_log.latest_version() for path, delta_log in logs.items()}
+            by_topic = {topic: latest[path] for topic, path in self.sources.items()}
+            published = credible(self._published_offsets(), by_topic, by_topic)
             starts = {}
-            for path in sorted(set(self.sources.values())):
-                delta_log = DeltaLog(storage.location(path))
-                latest = delta_log.latest_version()
+            for path, delta_log in sorted(logs.items()):
                 bounds = [published.get(t, {}).get(q) for t, p in self.sources.items() if p == path
                           for q in range(self.queue_counts.get(t, 0))]
-                # An offset past the latest version vouches for commits nobody made: not one to trust.
-                if not bounds or any(b is None or b > latest for b in bounds):
+                if not bounds or None in bounds:
                     continue
-                start = min(min(b for b in bounds if b is not None) + 1, latest)
-                if start > 0 and self._streamable(delta_log, start, latest):
+                start = min(min(b for b in bounds if b is not None) + 1, latest[path])
+                if start > 0 and self._streamable(delta_log, start, latest[path]):
                     starts[path] = start
             # After the retry table's latest version was read: a resend's audit row commits before its
             # retry row, so one whose row is at or before that version is seen here.
@@ -541,6 +541,11 @@ class _RebalancedBatch:
         if starts:
             log.info("group %s: a new checkpoint starts after the group's published offsets: %s", self.group, starts)
         return starts
+
+    def _published_offsets(self) -> dict[str, dict[int, int]]:
+        """Topic -> queue -> the furthest offset the group published for this instance's rows (:func:`best_offsets`)."""
+        assert self.membership is not None  # only called for CLUSTERING; not an input check
+        return best_offsets(self.membership.published(), self._offset_keys())
 
     def _resent_to_me(self) -> bool:
         """Whether the re-drive audit holds a `dlq resend` of this group to this instance (or one it cannot
@@ -698,7 +703,7 @@ class _RebalancedBatch:
         planned = plan()
         if planned.catch_up:  # queues gained: where the group's published offsets let the catch-up start
             try:
-                published = best_offsets(self.membership.published(), self._offset_keys())
+                published = self._published_offsets()
                 latest = {topic: table_version(path) or 0 for topic, path in self.sources.items()}
             except Exception as exc:
                 log.warning("group %s: published offsets unreadable (%s); catching up whole tables", self.group, exc)
