@@ -684,7 +684,7 @@ class _RebalancedBatch:
             return recorded
         assert self.membership is not None  # only called for CLUSTERING; not an input check
         members = self.membership.live()
-        versions = {topic: table_version(path) or 0 for topic, path in self.sources.items()}
+        versions = self._versions()
         previous = self._load(batch_id - 1)
         streamed = self._stream_through(batch_id)
         plan = functools.partial(
@@ -704,7 +704,7 @@ class _RebalancedBatch:
         if planned.catch_up:  # queues gained: where the group's published offsets let the catch-up start
             try:
                 published = self._published_offsets()
-                latest = {topic: table_version(path) or 0 for topic, path in self.sources.items()}
+                latest = self._versions()
             except Exception as exc:
                 log.warning("group %s: published offsets unreadable (%s); catching up whole tables", self.group, exc)
                 published, latest = {}, versions
@@ -719,6 +719,12 @@ class _RebalancedBatch:
                 assignment.catch_up,
             )
         return assignment
+
+    def _versions(self) -> dict[str, int]:
+        """Topic -> the latest version of the table its rows come from (each table opened once: the
+        subscribed topics share the messages table)."""
+        by_path = {path: table_version(path) or 0 for path in set(self.sources.values())}
+        return {topic: by_path[path] for topic, path in self.sources.items()}
 
     def _open_windows(self, batch: DataFrame, windows: tuple[Window, ...]) -> tuple[Window, ...]:
         """Drop the windows this batch's stream is already past (positions only grow)."""
