@@ -850,19 +850,20 @@ class _RebalancedBatch:
         """
         from pyspark.sql import functions as F
 
-        at = F.col("store_timestamp").try_cast("timestamp")
-        found, oldest = False, dt.datetime.now(dt.UTC)
-        for frame in frames:
-            row = frame.agg(
-                F.count(F.lit(1)).alias("rows"), F.count(at).alias("timed"), F.unix_micros(F.min(at)).alias("oldest")
-            ).first()
-            if row is None or not row["rows"]:
-                continue
-            if row["timed"] < row["rows"]:
-                return True, None
-            found = True
-            oldest = min(oldest, dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=row["oldest"]))
-        return found, self._skewed(oldest) if found else None
+        if not frames:
+            return False, None
+        # One Spark job for all of them: each frame's time as a timestamp (text another writer made too).
+        times = [frame.select(F.col("store_timestamp").try_cast("timestamp").alias("at")) for frame in frames]
+        together = functools.reduce(lambda a, b: a.unionByName(b), times)
+        row = together.agg(
+            F.count(F.lit(1)).alias("rows"), F.count("at").alias("timed"), F.unix_micros(F.min("at")).alias("oldest")
+        ).first()
+        if row is None or not row["rows"]:
+            return False, None
+        if row["timed"] < row["rows"]:
+            return True, None
+        oldest = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=row["oldest"])
+        return True, self._skewed(min(oldest, dt.datetime.now(dt.UTC)))
 
     def _catch_up_rows(self, assignment: Assignment) -> tuple[DataFrame | None, bool]:
         """Rows of the gained queues as of the recorded versions (none to read: None), and whether a

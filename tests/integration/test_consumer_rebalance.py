@@ -241,6 +241,13 @@ def test_the_time_a_window_reads_results_from(spark: Any, tmp_path: Path) -> Non
     found, future = since([before + dt.timedelta(days=3650)])
     assert found and future is not None and before - skew <= future <= dt.datetime.now(dt.UTC) - skew
     assert since([dt.datetime(1, 1, 1, 0, 5, tzinfo=dt.UTC)]) == (True, None)
+    # Several frames (a window's rows and a catch-up's, one of them another writer's text): their oldest.
+    frames = [spark.createDataFrame([("a", t2)], "msg_id string, store_timestamp timestamp"),
+              spark.createDataFrame([("b", "2026-11-23T12:00:00Z")], "msg_id string, store_timestamp string"),
+              spark.createDataFrame([], "msg_id string, store_timestamp timestamp")]
+    assert rebalance._stored_since(*frames) == (True, t1 - skew)
+    assert rebalance._stored_since(frames[0], frames[2]) == (True, t2 - skew)
+    assert rebalance._stored_since(frames[2]) == (False, None) and rebalance._stored_since() == (False, None)
 
 
 def test_a_group_consuming_from_latest_never_catches_up_what_came_before_it(spark: Any, tmp_path: Path) -> None:
