@@ -343,12 +343,13 @@ def test_a_stream_from_the_latest_rows_vouches_for_nothing_even_without_its_star
     assert replace(fn, vouches=True)._stream_through(0) == {}
 
 
-def test_a_new_checkpoint_never_starts_where_a_stream_could_not_go_nor_the_retry_table_after_offsets(
+def test_a_new_checkpoint_never_starts_where_a_stream_could_not_go_nor_the_retry_table_without_an_audit_to_ask(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``group_starts``: not after a compaction whose removed files a stream from there would read (vacuum
     may have deleted them), not over a commit that removes data, not further back than it checks; and
-    never %RETRY%G's table (a row resent for this instance is in no offset)."""
+    not %RETRY%G's table when it has no re-drive audit to ask whether a row was resent to this instance
+    (such a row is in no offset; with the audit, see the next test)."""
 
     from retry_engine.clients import consumer as consumer_module
 
