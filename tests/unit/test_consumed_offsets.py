@@ -349,7 +349,7 @@ def test_a_new_checkpoint_never_starts_where_a_stream_could_not_go_nor_the_retry
     """``group_starts``: not after a compaction whose removed files a stream from there would read (vacuum
     may have deleted them), not over a commit that removes data, not further back than it checks; and
     not %RETRY%G's table when it has no re-drive audit to ask whether a row was resent to this instance
-    (such a row is in no offset; with the audit, see the next test)."""
+    (such a row is in no offset; with the audit: the test of a resend that named it)."""
 
     from retry_engine.clients import consumer as consumer_module
 
