@@ -63,10 +63,12 @@ from deltalake import DeltaTable, WriterProperties
 from deltalake.exceptions import CommitFailedError
 
 from retry_engine.config import (
+    LEDGER_TABLES,
     EngineConfig,
     minimum_retention_hours,
     parse_retention_hours,
 )
+from retry_engine.core.lease import read_state
 from retry_engine.core.metrics import EXPIRED as EXPIRED_METRIC
 from retry_engine.core.names import ENGINE_TABLES, INPUT_TABLES, MAINTAINED_TABLES, TABLE_NAMES
 from retry_engine.delta._files import ROW_GROUP_ROWS
@@ -89,7 +91,7 @@ from retry_engine.delta.tables import (
     writers_clean_log,
 )
 from retry_engine.errors import ConfigError
-from retry_engine.schemas import MAINTENANCE, METRICS
+from retry_engine.schemas import MAINTENANCE, METRICS, OUTCOMES, RETRY
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,12 @@ COMPACTED_ROW_GROUP_ROWS = ROW_GROUP_ROWS
 # The in-engine thread looks whether maintenance is due at least this often.
 POLL_SECONDS = 1.0
 # Tables whose rows expire after ``[maintenance] <name>_retention``, and the time they are judged by.
-EXPIRING_TABLES: dict[str, str] = {"progress": "recorded_at", METRICS.name: "batch_time"}
+EXPIRING_TABLES: dict[str, str] = {
+    "progress": "recorded_at",
+    METRICS.name: "batch_time",
+    OUTCOMES.name: "decided_at",
+    RETRY.name: "delivered_at",
+}
 EXPIRE_OPERATION = "EXPIRE ROWS"
 
 Trigger = Literal["command", "engine"]
@@ -224,6 +231,29 @@ def expiring_files(table: DeltaTable, column: str, before: dt.datetime) -> tuple
     )
     chosen = actions.filter(pc.fill_null(old, False))
     return file_entries(chosen, table.version()), int(pc.sum(chosen["num_records"]).as_py() or 0)
+
+
+def ledger_cut(config: EngineConfig, before: dt.datetime, *, run_at: dt.datetime) -> dt.datetime | None:
+    """Where the row retention of a ledger table (outcomes, retry) may cut: ``before`` moved back by
+    the time since the engine's last heartbeat (None: not this run, the engine state is unreadable).
+
+    The lake counts a retry as pending while its outcome row has no ``%RETRY%G``
+    row, and a new checkpoint refuses to drop pending retries unseen
+    (:func:`~retry_engine.ops.status.lake_counts`). Cut from the last heartbeat,
+    an engine stopped for longer than the retention keeps the outcome rows of the
+    retries its checkpoint still holds (the retention outlives the longest wait by
+    a day: :meth:`~retry_engine.config.EngineConfig._ledger_retention`), and a
+    retry row that goes was delivered more than a day before the last heartbeat:
+    :data:`~retry_engine.ops.status.RELEASED_HORIZON`.
+    """
+    try:
+        state = read_state(config.engine.lake)
+    except Exception as exc:  # the next run looks again
+        log_failure(log, f"lake {config.engine.lake}: no ledger row retention this run (engine state unreadable)", exc)
+        return None
+    if state is not None and state.heartbeat is not None and state.heartbeat < run_at:
+        return before - (run_at - state.heartbeat)
+    return before
 
 
 def expired_marker(before: dt.datetime, rows: int) -> pa.Table:
@@ -485,10 +515,11 @@ def run_maintenance(
         if stopping():
             log.info("maintenance stopped before %s; the next run does it", name)
             break
+        before = expire_before.get(name)
+        if before is not None and name in LEDGER_TABLES:
+            before = ledger_cut(config, before, run_at=run_at)
         reports.append(
-            maintain_table(
-                name, path, retention_hours=hours, dry_run=dry_run, lock=lock, expire_before=expire_before.get(name)
-            )
+            maintain_table(name, path, retention_hours=hours, dry_run=dry_run, lock=lock, expire_before=before)
         )
     if not dry_run:
         try:

@@ -28,7 +28,7 @@ import datetime as dt
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +55,7 @@ from retry_engine.ops.status import (  # noqa: E402
     pending_window,
     read_tables,
     recorded_snapshot,
+    released_horizon,
     rows_since,
 )
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, RETRY  # noqa: E402
@@ -167,9 +168,24 @@ def metrics_changes(metrics: pa.Table) -> pa.Table:
     return _changes(rows["batch_time"], rows["consumer_group"], rows["delay_level"], signed)
 
 
-def ledger_changes(outcomes: pa.Table, retry: pa.Table) -> pa.Table:
-    """:data:`CHANGES` of the ledger: +1 when a retry is decided, -1 when it is released."""
+def ledger_changes(outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None) -> pa.Table:
+    """:data:`CHANGES` of the ledger: +1 when a retry is decided, -1 when it is released.
+
+    Under a row retention (``[maintenance] outcomes_retention`` / ``retry_retention``) either row of a
+    retry may be gone: a release counts only with its decision, and a decision without its release
+    counts only if it is still pending by :func:`~retry_engine.ops.status.released_horizon`
+    (``released_before``); what was decided and released before the tables start is no change at all.
+    """
     decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
+    if released_before is not None:
+        released = pc.fill_null(pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
+        due = decided["due_at"]
+        gone = pc.and_(pc.invert(released), pc.fill_null(pc.less(due, pa.scalar(released_before, due.type)), False))
+        decided = decided.filter(pc.invert(gone))
+    # A re-drive's row, or a release whose decision the outcomes table no longer holds.
+    retry = retry.filter(
+        pc.fill_null(pc.is_in(retry["msg_id"], value_set=decided["output_msg_id"].combine_chunks()), False)
+    )
     ones = pa.array(np.ones(decided.num_rows, dtype=np.int64))
     minus = pa.array(-np.ones(retry.num_rows, dtype=np.int64))
     return pa.concat_tables(
@@ -185,9 +201,11 @@ def backlog_from_metrics(metrics: pa.Table) -> list[BacklogSeries]:
     return _series_from_changes(metrics_changes(metrics))
 
 
-def backlog_from_ledger(outcomes: pa.Table, retry: pa.Table) -> list[BacklogSeries]:
-    """Backlog by (group, level): +1 when a retry is decided, -1 when it is released."""
-    return _series_from_changes(ledger_changes(outcomes, retry))
+def backlog_from_ledger(
+    outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None
+) -> list[BacklogSeries]:
+    """Backlog by (group, level): +1 when a retry is decided, -1 when it is released (:func:`ledger_changes`)."""
+    return _series_from_changes(ledger_changes(outcomes, retry, released_before))
 
 
 def _key_sums(changes: pa.Table) -> dict[tuple[str, int | None], int]:
@@ -395,7 +413,11 @@ def plot_data(lake: EngineTables, since: dt.datetime | None = None) -> PlotData:
     """The charts' data from tables read whole (:func:`~retry_engine.ops.status.read_tables`). The
     backlog comes from the METRICS rows where they hold it (:func:`metrics_hold`), else from the ledger."""
     source: BacklogSource = "metrics" if metrics_hold(lake.metrics, since) else "ledger"
-    changes = metrics_changes(lake.metrics) if source == "metrics" else ledger_changes(lake.outcomes, lake.retry)
+    changes = (
+        metrics_changes(lake.metrics)
+        if source == "metrics"
+        else ledger_changes(lake.outcomes, lake.retry, lake.released_before)
+    )
     retry, dlq = lake.retry, lake.dlq
     if since is not None:
         retry = at_or_after(retry, "delivered_at", since)
@@ -427,7 +449,8 @@ def _recorded_backlog(config: EngineConfig, since: dt.datetime, now: dt.datetime
         window = pending_window(config, record, snapshot, now)
         if window is None:
             return None
-        pending = {(e.consumer_group, e.delay_level): e.pending for e in backlog(pending_retries(*window))}
+        horizon = released_horizon(config, now)
+        pending = {(e.consumer_group, e.delay_level): e.pending for e in backlog(pending_retries(*window, horizon))}
         metrics = rows_since(config, METRICS.name, "batch_time", since, table=snapshot[METRICS.name])
         if not metrics_hold(metrics, since) and metrics.num_rows:
             log.info("plots: maintenance removed METRICS rows after %s; drawing the backlog from the ledger", since)
@@ -463,7 +486,7 @@ def read_plot_data(config: EngineConfig, *, since: dt.datetime | None, now: dt.d
     if not metrics_hold(lake.metrics, since):  # none (a native Delta engine), or expired: from the ledger
         given = {name: getattr(lake, name) for name in PLOT_TABLES}
         lake = read_tables(config, names=(*PLOT_TABLES, OUTCOMES.name), given=given)
-    return plot_data(lake, since)
+    return plot_data(replace(lake, released_before=released_horizon(config, now)), since)
 
 
 def render(lake: EngineTables | PlotData, out_dir: str | os.PathLike[str]) -> list[Plot]:

@@ -73,6 +73,9 @@ DEAD_LETTER_WINDOW = FAILURES_WINDOW
 # vouches for the rest (:func:`_recorded_tables`); each retry widens it by WINDOW_GROWTH (1, 8, 64
 # days), and after WINDOW_TRIES windows every row is read as without a record.
 PENDING_WINDOW = dt.timedelta(days=1)
+# Retry rows that maintenance may have removed were delivered more than this before the engine's last
+# heartbeat (``[maintenance] retry_retention`` is at least a day): see released_horizon.
+RELEASED_HORIZON = dt.timedelta(days=1)
 WINDOW_GROWTH = 8
 WINDOW_TRIES = 3
 # Reads of the record and the two tables until they show the same batch (an engine between its
@@ -116,6 +119,8 @@ class EngineTables:
     # The lake's counts, from its batch record; None: counted from ``outcomes`` and ``retry``, which
     # then hold every row (with totals they may hold only the retries due in a recent window).
     totals: Totals | None = None
+    # See released_horizon: retry outcomes due before it are released, whether or not their row is left.
+    released_before: dt.datetime | None = None
 
 
 def _empty(table: Table, columns: tuple[str, ...]) -> pa.Table:
@@ -552,20 +557,43 @@ def _stop_reason_text(reason: str | None) -> str:
     return f" (reason: {reason}, {meaning})" if meaning else f" (reason: {reason})"
 
 
-def pending_retries(outcomes: pa.Table, retry: pa.Table) -> pa.Table:
-    """Retries decided (outcome ``retry``) but not yet released to %RETRY%G."""
-    decided, released = _retries_released(outcomes, retry)
+def released_horizon(config: EngineConfig, now: dt.datetime) -> dt.datetime | None:
+    """With ``[maintenance] retry_retention``: the due time before which a retry outcome without its
+    ``%RETRY%G`` row was released (the row expired), not pending. None: the retry table keeps its rows.
+
+    Maintenance removes retry rows delivered before the engine's last heartbeat less the retention
+    (:func:`~retry_engine.ops.maintenance.ledger_cut`), at least a day: a retry due after the last
+    heartbeat less :data:`RELEASED_HORIZON` still has its row if it was released.
+    """
+    if config.maintenance.row_retention_ms(RETRY.name) is None:
+        return None
+    state = read_state(config.engine.lake)
+    anchor = state.heartbeat if state is not None and state.heartbeat is not None else now
+    return min(anchor, now) - RELEASED_HORIZON
+
+
+def pending_retries(outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None) -> pa.Table:
+    """Retries decided (outcome ``retry``) but not yet released to %RETRY%G (``released_before``: see
+    :func:`released_horizon`)."""
+    decided, released = _retries_released(outcomes, retry, released_before)
     return decided.filter(pc.invert(released))
 
 
-def _retries_released(outcomes: pa.Table, retry: pa.Table) -> tuple[pa.Table, pa.ChunkedArray]:
-    """The retry outcomes, and for each whether its ``%RETRY%G`` row is in ``retry``."""
+def _retries_released(
+    outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None
+) -> tuple[pa.Table, pa.ChunkedArray]:
+    """The retry outcomes, and for each whether its ``%RETRY%G`` row is in ``retry`` (or it was due
+    before ``released_before``)."""
     decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
-    released = pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks())
-    return decided, pc.fill_null(released, False)
+    released = pc.fill_null(pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
+    if released_before is not None:
+        due = decided["due_at"]
+        expired = pc.fill_null(pc.less(due, pa.scalar(released_before, due.type)), False)
+        released = pc.or_(released, expired)
+    return decided, released
 
 
-def totals_of(outcomes: pa.Table, retry: pa.Table) -> Totals:
+def totals_of(outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None) -> Totals:
     """What every row of ``outcomes`` and ``retry`` counts to, as the engine counts its batches: consume
     results per group and outcome, and retries released per group (decided retries whose ``%RETRY%G``
     row exists; a re-drive's row is not one)."""
@@ -586,7 +614,7 @@ def totals_of(outcomes: pa.Table, retry: pa.Table) -> Totals:
             )
             if outcome in COUNTED
         ]
-    decided, released = _retries_released(outcomes, retry)
+    decided, released = _retries_released(outcomes, retry, released_before)
     rows += [(group, DELIVERED, n) for group, n in _count_by_group(decided.filter(released)).items()]
     return Totals.of(rows)
 
@@ -594,13 +622,14 @@ def totals_of(outcomes: pa.Table, retry: pa.Table) -> Totals:
 def lake_counts(config: EngineConfig) -> tuple[Totals, int | None]:
     """The counts of every row of the lake's outcome and retry tables (:func:`totals_of`), and the
     retries pending in them (:func:`pending_retries`; None when there is no outcome table)."""
-    columns = ("consumer_group", "outcome", "output_msg_id")
+    columns = ("consumer_group", "outcome", "output_msg_id", "due_at")
     outcomes = read_table_columns(config.table_path(OUTCOMES.name), OUTCOMES, columns)
     retry = read_table_columns(config.table_path(RETRY.name), RETRY, ("msg_id",))
     retry = retry if retry is not None else _empty(RETRY, ("msg_id",))
     if outcomes is None:
         return totals_of(_empty(OUTCOMES, columns), retry), None
-    return totals_of(outcomes, retry), pending_retries(outcomes, retry).num_rows
+    horizon = released_horizon(config, dt.datetime.now(dt.UTC))
+    return totals_of(outcomes, retry, horizon), pending_retries(outcomes, retry, horizon).num_rows
 
 
 def backlog(pending: pa.Table) -> list[BacklogEntry]:
@@ -741,8 +770,8 @@ def summarise(
         flush_interval_ms=flush_interval_ms,
     )
     failures, last_failure_at, last_failure = recent_failures(lake.progress, now=now)
-    totals = lake.totals if lake.totals is not None else totals_of(lake.outcomes, lake.retry)
-    pending = pending_retries(lake.outcomes, lake.retry)
+    totals = lake.totals if lake.totals is not None else totals_of(lake.outcomes, lake.retry, lake.released_before)
+    pending = pending_retries(lake.outcomes, lake.retry, lake.released_before)
     entries = backlog(pending)
     due = [e.oldest_due_at for e in entries if e.oldest_due_at is not None]
     oldest = min(due) if due else None
@@ -784,7 +813,11 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
     )
     lake = read_tables(config, now=now, names=STATUS_TABLES, given=given)
     summary = summarise(
-        lake if recorded is None else dataclasses.replace(lake, totals=recorded.totals),
+        dataclasses.replace(
+            lake,
+            totals=None if recorded is None else recorded.totals,
+            released_before=released_horizon(config, now),
+        ),
         now=now,
         trigger_interval_ms=config.trigger_interval_ms,
         flush_interval_ms=parse_duration_ms(config.engine.progress_flush_interval),
@@ -895,12 +928,12 @@ def pending_window(
     pending at the recorded batch: those due within a window of ``now`` widened until it holds as many
     as the record counts (see :func:`_recorded_tables`), the retry rows also those delivered within
     :data:`LATENESS_WINDOW`. None when no window does."""
-    window = PENDING_WINDOW
+    window, horizon = PENDING_WINDOW, released_horizon(config, now)
     for _ in range(WINDOW_TRIES):
         since = now - window
         outcomes = _retries_decided(config, snapshot[OUTCOMES.name], since)
         retry = _retry_rows(config, snapshot[RETRY.name], since, now - LATENESS_WINDOW)
-        if pending_retries(outcomes, retry).num_rows == record.pending_retries:
+        if pending_retries(outcomes, retry, horizon).num_rows == record.pending_retries:
             return outcomes, retry
         window *= WINDOW_GROWTH
     log.info(

@@ -29,7 +29,8 @@ from retry_engine.config import (
     parse_config,
     parse_retention_hours,
 )
-from retry_engine.core.metrics import EXPIRED
+from retry_engine.core.lease import LakeLease, Owner
+from retry_engine.core.metrics import DELIVERED, EXPIRED
 from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import DeltaLog, TableLocation
 from retry_engine.delta._offsets import ChangeRules, Offset, files_after
@@ -50,7 +51,9 @@ from retry_engine.ops.maintenance import (
     select_tables,
 )
 from retry_engine.ops.monitor import ensure_progress_table
-from retry_engine.schemas import METRICS, PROGRESS
+from retry_engine.ops.plots import read_plot_data
+from retry_engine.ops.status import lake_counts
+from retry_engine.schemas import METRICS, OUTCOMES, PROGRESS, RETRY
 from tests.lakehouse import wait_for
 
 WEEK = 168
@@ -896,11 +899,30 @@ def test_rows_expire_beside_a_concurrent_append_and_after_a_conflicting_compacti
      ("soon", "not a duration"), (30, "valid string"), (True, "valid string"), ("36501d", "more than 100 years"),
      ("9" * 30 + "d", "more than 100 years")],
 )
-@pytest.mark.parametrize("name", ["progress_retention", "metrics_retention"])
-def test_a_hostile_row_retention_is_refused_on_load(name: str, value: object, message: str) -> None:
+@pytest.mark.parametrize(
+    "name, default",
+    [("progress_retention", "30d"), ("metrics_retention", "30d"), ("outcomes_retention", "off"),
+     ("retry_retention", "off")],
+)
+def test_a_hostile_row_retention_is_refused_on_load(name: str, default: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config({"maintenance": {name: value}})
-    assert getattr(parse_config({}).maintenance, name) == "30d"
+    assert getattr(parse_config({}).maintenance, name) == default
+
+
+@pytest.mark.parametrize(
+    "groups, shortest",
+    [({}, "26h"), ({"g": {"backoff": {"policy": "exponential", "initial": "1m", "multiplier": 2.0, "max": "3d"}}}, "96h"),
+     ({"g": {"backoff": {"levels": "1s 1m 50h"}}}, "74h")],
+)
+def test_the_outcomes_retention_outlives_the_longest_retry_delay_by_a_day(groups: dict[str, Any], shortest: str) -> None:
+    """A waiting retry's outcome row is how the lake counts it pending: the outcomes table keeps its rows at
+    least a day past the longest delay of any group (RocketMQ's 2 h by default). The retry table only a day."""
+    hours = int(shortest[:-1])
+    with pytest.raises(ConfigError, match=f"longest retry delay .* plus a day.*Give '{shortest}' or more"):
+        parse_config({"groups": groups, "maintenance": {"outcomes_retention": f"{hours - 1}h"}})
+    assert parse_config({"groups": groups, "maintenance": {"outcomes_retention": shortest}}).maintenance.outcomes_retention == shortest
+    assert parse_config({"groups": groups, "maintenance": {"retry_retention": "24h"}}).maintenance.retry_retention == "24h"
 
 
 def test_metrics_rows_expire_after_a_marker_a_dry_run_writes_nothing(tmp_path: Path) -> None:
@@ -991,3 +1013,87 @@ def test_two_expiries_at_once_remove_each_file_once_and_both_end_cleanly(tmp_pat
     kept = DeltaTable(path).to_pyarrow_table()
     assert sorted(b for b in kept["batch_id"].to_pylist() if b >= 0) == [*range(100, 120), *range(1000, 1005)]
     assert set(kept["metric"].to_pylist()) == {"retry", EXPIRED}
+
+
+# --------------------------------------------------------------------------- the ledger's retention
+
+
+def outcome_rows(decided: dt.datetime, retries: dict[str, dt.timedelta], acks: int = 0) -> pa.Table:
+    """Outcome rows decided at ``decided``: a retry per output id (due after its delay), and ``acks``."""
+    rows = [
+        {**dict.fromkeys(OUTCOMES.names), "result_id": f"res-{out}", "consumer_group": "G", "retry_topic": "T",
+         "outcome": "retry", "output_msg_id": out, "delay_level": 3, "due_at": decided + delay,
+         "batch_id": 0, "decided_at": decided, "reconsume_times": 0}
+        for out, delay in retries.items()
+    ]
+    rows += [
+        {**dict.fromkeys(OUTCOMES.names), "result_id": f"ack-{decided.timestamp()}-{i}", "consumer_group": "G",
+         "retry_topic": "T", "outcome": "acknowledged", "batch_id": 0, "decided_at": decided, "reconsume_times": 0}
+        for i in range(acks)
+    ]
+    return pa.Table.from_pylist(rows, schema=OUTCOMES.arrow_schema)
+
+
+def retry_rows(delivered: dt.datetime, ids: list[str]) -> pa.Table:
+    rows = [
+        {**dict.fromkeys(RETRY.names), "msg_id": i, "topic": "%RETRY%G", "consumer_group": "G", "delay_level": 3,
+         "scheduled_at": delivered - dt.timedelta(seconds=10), "due_at": delivered, "delivered_at": delivered,
+         "delivery_key": f"key-{i}", "body": b"x"}
+        for i in ids
+    ]
+    return pa.Table.from_pylist(rows, schema=RETRY.arrow_schema)
+
+
+def test_the_ledger_loses_old_rows_in_whole_files_and_the_lake_still_counts_what_is_pending(tmp_path: Path) -> None:
+    """#14 (months on a lake): `[maintenance] outcomes_retention` / `retry_retention` remove the outcome
+    files decided and the retry files delivered before the cut, counted from the engine's last heartbeat:
+    an engine stopped for 60 days keeps its ledger. The lake's pending count (the new checkpoint's
+    refusal, `status`'s backlog, the plots' ledger line) stays the retries still waiting, although
+    released retries' rows are gone while their outcome rows stay (a retry table kept shorter)."""
+    now = dt.datetime.now(dt.UTC)
+    lake = str(tmp_path)
+    outcomes, retry = str(tmp_path / "outcomes"), str(tmp_path / "retry")
+    for table, schema, parts in ((outcomes, OUTCOMES, ()), (retry, RETRY, RETRY.partition_by)):
+        ensure_table(table, schema.arrow_schema, partition_by=parts)
+    minute, hour = dt.timedelta(minutes=1), dt.timedelta(hours=1)
+    append_arrow(outcomes, outcome_rows(now - 40 * DAY, {"r1": minute, "r2": minute}, acks=2))
+    append_arrow(retry, retry_rows(now - 40 * DAY + minute, ["r1", "r2"]))
+    append_arrow(outcomes, outcome_rows(now - 2 * DAY, {"r3": hour, "r4": hour}))
+    append_arrow(retry, retry_rows(now - 2 * DAY + hour, ["r3", "r4"]))
+    append_arrow(outcomes, outcome_rows(now - 20 * minute, {"r5": 10 * minute, "r6": 2 * hour}, acks=1))
+    append_arrow(retry, retry_rows(now - 9 * minute, ["r5"]))  # r6 waits
+    clock = {"now": now - 60 * DAY}
+    lease = LakeLease(lake, Owner("h", 1, "q", "/ckpt", now - 60 * DAY), timeout_ms=30_000, clock=lambda: clock["now"])
+    lease.acquire()
+    config = parse_config(
+        {"engine": {"lake": lake}, "maintenance": {"outcomes_retention": "30d", "retry_retention": "1d"}}
+    )
+    assert lake_counts(config)[1] == 1
+
+    def would_expire() -> tuple[int, int]:
+        reports = {r.table_name: r for r in run_maintenance(config, tables=["outcomes", "retry"], dry_run=True)}
+        return reports["outcomes"].files_expired, reports["retry"].files_expired
+
+    # The engine stopped 60 days ago: its retention counts from then, and nothing would go.
+    assert would_expire() == (0, 0)
+    clock["now"] = now - 10 * minute
+    lease.heartbeat()
+    assert would_expire() == (1, 2)
+    reports = {r.table_name: r for r in run_maintenance(config, tables=["outcomes", "retry"])}
+    assert (reports["outcomes"].files_expired, reports["outcomes"].rows_expired) == (1, 4)
+    assert (reports["retry"].files_expired, reports["retry"].rows_expired) == (2, 4)
+    left = DeltaTable(outcomes).to_pyarrow_table()
+    assert sorted(filter(None, left["output_msg_id"].to_pylist())) == ["r3", "r4", "r5", "r6"]
+    assert DeltaTable(retry).to_pyarrow_table()["msg_id"].to_pylist() == ["r5"]
+
+    # r3 and r4 were released; their rows went with the retry table's day. Only r6 waits.
+    totals, pending = lake_counts(config)
+    assert pending == 1
+    assert totals.of_metric(DELIVERED) == {"G": 3}
+    seen = status.status(config, now=now)
+    assert [(e.consumer_group, e.pending) for e in seen.backlog] == [("G", 1)]
+    data = read_plot_data(config, since=None, now=now)
+    assert [(s.consumer_group, s.pending[-1]) for s in data.backlog] == [("G", 1)]
+    # Without the retry table's retention in the config, its gone rows would read as waiting.
+    kept = parse_config({"engine": {"lake": lake}, "maintenance": {"outcomes_retention": "30d"}})
+    assert lake_counts(kept)[1] == 3

@@ -450,6 +450,20 @@ def test_backlog_series_from_ledger_counts_up_on_decision_and_down_on_release() 
     assert series.pending == [2, 1] and series.times == [T, T + ms(300)]
 
 
+def test_the_ledgers_backlog_counts_a_release_only_with_its_decision_and_a_gone_row_as_released() -> None:
+    """#14 (a ledger under a row retention): a retry row whose outcome row expired (r0), or a re-drive's
+    row, is no release of the backlog; a retry outcome due before the horizon without its row (r2: its
+    retry row expired) was released. Without a horizon r2 still waits."""
+    outcomes = ledger(("G", "retry", "r1", 3, T), ("G", "retry", "r2", 3, T))
+    retry = released(("r0", "G", 3, T - ms(500), T - ms(400)), ("r1", "G", 3, T, T + ms(300)))
+    (series,) = backlog_from_ledger(outcomes, retry, released_before=T + ms(1))
+    assert series.pending == [1, 0] and series.times == [T, T + ms(300)]
+    (series,) = backlog_from_ledger(outcomes, retry)
+    assert series.pending == [2, 1] and series.times == [T, T + ms(300)]
+    assert pending_retries(outcomes, retry, T + ms(1)).num_rows == 0
+    assert pending_retries(outcomes, retry, T).num_rows == 1  # due at the horizon: may still wait
+
+
 def test_backlog_series_are_carried_to_the_last_change_of_any_series() -> None:
     outcomes = ledger(("G", "retry", "r1", 3, T), ("H", "retry", "r2", 3, T))
     retry = released(("r1", "G", 3, T, T + ms(300)))
