@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from retry_engine.schemas import CONSUME_RESULTS
+from retry_engine.schemas import CONSUME_RESULTS, RETRY
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
 _ids = itertools.count()
@@ -69,6 +69,18 @@ class Result:
 def results_table(results: list[Result], schema: pa.Schema = CONSUME_RESULTS.arrow_schema) -> pa.Table:
     rows = [r.values for r in results]
     return pa.Table.from_pylist(rows, schema=schema)
+
+
+def retry_rows(delivered: dt.datetime, ids: list[str], group: str = "G") -> pa.Table:
+    """Rows of %RETRY%G's table as the engine releases them at ``delivered`` (message ``ids``)."""
+    rows = [
+        {**dict.fromkeys(RETRY.names), "msg_id": i, "topic": f"%RETRY%{group}", "consumer_group": group,
+         "delay_level": 3, "scheduled_at": delivered - dt.timedelta(seconds=10), "due_at": delivered,
+         "delivered_at": delivered, "delivery_key": f"key-{i}", "body": b"x", "origin_msg_id": f"origin-{i}",
+         "reconsume_times": 1, "queue_id": 0}
+        for i in ids
+    ]
+    return pa.Table.from_pylist(rows, schema=RETRY.arrow_schema)
 
 
 def work_rows(results: list[Result], *, batch_ts: dt.datetime, config: Any = None) -> pa.Table:

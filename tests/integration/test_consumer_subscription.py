@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
 from retry_engine.clients.consumer import Consumer
 from retry_engine.clients.producer import Producer
+from retry_engine.delta.tables import append_arrow, ensure_table
+from retry_engine.ops.maintenance import expire_rows
+from retry_engine.schemas import RETRY
+from tests.builders import retry_rows
 from tests.lakehouse import Lake
 from tests.streaming import running
 
@@ -77,3 +82,23 @@ def test_consume_from_latest_skips_what_was_already_there(spark: Any, tmp_path: 
     consumer = Consumer(spark, lake.config, group="G", consume_from="latest").subscribe("orders")
     rows = delivered(spark, consumer, "latest", then=lambda: new.extend(producer.send("orders", "after").msg_ids))
     assert [r["msg_id"] for r in rows] == new and old not in new
+
+
+def test_the_retry_stream_goes_on_past_a_row_retentions_removes(spark: Any, tmp_path: Path) -> None:
+    """#14 (`[maintenance] retry_retention`): maintenance removes %RETRY%G's files of retries delivered
+    before its cut, in a commit that only removes. The consumer's stream of that table skips it
+    (ignoreDeletes) and delivers what comes after; a Delta stream that does not stops there for good."""
+    lake = Lake.make(tmp_path)
+    retry = lake.path("retry")
+    ensure_table(retry, RETRY.arrow_schema, partition_by=RETRY.partition_by)
+    now = dt.datetime.now(dt.UTC)
+    append_arrow(retry, retry_rows(now - dt.timedelta(days=2), ["r1"]))
+    consumer = Consumer(spark, lake.config, group="G").subscribe("orders")
+    assert consumer.reads_retry
+
+    def expire_then_more() -> None:
+        assert expire_rows(retry, "delivered_at", now - dt.timedelta(days=1)) == (1, 1)
+        append_arrow(retry, retry_rows(now, ["r2"]))
+
+    rows = delivered(spark, consumer, "retention", then=expire_then_more)
+    assert sorted(r["msg_id"] for r in rows) == ["r1", "r2"]

@@ -373,8 +373,19 @@ def test_a_new_checkpoint_never_starts_where_a_stream_could_not_go_nor_the_retry
     assert fn.group_starts() == {}
     append_arrow(tables["retry"], results_table([Result.of("r")]))
     DeltaTable(tables["retry"]).delete("msg_id = 'r'")
-    assert fn._streamable(DeltaLog(storage.location(tables["retry"])), 3, 4)
-    assert not fn._streamable(DeltaLog(storage.location(tables["retry"])), 3, DeltaTable(tables["retry"]).version())
+    retry_log = DeltaLog(storage.location(tables["retry"]))
+    assert fn._streamable(retry_log, 3, 4)
+    assert not fn._streamable(retry_log, 3, DeltaTable(tables["retry"]).version())
+    # %RETRY%G's stream ignores deletes: it can start over a commit that only removes (a row retention's),
+    # not over one that also adds (a delete that rewrote a file: the stream cannot follow it).
+    DeltaTable(tables["retry"]).delete("msg_id = 'm0'")  # commit 1's file
+    removed = DeltaTable(tables["retry"]).version()
+    assert fn._streamable(retry_log, removed, removed, ignore_deletes=True)
+    assert not fn._streamable(retry_log, removed, removed)
+    append_arrow(tables["retry"], results_table([Result.of("s"), Result.of("t")]))
+    DeltaTable(tables["retry"]).delete("msg_id = 's'")
+    rewritten = DeltaTable(tables["retry"]).version()
+    assert not fn._streamable(retry_log, rewritten, rewritten, ignore_deletes=True)
 
 
 def test_the_streams_offsets_are_read_from_sparks_log_and_hostile_lines_vouch_for_nothing(tmp_path: Path) -> None:

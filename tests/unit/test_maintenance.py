@@ -54,6 +54,7 @@ from retry_engine.ops.monitor import ensure_progress_table
 from retry_engine.ops.plots import read_plot_data
 from retry_engine.ops.status import lake_counts
 from retry_engine.schemas import METRICS, OUTCOMES, PROGRESS, RETRY
+from tests.builders import retry_rows
 from tests.lakehouse import wait_for
 
 WEEK = 168
@@ -1032,16 +1033,6 @@ def outcome_rows(decided: dt.datetime, retries: dict[str, dt.timedelta], acks: i
         for i in range(acks)
     ]
     return pa.Table.from_pylist(rows, schema=OUTCOMES.arrow_schema)
-
-
-def retry_rows(delivered: dt.datetime, ids: list[str]) -> pa.Table:
-    rows = [
-        {**dict.fromkeys(RETRY.names), "msg_id": i, "topic": "%RETRY%G", "consumer_group": "G", "delay_level": 3,
-         "scheduled_at": delivered - dt.timedelta(seconds=10), "due_at": delivered, "delivered_at": delivered,
-         "delivery_key": f"key-{i}", "body": b"x"}
-        for i in ids
-    ]
-    return pa.Table.from_pylist(rows, schema=RETRY.arrow_schema)
 
 
 def test_the_ledger_loses_old_rows_in_whole_files_and_the_lake_still_counts_what_is_pending(tmp_path: Path) -> None:
