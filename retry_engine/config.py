@@ -432,6 +432,9 @@ class MaintenanceSection(_Strict):
     """The same for ``%RETRY%G``'s table (by ``delivered_at``), as RocketMQ's commit log keeps its
     messages 72 hours. Off by default: a stream of it needs ``ignoreDeletes`` (the consumer client
     sets it), and a consumer stopped for longer misses what it held."""
+    messages_retention: str = "off"
+    """The same for the producers' ``messages`` table (by ``store_timestamp``), as RocketMQ's commit log
+    keeps every topic's messages 72 hours; off by default, as ``retry_retention``."""
 
     @field_validator("interval")
     @classmethod
@@ -454,7 +457,9 @@ class MaintenanceSection(_Strict):
             raise ValueError(str(exc)) from None
         return value
 
-    @field_validator("progress_retention", "metrics_retention", "outcomes_retention", "retry_retention")
+    @field_validator(
+        "progress_retention", "metrics_retention", "outcomes_retention", "retry_retention", "messages_retention"
+    )
     @classmethod
     def _row_retention(cls, value: str, info: ValidationInfo) -> str:
         if value == "off":

@@ -529,8 +529,7 @@ class _RebalancedBatch:
                 if not bounds or None in bounds:
                     continue
                 start = min(min(b for b in bounds if b is not None) + 1, latest[path])
-                ignore = path == self.sources.get(retry)
-                if start > 0 and self._streamable(delta_log, start, latest[path], ignore_deletes=ignore):
+                if start > 0 and self._streamable(delta_log, start, latest[path], ignore_deletes=True):
                     starts[path] = start
             # After the retry table's latest version was read: a resend's audit row commits before its
             # retry row, so one whose row is at or before that version is seen here.
@@ -572,8 +571,8 @@ class _RebalancedBatch:
     @staticmethod
     def _streamable(delta_log: DeltaLog, start: int, latest: int, *, ignore_deletes: bool = False) -> bool:
         """Whether a stream can start at commit ``start``: not too far back to check, every commit since
-        in the log, none removing data (a stream cannot follow it; ``ignore_deletes``, as %RETRY%G's
-        stream: one that only removes, a row retention's, is skipped), and every file they added still
+        in the log, none removing data (a stream cannot follow it; ``ignore_deletes``, as the consumer's
+        streams: one that only removes, a row retention's, is skipped), and every file they added still
         in the table (a file compacted away since may be vacuumed: the stream could not read it)."""
         if latest - start > MAX_CATCH_UP_COMMITS:
             return False
@@ -1268,10 +1267,9 @@ class Consumer:
         )
         if self.max_files_per_trigger is not None:
             reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_trigger))
-        if path == self.config.table_path("retry"):
-            # `[maintenance] retry_retention` removes delivered retries' files (RocketMQ's commit log
-            # keeps its messages 72 h); the stream goes on past that commit.
-            reader = reader.option("ignoreDeletes", "true")
+        # `[maintenance] messages_retention` / `retry_retention` remove old messages' files (RocketMQ's
+        # commit log keeps them 72 h) in commits that only remove: the stream goes on past them.
+        reader = reader.option("ignoreDeletes", "true")
         if self.consume_from == "latest":
             reader = reader.option("startingVersion", "latest")
         elif starts and path in starts:  # a new checkpoint of a group with published offsets: after them

@@ -91,7 +91,7 @@ from retry_engine.delta.tables import (
     writers_clean_log,
 )
 from retry_engine.errors import ConfigError
-from retry_engine.schemas import MAINTENANCE, METRICS, OUTCOMES, RETRY
+from retry_engine.schemas import MAINTENANCE, MESSAGES, METRICS, OUTCOMES, RETRY
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ EXPIRING_TABLES: dict[str, str] = {
     METRICS.name: "batch_time",
     OUTCOMES.name: "decided_at",
     RETRY.name: "delivered_at",
+    MESSAGES.name: "store_timestamp",
 }
 EXPIRE_OPERATION = "EXPIRE ROWS"
 

@@ -84,21 +84,26 @@ def test_consume_from_latest_skips_what_was_already_there(spark: Any, tmp_path: 
     assert [r["msg_id"] for r in rows] == new and old not in new
 
 
-def test_the_retry_stream_goes_on_past_a_row_retentions_removes(spark: Any, tmp_path: Path) -> None:
-    """#14 (`[maintenance] retry_retention`): maintenance removes %RETRY%G's files of retries delivered
-    before its cut, in a commit that only removes. The consumer's stream of that table skips it
-    (ignoreDeletes) and delivers what comes after; a Delta stream that does not stops there for good."""
+def test_the_streams_go_on_past_a_row_retentions_removes(spark: Any, tmp_path: Path) -> None:
+    """#14 (`[maintenance] messages_retention` / `retry_retention`): maintenance removes the files of
+    messages stored and retries delivered before its cut, in commits that only remove. The consumer's
+    streams of both tables skip them (ignoreDeletes) and deliver what comes after; a Delta stream that
+    does not stops there for good."""
     lake = Lake.make(tmp_path)
-    retry = lake.path("retry")
+    retry, messages = lake.path("retry"), lake.path("messages")
     ensure_table(retry, RETRY.arrow_schema, partition_by=RETRY.partition_by)
     now = dt.datetime.now(dt.UTC)
     append_arrow(retry, retry_rows(now - dt.timedelta(days=2), ["r1"]))
+    producer = Producer(messages)
+    sent = list(producer.send("orders", "before").msg_ids)
     consumer = Consumer(spark, lake.config, group="G").subscribe("orders")
     assert consumer.reads_retry
 
     def expire_then_more() -> None:
         assert expire_rows(retry, "delivered_at", now - dt.timedelta(days=1)) == (1, 1)
+        assert expire_rows(messages, "store_timestamp", dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)) == (1, 1)
         append_arrow(retry, retry_rows(now, ["r2"]))
+        sent.extend(producer.send("orders", "after").msg_ids)
 
     rows = delivered(spark, consumer, "retention", then=expire_then_more)
-    assert sorted(r["msg_id"] for r in rows) == ["r1", "r2"]
+    assert sorted(r["msg_id"] for r in rows) == sorted(["r1", "r2", *sent]) and len(sent) == 2

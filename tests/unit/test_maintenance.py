@@ -53,7 +53,7 @@ from retry_engine.ops.maintenance import (
 from retry_engine.ops.monitor import ensure_progress_table
 from retry_engine.ops.plots import read_plot_data
 from retry_engine.ops.status import lake_counts
-from retry_engine.schemas import METRICS, OUTCOMES, PROGRESS, RETRY
+from retry_engine.schemas import MESSAGES, METRICS, OUTCOMES, PROGRESS, RETRY
 from tests.builders import retry_rows
 from tests.lakehouse import wait_for
 
@@ -903,7 +903,7 @@ def test_rows_expire_beside_a_concurrent_append_and_after_a_conflicting_compacti
 @pytest.mark.parametrize(
     "name, default",
     [("progress_retention", "30d"), ("metrics_retention", "30d"), ("outcomes_retention", "off"),
-     ("retry_retention", "off")],
+     ("retry_retention", "off"), ("messages_retention", "off")],
 )
 def test_a_hostile_row_retention_is_refused_on_load(name: str, default: str, value: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -1088,3 +1088,29 @@ def test_the_ledger_loses_old_rows_in_whole_files_and_the_lake_still_counts_what
     # Without the retry table's retention in the config, its gone rows would read as waiting.
     kept = parse_config({"engine": {"lake": lake}, "maintenance": {"outcomes_retention": "30d"}})
     assert lake_counts(kept)[1] == 3
+
+
+def test_the_producers_messages_past_their_retention_go_and_the_rest_stay(tmp_path: Path) -> None:
+    """#14 (`[maintenance] messages_retention`, RocketMQ's commit log kept 72 h): `maintain` removes the
+    messages table's files stored before the cut (by `store_timestamp`), in one commit of removes; off
+    by default; a file with a newer message stays."""
+    now = dt.datetime.now(dt.UTC)
+    path = str(tmp_path / "messages")
+    ensure_table(path, MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
+
+    def sent(ids: list[str], at: list[dt.datetime]) -> pa.Table:
+        return pa.Table.from_pylist(
+            [{**dict.fromkeys(MESSAGES.names), "msg_id": i, "topic": "orders", "body": b"x", "store_timestamp": t,
+              "born_timestamp": t, "queue_id": 0} for i, t in zip(ids, at, strict=True)],
+            schema=MESSAGES.arrow_schema,
+        )
+
+    append_arrow(path, sent(["a", "b"], [now - 5 * DAY, now - 4 * DAY]))
+    append_arrow(path, sent(["c", "d"], [now - 5 * DAY, now - dt.timedelta(hours=1)]))
+    append_arrow(path, sent(["e"], [now]))
+    off = parse_config({"engine": {"lake": str(tmp_path)}})
+    assert run_maintenance(off, tables=["messages"], dry_run=True)[0].files_expired == 0
+    kept = parse_config({"engine": {"lake": str(tmp_path)}, "maintenance": {"messages_retention": "3d"}})
+    [report] = run_maintenance(kept, tables=["messages"])
+    assert (report.files_expired, report.rows_expired, report.error) == (1, 2, None)
+    assert sorted(DeltaTable(path).to_pyarrow_table()["msg_id"].to_pylist()) == ["c", "d", "e"]
