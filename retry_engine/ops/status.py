@@ -567,7 +567,11 @@ def released_horizon(config: EngineConfig, now: dt.datetime) -> dt.datetime | No
     """
     if config.maintenance.row_retention_ms(RETRY.name) is None:
         return None
-    state = read_state(config.engine.lake)
+    try:
+        state = read_state(config.engine.lake)
+    except Exception as exc:  # noqa: BLE001 - the engine cannot start on it either; status still answers
+        log.warning("status: the engine state of %s is unreadable (%s); retries are judged from now", config.engine.lake, exc)
+        state = None
     anchor = state.heartbeat if state is not None and state.heartbeat is not None else now
     return min(anchor, now) - RELEASED_HORIZON
 

@@ -29,7 +29,7 @@ from retry_engine.config import (
     parse_config,
     parse_retention_hours,
 )
-from retry_engine.core.lease import LakeLease, Owner
+from retry_engine.core.lease import STATE_DIR, LakeLease, Owner, read_state
 from retry_engine.core.metrics import DELIVERED, EXPIRED
 from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import DeltaLog, TableLocation
@@ -1088,6 +1088,17 @@ def test_the_ledger_loses_old_rows_in_whole_files_and_the_lake_still_counts_what
     # Without the retry table's retention in the config, its gone rows would read as waiting.
     kept = parse_config({"engine": {"lake": lake}, "maintenance": {"outcomes_retention": "30d"}})
     assert lake_counts(kept)[1] == 3
+    # An engine state table another writer damaged (hostile input): `status` judges from now, and a
+    # maintenance run removes nothing of the ledger (the next run looks again).
+    for data in (tmp_path / STATE_DIR).glob("*.parquet"):
+        data.write_bytes(b"not parquet")
+    with pytest.raises(Exception, match="(?i)parquet"):
+        read_state(lake)
+    assert [(e.consumer_group, e.pending) for e in status.status(config, now=now).backlog] == [("G", 1)]
+    append_arrow(retry, retry_rows(now - 3 * DAY, ["r9"]))
+    reports = {r.table_name: r for r in run_maintenance(config, tables=["outcomes", "retry"])}
+    assert (reports["outcomes"].files_expired, reports["retry"].files_expired) == (0, 0)
+    assert "r9" in DeltaTable(retry).to_pyarrow_table()["msg_id"].to_pylist()
 
 
 def test_the_producers_messages_past_their_retention_go_and_the_rest_stay(tmp_path: Path) -> None:
