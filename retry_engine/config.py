@@ -369,7 +369,7 @@ DEFAULT_PROGRESS_RETENTION = "30d"
 DEFAULT_METRICS_RETENTION = "30d"
 # `status` reads the progress table's last day (the running rule, the failures of the day).
 MIN_ROW_RETENTION_MS = 86_400_000
-# The tables of the engine's ledger: their row retention cuts from the engine's last heartbeat.
+# The tables of the engine's ledger: their row retention cuts from the lake's last recorded batch.
 LEDGER_TABLES = ("outcomes", "retry")
 # No more than a century: delta-rs counts the retention in whole hours.
 MAX_RETENTION_HOURS = 100 * 365 * 24
@@ -425,9 +425,9 @@ class MaintenanceSection(_Strict):
     metrics_retention: str = DEFAULT_METRICS_RETENTION
     """The same for the metrics table (by ``batch_time``)."""
     outcomes_retention: str = "off"
-    """The same for the outcomes table, the ledger (by ``decided_at``; at least a day longer than the
-    longest retry delay: a waiting retry's outcome row is what the lake counts it by). Off by default:
-    `status`, `plots` and `dlq trace` read it, and each deployment keeps its ledger its own time."""
+    """The same for the outcomes table, the ledger (by ``decided_at``, and ``due_at``: a retry still
+    waiting keeps its outcome row, by which the lake counts it pending). Off by default: `status`,
+    `plots` and `dlq show` read it, and each deployment keeps its ledger its own time."""
     retry_retention: str = "off"
     """The same for ``%RETRY%G``'s table (by ``delivered_at``), as RocketMQ's commit log keeps its
     messages 72 hours. Off by default: a stream of it needs ``ignoreDeletes`` (the consumer client
@@ -576,20 +576,6 @@ class EngineConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _ledger_retention(self) -> EngineConfig:
-        # A pending retry's outcome row must outlive its wait: the lake counts pending retries as retry
-        # outcomes without a %RETRY%G row, and a new checkpoint refuses to drop them unseen.
-        keep, longest = self.maintenance.row_retention_ms("outcomes"), self.longest_delay_ms
-        if keep is not None and keep < longest + MIN_ROW_RETENTION_MS:
-            floor = -(-(longest + MIN_ROW_RETENTION_MS) // _HOUR_MS)
-            raise ValueError(
-                f"[maintenance] outcomes_retention {self.maintenance.outcomes_retention!r} is shorter than this "
-                f"config's longest retry delay ({longest // 1000} s) plus a day: a retry still waiting could lose "
-                f"its outcome row. Give '{floor}h' or more, or 'off'"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _group_names(self) -> EngineConfig:
         for name in self.groups:
             problem = name_problem(name, kind="group", max_length=GROUP_MAX_LENGTH)
@@ -632,18 +618,6 @@ class EngineConfig(_Strict):
         if found is not None:
             return found
         return self.group_defaults if self.engine.auto_create_groups else None
-
-    @property
-    def longest_delay_ms(self) -> int:
-        """The longest wait any group of this config gives a retry (its groups and the defaults)."""
-        longest = 0
-        for group in [*self.groups.values(), self.group_defaults]:
-            policy = self.policy(group)
-            if isinstance(policy, ExponentialPolicy):
-                longest = max(longest, policy.max_ms)
-            elif isinstance(policy, LevelPolicy):
-                longest = max(longest, *policy.delays)
-        return longest
 
     def policy(self, group: GroupConfig) -> BackoffPolicy:
         backoff = group.backoff

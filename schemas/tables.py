@@ -304,6 +304,11 @@ ENGINE_STATE = Table(
             "JSON [[group, metric, count], ...]: outcomes decided and retries delivered since the lake's "
             "first batch, through that batch.",
         ),
+        Column(
+            "batch_recorded_at",
+            _TS,
+            "When that batch was recorded (after its decisions): it released every retry due by then.",
+        ),
     ),
 )
 

@@ -109,6 +109,9 @@ class BatchRecord:
     pending_retries: int
     # The lake's counts through this batch (None: recorded by a release that did not count them).
     totals: Totals | None = None
+    # When the lake recorded it (the lease's clock; None: an earlier release's record). The batch ran
+    # its schedule stage before: every retry due by then was released (the ledger's row retention).
+    recorded_at: dt.datetime | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ class EngineState:
             "batch_files": json.dumps(dict(batch.files)) if batch else None,
             "pending_retries": batch.pending_retries if batch else None,
             "totals": batch.totals.to_json() if batch and batch.totals is not None else None,
+            "batch_recorded_at": batch.recorded_at if batch else None,
         }
         return pa.Table.from_pylist([row], schema=ENGINE_STATE.arrow_schema)
 
@@ -165,6 +169,7 @@ class EngineState:
                 pending_retries=int(row["pending_retries"] or 0),
                 # Absent from a table written by an earlier release until its next start adds it.
                 totals=Totals.from_json(row.get("totals")),
+                recorded_at=row.get("batch_recorded_at"),
             )
         return cls(int(row["epoch"]), owner, row["heartbeat"], bool(row["released"]), batch)
 
@@ -301,7 +306,8 @@ class LakeLease:
             last = state.last_batch
             if last is not None and last.query_id == batch.query_id and last.batch_id >= batch.batch_id:
                 return None
-            return replace(state, heartbeat=self.clock(), last_batch=batch)
+            now = self.clock()
+            return replace(state, heartbeat=now, last_batch=replace(batch, recorded_at=now))
 
         return self._update(change, what=f"batch {batch.batch_id}")
 

@@ -160,10 +160,12 @@ def commit_next(
     *,
     data_change: bool,
     operation: str,
+    app_transaction: tuple[str, int] | None = None,
 ) -> int:
     """Commit removes of ``removed`` and adds of ``added`` as the version after ``table``'s; that
     version, or :class:`CommitFailedError` when another writer committed in between (never rebased:
     delta-rs would rebase removes over a commit that removed the same files first).
+    ``app_transaction``: (app id, version) of a transaction action committed with them.
 
     ``data_change`` False: the rows do not change (a rewrite, as OPTIMIZE); True: ``removed`` rows are
     gone and ``added`` ones new. ``operation``: the commit's ``retry_engine.operation``. Paths are
@@ -189,7 +191,9 @@ def commit_next(
         schema=table.schema(),
         partition_by=list(table.metadata().partition_columns) or None,
         commit_properties=CommitProperties(
-            max_commit_retries=0, custom_metadata={"retry_engine.operation": operation}
+            max_commit_retries=0,
+            custom_metadata={"retry_engine.operation": operation},
+            app_transactions=[Transaction(*app_transaction)] if app_transaction is not None else None,
         ),
     )
     return table.version() + 1

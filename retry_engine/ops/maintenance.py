@@ -116,7 +116,11 @@ EXPIRING_TABLES: dict[str, str] = {
     RETRY.name: "delivered_at",
     MESSAGES.name: "store_timestamp",
 }
+# Columns whose every value must be before the cut too (nulls allowed): a waiting retry keeps its outcome row.
+EXPIRE_ALSO: dict[str, tuple[str, ...]] = {OUTCOMES.name: ("due_at",)}
 EXPIRE_OPERATION = "EXPIRE ROWS"
+# The app id of the transaction a retry-table expiry commits: its version is the cut in epoch ms.
+EXPIRED_BEFORE_APP = "retry-engine-expired-before"
 
 Trigger = Literal["command", "engine"]
 _T = TypeVar("_T")
@@ -213,11 +217,15 @@ def _compact(path: str) -> tuple[int, int]:
     )
 
 
-def expiring_files(table: DeltaTable, column: str, before: dt.datetime) -> tuple[list[Any], int]:
+def expiring_files(
+    table: DeltaTable, column: str, before: dt.datetime, *, also: Sequence[str] = ()
+) -> tuple[list[Any], int]:
     """The files of ``table`` whose every ``column`` value is before ``before`` (statistics), and their rows.
 
     Only a file whose statistics give a zoned time maximum, no null in the
-    column and a row count: anything else might hold a row to keep.
+    column and a row count: anything else might hold a row to keep. ``also``:
+    columns whose every value must be before ``before`` too, nulls allowed (the
+    outcomes' ``due_at``: a retry still waiting keeps its outcome row).
     """
     actions = add_actions(table)
     latest, nulls = f"max.{column}", f"null_count.{column}"
@@ -230,31 +238,43 @@ def expiring_files(table: DeltaTable, column: str, before: dt.datetime) -> tuple
         pc.less(actions[latest], pa.scalar(stats_from(before), actions[latest].type)),
         pc.and_(pc.equal(actions[nulls], 0), pc.is_valid(actions["num_records"])),
     )
+    for other in also:
+        most, none, rows = f"max.{other}", f"null_count.{other}", actions["num_records"]
+        if {most, none} - set(actions.column_names) or not zoned_time(actions[most].type):
+            return [], 0
+        # Before the cut, or a file with no value in the column at all (its maximum is then null).
+        under = pc.less(actions[most], pa.scalar(stats_from(before), actions[most].type))
+        old = pc.and_(old, pc.fill_null(pc.or_kleene(under, pc.equal(actions[none], rows)), False))
     chosen = actions.filter(pc.fill_null(old, False))
     return file_entries(chosen, table.version()), int(pc.sum(chosen["num_records"]).as_py() or 0)
 
 
 def ledger_cut(config: EngineConfig, before: dt.datetime, *, run_at: dt.datetime) -> dt.datetime | None:
-    """Where the row retention of a ledger table (outcomes, retry) may cut: ``before`` moved back by
-    the time since the engine's last heartbeat (None: not this run, the engine state is unreadable).
+    """Where the row retention of a ledger table (outcomes, retry) may cut: ``before`` moved back by the
+    time since the lake's last recorded batch (None: not this run; no batch recorded with its time yet,
+    or the engine state is unreadable).
 
     The lake counts a retry as pending while its outcome row has no ``%RETRY%G``
     row, and a new checkpoint refuses to drop pending retries unseen
-    (:func:`~retry_engine.ops.status.lake_counts`). Cut from the last heartbeat,
-    an engine stopped for longer than the retention keeps the outcome rows of the
-    retries its checkpoint still holds (the retention outlives the longest wait by
-    a day: :meth:`~retry_engine.config.EngineConfig._ledger_retention`), and a
-    retry row that goes was delivered more than a day before the last heartbeat:
-    :data:`~retry_engine.ops.status.RELEASED_HORIZON`.
+    (:func:`~retry_engine.ops.status.lake_counts`). Every retry due by the last
+    recorded batch was released by it; a later one is due after the cut. So an
+    outcome row that goes (decided and due before the cut, :data:`EXPIRE_ALSO`) is
+    of a retry released, whatever the delays were; and a retry row that goes was
+    delivered before the cut, which the retry table keeps (:func:`expired_before`):
+    a retry due before it whose row is missing was released
+    (:func:`~retry_engine.ops.status.released_horizon`). Heartbeats do not count:
+    a stuck engine's, or a new engine's first, releases nothing.
     """
     try:
         state = read_state(config.engine.lake)
     except Exception as exc:  # the next run looks again
         log_failure(log, f"lake {config.engine.lake}: no ledger row retention this run (engine state unreadable)", exc)
         return None
-    if state is not None and state.heartbeat is not None and state.heartbeat < run_at:
-        return before - (run_at - state.heartbeat)
-    return before
+    last = state.last_batch if state is not None else None
+    if last is None or last.recorded_at is None:
+        log.info("lake %s: no ledger row retention until a batch is recorded with its time", config.engine.lake)
+        return None
+    return before - max(run_at - last.recorded_at, dt.timedelta(0))
 
 
 def expired_marker(before: dt.datetime, rows: int) -> pa.Table:
@@ -265,11 +285,35 @@ def expired_marker(before: dt.datetime, rows: int) -> pa.Table:
     return pa.Table.from_pylist([row], schema=METRICS.arrow_schema)
 
 
-def expire_rows(path: str, column: str, before: dt.datetime, *, marked: bool = False) -> tuple[int, int]:
-    """Remove the files of ``path`` whose rows are all before ``before`` by ``column``: (files, rows).
+def expired_before(table: DeltaTable) -> dt.datetime | None:
+    """The latest cut of ``table``'s row retention (:data:`EXPIRED_BEFORE_APP`), None if it never had one."""
+    ms = table.transaction_version(EXPIRED_BEFORE_APP)
+    if ms is None:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+    except (OverflowError, ValueError, OSError):  # another writer's transaction of that id: no cut known
+        log.warning("%s: transaction %s holds %d, no time; taken as no row retention cut", table.table_uri,
+                    EXPIRED_BEFORE_APP, ms)
+        return None
+
+
+def expire_rows(
+    path: str,
+    column: str,
+    before: dt.datetime,
+    *,
+    marked: bool = False,
+    also: Sequence[str] = (),
+    stamped: bool = False,
+) -> tuple[int, int]:
+    """Remove the files of ``path`` whose rows are all before ``before`` by ``column`` (and by
+    ``also``, see :func:`expiring_files`): (files, rows).
 
     ``marked`` (the metrics table): when there is any, first append :func:`expired_marker`, so a
-    reader that sees rows gone sees the marker too.
+    reader that sees rows gone sees the marker too. ``stamped`` (%RETRY%G's table): the commit also
+    sets the table's :func:`expired_before` to ``before`` (never back), so a reader knows which
+    retries' rows may be gone.
 
     One commit of removes (``dataChange=true``: the rows are gone, as after a
     delete; a stream reading the table needs ``ignoreDeletes``), as the version
@@ -277,17 +321,21 @@ def expire_rows(path: str, column: str, before: dt.datetime, *, marked: bool = F
     any commit in between (an append, a compaction) makes it plan again.
     """
     if marked:
-        files, rows = expiring_files(open_delta(path), column, before)
+        files, rows = expiring_files(open_delta(path), column, before, also=also)
         if not files:
             return 0, 0
         append_arrow(path, expired_marker(before, rows))
     for attempt in range(1, COMPACT_ATTEMPTS + 1):
         table = open_delta(path)
-        files, rows = expiring_files(table, column, before)
+        files, rows = expiring_files(table, column, before, also=also)
         if not files:
             return 0, 0
+        stamp = None
+        if stamped:
+            known = expired_before(table)
+            stamp = (EXPIRED_BEFORE_APP, int(max(before, known or before).timestamp() * 1000))
         try:
-            commit_next(table, files, data_change=True, operation=EXPIRE_OPERATION)
+            commit_next(table, files, data_change=True, operation=EXPIRE_OPERATION, app_transaction=stamp)
             return len(files), rows
         except CommitFailedError as exc:
             log.warning("%s: row expiry conflicted with another commit (attempt %d): %s", path, attempt, exc)
@@ -354,7 +402,11 @@ def maintain_table(
     )
     expiring = EXPIRING_TABLES.get(name) if expire_before is not None else None
     if dry_run:
-        expired = expiring_files(table, expiring, expire_before) if expiring and expire_before else ([], 0)
+        expired = (
+            expiring_files(table, expiring, expire_before, also=EXPIRE_ALSO.get(name, ()))
+            if expiring and expire_before
+            else ([], 0)
+        )
         doomed = table.vacuum(
             retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False
         )
@@ -384,7 +436,11 @@ def maintain_table(
     if expiring and expire_before is not None:
         before_time = expire_before
         gone = step(
-            "row retention", lambda: expire_rows(path, expiring, before_time, marked=name == METRICS.name)
+            "row retention",
+            lambda: expire_rows(
+                path, expiring, before_time, marked=name == METRICS.name, also=EXPIRE_ALSO.get(name, ()),
+                stamped=name == RETRY.name,
+            ),
         )
         if gone is not None:
             report = replace(report, files_expired=gone[0], rows_expired=gone[1])

@@ -449,7 +449,7 @@ def _recorded_backlog(config: EngineConfig, since: dt.datetime, now: dt.datetime
         window = pending_window(config, record, snapshot, now)
         if window is None:
             return None
-        horizon = released_horizon(config, now)
+        horizon = released_horizon(config, snapshot[RETRY.name])
         pending = {(e.consumer_group, e.delay_level): e.pending for e in backlog(pending_retries(*window, horizon))}
         metrics = rows_since(config, METRICS.name, "batch_time", since, table=snapshot[METRICS.name])
         if not metrics_hold(metrics, since) and metrics.num_rows:
@@ -486,7 +486,7 @@ def read_plot_data(config: EngineConfig, *, since: dt.datetime | None, now: dt.d
     if not metrics_hold(lake.metrics, since):  # none (a native Delta engine), or expired: from the ledger
         given = {name: getattr(lake, name) for name in PLOT_TABLES}
         lake = read_tables(config, names=(*PLOT_TABLES, OUTCOMES.name), given=given)
-    return plot_data(replace(lake, released_before=released_horizon(config, now)), since)
+    return plot_data(replace(lake, released_before=released_horizon(config)), since)
 
 
 def render(lake: EngineTables | PlotData, out_dir: str | os.PathLike[str]) -> list[Plot]:

@@ -73,9 +73,6 @@ DEAD_LETTER_WINDOW = FAILURES_WINDOW
 # vouches for the rest (:func:`_recorded_tables`); each retry widens it by WINDOW_GROWTH (1, 8, 64
 # days), and after WINDOW_TRIES windows every row is read as without a record.
 PENDING_WINDOW = dt.timedelta(days=1)
-# Retry rows that maintenance may have removed were delivered more than this before the engine's last
-# heartbeat (``[maintenance] retry_retention`` is at least a day): see released_horizon.
-RELEASED_HORIZON = dt.timedelta(days=1)
 WINDOW_GROWTH = 8
 WINDOW_TRIES = 3
 # Reads of the record and the two tables until they show the same batch (an engine between its
@@ -557,23 +554,21 @@ def _stop_reason_text(reason: str | None) -> str:
     return f" (reason: {reason}, {meaning})" if meaning else f" (reason: {reason})"
 
 
-def released_horizon(config: EngineConfig, now: dt.datetime) -> dt.datetime | None:
-    """With ``[maintenance] retry_retention``: the due time before which a retry outcome without its
-    ``%RETRY%G`` row was released (the row expired), not pending. None: the retry table keeps its rows.
+def released_horizon(config: EngineConfig, retry: Any = None) -> dt.datetime | None:
+    """The due time before which a retry outcome without its ``%RETRY%G`` row was released, its row since
+    removed by the retry table's row retention (``[maintenance] retry_retention``); None when the table
+    never lost a row to it (or does not exist). ``retry``: the table already opened.
 
-    Maintenance removes retry rows delivered before the engine's last heartbeat less the retention
-    (:func:`~retry_engine.ops.maintenance.ledger_cut`), at least a day: a retry due after the last
-    heartbeat less :data:`RELEASED_HORIZON` still has its row if it was released.
+    It is the retention's latest cut, committed with its removes
+    (:func:`~retry_engine.ops.maintenance.expired_before`): a row that went was
+    delivered before it, so due before it; a retry still waiting was due after the
+    last batch recorded before that cut was made, so after it
+    (:func:`~retry_engine.ops.maintenance.ledger_cut`).
     """
-    if config.maintenance.row_retention_ms(RETRY.name) is None:
-        return None
-    try:
-        state = read_state(config.engine.lake)
-    except Exception as exc:  # noqa: BLE001 - the engine cannot start on it either; status still answers
-        log.warning("status: the engine state of %s is unreadable (%s); retries are judged from now", config.engine.lake, exc)
-        state = None
-    anchor = state.heartbeat if state is not None and state.heartbeat is not None else now
-    return min(anchor, now) - RELEASED_HORIZON
+    from retry_engine.ops.maintenance import expired_before
+
+    table = retry if retry is not None else open_table(config.table_path(RETRY.name))
+    return None if table is None else expired_before(table)
 
 
 def pending_retries(outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None) -> pa.Table:
@@ -632,7 +627,7 @@ def lake_counts(config: EngineConfig) -> tuple[Totals, int | None]:
     retry = retry if retry is not None else _empty(RETRY, ("msg_id",))
     if outcomes is None:
         return totals_of(_empty(OUTCOMES, columns), retry), None
-    horizon = released_horizon(config, dt.datetime.now(dt.UTC))
+    horizon = released_horizon(config)
     return totals_of(outcomes, retry, horizon), pending_retries(outcomes, retry, horizon).num_rows
 
 
@@ -820,7 +815,7 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
         dataclasses.replace(
             lake,
             totals=None if recorded is None else recorded.totals,
-            released_before=released_horizon(config, now),
+            released_before=released_horizon(config),
         ),
         now=now,
         trigger_interval_ms=config.trigger_interval_ms,
@@ -932,7 +927,7 @@ def pending_window(
     pending at the recorded batch: those due within a window of ``now`` widened until it holds as many
     as the record counts (see :func:`_recorded_tables`), the retry rows also those delivered within
     :data:`LATENESS_WINDOW`. None when no window does."""
-    window, horizon = PENDING_WINDOW, released_horizon(config, now)
+    window, horizon = PENDING_WINDOW, released_horizon(config, snapshot[RETRY.name])
     for _ in range(WINDOW_TRIES):
         since = now - window
         outcomes = _retries_decided(config, snapshot[OUTCOMES.name], since)

@@ -439,23 +439,27 @@ def test_recording_a_batch_the_lake_already_has_writes_nothing(tmp_path: Path) -
 
 
 def test_an_earlier_releases_state_table_gains_totals_and_a_native_engine_forgets_them(tmp_path: Path) -> None:
-    """#14: the totals column is added when the lease is taken (not before: a live owner of an earlier
+    """#14: the totals (and batch_recorded_at) columns are added when the lease is taken (not before: a live owner of an earlier
     release could no longer write its row); an engine that records no batches drops the record's totals."""
     from deltalake import DeltaTable, write_deltalake
 
     from retry_engine.schemas import ENGINE_STATE
 
     path = str(tmp_path / "_engine_state")
-    old_row = EngineState(3, owner("query-A"), T0, True, batch("query-A", 5, pending=2)).to_arrow().drop_columns(["totals"])
+    old_row = EngineState(3, owner("query-A"), T0, True, batch("query-A", 5, pending=2)).to_arrow().drop_columns(
+        ["totals", "batch_recorded_at"]
+    )
     write_deltalake(path, old_row)
     second = lease(tmp_path, "query-B", Clock())
     with owning(second) as before:
         assert before is not None and before.last_batch == batch("query-A", 5, pending=2)
+        assert before.last_batch is not None and before.last_batch.recorded_at is None  # an earlier release's
         assert DeltaTable(path).schema().to_arrow().names == list(ENGINE_STATE.names)
         totals = Totals.of([("G", "retry", 2)])
         assert second.record_batch(replace(batch("query-B", 0, pending=2), totals=totals))
         state = read_state(str(tmp_path))
         assert state is not None and state.last_batch is not None and state.last_batch.totals == totals
+        assert state.last_batch.recorded_at == T0  # the lease's clock when it recorded the batch
         second.forget_totals()
         state = read_state(str(tmp_path))
         assert state is not None and state.last_batch == batch("query-B", 0, pending=2)

@@ -23,13 +23,14 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import CommitProperties, Transaction
 
 from retry_engine.config import (
     minimum_retention_hours,
     parse_config,
     parse_retention_hours,
 )
-from retry_engine.core.lease import STATE_DIR, LakeLease, Owner, read_state
+from retry_engine.core.lease import STATE_DIR, BatchRecord, LakeLease, Owner, read_state
 from retry_engine.core.metrics import DELIVERED, EXPIRED
 from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import DeltaLog, TableLocation
@@ -39,11 +40,13 @@ from retry_engine.errors import ConfigError, DeltaSourceError
 from retry_engine.ops import maintenance, status
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from retry_engine.ops.maintenance import (
+    EXPIRED_BEFORE_APP,
     EXPIRED_LOG_CLEANUP,
     MAINTAINED_TABLES,
     RECORD_TABLE,
     EngineMaintenance,
     _Due,
+    expired_before,
     maintain_table,
     maintenance_path,
     retention_hours,
@@ -877,8 +880,8 @@ def test_rows_expire_beside_a_concurrent_append_and_after_a_conflicting_compacti
     planned = maintenance.expiring_files
     calls: list[int] = []
 
-    def racing(table: DeltaTable, column: str, before: dt.datetime) -> tuple[list[Any], int]:
-        plan = planned(table, column, before)
+    def racing(table: DeltaTable, column: str, before: dt.datetime, **kw: Any) -> tuple[list[Any], int]:
+        plan = planned(table, column, before, **kw)
         calls.append(len(plan[0]))
         if len(calls) == 1 and race == "append":
             append_arrow(path, progress_rows("run-2", [now], first_batch=10))
@@ -909,21 +912,6 @@ def test_a_hostile_row_retention_is_refused_on_load(name: str, default: str, val
     with pytest.raises(ConfigError, match=message):
         parse_config({"maintenance": {name: value}})
     assert getattr(parse_config({}).maintenance, name) == default
-
-
-@pytest.mark.parametrize(
-    "groups, shortest",
-    [({}, "26h"), ({"g": {"backoff": {"policy": "exponential", "initial": "1m", "multiplier": 2.0, "max": "3d"}}}, "96h"),
-     ({"g": {"backoff": {"levels": "1s 1m 50h"}}}, "74h")],
-)
-def test_the_outcomes_retention_outlives_the_longest_retry_delay_by_a_day(groups: dict[str, Any], shortest: str) -> None:
-    """A waiting retry's outcome row is how the lake counts it pending: the outcomes table keeps its rows at
-    least a day past the longest delay of any group (RocketMQ's 2 h by default). The retry table only a day."""
-    hours = int(shortest[:-1])
-    with pytest.raises(ConfigError, match=f"longest retry delay .* plus a day.*Give '{shortest}' or more"):
-        parse_config({"groups": groups, "maintenance": {"outcomes_retention": f"{hours - 1}h"}})
-    assert parse_config({"groups": groups, "maintenance": {"outcomes_retention": shortest}}).maintenance.outcomes_retention == shortest
-    assert parse_config({"groups": groups, "maintenance": {"retry_retention": "24h"}}).maintenance.retry_retention == "24h"
 
 
 def test_metrics_rows_expire_after_a_marker_a_dry_run_writes_nothing(tmp_path: Path) -> None:
@@ -1037,10 +1025,12 @@ def outcome_rows(decided: dt.datetime, retries: dict[str, dt.timedelta], acks: i
 
 def test_the_ledger_loses_old_rows_in_whole_files_and_the_lake_still_counts_what_is_pending(tmp_path: Path) -> None:
     """#14 (months on a lake): `[maintenance] outcomes_retention` / `retry_retention` remove the outcome
-    files decided and the retry files delivered before the cut, counted from the engine's last heartbeat:
-    an engine stopped for 60 days keeps its ledger. The lake's pending count (the new checkpoint's
-    refusal, `status`'s backlog, the plots' ledger line) stays the retries still waiting, although
-    released retries' rows are gone while their outcome rows stay (a retry table kept shorter)."""
+    files decided (and due) and the retry files delivered before the cut, counted from the lake's last
+    recorded batch. The lake's pending count (a new checkpoint's refusal, `status`'s backlog, the plots'
+    ledger line) stays the retries still waiting: released retries whose rows went (a retry table kept
+    shorter) count as released by the retry table's recorded cut; a retry of a stopped engine, overdue
+    for days, still waits, whatever a new engine's heartbeat says; a retry decided long ago with a long
+    delay (a config since changed) keeps its outcome row."""
     now = dt.datetime.now(dt.UTC)
     lake = str(tmp_path)
     outcomes, retry = str(tmp_path / "outcomes"), str(tmp_path / "retry")
@@ -1049,56 +1039,85 @@ def test_the_ledger_loses_old_rows_in_whole_files_and_the_lake_still_counts_what
     minute, hour = dt.timedelta(minutes=1), dt.timedelta(hours=1)
     append_arrow(outcomes, outcome_rows(now - 40 * DAY, {"r1": minute, "r2": minute}, acks=2))
     append_arrow(retry, retry_rows(now - 40 * DAY + minute, ["r1", "r2"]))
-    append_arrow(outcomes, outcome_rows(now - 2 * DAY, {"r3": hour, "r4": hour}))
-    append_arrow(retry, retry_rows(now - 2 * DAY + hour, ["r3", "r4"]))
-    append_arrow(outcomes, outcome_rows(now - 20 * minute, {"r5": 10 * minute, "r6": 2 * hour}, acks=1))
-    append_arrow(retry, retry_rows(now - 9 * minute, ["r5"]))  # r6 waits
-    clock = {"now": now - 60 * DAY}
-    lease = LakeLease(lake, Owner("h", 1, "q", "/ckpt", now - 60 * DAY), timeout_ms=30_000, clock=lambda: clock["now"])
+    append_arrow(outcomes, outcome_rows(now - 40 * DAY, {"r8": 42 * DAY}))  # waits until 2 days from now
+    append_arrow(outcomes, outcome_rows(now - 5 * DAY, {"r3": hour, "r4": hour}))
+    append_arrow(retry, retry_rows(now - 5 * DAY + hour, ["r3", "r4"]))
+    append_arrow(outcomes, outcome_rows(now - 3 * DAY - hour, {"r5": 10 * minute, "r7": DAY / 2}))
+    append_arrow(retry, retry_rows(now - 3 * DAY - 50 * minute, ["r5"]))
+    clock = {"now": now - 3 * DAY}
+    lease = LakeLease(lake, Owner("h", 1, "q", "/ckpt", now - 3 * DAY), timeout_ms=30_000, clock=lambda: clock["now"])
     lease.acquire()
     config = parse_config(
         {"engine": {"lake": lake}, "maintenance": {"outcomes_retention": "30d", "retry_retention": "1d"}}
     )
-    assert lake_counts(config)[1] == 1
 
-    def would_expire() -> tuple[int, int]:
-        reports = {r.table_name: r for r in run_maintenance(config, tables=["outcomes", "retry"], dry_run=True)}
-        return reports["outcomes"].files_expired, reports["retry"].files_expired
+    def expired(*, dry_run: bool = False, tables: tuple[str, ...] = ("outcomes", "retry")) -> dict[str, int]:
+        return {r.table_name: r.files_expired for r in run_maintenance(config, tables=list(tables), dry_run=dry_run)
+                if r.table_name in tables}
 
-    # The engine stopped 60 days ago: its retention counts from then, and nothing would go.
-    assert would_expire() == (0, 0)
-    clock["now"] = now - 10 * minute
-    lease.heartbeat()
-    assert would_expire() == (1, 2)
+    # No batch recorded yet: nothing goes.
+    assert expired(dry_run=True) == {"outcomes": 0, "retry": 0}
+    # The engine stopped 3 days ago after a batch (r7, due since 2.5 days, still in its checkpoint).
+    assert lease.record_batch(BatchRecord("q", 7, None, {}, 2))
     reports = {r.table_name: r for r in run_maintenance(config, tables=["outcomes", "retry"])}
     assert (reports["outcomes"].files_expired, reports["outcomes"].rows_expired) == (1, 4)
     assert (reports["retry"].files_expired, reports["retry"].rows_expired) == (2, 4)
     left = DeltaTable(outcomes).to_pyarrow_table()
-    assert sorted(filter(None, left["output_msg_id"].to_pylist())) == ["r3", "r4", "r5", "r6"]
+    assert sorted(filter(None, left["output_msg_id"].to_pylist())) == ["r3", "r4", "r5", "r7", "r8"]
     assert DeltaTable(retry).to_pyarrow_table()["msg_id"].to_pylist() == ["r5"]
+    horizon = expired_before(DeltaTable(retry))
+    assert horizon is not None and abs(horizon - (now - 4 * DAY)) < minute
 
-    # r3 and r4 were released; their rows went with the retry table's day. Only r6 waits.
-    totals, pending = lake_counts(config)
-    assert pending == 1
-    assert totals.of_metric(DELIVERED) == {"G": 3}
-    seen = status.status(config, now=now)
-    assert [(e.consumer_group, e.pending) for e in seen.backlog] == [("G", 1)]
-    data = read_plot_data(config, since=None, now=now)
-    assert [(s.consumer_group, s.pending[-1]) for s in data.backlog] == [("G", 1)]
-    # Without the retry table's retention in the config, its gone rows would read as waiting.
-    kept = parse_config({"engine": {"lake": lake}, "maintenance": {"outcomes_retention": "30d"}})
-    assert lake_counts(kept)[1] == 3
-    # An engine state table another writer damaged (hostile input): `status` judges from now, and a
-    # maintenance run removes nothing of the ledger (the next run looks again).
+    def pending() -> tuple[int | None, list[tuple[str, int]], list[tuple[str, int]]]:
+        seen = status.status(config, now=now)
+        data = read_plot_data(config, since=None, now=now)
+        return (lake_counts(config)[1], [(e.consumer_group, e.pending) for e in seen.backlog],
+                [(s.consumer_group, s.pending[-1]) for s in data.backlog])
+
+    # r3 and r4 were released (their rows went); r7 and r8 wait. A new engine taking over (a fresh
+    # heartbeat, nothing released yet) changes nothing.
+    assert pending() == (2, [("G", 2)], [("G", 2)])
+    assert lake_counts(config)[0].of_metric(DELIVERED) == {"G": 3}
+    taker = LakeLease(lake, Owner("h2", 2, "q2", "/ckpt2", now), timeout_ms=30_000)
+    taker.acquire(take_over=True)
+    assert pending() == (2, [("G", 2)], [("G", 2)])
+    assert expired(dry_run=True) == {"outcomes": 0, "retry": 0}
+
+    # Its first batch, 10 minutes ago, released r7: r5's row goes a day later, r8 still waits.
+    append_arrow(retry, retry_rows(now - 10 * minute, ["r7"]))
+    assert taker.record_batch(BatchRecord("q2", 0, None, {}, 1))
+    assert expired(dry_run=True) == {"outcomes": 0, "retry": 1}
+    assert expired(tables=("retry",)) == {"retry": 1}
+    assert DeltaTable(retry).to_pyarrow_table()["msg_id"].to_pylist() == ["r7"]
+    assert pending() == (1, [("G", 1)], [("G", 1)])
+
+    # An engine state table another writer damaged (hostile input): no ledger row goes this run, and
+    # `status` still answers (it reads the retry table's cut, not the state).
     for data in (tmp_path / STATE_DIR).glob("*.parquet"):
         data.write_bytes(b"not parquet")
     with pytest.raises(Exception, match="(?i)parquet"):
         read_state(lake)
-    assert [(e.consumer_group, e.pending) for e in status.status(config, now=now).backlog] == [("G", 1)]
     append_arrow(retry, retry_rows(now - 3 * DAY, ["r9"]))
-    reports = {r.table_name: r for r in run_maintenance(config, tables=["outcomes", "retry"])}
-    assert (reports["outcomes"].files_expired, reports["retry"].files_expired) == (0, 0)
-    assert "r9" in DeltaTable(retry).to_pyarrow_table()["msg_id"].to_pylist()
+    assert expired() == {"outcomes": 0, "retry": 0}
+    assert pending()[0] == 1
+    # A cut never goes back (a retention made longer since): r10 goes, the recorded cut stays.
+    cut = expired_before(DeltaTable(retry))
+    append_arrow(retry, retry_rows(now - 3 * DAY, ["r10"]))
+    assert maintenance.expire_rows(retry, "delivered_at", now - 2 * DAY, stamped=True) == (1, 1)
+    assert expired_before(DeltaTable(retry)) == cut
+
+
+@pytest.mark.parametrize("version", [2**62, -(2**62)])
+def test_a_retry_table_cut_another_writer_set_to_no_time_is_no_cut(tmp_path: Path, version: int) -> None:
+    """Hostile input (a table written by others): a transaction of the retention's app id whose version
+    is no time reads as no cut (retries without their row then count as waiting), never an error."""
+    path = str(tmp_path / "retry")
+    ensure_table(path, RETRY.arrow_schema, partition_by=RETRY.partition_by)
+    write_deltalake(path, retry_rows(dt.datetime.now(dt.UTC), ["r1"]), mode="append",
+                    commit_properties=CommitProperties(app_transactions=[Transaction(EXPIRED_BEFORE_APP, version)]))
+    assert expired_before(DeltaTable(path)) is None
+    config = parse_config({"engine": {"lake": str(tmp_path)}})
+    assert status.released_horizon(config) is None
 
 
 def test_the_producers_messages_past_their_retention_go_and_the_rest_stay(tmp_path: Path) -> None:
