@@ -16,7 +16,8 @@ expiry removed; then after/before ratios of the two.
 both retentions "off" and on one with ``outcomes_retention = "30d"``, ``retry_retention = "3d"``
 (RocketMQ's 72 h). Printed per copy and table as above, and what a reader of the whole ledger then
 takes: the lake's counts a new checkpoint reads when it takes over (``lake_counts``) and their pending
-retries (the same on both copies: the rows still waiting are never removed).
+retries (the same on both copies: the rows still waiting are never removed). The lake records an
+engine's batch just before (the retention counts back from the last recorded batch).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from retry_engine.config import parse_config
+from retry_engine.core.lease import BatchRecord, LakeLease, Owner
 from retry_engine.delta.tables import append_arrow, ensure_table
 from retry_engine.ops.maintenance import TableReport, run_maintenance
 from retry_engine.ops.monitor import ensure_progress_table
@@ -154,6 +156,11 @@ def ledger_main(args: argparse.Namespace) -> None:
         outcome_rows, retry_rows = build_ledger(
             base, args.days, args.per_second, args.files_per_day, args.retries, args.body_bytes
         )
+        # The engine's last batch, just now: the ledger's retention counts back from it.
+        lease = LakeLease(str(base), Owner("bench", 1, "bench", str(work / "checkpoint"), dt.datetime.now(dt.UTC)))
+        lease.acquire()
+        lease.record_batch(BatchRecord("bench", 0, None, {}, 0))
+        lease.release()
         results = {}
         for name, retention in (("off", {}), ("30d / 3d", LEDGER_RETENTION)):
             root = work / name.replace(" / ", "-")
