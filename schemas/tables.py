@@ -307,7 +307,7 @@ ENGINE_STATE = Table(
         Column(
             "batch_recorded_at",
             _TS,
-            "When that batch was recorded (after its decisions): it released every retry due by then.",
+            "When that batch was recorded, after its schedule stage released the retries due by its batch time.",
         ),
     ),
 )

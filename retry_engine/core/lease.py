@@ -110,7 +110,8 @@ class BatchRecord:
     # The lake's counts through this batch (None: recorded by a release that did not count them).
     totals: Totals | None = None
     # When the lake recorded it (the lease's clock; None: an earlier release's record). The batch ran
-    # its schedule stage before: every retry due by then was released (the ledger's row retention).
+    # its schedule stage before: every retry due by its batch time, a batch's duration earlier, was
+    # released (the ledger's row retention cuts at least a day before it).
     recorded_at: dt.datetime | None = field(default=None, compare=False)
 
 

@@ -257,7 +257,9 @@ def ledger_cut(config: EngineConfig, before: dt.datetime, *, run_at: dt.datetime
     The lake counts a retry as pending while its outcome row has no ``%RETRY%G``
     row, and a new checkpoint refuses to drop pending retries unseen
     (:func:`~retry_engine.ops.status.lake_counts`). Every retry due by the last
-    recorded batch was released by it; a later one is due after the cut. So an
+    recorded batch's time was released by it (the record comes a batch's duration
+    later, and the cut at least a day before it): a retry still waiting is due
+    after the cut. So an
     outcome row that goes (decided and due before the cut, :data:`EXPIRE_ALSO`) is
     of a retry released, whatever the delays were; and a retry row that goes was
     delivered before the cut, which the retry table keeps (:func:`expired_before`):
@@ -311,9 +313,9 @@ def expire_rows(
     ``also``, see :func:`expiring_files`): (files, rows).
 
     ``marked`` (the metrics table): when there is any, first append :func:`expired_marker`, so a
-    reader that sees rows gone sees the marker too. ``stamped`` (%RETRY%G's table): the commit also
+    reader that sees rows gone sees the marker too. ``stamped`` (the ledger's tables): the commit also
     sets the table's :func:`expired_before` to ``before`` (never back), so a reader knows which
-    retries' rows may be gone.
+    retries' rows may be gone, and that the tables no longer hold every row counted.
 
     One commit of removes (``dataChange=true``: the rows are gone, as after a
     delete; a stream reading the table needs ``ignoreDeletes``), as the version
@@ -439,7 +441,7 @@ def maintain_table(
             "row retention",
             lambda: expire_rows(
                 path, expiring, before_time, marked=name == METRICS.name, also=EXPIRE_ALSO.get(name, ()),
-                stamped=name == RETRY.name,
+                stamped=name in LEDGER_TABLES,
             ),
         )
         if gone is not None:

@@ -803,7 +803,7 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
     now = now or dt.datetime.now(dt.UTC)
     recorded = _recorded_tables(config, now)
     given: dict[str, pa.Table | None] = (
-        {} if recorded is None else {"outcomes": recorded.outcomes, "retry": recorded.retry}
+        {} if recorded is None or recorded.outcomes is None else {"outcomes": recorded.outcomes, "retry": recorded.retry}
     )
     # Of the DLQ, only the files (then row groups) that may hold the window's dead letters.
     dlq = open_table(config.table_path(DLQ.name))
@@ -838,8 +838,10 @@ class Recorded:
     """What :func:`_recorded_tables` read: the lake's totals, and the outcome and retry rows beside them."""
 
     totals: Totals
-    outcomes: pa.Table  # the retries decided with a due time in the window
-    retry: pa.Table  # the rows due in the window or delivered within LATENESS_WINDOW
+    # The retries decided with a due time in the window, and the retry rows due in it or delivered
+    # within LATENESS_WINDOW; None when no window holds the recorded count (every row is read).
+    outcomes: pa.Table | None
+    retry: pa.Table | None
 
 
 def _recorded_tables(config: EngineConfig, now: dt.datetime) -> Recorded | None:
@@ -857,7 +859,9 @@ def _recorded_tables(config: EngineConfig, now: dt.datetime) -> Recorded | None:
     engine's next start; an engine on ``table_format = "delta"``, or one that has not recorded a
     batch since it took the lake over), when the tables keep moving past the record, and when no
     window holds the recorded count (retries pending for more than the widest window: those given up
-    by ``run --discard-pending`` stay pending in the tables, and in the record's count).
+    by ``run --discard-pending`` stay pending in the record's count); then, on a ledger that lost rows
+    to a row retention, only the outcome and retry rows are read whole, the counts are still the
+    record's (``Recorded.outcomes`` None).
     """
     try:
         return _recorded_window(config, now)
@@ -874,10 +878,19 @@ def _recorded_window(config: EngineConfig, now: dt.datetime) -> Recorded | None:
     if found is None:
         return None
     record, snapshot = found
-    window = pending_window(config, record, snapshot, now)
-    if window is None or record.totals is None:
+    if record.totals is None:
         return None
-    return Recorded(record.totals, *window)
+    window = pending_window(config, record, snapshot, now)
+    if window is not None:
+        return Recorded(record.totals, *window)
+    # No window holds the recorded count (retries it counts that the tables no longer hold as waiting:
+    # given up by `run --discard-pending`, their rows since gone to a row retention). When the ledger
+    # lost rows to one, the counts since the first batch are still the record's (the tables no longer
+    # hold them all) and only the backlog is read whole; else every row is read, counts too.
+    from retry_engine.ops.maintenance import expired_before
+
+    cut = [expired_before(table) for table in (snapshot[OUTCOMES.name], snapshot[RETRY.name]) if table is not None]
+    return Recorded(record.totals, None, None) if any(c is not None for c in cut) else None
 
 
 def recorded_snapshot(

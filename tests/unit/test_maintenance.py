@@ -32,6 +32,7 @@ from retry_engine.config import (
 )
 from retry_engine.core.lease import STATE_DIR, BatchRecord, LakeLease, Owner, read_state
 from retry_engine.core.metrics import DELIVERED, EXPIRED
+from retry_engine.core.totals import Totals
 from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import DeltaLog, TableLocation
 from retry_engine.delta._offsets import ChangeRules, Offset, files_after
@@ -56,8 +57,8 @@ from retry_engine.ops.maintenance import (
 from retry_engine.ops.monitor import ensure_progress_table
 from retry_engine.ops.plots import read_plot_data
 from retry_engine.ops.status import lake_counts
-from retry_engine.schemas import MESSAGES, METRICS, OUTCOMES, PROGRESS, RETRY
-from tests.builders import retry_rows
+from retry_engine.schemas import CONSUME_RESULTS, MESSAGES, METRICS, OUTCOMES, PROGRESS, RETRY
+from tests.builders import Result, results_table, retry_rows
 from tests.lakehouse import wait_for
 
 WEEK = 168
@@ -1105,6 +1106,36 @@ def test_the_ledger_loses_old_rows_in_whole_files_and_the_lake_still_counts_what
     append_arrow(retry, retry_rows(now - 3 * DAY, ["r10"]))
     assert maintenance.expire_rows(retry, "delivered_at", now - 2 * DAY, stamped=True) == (1, 1)
     assert expired_before(DeltaTable(retry)) == cut
+
+
+def test_status_keeps_the_records_counts_when_the_ledger_lost_rows_the_record_still_counts_waiting(
+    tmp_path: Path,
+) -> None:
+    """#14: a retry given up by `run --discard-pending` stays pending in the lake's batch record for good;
+    once its outcome file went to `outcomes_retention`, no window holds the recorded count. `status` then
+    reads the backlog whole but keeps the record's counts since the first batch: recounting the
+    truncated ledger would show 2 outcomes and a lag of 4 results behind."""
+    now = dt.datetime.now(dt.UTC)
+    config = parse_config({"engine": {"lake": str(tmp_path)}, "maintenance": {"outcomes_retention": "2d"}})
+    for name, schema in (("outcomes", OUTCOMES), ("retry", RETRY), ("consume_results", CONSUME_RESULTS)):
+        ensure_table(config.table_path(name), schema.arrow_schema, partition_by=schema.partition_by)
+    append_arrow(config.table_path("outcomes"), outcome_rows(now - 10 * DAY, {"d1": dt.timedelta(minutes=1)}, acks=3))
+    append_arrow(config.table_path("outcomes"), outcome_rows(now - dt.timedelta(hours=1), {"p1": 2 * DAY}, acks=1))
+    append_arrow(config.table_path("consume_results"), results_table([Result.of() for _ in range(6)]))
+    lease = LakeLease(str(tmp_path), Owner("h", 1, "q", "/ckpt", now), timeout_ms=30_000)
+    lease.acquire()
+    totals = Totals.of([("G", "acknowledged", 4), ("G", "retry", 2)])
+    assert lease.record_batch(BatchRecord("q", 5, None, {}, 2, totals))  # d1 given up, still counted
+
+    def shown() -> tuple[dict[str, int], list[tuple[str, int]], list[tuple[str | None, int, int, int]]]:
+        seen = status.status(config, now=now)
+        return (seen.outcomes, [(e.consumer_group, e.pending) for e in seen.backlog],
+                [(e.consumer_group, e.results_written, e.results_decided, e.results_behind) for e in seen.lag])
+
+    before = shown()
+    assert before[0] == {"acknowledged": 4, "retry": 2} and before[2] == [("G", 6, 6, 0)]
+    assert {r.table_name: r.files_expired for r in run_maintenance(config, tables=["outcomes"])}["outcomes"] == 1
+    assert shown() == (before[0], [("G", 1)], before[2])
 
 
 @pytest.mark.parametrize("version", [2**62, -(2**62)])
