@@ -33,6 +33,10 @@ whose statistics say every row is older, in one commit of removes; a file with
 a newer row, a row without a time, or no statistics stays until a later run
 can tell. The metrics table first gets a row saying so (:data:`EXPIRED_METRIC`):
 the plots' running sums then know the table no longer starts at the lake's start.
+The outcomes, retry and messages tables do the same when asked
+(``outcomes_retention``, ``retry_retention``, ``messages_retention``, off by
+default); the ledger's two cut from the last recorded batch and record their cut
+(:func:`ledger_cut`, :func:`expired_before`).
 
 :func:`run_maintenance` does that for the tables the engine owns and for
 consume_results (``retry-engine maintain``), and records what it did in the
@@ -119,7 +123,7 @@ EXPIRING_TABLES: dict[str, str] = {
 # Columns whose every value must be before the cut too (nulls allowed): a waiting retry keeps its outcome row.
 EXPIRE_ALSO: dict[str, tuple[str, ...]] = {OUTCOMES.name: ("due_at",)}
 EXPIRE_OPERATION = "EXPIRE ROWS"
-# The app id of the transaction a retry-table expiry commits: its version is the cut in epoch ms.
+# The app id of the transaction a ledger table's expiry commits: its version is the cut in epoch ms.
 EXPIRED_BEFORE_APP = "retry-engine-expired-before"
 
 Trigger = Literal["command", "engine"]
@@ -259,13 +263,12 @@ def ledger_cut(config: EngineConfig, before: dt.datetime, *, run_at: dt.datetime
     (:func:`~retry_engine.ops.status.lake_counts`). Every retry due by the last
     recorded batch's time was released by it (the record comes a batch's duration
     later, and the cut at least a day before it): a retry still waiting is due
-    after the cut. So an
-    outcome row that goes (decided and due before the cut, :data:`EXPIRE_ALSO`) is
-    of a retry released, whatever the delays were; and a retry row that goes was
-    delivered before the cut, which the retry table keeps (:func:`expired_before`):
-    a retry due before it whose row is missing was released
-    (:func:`~retry_engine.ops.status.released_horizon`). Heartbeats do not count:
-    a stuck engine's, or a new engine's first, releases nothing.
+    after the cut. So an outcome row that goes (decided and due before the cut,
+    :data:`EXPIRE_ALSO`) is of a retry released, whatever the delays were; and a
+    retry row that goes was delivered before the cut, which the retry table keeps
+    (:func:`expired_before`): a retry due before it whose row is missing was
+    released (:func:`~retry_engine.ops.status.released_horizon`). Heartbeats do
+    not count: a stuck engine's, or a new engine's first, releases nothing.
     """
     try:
         state = read_state(config.engine.lake)
