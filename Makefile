@@ -144,7 +144,7 @@ clean:
 	rm -rf $(VENV) data build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache mutants
 
 # Watching the engine (tables under engine.lake; no Spark session).
-.PHONY: status plots bench-status bench-retention
+.PHONY: status plots bench-status bench-retention bench-retention-ledger
 
 status: venv
 	$(VENV)/bin/retry-engine status --config $(CONFIG)
@@ -157,6 +157,9 @@ bench-status: venv
 
 bench-retention: venv
 	$(PY) bench/bench_retention.py
+
+bench-retention-ledger: venv
+	$(PY) bench/bench_retention.py --table ledger
 
 bench-catch-up: venv
 	$(PY) bench/bench_catch_up.py
