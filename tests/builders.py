@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from retry_engine.schemas import CONSUME_RESULTS, RETRY
+from retry_engine.schemas import CONSUME_RESULTS, MESSAGES, OUTCOMES, RETRY
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
 _ids = itertools.count()
@@ -81,6 +81,31 @@ def retry_rows(delivered: dt.datetime, ids: list[str], group: str = "G") -> pa.T
         for i in ids
     ]
     return pa.Table.from_pylist(rows, schema=RETRY.arrow_schema)
+
+
+def outcome_rows(decided: dt.datetime, retries: dict[str, dt.timedelta], acks: int = 0, group: str = "G") -> pa.Table:
+    """Outcome rows decided at ``decided``: a retry per output id (due after its delay), and ``acks``."""
+    rows = [
+        {**dict.fromkeys(OUTCOMES.names), "result_id": f"res-{out}", "consumer_group": group, "retry_topic": "T",
+         "outcome": "retry", "output_msg_id": out, "delay_level": 3, "due_at": decided + delay,
+         "batch_id": 0, "decided_at": decided, "reconsume_times": 0}
+        for out, delay in retries.items()
+    ]
+    rows += [
+        {**dict.fromkeys(OUTCOMES.names), "result_id": f"ack-{decided.timestamp()}-{i}", "consumer_group": group,
+         "retry_topic": "T", "outcome": "acknowledged", "batch_id": 0, "decided_at": decided, "reconsume_times": 0}
+        for i in range(acks)
+    ]
+    return pa.Table.from_pylist(rows, schema=OUTCOMES.arrow_schema)
+
+
+def message_rows(ids: list[str], stored: list[dt.datetime], topic: str = "orders") -> pa.Table:
+    """Rows of the producers' messages table, stored at ``stored``."""
+    return pa.Table.from_pylist(
+        [{**dict.fromkeys(MESSAGES.names), "msg_id": i, "topic": topic, "body": b"x", "store_timestamp": t,
+          "born_timestamp": t, "queue_id": 0} for i, t in zip(ids, stored, strict=True)],
+        schema=MESSAGES.arrow_schema,
+    )
 
 
 def work_rows(results: list[Result], *, batch_ts: dt.datetime, config: Any = None) -> pa.Table:

@@ -30,7 +30,7 @@ from retry_engine.ops.cli import EXIT_OK, main
 from retry_engine.ops.maintenance import ENGINE_TABLES, RECORD_TABLE, maintenance_path
 from retry_engine.ops.monitor import ensure_progress_table
 from retry_engine.schemas import METRICS, PROGRESS
-from tests.builders import Result
+from tests.builders import Result, message_rows, outcome_rows, retry_rows
 from tests.lakehouse import Lake, wait_for
 
 pytestmark = pytest.mark.slow
@@ -108,7 +108,8 @@ def test_maintenance_in_and_around_the_engine_loses_and_repeats_nothing(
     lake = Lake.make(
         tmp_path / "lake",
         engine={"max_files_per_trigger": 2},
-        maintenance={"every_batches": 1, "consume_results": True, "messages": True},
+        maintenance={"every_batches": 1, "consume_results": True, "messages": True, "outcomes_retention": "30d",
+                     "retry_retention": "3d", "messages_retention": "3d"},
         groups=SLOW,
     )
     first, second, third = phase("a", 6), phase("b", 3), phase("c", 2)
@@ -132,6 +133,16 @@ def test_maintenance_in_and_around_the_engine_loses_and_repeats_nothing(
     query = engine.start(spark, lake.config)
     try:
         engine.wait_until_idle(query, through_version=through)
+        # A ledger and topic months old (written once the lake records batches: a fresh checkpoint
+        # refuses outcomes no batch record vouches for): past the retentions, they go in the engine.
+        append_arrow(lake.path("outcomes"), outcome_rows(long_ago, {"old-r1": dt.timedelta(minutes=1)}, acks=2))
+        append_arrow(lake.path("retry"), retry_rows(long_ago + dt.timedelta(minutes=1), ["old-r1"], group="slow"))
+        append_arrow(lake.path("messages"), message_rows(["old-m1", "old-m2"], [long_ago, long_ago]))
+        wait_for(
+            lambda: {r["table_name"] for r in _rows(lake) if r["trigger"] == "engine" and r["rows_expired"]}
+            >= {"outcomes", "retry", "messages"},
+            what="in-engine maintenance to expire the old ledger and messages",
+        )
         wait_for(
             lambda: (
                 {r["table_name"] for r in _rows(lake) if r["trigger"] == "engine"}
@@ -153,7 +164,7 @@ def test_maintenance_in_and_around_the_engine_loses_and_repeats_nothing(
     assert len(DeltaTable(lake.path("messages")).file_uris()) == 1
     # The old rows went while the engine recorded its own beside them (#14: row retention).
     expired = {r["table_name"]: r["rows_expired"] for r in engine_runs if r["rows_expired"]}
-    assert expired == {"progress": 3, "metrics": 1}
+    assert expired == {"progress": 3, "metrics": 1, "outcomes": 3, "retry": 1, "messages": 2}
     progress = lake.rows("progress")
     assert progress and all(r["run_id"] != "old-run" for r in progress)
     marks = [r for r in lake.rows("metrics") if r["metric"] == EXPIRED]

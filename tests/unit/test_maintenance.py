@@ -58,7 +58,7 @@ from retry_engine.ops.monitor import ensure_progress_table
 from retry_engine.ops.plots import read_plot_data
 from retry_engine.ops.status import lake_counts
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGES, METRICS, OUTCOMES, PROGRESS, RETRY
-from tests.builders import Result, results_table, retry_rows
+from tests.builders import Result, message_rows, outcome_rows, results_table, retry_rows
 from tests.lakehouse import wait_for
 
 WEEK = 168
@@ -1008,22 +1008,6 @@ def test_two_expiries_at_once_remove_each_file_once_and_both_end_cleanly(tmp_pat
 # --------------------------------------------------------------------------- the ledger's retention
 
 
-def outcome_rows(decided: dt.datetime, retries: dict[str, dt.timedelta], acks: int = 0) -> pa.Table:
-    """Outcome rows decided at ``decided``: a retry per output id (due after its delay), and ``acks``."""
-    rows = [
-        {**dict.fromkeys(OUTCOMES.names), "result_id": f"res-{out}", "consumer_group": "G", "retry_topic": "T",
-         "outcome": "retry", "output_msg_id": out, "delay_level": 3, "due_at": decided + delay,
-         "batch_id": 0, "decided_at": decided, "reconsume_times": 0}
-        for out, delay in retries.items()
-    ]
-    rows += [
-        {**dict.fromkeys(OUTCOMES.names), "result_id": f"ack-{decided.timestamp()}-{i}", "consumer_group": "G",
-         "retry_topic": "T", "outcome": "acknowledged", "batch_id": 0, "decided_at": decided, "reconsume_times": 0}
-        for i in range(acks)
-    ]
-    return pa.Table.from_pylist(rows, schema=OUTCOMES.arrow_schema)
-
-
 def test_the_ledger_loses_old_rows_in_whole_files_and_the_lake_still_counts_what_is_pending(tmp_path: Path) -> None:
     """#14 (months on a lake): `[maintenance] outcomes_retention` / `retry_retention` remove the outcome
     files decided (and due) and the retry files delivered before the cut, counted from the lake's last
@@ -1159,16 +1143,9 @@ def test_the_producers_messages_past_their_retention_go_and_the_rest_stay(tmp_pa
     path = str(tmp_path / "messages")
     ensure_table(path, MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
 
-    def sent(ids: list[str], at: list[dt.datetime]) -> pa.Table:
-        return pa.Table.from_pylist(
-            [{**dict.fromkeys(MESSAGES.names), "msg_id": i, "topic": "orders", "body": b"x", "store_timestamp": t,
-              "born_timestamp": t, "queue_id": 0} for i, t in zip(ids, at, strict=True)],
-            schema=MESSAGES.arrow_schema,
-        )
-
-    append_arrow(path, sent(["a", "b"], [now - 5 * DAY, now - 4 * DAY]))
-    append_arrow(path, sent(["c", "d"], [now - 5 * DAY, now - dt.timedelta(hours=1)]))
-    append_arrow(path, sent(["e"], [now]))
+    append_arrow(path, message_rows(["a", "b"], [now - 5 * DAY, now - 4 * DAY]))
+    append_arrow(path, message_rows(["c", "d"], [now - 5 * DAY, now - dt.timedelta(hours=1)]))
+    append_arrow(path, message_rows(["e"], [now]))
     off = parse_config({"engine": {"lake": str(tmp_path)}})
     assert run_maintenance(off, tables=["messages"], dry_run=True)[0].files_expired == 0
     kept = parse_config({"engine": {"lake": str(tmp_path)}, "maintenance": {"messages_retention": "3d"}})
