@@ -305,6 +305,12 @@ ENGINE_STATE = Table(
             "first batch, through that batch.",
         ),
         Column(
+            "discarded_before",
+            _TS,
+            "A new checkpoint gave up the retries its predecessors left waiting (`run --discard-pending`) "
+            "when it started: retries decided before this and never released are no longer pending.",
+        ),
+        Column(
             "batch_recorded_at",
             _TS,
             "When that batch was recorded, after its schedule stage released the retries due by its batch time.",

@@ -14,6 +14,7 @@ checkpoint is new (:mod:`retry_engine.core.resume`). :func:`stop` releases the l
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import functools
 import json
 import logging
@@ -342,10 +343,11 @@ def _resume_point(
     *,
     fresh: bool,
     discard_pending: bool,
-) -> tuple[resume.ResumePoint | None, int, Totals | None]:
-    """Start-up under the lease: where the stream starts, the pending retries the lake counts for it, and
+) -> tuple[resume.ResumePoint | None, int, Totals | None, dt.datetime | None]:
+    """Start-up under the lease: where the stream starts, the pending retries the lake counts for it,
     the lake's counts through its last batch (:mod:`retry_engine.core.totals`; None on
-    ``table_format = "delta"``, which records no batches).
+    ``table_format = "delta"``, which records no batches), and when it gave up the retries earlier
+    checkpoints left waiting (``discard_pending``; None: none given up).
 
     First commits the lake's last recorded batch to any output table that lacks it.
     """
@@ -381,9 +383,8 @@ def _resume_point(
         resume.store(checkpoint, point)
     elif not fresh:
         point = resume.stored(checkpoint)
-    # The record's pending count is the tables' (retry outcomes without a retry row), which `status`
-    # checks its window against: a new checkpoint carries on with what the tables hold, retries it
-    # discards (--discard-pending) included, as they stay pending there for good.
+    # The record's pending count is the tables' (retry outcomes without a retry row, less those given
+    # up), which `status` checks its window against: a new checkpoint carries on with what the tables hold.
     pending = last.pending_retries if last is not None and last.query_id == query_id else (pending_in_lake or 0)
     totals = last.totals if last is not None else None
     if recount and counted is not None:
@@ -393,7 +394,11 @@ def _resume_point(
         lake_totals, in_tables = counted
         log.info("lake %s: counted its outcomes for the batch record: %s", config.engine.lake, lake_totals.outcomes())
         totals, pending = (lake_totals if lake_totals.bounded else None), in_tables or 0
-    return point, pending, totals
+    # --discard-pending: the retries the earlier checkpoints left waiting are given up, and the lake
+    # says so (EngineState.discarded_before), so they are pending neither in this record nor for the
+    # next new checkpoint, which would otherwise be refused for them again.
+    discarded = taking_over and discard_pending and bool(pending_in_lake)
+    return point, 0 if discarded else pending, totals, dt.datetime.now(dt.UTC) if discarded else None
 
 
 
@@ -478,7 +483,7 @@ def start(
             with step("table layout"):
                 _migrate_partition_layout(config)
         with step("resume point"):
-            point, pending, totals = _resume_point(
+            point, pending, totals, discarded = _resume_point(
                 config, before, app_id, fresh=fresh, discard_pending=discard_pending
             )
         if native and point is not None:
@@ -496,6 +501,7 @@ def start(
                 lease=lease,
                 pending=pending,
                 totals=totals,
+                discarded=discarded,
                 resume_at=point,
                 startup=startup,
             )
@@ -550,6 +556,7 @@ def _start_query(
     lease: LakeLease,
     pending: int,
     totals: Totals | None = None,
+    discarded: dt.datetime | None = None,
     resume_at: resume.ResumePoint | None,
     startup: Startup | None = None,
 ) -> StreamingQuery:
@@ -577,6 +584,7 @@ def _start_query(
                     checkpoint=checkpoint,
                     pending_retries=pending,
                     totals=totals,
+                    discarded_before=discarded,
                 )
             )
         stateless = writer.stateless_writes() if isinstance(writer, BatchWriter) else None

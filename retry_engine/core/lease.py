@@ -124,6 +124,9 @@ class EngineState:
     heartbeat: dt.datetime | None
     released: bool
     last_batch: BatchRecord | None
+    # When a new checkpoint last gave up the retries left waiting (`run --discard-pending`): a retry
+    # decided before it and never released is no longer pending (None: never).
+    discarded_before: dt.datetime | None = None
 
     def live(self, now: dt.datetime, timeout_ms: int) -> bool:
         """Whether the lease still binds others: held, not released, heartbeat within the timeout."""
@@ -148,6 +151,7 @@ class EngineState:
             "batch_files": json.dumps(dict(batch.files)) if batch else None,
             "pending_retries": batch.pending_retries if batch else None,
             "totals": batch.totals.to_json() if batch and batch.totals is not None else None,
+            "discarded_before": self.discarded_before,
             "batch_recorded_at": batch.recorded_at if batch else None,
         }
         return pa.Table.from_pylist([row], schema=ENGINE_STATE.arrow_schema)
@@ -172,7 +176,9 @@ class EngineState:
                 totals=Totals.from_json(row.get("totals")),
                 recorded_at=row.get("batch_recorded_at"),
             )
-        return cls(int(row["epoch"]), owner, row["heartbeat"], bool(row["released"]), batch)
+        return cls(
+            int(row["epoch"]), owner, row["heartbeat"], bool(row["released"]), batch, row.get("discarded_before")
+        )
 
 
 def _load(path: str) -> tuple[DeltaTable | None, EngineState | None]:
@@ -275,7 +281,10 @@ class LakeLease:
                     ensure_table(self.path, ENGINE_STATE.arrow_schema, add_missing=True)
                     continue
                 epoch = (before.epoch if before is not None else 0) + 1
-                after = EngineState(epoch, self.owner, now, False, before.last_batch if before else None)
+                after = EngineState(
+                    epoch, self.owner, now, False, before.last_batch if before else None,
+                    before.discarded_before if before else None,
+                )
                 if self._swap(handle, after, epoch):
                     self.epoch = epoch
                     if before is not None and before.owner is not None and before.owner.query_id != self.owner.query_id:
@@ -295,8 +304,10 @@ class LakeLease:
         """Refresh the lease; :class:`LeaseLostError` if another engine took it over."""
         self._update(lambda s: replace(s, heartbeat=self.clock()), what="heartbeat")
 
-    def record_batch(self, batch: BatchRecord) -> bool:
+    def record_batch(self, batch: BatchRecord, *, discarded_before: dt.datetime | None = None) -> bool:
         """Make ``batch`` the lake's last batch (and heartbeat); fenced like :meth:`heartbeat`.
+        ``discarded_before``: also record that this engine gave up, then, the retries earlier
+        checkpoints left waiting (:attr:`EngineState.discarded_before`), with its first batch.
 
         Replay: when the lake already records this query's batch ``batch.batch_id``
         or a later one, nothing is written and the answer is False (one read of
@@ -308,7 +319,10 @@ class LakeLease:
             if last is not None and last.query_id == batch.query_id and last.batch_id >= batch.batch_id:
                 return None
             now = self.clock()
-            return replace(state, heartbeat=now, last_batch=replace(batch, recorded_at=now))
+            discarded = discarded_before if discarded_before is not None else state.discarded_before
+            return replace(
+                state, heartbeat=now, last_batch=replace(batch, recorded_at=now), discarded_before=discarded
+            )
 
         return self._update(change, what=f"batch {batch.batch_id}")
 

@@ -419,6 +419,10 @@ class BatchWriter:
     checkpoint: str | None = None
     pending_retries: int = 0
     totals: Totals | None = None
+    # A new checkpoint that gave up the retries its predecessors left waiting (--discard-pending):
+    # when, written to the lake with its first record (then None), so an old checkpoint resumed after
+    # a start that never got that far still finds its retries counted as pending.
+    discarded_before: dt.datetime | None = None
     _targets: tuple[_Target, ...] = field(init=False, repr=False)
     _last_batch: int | None = field(default=None, init=False, repr=False)
 
@@ -551,8 +555,10 @@ class BatchWriter:
                 files={name: [asdict(f) for f in written] for name, written in files.items()},
                 pending_retries=pending,
                 totals=totals,
-            )
+            ),
+            discarded_before=self.discarded_before,
         )
+        self.discarded_before = None  # in the lake now (or already: a replay of a recorded batch)
         if not recorded:
             log.info("batch %d: already recorded in the lake; replay commits nothing new", batch_id)
             return False

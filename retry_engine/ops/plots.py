@@ -50,6 +50,7 @@ from retry_engine.ops.status import (  # noqa: E402
     EngineTables,
     at_or_after,
     backlog,
+    discarded_before,
     lateness_ms,
     pending_retries,
     pending_window,
@@ -168,8 +169,14 @@ def metrics_changes(metrics: pa.Table) -> pa.Table:
     return _changes(rows["batch_time"], rows["consumer_group"], rows["delay_level"], signed)
 
 
-def ledger_changes(outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None) -> pa.Table:
-    """:data:`CHANGES` of the ledger: +1 when a retry is decided, -1 when it is released.
+def ledger_changes(
+    outcomes: pa.Table,
+    retry: pa.Table,
+    released_before: dt.datetime | None = None,
+    discarded_before: dt.datetime | None = None,
+) -> pa.Table:
+    """:data:`CHANGES` of the ledger: +1 when a retry is decided, -1 when it is released, or when a new
+    checkpoint gave it up (``discarded_before``, see :func:`~retry_engine.ops.status.discarded_before`).
 
     Under a row retention (``[maintenance] outcomes_retention`` / ``retry_retention``) either row of a
     retry may be gone: a release counts only with its decision, and a decision without its release
@@ -177,23 +184,30 @@ def ledger_changes(outcomes: pa.Table, retry: pa.Table, released_before: dt.date
     (``released_before``); what was decided and released before the tables start is no change at all.
     """
     decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
+    released = pc.fill_null(pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
     if released_before is not None:
-        released = pc.fill_null(pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
         due = decided["due_at"]
         gone = pc.and_(pc.invert(released), pc.fill_null(pc.less(due, pa.scalar(released_before, due.type)), False))
-        decided = decided.filter(pc.invert(gone))
+        decided, released = decided.filter(pc.invert(gone)), released.filter(pc.invert(gone))
     # A re-drive's row, or a release whose decision the outcomes table no longer holds.
     retry = retry.filter(
         pc.fill_null(pc.is_in(retry["msg_id"], value_set=decided["output_msg_id"].combine_chunks()), False)
     )
-    ones = pa.array(np.ones(decided.num_rows, dtype=np.int64))
-    minus = pa.array(-np.ones(retry.num_rows, dtype=np.int64))
-    return pa.concat_tables(
-        [
-            _changes(decided["decided_at"], decided["consumer_group"], decided["delay_level"], ones),
-            _changes(retry["delivered_at"], retry["consumer_group"], retry["delay_level"], minus),
-        ]
-    )
+    parts = [
+        _changes(decided["decided_at"], decided["consumer_group"], decided["delay_level"],
+                 pa.array(np.ones(decided.num_rows, dtype=np.int64))),
+        _changes(retry["delivered_at"], retry["consumer_group"], retry["delay_level"],
+                 pa.array(-np.ones(retry.num_rows, dtype=np.int64))),
+    ]
+    if discarded_before is not None:
+        at = decided["decided_at"]
+        given_up = decided.filter(
+            pc.and_(pc.invert(released), pc.fill_null(pc.less(at, pa.scalar(discarded_before, at.type)), False))
+        )
+        when = pa.array([discarded_before] * given_up.num_rows, pa.timestamp("us", tz="UTC"))
+        parts.append(_changes(when, given_up["consumer_group"], given_up["delay_level"],
+                              pa.array(-np.ones(given_up.num_rows, dtype=np.int64))))
+    return pa.concat_tables(parts)
 
 
 def backlog_from_metrics(metrics: pa.Table) -> list[BacklogSeries]:
@@ -202,10 +216,13 @@ def backlog_from_metrics(metrics: pa.Table) -> list[BacklogSeries]:
 
 
 def backlog_from_ledger(
-    outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None
+    outcomes: pa.Table,
+    retry: pa.Table,
+    released_before: dt.datetime | None = None,
+    discarded_before: dt.datetime | None = None,
 ) -> list[BacklogSeries]:
     """Backlog by (group, level): +1 when a retry is decided, -1 when it is released (:func:`ledger_changes`)."""
-    return _series_from_changes(ledger_changes(outcomes, retry, released_before))
+    return _series_from_changes(ledger_changes(outcomes, retry, released_before, discarded_before))
 
 
 def _key_sums(changes: pa.Table) -> dict[tuple[str, int | None], int]:
@@ -416,7 +433,7 @@ def plot_data(lake: EngineTables, since: dt.datetime | None = None) -> PlotData:
     changes = (
         metrics_changes(lake.metrics)
         if source == "metrics"
-        else ledger_changes(lake.outcomes, lake.retry, lake.released_before)
+        else ledger_changes(lake.outcomes, lake.retry, lake.released_before, lake.discarded_before)
     )
     retry, dlq = lake.retry, lake.dlq
     if since is not None:
@@ -449,8 +466,10 @@ def _recorded_backlog(config: EngineConfig, since: dt.datetime, now: dt.datetime
         window = pending_window(config, record, snapshot, now)
         if window is None:
             return None
-        horizon = released_horizon(config, snapshot[RETRY.name])
-        pending = {(e.consumer_group, e.delay_level): e.pending for e in backlog(pending_retries(*window, horizon))}
+        horizon, given_up = released_horizon(config, snapshot[RETRY.name]), discarded_before(config)
+        pending = {
+            (e.consumer_group, e.delay_level): e.pending for e in backlog(pending_retries(*window, horizon, given_up))
+        }
         metrics = rows_since(config, METRICS.name, "batch_time", since, table=snapshot[METRICS.name])
         if not metrics_hold(metrics, since) and metrics.num_rows:
             log.info("plots: maintenance removed METRICS rows after %s; drawing the backlog from the ledger", since)
@@ -486,7 +505,9 @@ def read_plot_data(config: EngineConfig, *, since: dt.datetime | None, now: dt.d
     if not metrics_hold(lake.metrics, since):  # none (a native Delta engine), or expired: from the ledger
         given = {name: getattr(lake, name) for name in PLOT_TABLES}
         lake = read_tables(config, names=(*PLOT_TABLES, OUTCOMES.name), given=given)
-    return plot_data(replace(lake, released_before=released_horizon(config)), since)
+    return plot_data(
+        replace(lake, released_before=released_horizon(config), discarded_before=discarded_before(config)), since
+    )
 
 
 def render(lake: EngineTables | PlotData, out_dir: str | os.PathLike[str]) -> list[Plot]:

@@ -118,6 +118,8 @@ class EngineTables:
     totals: Totals | None = None
     # See released_horizon: retry outcomes due before it are released, whether or not their row is left.
     released_before: dt.datetime | None = None
+    # See discarded_before: retry outcomes decided before it and never released were given up.
+    discarded_before: dt.datetime | None = None
 
 
 def _empty(table: Table, columns: tuple[str, ...]) -> pa.Table:
@@ -571,11 +573,36 @@ def released_horizon(config: EngineConfig, retry: Any = None) -> dt.datetime | N
     return None if table is None else expired_before(table)
 
 
-def pending_retries(outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None) -> pa.Table:
+def discarded_before(config: EngineConfig) -> dt.datetime | None:
+    """When a new checkpoint last gave up the retries earlier ones left waiting (``run --discard-pending``,
+    :attr:`~retry_engine.core.lease.EngineState.discarded_before`); None: never, or the state is unreadable
+    (they then count as waiting)."""
+    try:
+        state = read_state(config.engine.lake)
+    except Exception as exc:  # noqa: BLE001 - a refinement of the count only
+        log.warning("the engine state of %s is unreadable (%s); retries given up count as waiting", config.engine.lake, exc)
+        return None
+    return state.discarded_before if state is not None else None
+
+
+def pending_retries(
+    outcomes: pa.Table,
+    retry: pa.Table,
+    released_before: dt.datetime | None = None,
+    discarded_before: dt.datetime | None = None,
+) -> pa.Table:
     """Retries decided (outcome ``retry``) but not yet released to %RETRY%G (``released_before``: see
-    :func:`released_horizon`)."""
+    :func:`released_horizon`), nor given up (decided before ``discarded_before``, see :func:`discarded_before`)."""
     decided, released = _retries_released(outcomes, retry, released_before)
-    return decided.filter(pc.invert(released))
+    return decided.filter(pc.invert(pc.or_(released, _given_up(decided, discarded_before))))
+
+
+def _given_up(decided: pa.Table, discarded_before: dt.datetime | None) -> pa.ChunkedArray | pa.Array:
+    """For each retry outcome of ``decided``: whether it was decided before ``discarded_before``."""
+    if discarded_before is None:
+        return pa.array(np.zeros(decided.num_rows, dtype=bool))
+    at = decided["decided_at"]
+    return pc.fill_null(pc.less(at, pa.scalar(discarded_before, at.type)), False)
 
 
 def _retries_released(
@@ -621,14 +648,15 @@ def totals_of(outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime 
 def lake_counts(config: EngineConfig) -> tuple[Totals, int | None]:
     """The counts of every row of the lake's outcome and retry tables (:func:`totals_of`), and the
     retries pending in them (:func:`pending_retries`; None when there is no outcome table)."""
-    columns = ("consumer_group", "outcome", "output_msg_id", "due_at")
+    columns = ("consumer_group", "outcome", "output_msg_id", "due_at", "decided_at")
     outcomes = read_table_columns(config.table_path(OUTCOMES.name), OUTCOMES, columns)
     retry = read_table_columns(config.table_path(RETRY.name), RETRY, ("msg_id",))
     retry = retry if retry is not None else _empty(RETRY, ("msg_id",))
     if outcomes is None:
         return totals_of(_empty(OUTCOMES, columns), retry), None
     horizon = released_horizon(config)
-    return totals_of(outcomes, retry, horizon), pending_retries(outcomes, retry, horizon).num_rows
+    waiting = pending_retries(outcomes, retry, horizon, discarded_before(config))
+    return totals_of(outcomes, retry, horizon), waiting.num_rows
 
 
 def backlog(pending: pa.Table) -> list[BacklogEntry]:
@@ -770,7 +798,7 @@ def summarise(
     )
     failures, last_failure_at, last_failure = recent_failures(lake.progress, now=now)
     totals = lake.totals if lake.totals is not None else totals_of(lake.outcomes, lake.retry, lake.released_before)
-    pending = pending_retries(lake.outcomes, lake.retry, lake.released_before)
+    pending = pending_retries(lake.outcomes, lake.retry, lake.released_before, lake.discarded_before)
     entries = backlog(pending)
     due = [e.oldest_due_at for e in entries if e.oldest_due_at is not None]
     oldest = min(due) if due else None
@@ -816,6 +844,7 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
             lake,
             totals=None if recorded is None else recorded.totals,
             released_before=released_horizon(config),
+            discarded_before=discarded_before(config),
         ),
         now=now,
         trigger_interval_ms=config.trigger_interval_ms,
@@ -940,12 +969,12 @@ def pending_window(
     pending at the recorded batch: those due within a window of ``now`` widened until it holds as many
     as the record counts (see :func:`_recorded_tables`), the retry rows also those delivered within
     :data:`LATENESS_WINDOW`. None when no window does."""
-    window, horizon = PENDING_WINDOW, released_horizon(config, snapshot[RETRY.name])
+    window, horizon, given_up = PENDING_WINDOW, released_horizon(config, snapshot[RETRY.name]), discarded_before(config)
     for _ in range(WINDOW_TRIES):
         since = now - window
         outcomes = _retries_decided(config, snapshot[OUTCOMES.name], since)
         retry = _retry_rows(config, snapshot[RETRY.name], since, now - LATENESS_WINDOW)
-        if pending_retries(outcomes, retry, horizon).num_rows == record.pending_retries:
+        if pending_retries(outcomes, retry, horizon, given_up).num_rows == record.pending_retries:
             return outcomes, retry
         window *= WINDOW_GROWTH
     log.info(

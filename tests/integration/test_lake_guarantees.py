@@ -14,6 +14,7 @@ from retry_engine.core.lease import LakeLease, Owner, read_state
 from retry_engine.core.outputs import BatchWriter
 from retry_engine.delta import ensure_query_id
 from retry_engine.errors import LakeOwnedError, LakeResumeError
+from retry_engine.ops import status
 from tests.builders import Result
 from tests.lakehouse import Lake, wait_for
 
@@ -55,7 +56,8 @@ def test_new_checkpoint_resumes_after_the_lake_and_writes_nothing_twice(
 
     Checkpoint c1 decides phase 1; c2 (new) then decides phase 2 only. Phase 2
     leaves a retry pending (1h) in c2's state, so c3 (new) refuses to start
-    (LAKE_PENDING_RETRIES) until told to discard it, then decides phase 3 only.
+    (LAKE_PENDING_RETRIES) until told to discard it, then decides phase 3 only;
+    c4 (new) then starts without being told again (the lake records the discard).
     Every result ends with one outcome (SPEC bad-input rule), every dead
     letter exists once (B1), and the refused start left the lake free.
     """
@@ -78,14 +80,23 @@ def test_new_checkpoint_resumes_after_the_lake_and_writes_nothing_twice(
     ):
         engine.start(spark, c3)
     engine.run_once(spark, c3, discard_pending=True)
+    # The lake says the retry was given up (#14): not pending in c3's record nor in the tables, and the
+    # next new checkpoint starts without being told to discard it again.
+    state = read_state(str(tmp_path / "lake"))
+    assert state is not None and state.discarded_before is not None
+    assert state.last_batch is not None and state.last_batch.pending_retries == 0
+    assert status.lake_counts(c3)[1] == 0
+    fourth = phase("p4")
+    lake.write_results(fourth)
+    engine.run_once(spark, lake_with(tmp_path, "c4").config)
 
-    results = [r.values["result_id"] for r in first + second + third]
+    results = [r.values["result_id"] for r in first + second + third + fourth]
     outcomes = per_result(lake, "outcomes", "result_id")
     assert {rid: outcomes[rid] for rid in results} == {rid: 1 for rid in results}
     assert sum(outcomes.values()) == len(results)
     dead = per_result(lake, "dlq", "source_result_id")
-    assert sorted(dead.values()) == [1, 1, 1] and len(dead) == 3
-    assert sum(per_result(lake, "quarantine", "result_id").values()) == 3
+    assert sorted(dead.values()) == [1, 1, 1, 1] and len(dead) == 4
+    assert sum(per_result(lake, "quarantine", "result_id").values()) == 4
     assert (
         lake.rows("retry") == []
     )  # the slow retry was discarded with c2's state, never delivered early

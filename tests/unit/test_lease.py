@@ -320,19 +320,19 @@ def test_new_checkpoint_refuses_a_lake_whose_outcomes_no_batch_record_covers(tmp
     from retry_engine.core.engine import _resume_point
 
     config = _lake_config(tmp_path)
-    assert _resume_point(config, None, "q", fresh=True, discard_pending=False) == (None, 0, Totals.empty())  # an empty lake
+    assert _resume_point(config, None, "q", fresh=True, discard_pending=False) == (None, 0, Totals.empty(), None)
     _append(config, "outcomes", [{"outcome": "acknowledged", "batch_id": 0, "decided_at": T0}])
     with pytest.raises(LakeResumeError, match="LAKE_NOT_RECORDED"):
         _resume_point(config, None, "q", fresh=True, discard_pending=False)
     # The checkpoint that wrote them continues as before, its lake's counts taken from the tables (#14).
     assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (
-        None, 0, Totals.of([(None, "acknowledged", 1)])
+        None, 0, Totals.of([(None, "acknowledged", 1)]), None
     )
     # A retry that checkpoint's state holds is pending: the record it starts (the first, after an upgrade
     # from a release before records) counts it, so its release brings the count to 0, not -1.
     _append(config, "outcomes", [{"outcome": "retry", "output_msg_id": "R-1", "batch_id": 1, "decided_at": T0}])
     assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (
-        None, 1, Totals.of([(None, "acknowledged", 1), (None, "retry", 1)])
+        None, 1, Totals.of([(None, "acknowledged", 1), (None, "retry", 1)]), None
     )
 
 
@@ -344,21 +344,45 @@ def test_a_lake_counted_beyond_the_records_bounds_keeps_no_totals(tmp_path: Path
     config = _lake_config(tmp_path)
     row = {"outcome": "quarantined", "consumer_group": "x" * 2000, "batch_id": 0, "decided_at": T0}
     _append(config, "outcomes", [row])
-    assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (None, 0, None)
+    assert _resume_point(config, None, "q", fresh=False, discard_pending=False) == (None, 0, None, None)
 
 
-def test_retries_a_new_checkpoint_discards_stay_in_the_records_pending_count(tmp_path: Path) -> None:
-    """`status` checks its window against the record's pending count, which is the tables' (#14): a new
-    checkpoint that gives up the old one's retries (--discard-pending) carries them on, as they stay
-    pending in the tables for good (before: 0, and the record and the tables never agreed again)."""
+def test_retries_a_new_checkpoint_discards_are_given_up_in_the_lake_and_pending_nowhere(tmp_path: Path) -> None:
+    """`run --discard-pending` (#14): the new checkpoint gives up the retries the old one left waiting and
+    the lake records when (EngineState.discarded_before): they count as pending neither in its record
+    (0) nor in the tables (`status` checks its window against the record: both agree), and the next new
+    checkpoint is not refused for them again (before: they stayed pending in both for good, every later
+    new checkpoint was refused until discarding again, and `status` read every outcome past 64 days)."""
     from retry_engine.core.engine import _resume_point
+    from retry_engine.ops.status import lake_counts
 
     config = _lake_config(tmp_path)
     totals = Totals.of([(None, "retry", 1)])
     before = EngineState(1, owner("A"), T0, True, replace(batch("A", 3, pending=1), totals=totals))
     _append(config, "outcomes", [{"outcome": "retry", "output_msg_id": "LOST-1", "batch_id": 3, "decided_at": T0}])
-    point, pending, carried_on = _resume_point(config, before, "B", fresh=True, discard_pending=True)
-    assert point is not None and pending == 1 and carried_on == totals
+    assert lake_counts(config)[1] == 1
+    point, pending, carried_on, discarded = _resume_point(config, before, "B", fresh=True, discard_pending=True)
+    assert point is not None and pending == 0 and carried_on == totals and discarded is not None and discarded > T0
+    taker = LakeLease(str(tmp_path), owner("B"), timeout_ms=TIMEOUT_MS)
+    taker.acquire(take_over=True)
+    # Written with B's first record, not at its start: a start that never records a batch leaves A's
+    # retries counted (A, resumed, still holds them).
+    assert lake_counts(config)[1] == 1
+    assert taker.record_batch(batch("B", 0), discarded_before=discarded)
+    state = read_state(str(tmp_path))
+    assert state is not None and state.discarded_before == discarded
+    assert lake_counts(config)[1] == 0
+    # A retry B decides later and has not released is pending again; a take-over keeps the mark.
+    _append(config, "outcomes", [{"outcome": "retry", "output_msg_id": "NEW-1", "batch_id": 0,
+                                  "decided_at": discarded + dt.timedelta(seconds=1)}])
+    assert lake_counts(config)[1] == 1
+    third = LakeLease(str(tmp_path), owner("C"), timeout_ms=TIMEOUT_MS)
+    third.acquire(take_over=True)
+    assert third.record_batch(batch("C", 0))
+    state = read_state(str(tmp_path))
+    assert state is not None and state.discarded_before == discarded and lake_counts(config)[1] == 1
+    # Without a discard there is nothing to give up: no mark.
+    assert _resume_point(config, None, "q", fresh=False, discard_pending=True)[3] is None
 
 
 def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None:
@@ -371,7 +395,7 @@ def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None
     with pytest.raises(LakeResumeError, match="LAKE_PENDING_RETRIES.*1 retries"):
         _resume_point(config, before, "B", fresh=True, discard_pending=False)
     _append(config, "retry", [{"msg_id": "NEW-1", "topic": "%RETRY%G", "consumer_group": "G", "delivery_key": "O:1"}])
-    point, pending, totals = _resume_point(config, before, "B", fresh=True, discard_pending=False)
+    point, pending, totals, _ = _resume_point(config, before, "B", fresh=True, discard_pending=False)
     assert point == resume.ResumePoint(4, None, "A/3") and pending == 0
     # A record without totals (an earlier release's): counted from the tables.
     assert totals == Totals.of([(None, "retry", 1), (None, "delivered", 1)])
@@ -447,7 +471,7 @@ def test_an_earlier_releases_state_table_gains_totals_and_a_native_engine_forget
 
     path = str(tmp_path / "_engine_state")
     old_row = EngineState(3, owner("query-A"), T0, True, batch("query-A", 5, pending=2)).to_arrow().drop_columns(
-        ["totals", "batch_recorded_at"]
+        ["totals", "discarded_before", "batch_recorded_at"]
     )
     write_deltalake(path, old_row)
     second = lease(tmp_path, "query-B", Clock())

@@ -464,6 +464,18 @@ def test_the_ledgers_backlog_counts_a_release_only_with_its_decision_and_a_gone_
     assert pending_retries(outcomes, retry, T).num_rows == 1  # due at the horizon: may still wait
 
 
+def test_retries_a_new_checkpoint_gave_up_leave_the_backlog_when_it_gave_them_up() -> None:
+    """`run --discard-pending` (#14): a retry outcome decided before the lake's discard mark and never
+    released is given up: not pending, and the ledger's backlog line drops at the mark. One decided at
+    or after it still waits; a released one was released."""
+    outcomes = ledger(("G", "retry", "r1", 3, T), ("G", "retry", "r2", 3, T))
+    retry = released(("r1", "G", 3, T, T + ms(300)))
+    assert pending_retries(outcomes, retry, discarded_before=T + ms(1)).num_rows == 0
+    assert pending_retries(outcomes, retry, discarded_before=T).num_rows == 1  # decided at the mark
+    (series,) = backlog_from_ledger(outcomes, retry, discarded_before=T + ms(500))
+    assert series.pending == [2, 1, 0] and series.times == [T, T + ms(300), T + ms(500)]
+
+
 def test_backlog_series_are_carried_to_the_last_change_of_any_series() -> None:
     outcomes = ledger(("G", "retry", "r1", 3, T), ("H", "retry", "r2", 3, T))
     retry = released(("r1", "G", 3, T, T + ms(300)))
