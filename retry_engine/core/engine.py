@@ -398,7 +398,23 @@ def _resume_point(
     # says so (EngineState.discarded_before), so they are pending neither in this record nor for the
     # next new checkpoint, which would otherwise be refused for them again.
     discarded = taking_over and discard_pending and bool(pending_in_lake)
-    return point, 0 if discarded else pending, totals, dt.datetime.now(dt.UTC) if discarded else None
+    return point, 0 if discarded else pending, totals, _discard_mark(config) if discarded else None
+
+
+def _discard_mark(config: EngineConfig) -> dt.datetime:
+    """When this start gives up the retries earlier checkpoints left waiting: now, or past the lake's
+    latest decision if another engine's clock ran ahead of this one (every retry it gave up was decided
+    before the mark; one a later engine decides on a clock behind it is still counted by its record)."""
+    now = dt.datetime.now(dt.UTC)
+    table = open_table(config.table_path(OUTCOMES.name))
+    actions = add_actions(table) if table is not None else None
+    latest = (
+        pc.max(actions["max.decided_at"]).as_py()
+        if actions is not None and actions.num_rows and "max.decided_at" in actions.column_names
+        else None
+    )
+    # Statistics keep times to the millisecond, cut down: the latest decision is within one past it.
+    return max(now, latest + dt.timedelta(milliseconds=1)) if isinstance(latest, dt.datetime) else now
 
 
 
@@ -486,6 +502,11 @@ def start(
             point, pending, totals, discarded = _resume_point(
                 config, before, app_id, fresh=fresh, discard_pending=discard_pending
             )
+            if discarded is not None and (native or writer is not None):
+                log.warning(
+                    "lake %s: the retries given up are not recorded as such by this writer (it records no "
+                    "batches): a later new checkpoint counts them as pending again", config.engine.lake,
+                )
         if native and point is not None:
             raise LakeResumeError(
                 f"a new checkpoint {checkpoint} would resume after the lake's last batch {point.after_batch}, which "

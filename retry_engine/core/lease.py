@@ -319,7 +319,8 @@ class LakeLease:
             if last is not None and last.query_id == batch.query_id and last.batch_id >= batch.batch_id:
                 return None
             now = self.clock()
-            discarded = discarded_before if discarded_before is not None else state.discarded_before
+            marks = [m for m in (discarded_before, state.discarded_before) if m is not None]
+            discarded = max(marks) if marks else None  # never moved back
             return replace(
                 state, heartbeat=now, last_batch=replace(batch, recorded_at=now), discarded_before=discarded
             )

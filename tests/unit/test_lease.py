@@ -383,6 +383,36 @@ def test_retries_a_new_checkpoint_discards_are_given_up_in_the_lake_and_pending_
     assert state is not None and state.discarded_before == discarded and lake_counts(config)[1] == 1
     # Without a discard there is nothing to give up: no mark.
     assert _resume_point(config, None, "q", fresh=False, discard_pending=True)[3] is None
+    # A mark never moves back (a later discard on a clock behind).
+    assert third.record_batch(batch("C", 1), discarded_before=discarded - dt.timedelta(hours=1))
+    state = read_state(str(tmp_path))
+    assert state is not None and state.discarded_before == discarded
+    # C's record counts a retry C decided on a clock behind the mark (the tables cannot tell it from a
+    # given-up one): a new checkpoint is refused on the record's count.
+    _append(config, "outcomes", [{"outcome": "retry", "output_msg_id": "SKEWED-1", "batch_id": 2,
+                                  "decided_at": discarded - dt.timedelta(minutes=5)}])
+    assert third.record_batch(batch("C", 2, pending=2))
+    assert lake_counts(config)[1] == 1
+    with pytest.raises(LakeResumeError, match="LAKE_PENDING_RETRIES.*2 retries"):
+        _resume_point(config, read_state(str(tmp_path)), "D", fresh=True, discard_pending=False)
+
+
+def test_a_discard_marks_past_the_lakes_latest_decision_on_a_clock_ahead(tmp_path: Path) -> None:
+    """The previous engine's clock ran an hour ahead: its retries' decisions are after this engine's
+    now, and a mark at now would leave them counted (a spurious refusal of the next new checkpoint)."""
+    from retry_engine.core.engine import _resume_point
+    from retry_engine.ops.status import lake_counts
+
+    config = _lake_config(tmp_path)
+    ahead = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    before = EngineState(1, owner("A"), T0, True, batch("A", 3, pending=1))
+    _append(config, "outcomes", [{"outcome": "retry", "output_msg_id": "AHEAD-1", "batch_id": 3, "decided_at": ahead}])
+    *_, mark = _resume_point(config, before, "B", fresh=True, discard_pending=True)
+    assert mark is not None and mark > ahead
+    taker = LakeLease(str(tmp_path), owner("B"), timeout_ms=TIMEOUT_MS)
+    taker.acquire(take_over=True)
+    assert taker.record_batch(batch("B", 0), discarded_before=mark)
+    assert lake_counts(config)[1] == 0
 
 
 def test_pending_retries_are_counted_in_the_lakes_tables(tmp_path: Path) -> None:
