@@ -57,6 +57,7 @@ from retry_engine.ops.status import (  # noqa: E402
     read_tables,
     recorded_snapshot,
     released_horizon,
+    retry_fates,
     rows_since,
 )
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, RETRY  # noqa: E402
@@ -183,31 +184,25 @@ def ledger_changes(
     counts only if it is still pending by :func:`~retry_engine.ops.status.released_horizon`
     (``released_before``); what was decided and released before the tables start is no change at all.
     """
-    decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
-    released = pc.fill_null(pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
-    if released_before is not None:
-        due = decided["due_at"]
-        gone = pc.and_(pc.invert(released), pc.fill_null(pc.less(due, pa.scalar(released_before, due.type)), False))
-        decided, released = decided.filter(pc.invert(gone)), released.filter(pc.invert(gone))
+    fates = retry_fates(outcomes, retry, released_before, discarded_before)
+    kept = pc.invert(fates.expired)
+    decided, given_up = fates.decided.filter(kept), fates.decided.filter(fates.given_up)
     # A re-drive's row, or a release whose decision the outcomes table no longer holds.
     retry = retry.filter(
         pc.fill_null(pc.is_in(retry["msg_id"], value_set=decided["output_msg_id"].combine_chunks()), False)
     )
-    parts = [
-        _changes(decided["decided_at"], decided["consumer_group"], decided["delay_level"],
-                 pa.array(np.ones(decided.num_rows, dtype=np.int64))),
-        _changes(retry["delivered_at"], retry["consumer_group"], retry["delay_level"],
-                 pa.array(-np.ones(retry.num_rows, dtype=np.int64))),
-    ]
-    if discarded_before is not None:
-        at = decided["decided_at"]
-        given_up = decided.filter(
-            pc.and_(pc.invert(released), pc.fill_null(pc.less(at, pa.scalar(discarded_before, at.type)), False))
-        )
-        when = pa.array([discarded_before] * given_up.num_rows, pa.timestamp("us", tz="UTC"))
-        parts.append(_changes(when, given_up["consumer_group"], given_up["delay_level"],
-                              pa.array(-np.ones(given_up.num_rows, dtype=np.int64))))
-    return pa.concat_tables(parts)
+    marks = pa.array([discarded_before] * given_up.num_rows, pa.timestamp("us", tz="UTC"))
+    return pa.concat_tables(
+        [
+            _changes(decided["decided_at"], decided["consumer_group"], decided["delay_level"], _ones(decided.num_rows)),
+            _changes(retry["delivered_at"], retry["consumer_group"], retry["delay_level"], _ones(retry.num_rows, -1)),
+            _changes(marks, given_up["consumer_group"], given_up["delay_level"], _ones(given_up.num_rows, -1)),
+        ]
+    )
+
+
+def _ones(n: int, sign: int = 1) -> pa.Array:
+    return pa.array(np.full(n, sign, dtype=np.int64))
 
 
 def backlog_from_metrics(metrics: pa.Table) -> list[BacklogSeries]:

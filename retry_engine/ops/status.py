@@ -585,6 +585,45 @@ def discarded_before(config: EngineConfig) -> dt.datetime | None:
     return state.discarded_before if state is not None else None
 
 
+@dataclass(frozen=True)
+class RetryFates:
+    """The retry outcomes of a ledger and what became of each (masks over ``decided``, one of each true at
+    most): its ``%RETRY%G`` row is in the table; it has none but was due before the retry table's cut
+    (:func:`released_horizon`: released, its row since removed); it has none and was decided before the
+    discard mark (:func:`discarded_before`: given up). Any other is still waiting."""
+
+    decided: pa.Table
+    delivered: pa.ChunkedArray
+    expired: pa.ChunkedArray
+    given_up: pa.ChunkedArray
+
+    @property
+    def waiting(self) -> pa.ChunkedArray:
+        return pc.invert(pc.or_(pc.or_(self.delivered, self.expired), self.given_up))
+
+
+def retry_fates(
+    outcomes: pa.Table,
+    retry: pa.Table,
+    released_before: dt.datetime | None = None,
+    discarded_before: dt.datetime | None = None,
+) -> RetryFates:
+    """What became of each retry outcome of ``outcomes`` (:class:`RetryFates`), by the rows of ``retry``."""
+    decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
+    delivered = pc.fill_null(pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
+    rowless = pc.invert(delivered)
+
+    def before(column: str, when: dt.datetime | None) -> pa.ChunkedArray:
+        if when is None:
+            return pc.and_(delivered, rowless)  # all false, of the right shape
+        values = decided[column]
+        return pc.fill_null(pc.less(values, pa.scalar(when, values.type)), False)
+
+    expired = pc.and_(rowless, before("due_at", released_before))
+    given_up = pc.and_(pc.and_(rowless, pc.invert(expired)), before("decided_at", discarded_before))
+    return RetryFates(decided, delivered, expired, given_up)
+
+
 def pending_retries(
     outcomes: pa.Table,
     retry: pa.Table,
@@ -593,30 +632,8 @@ def pending_retries(
 ) -> pa.Table:
     """Retries decided (outcome ``retry``) but not yet released to %RETRY%G (``released_before``: see
     :func:`released_horizon`), nor given up (decided before ``discarded_before``, see :func:`discarded_before`)."""
-    decided, released = _retries_released(outcomes, retry, released_before)
-    return decided.filter(pc.invert(pc.or_(released, _given_up(decided, discarded_before))))
-
-
-def _given_up(decided: pa.Table, discarded_before: dt.datetime | None) -> pa.ChunkedArray | pa.Array:
-    """For each retry outcome of ``decided``: whether it was decided before ``discarded_before``."""
-    if discarded_before is None:
-        return pa.array(np.zeros(decided.num_rows, dtype=bool))
-    at = decided["decided_at"]
-    return pc.fill_null(pc.less(at, pa.scalar(discarded_before, at.type)), False)
-
-
-def _retries_released(
-    outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None
-) -> tuple[pa.Table, pa.ChunkedArray]:
-    """The retry outcomes, and for each whether its ``%RETRY%G`` row is in ``retry`` (or it was due
-    before ``released_before``)."""
-    decided = outcomes.filter(pc.equal(outcomes["outcome"], OUTCOME_RETRY))
-    released = pc.fill_null(pc.is_in(decided["output_msg_id"], value_set=retry["msg_id"].combine_chunks()), False)
-    if released_before is not None:
-        due = decided["due_at"]
-        expired = pc.fill_null(pc.less(due, pa.scalar(released_before, due.type)), False)
-        released = pc.or_(released, expired)
-    return decided, released
+    fates = retry_fates(outcomes, retry, released_before, discarded_before)
+    return fates.decided.filter(fates.waiting)
 
 
 def totals_of(outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime | None = None) -> Totals:
@@ -640,8 +657,9 @@ def totals_of(outcomes: pa.Table, retry: pa.Table, released_before: dt.datetime 
             )
             if outcome in COUNTED
         ]
-    decided, released = _retries_released(outcomes, retry, released_before)
-    rows += [(group, DELIVERED, n) for group, n in _count_by_group(decided.filter(released)).items()]
+    fates = retry_fates(outcomes, retry, released_before)
+    released = pc.or_(fates.delivered, fates.expired)
+    rows += [(group, DELIVERED, n) for group, n in _count_by_group(fates.decided.filter(released)).items()]
     return Totals.of(rows)
 
 
