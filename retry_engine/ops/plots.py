@@ -52,7 +52,6 @@ from retry_engine.ops.status import (  # noqa: E402
     backlog,
     discarded_before,
     lateness_ms,
-    pending_retries,
     pending_window,
     read_tables,
     recorded_snapshot,
@@ -457,15 +456,11 @@ def _recorded_backlog(config: EngineConfig, since: dt.datetime, now: dt.datetime
         found = recorded_snapshot(config, metrics=True)
         if found is None:
             return None
-        record, snapshot = found
-        window = pending_window(config, record, snapshot, now)
+        window = pending_window(config, found, now)
         if window is None:
             return None
-        horizon, given_up = released_horizon(config, snapshot[RETRY.name]), discarded_before(config)
-        pending = {
-            (e.consumer_group, e.delay_level): e.pending for e in backlog(pending_retries(*window, horizon, given_up))
-        }
-        metrics = rows_since(config, METRICS.name, "batch_time", since, table=snapshot[METRICS.name])
+        pending = {(e.consumer_group, e.delay_level): e.pending for e in backlog(window.pending)}
+        metrics = rows_since(config, METRICS.name, "batch_time", since, table=found.tables[METRICS.name])
         if not metrics_hold(metrics, since) and metrics.num_rows:
             log.info("plots: maintenance removed METRICS rows after %s; drawing the backlog from the ledger", since)
             return None

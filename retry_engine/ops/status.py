@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from urllib.parse import unquote
 
 import numpy as np
@@ -41,6 +41,7 @@ from retry_engine.core.totals import COUNTED, Totals
 from retry_engine.delta.storage import is_remote
 from retry_engine.delta.tables import open_table, read_columns, stats_from, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
+from retry_engine.ops.maintenance import expired_before
 from retry_engine.ops.terms import (
     FINISHED,
     LEASE_LOST,
@@ -567,8 +568,6 @@ def released_horizon(config: EngineConfig, retry: Any = None) -> dt.datetime | N
     last batch recorded before that cut was made, so after it
     (:func:`~retry_engine.ops.maintenance.ledger_cut`).
     """
-    from retry_engine.ops.maintenance import expired_before
-
     table = retry if retry is not None else open_table(config.table_path(RETRY.name))
     return None if table is None else expired_before(table)
 
@@ -862,7 +861,7 @@ def status(config: EngineConfig, *, now: dt.datetime | None = None) -> Status:
             lake,
             totals=None if recorded is None else recorded.totals,
             released_before=released_horizon(config),
-            discarded_before=discarded_before(config),
+            discarded_before=discarded_before(config) if recorded is None else recorded.discarded_before,
         ),
         now=now,
         trigger_interval_ms=config.trigger_interval_ms,
@@ -889,6 +888,7 @@ class Recorded:
     # within LATENESS_WINDOW; None when no window holds the recorded count (every row is read).
     outcomes: pa.Table | None
     retry: pa.Table | None
+    discarded_before: dt.datetime | None  # the state's discard mark, read with the record
 
 
 def _recorded_tables(config: EngineConfig, now: dt.datetime) -> Recorded | None:
@@ -905,8 +905,8 @@ def _recorded_tables(config: EngineConfig, now: dt.datetime) -> Recorded | None:
     Every row is read instead when the record carries no totals (a lake of an earlier release until its
     engine's next start; an engine on ``table_format = "delta"``, or one that has not recorded a
     batch since it took the lake over), when the tables keep moving past the record, and when no
-    window holds the recorded count (retries pending for more than the widest window: those given up
-    by ``run --discard-pending`` stay pending in the record's count); then, on a ledger that lost rows
+    window holds the recorded count (retries pending for more than the widest window: those an earlier
+    release's ``run --discard-pending`` gave up stay pending in the record's count); then, on a ledger that lost rows
     to a row retention, only the outcome and retry rows are read whole, the counts are still the
     record's (``Recorded.outcomes`` None).
     """
@@ -924,25 +924,37 @@ def _recorded_window(config: EngineConfig, now: dt.datetime) -> Recorded | None:
     found = recorded_snapshot(config)
     if found is None:
         return None
-    record, snapshot = found
+    record, snapshot, given_up = found
     if record.totals is None:
         return None
-    window = pending_window(config, record, snapshot, now)
+    window = pending_window(config, found, now)
     if window is not None:
-        return Recorded(record.totals, *window)
+        return Recorded(record.totals, window.outcomes, window.retry, given_up)
     # No window holds the recorded count (retries it counts that the tables no longer hold as waiting:
     # given up by `run --discard-pending`, their rows since gone to a row retention). When the ledger
     # lost rows to one, the counts since the first batch are still the record's (the tables no longer
     # hold them all) and only the backlog is read whole; else every row is read, counts too.
-    from retry_engine.ops.maintenance import expired_before
-
     cut = [expired_before(table) for table in (snapshot[OUTCOMES.name], snapshot[RETRY.name]) if table is not None]
-    return Recorded(record.totals, None, None) if any(c is not None for c in cut) else None
+    return Recorded(record.totals, None, None, given_up) if any(c is not None for c in cut) else None
 
 
-def recorded_snapshot(
-    config: EngineConfig, *, metrics: bool = False
-) -> tuple[BatchRecord, dict[str, Any]] | None:
+class RecordedSnapshot(NamedTuple):
+    """What :func:`recorded_snapshot` read: the record, the tables at its batch, the state's discard mark."""
+
+    record: BatchRecord
+    tables: dict[str, Any]
+    discarded_before: dt.datetime | None
+
+
+class PendingWindow(NamedTuple):
+    """What :func:`pending_window` read, and the retries pending among them."""
+
+    outcomes: pa.Table
+    retry: pa.Table
+    pending: pa.Table
+
+
+def recorded_snapshot(config: EngineConfig, *, metrics: bool = False) -> RecordedSnapshot | None:
     """The lake's batch record with totals, and the outcome and retry tables (``metrics``: and the
     METRICS table) opened at its batch (:func:`_holds_through`); None when there is no such record or
     the tables keep moving past it. Tables that do not exist are None in the snapshot."""
@@ -972,7 +984,7 @@ def recorded_snapshot(
             and all(_holds_through(record, name, snapshot[name]) for name in (OUTCOMES.name, RETRY.name))
         )
         if held and (not metrics or _metrics_through(record, snapshot[METRICS.name])):
-            return record, snapshot
+            return RecordedSnapshot(record, snapshot, state.discarded_before)
     if held:
         log.info("plots: the METRICS table does not hold the lake's recorded batch; reading every METRICS row")
     else:
@@ -980,20 +992,20 @@ def recorded_snapshot(
     return None
 
 
-def pending_window(
-    config: EngineConfig, record: BatchRecord, snapshot: Mapping[str, Any], now: dt.datetime
-) -> tuple[pa.Table, pa.Table] | None:
-    """The outcome and retry rows of ``snapshot`` (:func:`recorded_snapshot`) that hold every retry
+def pending_window(config: EngineConfig, found: RecordedSnapshot, now: dt.datetime) -> PendingWindow | None:
+    """The outcome and retry rows of ``found``'s tables (:func:`recorded_snapshot`) that hold every retry
     pending at the recorded batch: those due within a window of ``now`` widened until it holds as many
     as the record counts (see :func:`_recorded_tables`), the retry rows also those delivered within
     :data:`LATENESS_WINDOW`. None when no window does."""
-    window, horizon, given_up = PENDING_WINDOW, released_horizon(config, snapshot[RETRY.name]), discarded_before(config)
+    record, snapshot = found.record, found.tables
+    window, horizon = PENDING_WINDOW, released_horizon(config, snapshot[RETRY.name])
     for _ in range(WINDOW_TRIES):
         since = now - window
         outcomes = _retries_decided(config, snapshot[OUTCOMES.name], since)
         retry = _retry_rows(config, snapshot[RETRY.name], since, now - LATENESS_WINDOW)
-        if pending_retries(outcomes, retry, horizon, given_up).num_rows == record.pending_retries:
-            return outcomes, retry
+        pending = pending_retries(outcomes, retry, horizon, found.discarded_before)
+        if pending.num_rows == record.pending_retries:
+            return PendingWindow(outcomes, retry, pending)
         window *= WINDOW_GROWTH
     log.info(
         "status: the lake's outcomes due in the last %d days hold other pending retries than its batch "
