@@ -369,8 +369,6 @@ DEFAULT_PROGRESS_RETENTION = "30d"
 DEFAULT_METRICS_RETENTION = "30d"
 # `status` reads the progress table's last day (the running rule, the failures of the day).
 MIN_ROW_RETENTION_MS = 86_400_000
-# The tables of the engine's ledger: their row retention cuts from the lake's last recorded batch.
-LEDGER_TABLES = ("outcomes", "retry")
 # No more than a century: delta-rs counts the retention in whole hours.
 MAX_RETENTION_HOURS = 100 * 365 * 24
 _RETENTION = re.compile(r"([0-9]+)(h|d)")

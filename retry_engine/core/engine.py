@@ -54,7 +54,7 @@ from retry_engine.delta import (
 )
 from retry_engine.delta._arrow_ipc import from_ipc
 from retry_engine.delta._checkpoint import SHUFFLE_PARTITIONS_CONF, remove_orphan_log_temps
-from retry_engine.delta._log import add_actions
+from retry_engine.delta._log import add_actions, newest_time
 from retry_engine.delta._offsets import Offset
 from retry_engine.delta._worker_heap import settle
 from retry_engine.delta.lake import describe_engine_tables
@@ -407,14 +407,9 @@ def _discard_mark(config: EngineConfig) -> dt.datetime:
     before the mark; one a later engine decides on a clock behind it is still counted by its record)."""
     now = dt.datetime.now(dt.UTC)
     table = open_table(config.table_path(OUTCOMES.name))
-    actions = add_actions(table) if table is not None else None
-    latest = (
-        pc.max(actions["max.decided_at"]).as_py()
-        if actions is not None and actions.num_rows and "max.decided_at" in actions.column_names
-        else None
-    )
+    latest = newest_time(table, "decided_at") if table is not None else None
     # Statistics keep times to the millisecond, cut down: the latest decision is within one past it.
-    return max(now, latest + dt.timedelta(milliseconds=1)) if isinstance(latest, dt.datetime) else now
+    return now if latest is None else max(now, latest + dt.timedelta(milliseconds=1))
 
 
 

@@ -57,6 +57,19 @@ def add_actions(table: DeltaTable, *, flatten: bool = True) -> pa.Table:
     return pa.RecordBatchReader.from_stream(table.get_add_actions(flatten=flatten)).read_all()
 
 
+def newest_time(table: DeltaTable, column: str) -> dt.datetime | None:
+    """The newest ``column`` value of ``table`` by its files' statistics (kept to the millisecond, cut
+    down), or None: no file, a file without that statistic, or not a time with a zone."""
+    actions = add_actions(table)
+    stat = f"max.{column}"
+    if actions.num_rows == 0 or stat not in actions.schema.names or actions[stat].null_count:
+        return None
+    if not zoned_time(actions[stat].type):
+        return None
+    newest = pc.max(actions[stat]).as_py()
+    return newest if isinstance(newest, dt.datetime) else None
+
+
 @dataclass(frozen=True)
 class TableLocation:
     """Where a table lives and how to reach its files.

@@ -36,7 +36,7 @@ the plots' running sums then know the table no longer starts at the lake's start
 The outcomes, retry and messages tables do the same when asked
 (``outcomes_retention``, ``retry_retention``, ``messages_retention``, off by
 default); the ledger's two cut from the last recorded batch and record their cut
-(:func:`ledger_cut`, :func:`expired_before`).
+(:func:`ledger_shift`, :func:`expired_before`).
 
 :func:`run_maintenance` does that for the tables the engine owns and for
 consume_results (``retry-engine maintain``), and records what it did in the
@@ -67,7 +67,6 @@ from deltalake import DeltaTable, WriterProperties
 from deltalake.exceptions import CommitFailedError
 
 from retry_engine.config import (
-    LEDGER_TABLES,
     EngineConfig,
     minimum_retention_hours,
     parse_retention_hours,
@@ -120,6 +119,8 @@ EXPIRING_TABLES: dict[str, str] = {
     RETRY.name: "delivered_at",
     MESSAGES.name: "store_timestamp",
 }
+# The tables of the engine's ledger: their row retention cuts from the lake's last recorded batch (ledger_shift).
+LEDGER_TABLES = (OUTCOMES.name, RETRY.name)
 # Columns whose every value must be before the cut too (nulls allowed): a waiting retry keeps its outcome row.
 EXPIRE_ALSO: dict[str, tuple[str, ...]] = {OUTCOMES.name: ("due_at",)}
 EXPIRE_OPERATION = "EXPIRE ROWS"
@@ -253,10 +254,10 @@ def expiring_files(
     return file_entries(chosen, table.version()), int(pc.sum(chosen["num_records"]).as_py() or 0)
 
 
-def ledger_cut(config: EngineConfig, before: dt.datetime, *, run_at: dt.datetime) -> dt.datetime | None:
-    """Where the row retention of a ledger table (outcomes, retry) may cut: ``before`` moved back by the
-    time since the lake's last recorded batch (None: not this run; no batch recorded with its time yet,
-    or the engine state is unreadable).
+def ledger_shift(config: EngineConfig, *, run_at: dt.datetime) -> dt.timedelta | None:
+    """How far back the row retention of the ledger's tables (outcomes, retry) moves its cut: the time
+    since the lake's last recorded batch (None: no cut this run; no batch recorded with its time yet, or
+    the engine state is unreadable).
 
     The lake counts a retry as pending while its outcome row has no ``%RETRY%G``
     row, and a new checkpoint refuses to drop pending retries unseen
@@ -279,7 +280,7 @@ def ledger_cut(config: EngineConfig, before: dt.datetime, *, run_at: dt.datetime
     if last is None or last.recorded_at is None:
         log.info("lake %s: no ledger row retention until a batch is recorded with its time", config.engine.lake)
         return None
-    return before - max(run_at - last.recorded_at, dt.timedelta(0))
+    return max(run_at - last.recorded_at, dt.timedelta(0))
 
 
 def expired_marker(before: dt.datetime, rows: int) -> pa.Table:
@@ -572,16 +573,22 @@ def run_maintenance(
         for name in EXPIRING_TABLES
         if (keep_ms := config.maintenance.row_retention_ms(name)) is not None
     }
+    ledger = [name for name, _ in selected if name in LEDGER_TABLES and name in expire_before]
+    shift = ledger_shift(config, run_at=run_at) if ledger else None
+    for name in ledger:
+        if shift is None:
+            del expire_before[name]
+        else:
+            expire_before[name] -= shift
     reports = []
     for name, path in selected:
         if stopping():
             log.info("maintenance stopped before %s; the next run does it", name)
             break
-        before = expire_before.get(name)
-        if before is not None and name in LEDGER_TABLES:
-            before = ledger_cut(config, before, run_at=run_at)
         reports.append(
-            maintain_table(name, path, retention_hours=hours, dry_run=dry_run, lock=lock, expire_before=before)
+            maintain_table(
+                name, path, retention_hours=hours, dry_run=dry_run, lock=lock, expire_before=expire_before.get(name)
+            )
         )
     if not dry_run:
         try:

@@ -198,16 +198,10 @@ def _recent_since(delta: Any, column: str, now: dt.datetime) -> dt.datetime | No
     PROGRESS: the latest run's last event and batch, and the failures of the last day (a running
     engine records an event at least every 10 s), while an engine recording a batch a second adds
     2.6 million rows a month."""
-    from retry_engine.delta._log import add_actions, zoned_time
+    from retry_engine.delta._log import newest_time
 
-    actions = add_actions(delta)
-    stat = f"max.{column}"
-    if actions.num_rows == 0 or stat not in actions.schema.names or actions[stat].null_count:
-        return None
-    if not zoned_time(actions[stat].type):
-        return None
-    newest: dt.datetime = pc.max(actions[stat]).as_py()
-    return min(newest, now) - FAILURES_WINDOW
+    newest = newest_time(delta, column)
+    return None if newest is None else min(newest, now) - FAILURES_WINDOW
 
 
 def _results_by_group(path: str) -> pa.Table | None:
@@ -566,7 +560,7 @@ def released_horizon(config: EngineConfig, retry: Any = None) -> dt.datetime | N
     (:func:`~retry_engine.ops.maintenance.expired_before`): a row that went was
     delivered before it, so due before it; a retry still waiting was due after the
     last batch recorded before that cut was made, so after it
-    (:func:`~retry_engine.ops.maintenance.ledger_cut`).
+    (:func:`~retry_engine.ops.maintenance.ledger_shift`).
     """
     table = retry if retry is not None else open_table(config.table_path(RETRY.name))
     return None if table is None else expired_before(table)
