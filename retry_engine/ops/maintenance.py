@@ -407,12 +407,9 @@ def maintain_table(
         log_files_before=before.log_files,
     )
     expiring = EXPIRING_TABLES.get(name) if expire_before is not None else None
+    also = EXPIRE_ALSO.get(name, ())
     if dry_run:
-        expired = (
-            expiring_files(table, expiring, expire_before, also=EXPIRE_ALSO.get(name, ()))
-            if expiring and expire_before
-            else ([], 0)
-        )
+        expired = expiring_files(table, expiring, expire_before, also=also) if expiring and expire_before else ([], 0)
         doomed = table.vacuum(
             retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False
         )
@@ -444,7 +441,7 @@ def maintain_table(
         gone = step(
             "row retention",
             lambda: expire_rows(
-                path, expiring, before_time, marked=name == METRICS.name, also=EXPIRE_ALSO.get(name, ()),
+                path, expiring, before_time, marked=name == METRICS.name, also=also,
                 stamped=name in LEDGER_TABLES,
             ),
         )
