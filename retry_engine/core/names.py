@@ -26,6 +26,15 @@ ENGINE_TABLES = ("retry", "dlq", "quarantine", "outcomes", "metrics", "progress"
 # covers them, the engine only when asked.
 INPUT_TABLES = ("consume_results", "messages")
 MAINTAINED_TABLES = (*INPUT_TABLES, *ENGINE_TABLES)
+# Tables whose rows expire after ``[maintenance] <name>_retention``, and the time they are judged by
+# (also what a consumer's stream judges a file gone past the retention by: the source's skipExpiredBy).
+EXPIRING_TABLES: dict[str, str] = {
+    "progress": "recorded_at",
+    "metrics": "batch_time",
+    "outcomes": "decided_at",
+    "retry": "delivered_at",
+    "messages": "store_timestamp",
+}
 
 TOPIC_MAX_LENGTH = 127
 GROUP_MAX_LENGTH = 255

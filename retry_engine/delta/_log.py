@@ -70,6 +70,103 @@ def newest_time(table: DeltaTable, column: str) -> dt.datetime | None:
     return newest if isinstance(newest, dt.datetime) else None
 
 
+# The app id of the transaction a row retention's expiry commits (retry-engine maintain): its
+# version is the cut in epoch ms, never moved back.
+EXPIRED_BEFORE_APP = "retry-engine-expired-before"
+
+
+def expired_before(table: DeltaTable) -> dt.datetime | None:
+    """The latest cut of ``table``'s row retention (:data:`EXPIRED_BEFORE_APP`), None if it never had one."""
+    ms = table.transaction_version(EXPIRED_BEFORE_APP)
+    if ms is None:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+    except (OverflowError, ValueError, OSError):  # another writer's transaction of that id: no cut known
+        log.warning("%s: transaction %s holds %d, no time; taken as no row retention cut", table.table_uri,
+                    EXPIRED_BEFORE_APP, ms)
+        return None
+
+
+@dataclass(frozen=True)
+class Expired:
+    """A data file gone past its table's row retention (:func:`expired_file`)."""
+
+    rows: int | None
+    newest: dt.datetime
+    cut: dt.datetime
+
+
+def _stat_time(value: object) -> dt.datetime | None:
+    """A time statistic of the log (``"2026-11-20T10:00:00.000Z"``, or read by delta-rs) with its zone, or None."""
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo is not None else None
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
+@dataclass
+class ExpiryJudge:
+    """Whether a data file gone from ``location`` is past the table's row retention by ``column``
+    (:meth:`expired`). Reads the cut, the commits and the snapshots it needs once (a read task's files)."""
+
+    location: TableLocation
+    column: str
+    _cut: tuple[dt.datetime | None] | None = field(default=None, repr=False)
+    _log: DeltaLog | None = field(default=None, repr=False)
+    _snapshots: dict[int, pa.Table] = field(default_factory=dict, repr=False)
+
+    def cut(self) -> dt.datetime | None:
+        if self._cut is None:
+            self._cut = (expired_before(self.location.open_table()),)
+        return self._cut[0]
+
+    def expired(self, path: str, version: int, *, from_snapshot: bool = False) -> Expired | None:
+        """Data file ``path`` (added by commit ``version``, or in the snapshot at ``version``) when the
+        log's statistics put every ``column`` value of it before the table's latest cut
+        (:func:`expired_before`). None when anything is unknown (no cut, no statistic, not a time with
+        a zone, a commit gone from the log): a gone file is then a loss, not an expiry.
+
+        A file gone before a stream read it (VACUUM after the expiry's removal, or after a compaction
+        that rewrote its rows into a file since expired) holds rows a RocketMQ consumer that far behind
+        would not get either: the commit log past its retention is deleted whatever the consumer's offset.
+        """
+        cut = self.cut()
+        if cut is None:
+            return None
+        rows, newest = self._added_stats(path, version, from_snapshot)
+        newest_time = _stat_time(newest.get(self.column)) if isinstance(newest, Mapping) else None
+        if newest_time is None or newest_time >= cut:
+            return None
+        return Expired(rows, newest_time, cut)
+
+    def _added_stats(self, path: str, version: int, from_snapshot: bool) -> tuple[int | None, Any]:
+        """(rows, the ``maxValues`` statistics) of ``path`` as the log holds it; (None, None) if it does not."""
+        if from_snapshot:
+            if version not in self._snapshots:
+                self._snapshots[version] = add_actions(self.location.open_table(version), flatten=False)
+            actions = self._snapshots[version]
+            found = actions.filter(pc.equal(actions["path"], path)).to_pylist()
+            return (_records(found[0].get("num_records")), found[0].get("max")) if found else (None, None)
+        if self._log is None:
+            self._log = DeltaLog(self.location)
+        commit = self._log.commit(version)
+        add = next((a for a in commit.adds if a.get("path") == path), None) if commit is not None else None
+        stats = add.get("stats") if add is not None else None
+        try:
+            parsed = json.loads(stats) if isinstance(stats, str) else None
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            return None, None
+        return _records(parsed.get("numRecords")), parsed.get("maxValues")
+
+
 @dataclass(frozen=True)
 class TableLocation:
     """Where a table lives and how to reach its files.

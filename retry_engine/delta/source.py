@@ -34,6 +34,7 @@ Arrow anyway.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import heapq
 import logging
 import sys
@@ -63,6 +64,7 @@ from retry_engine.delta._files import FileToRead, read_file
 from retry_engine.delta._log import (
     Commit,
     DeltaLog,
+    ExpiryJudge,
     FileEntry,
     FilePrune,
     TableLocation,
@@ -108,6 +110,10 @@ class SourceOptions:
     max_rows_per_trigger: int | None = None
     ignore_deletes: bool = False
     skip_change_commits: bool = False
+    skip_expired_by: str | None = None
+    """``skipExpiredBy`` (a time column): a data file gone before the stream read it whose rows the
+    log's statistics put all before the table's row retention cut (:func:`expired_file`) is skipped,
+    logged, rather than failing the stream with ``DELTA_FILE_MISSING``."""
     starting_version: int | Literal["latest"] | None = None
     starting_timestamp: str | None = None
     """As given; :attr:`starting_timestamp_ms` is its value."""
@@ -178,6 +184,7 @@ class SourceOptions:
             max_rows_per_trigger=parse_positive_int(opts, "maxRowsPerTrigger"),
             ignore_deletes=parse_bool(opts, "ignoreDeletes"),
             skip_change_commits=parse_bool(opts, "skipChangeCommits"),
+            skip_expired_by=opts.get("skipexpiredby", "").strip() or None,
             starting_version=starting,
             starting_timestamp=raw_timestamp,
             version_as_of=int(raw_as_of) if raw_as_of else None,
@@ -335,10 +342,12 @@ class _FileReading:
             raise DeltaSourceError(f"unexpected input partition {partition!r}", code="DELTA_PARTITION_INVALID")
         fs, root = self.options.location.filesystem()
         target_rows = arrow_target(self.rows)
+        column = self.options.skip_expired_by
+        judge = None if column is None else ExpiryJudge(self.options.location, column)
         batches = (
             batch
             for file in partition.files
-            for batch in read_file(
+            for batch in (read_file if judge is None else functools.partial(_read_unless_expired, judge))(
                 fs,
                 root,
                 file,
@@ -515,6 +524,32 @@ HANGUP_ERRORS = (EOFError, BrokenPipeError, ConnectionResetError)
 
 # The offset key ``wakeOnStart`` counts in; offsets read it as nothing (the same position).
 WAKE = "wake"
+
+
+def _read_unless_expired(
+    judge: ExpiryJudge, fs: Any, root: str, file: FileToRead, target: pa.Schema, **kwargs: Any
+) -> Iterator[pa.RecordBatch]:
+    """:func:`read_file`, or nothing for a file gone past the table's row retention (``skipExpiredBy``)."""
+    batches = read_file(fs, root, file, target, **kwargs)
+    try:
+        first = next(batches)  # the file is opened here
+    except StopIteration:
+        return
+    except DeltaSourceError as exc:
+        if exc.code != "DELTA_FILE_MISSING":
+            raise
+        gone = judge.expired(file.path, file.version, from_snapshot=file.is_starting_version)
+        if gone is None:
+            raise
+        log.warning(
+            "%s: data file %s (version %d, %s rows) is gone and every row of it was %s before %s, the "
+            "table's row retention cut: skipped, as a RocketMQ consumer behind the commit log's retention "
+            "misses what it deleted", judge.location.uri, file.path, file.version,
+            "?" if gone.rows is None else gone.rows, judge.column, gone.cut.isoformat(),
+        )
+        return
+    yield first
+    yield from batches
 
 
 def _next_wake(offset: Mapping[str, Any]) -> int:

@@ -35,8 +35,9 @@ can tell. The metrics table first gets a row saying so (:data:`EXPIRED_METRIC`):
 the plots' running sums then know the table no longer starts at the lake's start.
 The outcomes, retry and messages tables do the same when asked
 (``outcomes_retention``, ``retry_retention``, ``messages_retention``, off by
-default); the ledger's two cut from the last recorded batch and record their cut
-(:func:`ledger_shift`, :func:`expired_before`).
+default); the ledger's two cut from the last recorded batch (:func:`ledger_shift`), and
+the three record their cut (:func:`expired_before`): the ledger's readers and the
+topics' streams (``skipExpiredBy``) know which rows may be gone.
 
 :func:`run_maintenance` does that for the tables the engine owns and for
 consume_results (``retry-engine maintain``), and records what it did in the
@@ -73,11 +74,19 @@ from retry_engine.config import (
 )
 from retry_engine.core.lease import read_state
 from retry_engine.core.metrics import EXPIRED as EXPIRED_METRIC
-from retry_engine.core.names import ENGINE_TABLES, INPUT_TABLES, MAINTAINED_TABLES, TABLE_NAMES
+from retry_engine.core.names import (
+    ENGINE_TABLES,
+    EXPIRING_TABLES,
+    INPUT_TABLES,
+    MAINTAINED_TABLES,
+    TABLE_NAMES,
+)
 from retry_engine.delta._files import ROW_GROUP_ROWS
 from retry_engine.delta._log import (
+    EXPIRED_BEFORE_APP,
     LOG_DIR,
     add_actions,
+    expired_before,
     file_entries,
     join_path,
     snapshot_files,
@@ -111,21 +120,14 @@ COMPACT_ATTEMPTS = 10
 COMPACTED_ROW_GROUP_ROWS = ROW_GROUP_ROWS
 # The in-engine thread looks whether maintenance is due at least this often.
 POLL_SECONDS = 1.0
-# Tables whose rows expire after ``[maintenance] <name>_retention``, and the time they are judged by.
-EXPIRING_TABLES: dict[str, str] = {
-    "progress": "recorded_at",
-    METRICS.name: "batch_time",
-    OUTCOMES.name: "decided_at",
-    RETRY.name: "delivered_at",
-    MESSAGES.name: "store_timestamp",
-}
 # The tables of the engine's ledger: their row retention cuts from the lake's last recorded batch (ledger_shift).
 LEDGER_TABLES = (OUTCOMES.name, RETRY.name)
+# Tables whose expiry commits its cut (expired_before): the ledger's, whose readers count a retry due
+# before it without its row as released, and the topics, whose streams skip a file gone past it.
+STAMPED_TABLES = (*LEDGER_TABLES, MESSAGES.name)
 # Columns whose every value must be before the cut too (nulls allowed): a waiting retry keeps its outcome row.
 EXPIRE_ALSO: dict[str, tuple[str, ...]] = {OUTCOMES.name: ("due_at",)}
 EXPIRE_OPERATION = "EXPIRE ROWS"
-# The app id of the transaction a ledger table's expiry commits: its version is the cut in epoch ms.
-EXPIRED_BEFORE_APP = "retry-engine-expired-before"
 
 Trigger = Literal["command", "engine"]
 _T = TypeVar("_T")
@@ -291,19 +293,6 @@ def expired_marker(before: dt.datetime, rows: int) -> pa.Table:
     return pa.Table.from_pylist([row], schema=METRICS.arrow_schema)
 
 
-def expired_before(table: DeltaTable) -> dt.datetime | None:
-    """The latest cut of ``table``'s row retention (:data:`EXPIRED_BEFORE_APP`), None if it never had one."""
-    ms = table.transaction_version(EXPIRED_BEFORE_APP)
-    if ms is None:
-        return None
-    try:
-        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
-    except (OverflowError, ValueError, OSError):  # another writer's transaction of that id: no cut known
-        log.warning("%s: transaction %s holds %d, no time; taken as no row retention cut", table.table_uri,
-                    EXPIRED_BEFORE_APP, ms)
-        return None
-
-
 def expire_rows(
     path: str,
     column: str,
@@ -317,9 +306,10 @@ def expire_rows(
     ``also``, see :func:`expiring_files`): (files, rows).
 
     ``marked`` (the metrics table): when there is any, first append :func:`expired_marker`, so a
-    reader that sees rows gone sees the marker too. ``stamped`` (the ledger's tables): the commit also
+    reader that sees rows gone sees the marker too. ``stamped`` (:data:`STAMPED_TABLES`): the commit also
     sets the table's :func:`expired_before` to ``before`` (never back), so a reader knows which
-    retries' rows may be gone, and that the tables no longer hold every row counted.
+    retries' rows may be gone, that the tables no longer hold every row counted, and which files a
+    stream behind the retention may find gone (the source's ``skipExpiredBy``).
 
     One commit of removes (``dataChange=true``: the rows are gone, as after a
     delete; a stream reading the table needs ``ignoreDeletes``), as the version
@@ -442,7 +432,7 @@ def maintain_table(
             "row retention",
             lambda: expire_rows(
                 path, expiring, before_time, marked=name == METRICS.name, also=also,
-                stamped=name in LEDGER_TABLES,
+                stamped=name in STAMPED_TABLES,
             ),
         )
         if gone is not None:

@@ -38,10 +38,10 @@ from retry_engine.core.lease import BatchRecord, read_state
 from retry_engine.core.metrics import DELIVERED, nearest_rank
 from retry_engine.core.standby import StandbyEntry, standbys
 from retry_engine.core.totals import COUNTED, Totals
+from retry_engine.delta._log import expired_before
 from retry_engine.delta.storage import is_remote
 from retry_engine.delta.tables import open_table, read_columns, stats_from, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
-from retry_engine.ops.maintenance import expired_before
 from retry_engine.ops.terms import (
     FINISHED,
     LEASE_LOST,
@@ -557,7 +557,7 @@ def released_horizon(config: EngineConfig, retry: Any = None) -> dt.datetime | N
     never lost a row to it (or does not exist). ``retry``: the table already opened.
 
     It is the retention's latest cut, committed with its removes
-    (:func:`~retry_engine.ops.maintenance.expired_before`): a row that went was
+    (:func:`~retry_engine.delta._log.expired_before`): a row that went was
     delivered before it, so due before it; a retry still waiting was due after the
     last batch recorded before that cut was made, so after it
     (:func:`~retry_engine.ops.maintenance.ledger_shift`).

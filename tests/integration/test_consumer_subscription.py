@@ -6,12 +6,14 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+from deltalake import DeltaTable
+
 from retry_engine.clients.consumer import Consumer
 from retry_engine.clients.producer import Producer
 from retry_engine.delta.tables import append_arrow, ensure_table
 from retry_engine.ops.maintenance import expire_rows
 from retry_engine.schemas import RETRY
-from tests.builders import retry_rows
+from tests.builders import message_rows, retry_rows
 from tests.lakehouse import Lake
 from tests.streaming import running
 
@@ -107,3 +109,42 @@ def test_the_streams_go_on_past_a_row_retentions_removes(spark: Any, tmp_path: P
 
     rows = delivered(spark, consumer, "retention", then=expire_then_more)
     assert sorted(r["msg_id"] for r in rows) == sorted(["r1", "r2", *sent]) and len(sent) == 2
+
+
+def test_a_consumer_stopped_past_retention_and_vacuum_goes_on_without_the_expired_rows(
+    spark: Any, tmp_path: Path
+) -> None:
+    """#14: a consumer stopped for longer than `messages_retention` / `retry_retention` plus the vacuum
+    retention finds the expired files deleted. Like RocketMQ's consumer behind the commit log's
+    retention it goes on without them (logged) and delivers what came after; before, the stream stopped
+    with `DELTA_FILE_MISSING` for good."""
+    lake = Lake.make(tmp_path)
+    retry, messages = lake.path("retry"), lake.path("messages")
+    ensure_table(retry, RETRY.arrow_schema, partition_by=RETRY.partition_by)
+    producer = Producer(messages)
+    first = list(producer.send("orders", "first").msg_ids)
+    consumer = Consumer(spark, lake.config, group="G").subscribe("orders")
+    got: list[str] = []
+
+    def run() -> None:
+        query = (
+            consumer.deliveries().writeStream.option("checkpointLocation", str(tmp_path / "ck"))
+            .foreachBatch(lambda frame, _: got.extend(r["msg_id"] for r in frame.select("msg_id").collect()))
+            .start()
+        )
+        with running(query):
+            query.processAllAvailable()
+
+    run()
+    assert got == first
+    # While it is stopped: rows it has not read yet pass the retention, expire, and vacuum deletes them.
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=10)
+    append_arrow(retry, retry_rows(old, ["r-old"]))
+    append_arrow(messages, message_rows(["m-old"], [old]))
+    for path, column in ((retry, "delivered_at"), (messages, "store_timestamp")):
+        assert expire_rows(path, column, old + dt.timedelta(days=7), stamped=True) == (1, 1)
+        DeltaTable(path).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    append_arrow(retry, retry_rows(dt.datetime.now(dt.UTC), ["r-new"]))
+    after = list(producer.send("orders", "after").msg_ids)
+    run()
+    assert sorted(got) == sorted([*first, "r-new", *after])

@@ -34,20 +34,18 @@ from retry_engine.core.lease import STATE_DIR, BatchRecord, LakeLease, Owner, re
 from retry_engine.core.metrics import DELIVERED, EXPIRED
 from retry_engine.core.totals import Totals
 from retry_engine.delta._files import FileToRead, read_file
-from retry_engine.delta._log import DeltaLog, TableLocation
+from retry_engine.delta._log import EXPIRED_BEFORE_APP, DeltaLog, TableLocation, expired_before
 from retry_engine.delta._offsets import ChangeRules, Offset, files_after
 from retry_engine.delta.tables import append_arrow, ensure_table
 from retry_engine.errors import ConfigError, DeltaSourceError
 from retry_engine.ops import maintenance, status
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from retry_engine.ops.maintenance import (
-    EXPIRED_BEFORE_APP,
     EXPIRED_LOG_CLEANUP,
     MAINTAINED_TABLES,
     RECORD_TABLE,
     EngineMaintenance,
     _Due,
-    expired_before,
     maintain_table,
     maintenance_path,
     retention_hours,
@@ -1152,3 +1150,6 @@ def test_the_producers_messages_past_their_retention_go_and_the_rest_stay(tmp_pa
     [report] = run_maintenance(kept, tables=["messages"])
     assert (report.files_expired, report.rows_expired, report.error) == (1, 2, None)
     assert sorted(DeltaTable(path).to_pyarrow_table()["msg_id"].to_pylist()) == ["c", "d", "e"]
+    # The cut is recorded with the removes: a consumer's stream behind it skips the files gone past it.
+    cut = expired_before(DeltaTable(path))
+    assert cut is not None and now - 3 * DAY - dt.timedelta(minutes=5) < cut <= dt.datetime.now(dt.UTC) - 3 * DAY
