@@ -80,6 +80,7 @@ from retry_engine.core.decide import (
     truncate_error,
 )
 from retry_engine.core.names import (
+    EXPIRING_TABLES,
     PROP_RESEND_MSG_ID,
     PROP_RESEND_TO,
     delivery_key,
@@ -1258,7 +1259,9 @@ class Consumer:
             return os.path.join(os.path.dirname(self.config.engine.checkpoint.rstrip("/")), f"consumer-{digest}")
         return os.path.join(self.config.engine.lake, "_checkpoints", f"consumer-{digest}")
 
-    def _read(self, path: str, *, position: bool, starts: Mapping[str, int] | None = None) -> DataFrame:
+    def _read(
+        self, path: str, *, expires_by: str, position: bool, starts: Mapping[str, int] | None = None
+    ) -> DataFrame:
         reader = (
             self.spark.readStream.format(FORMAT_NAME)
             .option("path", path)
@@ -1270,6 +1273,9 @@ class Consumer:
         # `[maintenance] messages_retention` / `retry_retention` remove old messages' files (RocketMQ's
         # commit log keeps them 72 h) in commits that only remove: the stream goes on past them.
         reader = reader.option("ignoreDeletes", "true")
+        # Stopped for longer than that plus the vacuum retention, the stream finds some of them deleted:
+        # skip those (logged), as RocketMQ's consumer misses what the commit log deleted.
+        reader = reader.option("skipExpiredBy", expires_by)
         if self.consume_from == "latest":
             reader = reader.option("startingVersion", "latest")
         elif starts and path in starts:  # a new checkpoint of a group with published offsets: after them
@@ -1317,12 +1323,16 @@ class Consumer:
         wanted = F.lit(False)
         for topic in self._subscriptions:
             wanted = wanted | self._topic_filter(topic)
-        delivered = self._read(messages_path, position=position, starts=starts).filter(wanted)
+        delivered = self._read(
+            messages_path, expires_by=EXPIRING_TABLES[MESSAGES.name], position=position, starts=starts
+        ).filter(wanted)
         extra = [F.col(POSITION), F.col("topic").alias(QUEUE_SET)] if position else []
         delivered = delivered.select(*MESSAGE_NAMES, *extra)
         if self.reads_retry:
             retry = retry_topic(self.group)
-            retries = self._read(sources[retry], position=position, starts=starts).filter(self._topic_filter(retry))
+            retries = self._read(
+                sources[retry], expires_by=EXPIRING_TABLES[RETRY.name], position=position, starts=starts
+            ).filter(self._topic_filter(retry))
             # Every row of the retry table is in %RETRY%G's queues, whatever its topic column says.
             extra = [F.col(POSITION), F.lit(retry).alias(QUEUE_SET)] if position else []
             delivered = delivered.unionByName(retries.select(*MESSAGE_NAMES, *extra))

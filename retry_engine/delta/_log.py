@@ -139,20 +139,25 @@ class ExpiryJudge:
         cut = self.cut()
         if cut is None:
             return None
-        rows, newest = self._added_stats(path, version, from_snapshot)
+        rows, newest, nulls = self._added_stats(path, version, from_snapshot)
         newest_time = _stat_time(newest.get(self.column)) if isinstance(newest, Mapping) else None
-        if newest_time is None or newest_time >= cut:
+        no_null = isinstance(nulls, Mapping) and _records(nulls.get(self.column)) == 0
+        # As the expiry judges a file (expiring_files): a null time, or no count, might be a row to keep.
+        if newest_time is None or newest_time >= cut or not no_null or rows is None:
             return None
         return Expired(rows, newest_time, cut)
 
-    def _added_stats(self, path: str, version: int, from_snapshot: bool) -> tuple[int | None, Any]:
-        """(rows, the ``maxValues`` statistics) of ``path`` as the log holds it; (None, None) if it does not."""
+    def _added_stats(self, path: str, version: int, from_snapshot: bool) -> tuple[int | None, Any, Any]:
+        """(rows, the ``maxValues`` and ``nullCount`` statistics) of ``path`` as the log holds it; Nones if it
+        does not."""
         if from_snapshot:
             if version not in self._snapshots:
                 self._snapshots[version] = add_actions(self.location.open_table(version), flatten=False)
             actions = self._snapshots[version]
             found = actions.filter(pc.equal(actions["path"], path)).to_pylist()
-            return (_records(found[0].get("num_records")), found[0].get("max")) if found else (None, None)
+            if not found:
+                return None, None, None
+            return _records(found[0].get("num_records")), found[0].get("max"), found[0].get("null_count")
         if self._log is None:
             self._log = DeltaLog(self.location)
         commit = self._log.commit(version)
@@ -163,8 +168,8 @@ class ExpiryJudge:
         except ValueError:
             parsed = None
         if not isinstance(parsed, dict):
-            return None, None
-        return _records(parsed.get("numRecords")), parsed.get("maxValues")
+            return None, None, None
+        return _records(parsed.get("numRecords")), parsed.get("maxValues"), parsed.get("nullCount")
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
+from retry_engine.core.names import EXPIRING_TABLES
 from retry_engine.delta import storage
 from retry_engine.delta._arrow_ipc import ipc_array, ipc_slices
 from retry_engine.delta._files import FileToRead, read_file
@@ -184,7 +185,7 @@ class SourceOptions:
             max_rows_per_trigger=parse_positive_int(opts, "maxRowsPerTrigger"),
             ignore_deletes=parse_bool(opts, "ignoreDeletes"),
             skip_change_commits=parse_bool(opts, "skipChangeCommits"),
-            skip_expired_by=opts.get("skipexpiredby", "").strip() or None,
+            skip_expired_by=_parse_expiry_column(opts),
             starting_version=starting,
             starting_timestamp=raw_timestamp,
             version_as_of=int(raw_as_of) if raw_as_of else None,
@@ -220,6 +221,20 @@ class SourceOptions:
         if not isinstance(limit, ReadAllAvailable):
             log.warning("%s: read limit %r is not supported; reading everything available", self.path, limit)
         return Admission()
+
+
+def _parse_expiry_column(opts: Mapping[str, str]) -> str | None:
+    """``skipExpiredBy``: one of the columns a row retention judges by (the cut a table records is
+    by its own column, so a file is judged by no other: a message born long ago may be stored now)."""
+    column = opts.get("skipexpiredby", "").strip() or None
+    columns = sorted(set(EXPIRING_TABLES.values()))
+    if column is not None and column not in columns:
+        raise ConfigError(
+            f"option skipExpiredBy={column!r} must be the column a table's row retention judges by, one of "
+            f"{', '.join(columns)}",
+            code="INVALID_OPTION",
+        )
+    return column
 
 
 def _parse_prune(opts: Mapping[str, str]) -> FilePrune | None:

@@ -21,7 +21,7 @@ from pyspark.sql.datasource import ReadAllAvailable
 from retry_engine.delta._log import EXPIRED_BEFORE_APP, Expired, ExpiryJudge, TableLocation
 from retry_engine.delta.source import DeltaStreamReader, SourceOptions
 from retry_engine.delta.tables import append_arrow, ensure_table
-from retry_engine.errors import DeltaSourceError
+from retry_engine.errors import ConfigError, DeltaSourceError
 from retry_engine.ops.maintenance import expire_rows
 from retry_engine.schemas import MESSAGES
 from tests.builders import message_rows
@@ -87,7 +87,6 @@ def test_the_expired_file_is_judged_by_its_statistics_against_the_cut(tmp_path: 
     # Not what version 1 added (the file of another commit, a made-up one), another column: unknown.
     assert expired(first, 2) is None
     assert expired("part-none.parquet", 1) is None
-    assert expired(first, 1, "born_timestamp") is not None
     assert expired(first, 1, "topic") is None  # a string statistic: no time
     assert expired(first, 1, "no_such_column") is None
 
@@ -152,6 +151,26 @@ def test_statistics_that_cannot_tell_skip_nothing(tmp_path: Path, stats: str | N
         _read(reader, at)
 
 
-def test_an_empty_skip_expired_by_is_off() -> None:
+def test_a_file_with_a_null_time_is_not_expired_even_when_gone(tmp_path: Path) -> None:
+    """Another writer's row without a store time: the expiry keeps its file (a null might be a row to
+    keep), so a stream finding it gone has lost it."""
+    path = _topic(tmp_path)
+    reader, at = _stopped_at(path, {**STREAM, "startingVersion": "4"})
+    append_arrow(path, message_rows(["old4", "timeless"], [OLD, None]))  # version 4
+    _expire_and_vacuum(path)
+    kept = _paths_of(path, 4) - _paths_of(path, 3)
+    assert kept <= _paths_of(path, DeltaTable(path).version())  # not expired
+    for name in kept:
+        (Path(path) / name).unlink()
+    with pytest.raises(DeltaSourceError, match="DELTA_FILE_MISSING"):
+        _read(reader, at)
+
+
+def test_skip_expired_by_is_a_column_a_retention_judges_by() -> None:
+    """Hostile option values: a table's cut is by its own column (a message born ten days ago may be
+    stored now), so no other column judges a file; empty is off."""
     assert SourceOptions.parse({"path": "/t", "skipExpiredBy": " "}).skip_expired_by is None
-    assert SourceOptions.parse({"path": "/t", "skipExpiredBy": "at"}).skip_expired_by == "at"
+    assert SourceOptions.parse({"path": "/t", "skipExpiredBy": "store_timestamp"}).skip_expired_by == "store_timestamp"
+    for column in ("born_timestamp", "at", "Store_Timestamp", "store_timestamp,delivered_at"):
+        with pytest.raises(ConfigError, match=r"INVALID_OPTION.*skipExpiredBy"):
+            SourceOptions.parse({"path": "/t", "skipExpiredBy": column})
