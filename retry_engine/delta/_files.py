@@ -386,6 +386,7 @@ class _OpenFile:
     # The file's stream: its position once the writer closes is the file's size (asking the store
     # for it cost a listing and a HEAD per file on object storage).
     stream: pa.NativeFile | None = None
+    compression: str = "snappy"
     pending: list[pa.RecordBatch] = field(default_factory=list)
     pending_rows: int = 0
     rows: int = 0
@@ -399,7 +400,7 @@ class _OpenFile:
             self.fs.create_dir(parent, recursive=True)
         self.stream = self.fs.open_output_stream(self.full)
         self.writer = pq.ParquetWriter(
-            self.stream, self.schema, compression="snappy",
+            self.stream, self.schema, compression=self.compression,
             use_dictionary=dictionary_columns(self.schema, first),
         )
         return self.writer
@@ -482,8 +483,10 @@ class PartitionedWriter:
         not_null: Sequence[str] = (),
         uri: str = "",
         row_group_rows: int = ROW_GROUP_ROWS,
+        compression: str = "snappy",
     ) -> None:
         self.fs, self.root, self.uri = fs, root, uri
+        self.compression = compression
         self.schema = schema
         self.partition_by = list(partition_by)
         self.not_null = [c for c in not_null if c in schema.names]
@@ -534,9 +537,11 @@ class PartitionedWriter:
 
     def _open(self, values: dict[str, str | None]) -> _OpenFile:
         folder = partition_folder(values, self.partition_by)
-        name = f"part-{uuid.uuid4()}.snappy.parquet"
+        name = f"part-{uuid.uuid4()}.{self.compression}.parquet"
         relative = f"{folder}/{name}" if folder else name
-        return _OpenFile(relative, values, self.fs, join_path(self.root, relative), self.file_schema)
+        return _OpenFile(
+            relative, values, self.fs, join_path(self.root, relative), self.file_schema, compression=self.compression
+        )
 
     def close(self) -> list[WrittenFile]:
         """Finish every file; returns what was written (empty if no rows).

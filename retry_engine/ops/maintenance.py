@@ -81,11 +81,20 @@ from retry_engine.core.names import (
     MAINTAINED_TABLES,
     TABLE_NAMES,
 )
-from retry_engine.delta._files import ROW_GROUP_ROWS
+from retry_engine.delta._files import (
+    ROW_GROUP_ROWS,
+    FileToRead,
+    PartitionedWriter,
+    WrittenFile,
+    delete_quietly,
+    read_file,
+)
 from retry_engine.delta._log import (
     EXPIRED_BEFORE_APP,
     LOG_DIR,
+    FileEntry,
     add_actions,
+    data_file_path,
     expired_before,
     file_entries,
     join_path,
@@ -128,6 +137,13 @@ STAMPED_TABLES = (*LEDGER_TABLES, MESSAGES.name)
 # Columns whose every value must be before the cut too (nulls allowed): a waiting retry keeps its outcome row.
 EXPIRE_ALSO: dict[str, tuple[str, ...]] = {OUTCOMES.name: ("due_at",)}
 EXPIRE_OPERATION = "EXPIRE ROWS"
+# A table with a row retention is compacted by windows of time (TimeWindow): this many windows a retention,
+# none shorter than an hour. Delta's default target file size otherwise.
+COMPACTION_WINDOWS = 24
+MIN_COMPACTION_WINDOW = dt.timedelta(hours=1)
+DEFAULT_TARGET_FILE_SIZE = 100 * 1024 * 1024
+COMPACT_OPERATION = "OPTIMIZE"
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 Trigger = Literal["command", "engine"]
 _T = TypeVar("_T")
@@ -192,15 +208,153 @@ def _log_entries(path: str) -> int:
     return sum(1 for info in infos if info.type == pafs.FileType.File)
 
 
-def _small_files_to_compact(table: DeltaTable) -> int:
-    """Files a compaction would rewrite: partitions holding two or more files under the target size."""
-    target = int(table.metadata().configuration.get("delta.targetFileSize") or 100 * 1024 * 1024)
+def _target_size(table: DeltaTable) -> int:
+    return int(table.metadata().configuration.get("delta.targetFileSize") or DEFAULT_TARGET_FILE_SIZE)
+
+
+def _small_files_to_compact(table: DeltaTable, window: TimeWindow | None = None) -> int:
+    """Files a compaction would rewrite: partitions (and with ``window``, windows of time) holding two or
+    more files under the target size."""
+    if window is not None:
+        return sum(len(files) for files in _windowed_bins(table, window))
+    target = _target_size(table)
     by_partition: dict[tuple[tuple[str, Any], ...], int] = {}
     for entry in snapshot_files(table, table.version()):
         if entry.size < target:
             key = tuple(sorted(entry.partition_values.items()))
             by_partition[key] = by_partition.get(key, 0) + 1
     return sum(n for n in by_partition.values() if n > 1)
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """Compaction of a table with a row retention: files are merged only with files whose newest
+    ``column`` value falls in the same ``width`` of time (:func:`compaction_window`)."""
+
+    column: str
+    width: dt.timedelta
+
+
+def compaction_window(retention: dt.timedelta, column: str) -> TimeWindow:
+    """The :class:`TimeWindow` of a table kept ``retention``: a 24th of it, at least an hour.
+
+    Delta's OPTIMIZE merges every file under the target size, the file it wrote last run included:
+    a table with less than the target size (100 MB) of rows would become one file holding its
+    first row and its newest, which no retention ever removes whole. Merged by window, a
+    compacted file spans about a window, and goes at most a window after its oldest rows' time.
+    """
+    return TimeWindow(column, max(retention / COMPACTION_WINDOWS, MIN_COMPACTION_WINDOW))
+
+
+def _windowed_bins(table: DeltaTable, window: TimeWindow) -> list[list[FileEntry]]:
+    """The groups of files one windowed compaction writes a file of each: of one partition and one
+    window of newest ``column`` (files without that statistic: a group of their own), under the target
+    size, two or more, in stream order, each group at most the target size."""
+    actions = add_actions(table)
+    if not actions.num_rows:
+        return []
+    target = _target_size(table)
+    stat = f"max.{window.column}"
+    newest: list[Any] = (
+        actions[stat].to_pylist()
+        if stat in actions.column_names and zoned_time(actions[stat].type)
+        else [None] * actions.num_rows
+    )
+    width_us = window.width // dt.timedelta(microseconds=1)
+    slot = {
+        path: None if at is None else (at - EPOCH) // dt.timedelta(microseconds=1) // width_us
+        for path, at in zip(actions["path"].to_pylist(), newest, strict=True)
+    }
+    groups: dict[tuple[Any, ...], list[FileEntry]] = {}
+    for entry in file_entries(actions, table.version()):
+        if entry.size < target:
+            key = (tuple(sorted(entry.partition_values.items())), slot[entry.path])
+            groups.setdefault(key, []).append(entry)
+    bins: list[list[FileEntry]] = []
+    for files in groups.values():
+        current: list[FileEntry] = []
+        size = 0
+        for entry in files:
+            if current and size + entry.size > target:
+                bins.append(current)
+                current, size = [], 0
+            current.append(entry)
+            size += entry.size
+        bins.append(current)
+    return [b for b in bins if len(b) > 1]
+
+
+def _compact_windowed(path: str, window: TimeWindow) -> tuple[int, int]:
+    """Compact ``path`` by :class:`TimeWindow` (files removed, files added): a rewrite committed with
+    ``dataChange=false`` as Delta's OPTIMIZE.
+
+    When another writer committed since the plan, the rewrite still holds if every file it replaces
+    is still in the table (the others appended: the commit is made again on their version), and is
+    redone on a fresh snapshot if not (they removed one: an expiry, a delete, another compaction).
+    """
+    fs, root = filesystem(path)
+    for attempt in range(1, COMPACT_ATTEMPTS + 1):
+        table = open_delta(path)
+        bins = _windowed_bins(table, window)
+        if not bins:
+            return 0, 0
+        removed = [entry for files in bins for entry in files]
+        written = _rewrite(fs, root, path, table, bins)
+        try:
+            for _ in range(COMPACT_ATTEMPTS):
+                try:
+                    commit_next(table, removed, written, data_change=False, operation=COMPACT_OPERATION)
+                    return len(removed), len(written)
+                except CommitFailedError as exc:
+                    table = open_delta(path)
+                    if not {e.path for e in removed} <= set(add_actions(table)["path"].to_pylist()):
+                        log.warning("%s: compaction lost a file it rewrote to another commit (attempt %d): %s",
+                                    path, attempt, exc)
+                        break
+                    log.info("%s: appended to while compacting; the compaction commits after it", path)
+        except BaseException:
+            _delete_written(fs, root, written)
+            raise
+        _delete_written(fs, root, written)
+    raise CommitFailedError(f"compaction of {path} conflicted {COMPACT_ATTEMPTS} times with other writers")
+
+
+def _rewrite(
+    fs: pafs.FileSystem, root: str, path: str, table: DeltaTable, bins: Sequence[Sequence[FileEntry]]
+) -> list[WrittenFile]:
+    """One new file per bin holding its files' rows in stream order (row groups of
+    :data:`COMPACTED_ROW_GROUP_ROWS`, ZSTD as delta-rs compacts); nothing left behind if it fails."""
+    schema = pa.schema(table.schema().to_arrow())
+    partition_by = list(table.metadata().partition_columns)
+    written: list[WrittenFile] = []
+    try:
+        for files in bins:
+            writer = PartitionedWriter(
+                fs, root, schema, partition_by=partition_by, uri=path,
+                row_group_rows=COMPACTED_ROW_GROUP_ROWS, compression="zstd",
+            )
+            try:
+                for entry in files:
+                    for batch in read_file(fs, root, _to_read(entry), schema, table_uri=path):
+                        writer.write(batch)
+                written.extend(writer.close())
+            except BaseException:
+                writer.discard()
+                raise
+    except BaseException:
+        _delete_written(fs, root, written)
+        raise
+    return written
+
+
+def _to_read(entry: FileEntry) -> FileToRead:
+    return FileToRead(entry.path, entry.partition_values, entry.version, entry.index, entry.is_starting_version)
+
+
+def _delete_written(fs: pafs.FileSystem, root: str, written: Sequence[WrittenFile]) -> None:
+    """Files of a compaction no commit references (its commit lost to another writer's)."""
+    for file in written:
+        delete_quietly(fs, join_path(root, data_file_path(file.path)))
 
 
 def _compact(path: str) -> tuple[int, int]:
@@ -372,11 +526,13 @@ def maintain_table(
     dry_run: bool = False,
     lock: threading.Lock | None = None,
     expire_before: dt.datetime | None = None,
+    window: TimeWindow | None = None,
 ) -> TableReport:
     """Compact, checkpoint, clean the log of and vacuum the table ``name`` at ``path``.
 
     ``expire_before``: for a table of :data:`EXPIRING_TABLES`, first remove the
-    files whose rows are all older (:func:`expire_rows`).
+    files whose rows are all older (:func:`expire_rows`). ``window``: compact by
+    windows of time (a table with a row retention, :func:`compaction_window`).
 
     A missing table gives an empty report. A step that fails is logged and
     named in the report's ``error``; the later steps still run (a failed
@@ -409,7 +565,7 @@ def maintain_table(
             files_after=before.files,
             bytes_after=before.bytes,
             log_files_after=before.log_files,
-            files_compacted=_small_files_to_compact(table),
+            files_compacted=_small_files_to_compact(table, window),
             files_vacuumed=len(doomed),
             files_expired=len(expired[0]),
             rows_expired=expired[1],
@@ -437,7 +593,7 @@ def maintain_table(
         )
         if gone is not None:
             report = replace(report, files_expired=gone[0], rows_expired=gone[1])
-    compacted = step("compaction", lambda: _compact(path))
+    compacted = step("compaction", lambda: _compact(path) if window is None else _compact_windowed(path, window))
     if compacted is not None:
         report = replace(report, files_compacted=compacted[0], files_written=compacted[1])
 
@@ -567,6 +723,11 @@ def run_maintenance(
             del expire_before[name]
         else:
             expire_before[name] -= shift
+    windows = {
+        name: compaction_window(dt.timedelta(milliseconds=keep_ms), column)
+        for name, column in EXPIRING_TABLES.items()
+        if (keep_ms := config.maintenance.row_retention_ms(name)) is not None
+    }
     reports = []
     for name, path in selected:
         if stopping():
@@ -574,7 +735,8 @@ def run_maintenance(
             break
         reports.append(
             maintain_table(
-                name, path, retention_hours=hours, dry_run=dry_run, lock=lock, expire_before=expire_before.get(name)
+                name, path, retention_hours=hours, dry_run=dry_run, lock=lock, expire_before=expire_before.get(name),
+                window=windows.get(name),
             )
         )
     if not dry_run:

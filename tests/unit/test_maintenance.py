@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -45,7 +46,10 @@ from retry_engine.ops.maintenance import (
     MAINTAINED_TABLES,
     RECORD_TABLE,
     EngineMaintenance,
+    TimeWindow,
     _Due,
+    compaction_window,
+    expire_rows,
     maintain_table,
     maintenance_path,
     retention_hours,
@@ -1083,10 +1087,11 @@ def test_the_ledger_loses_old_rows_in_whole_files_and_the_lake_still_counts_what
     append_arrow(retry, retry_rows(now - 3 * DAY, ["r9"]))
     assert expired() == {"outcomes": 0, "retry": 0}
     assert pending()[0] == 1
-    # A cut never goes back (a retention made longer since): r10 goes, the recorded cut stays.
+    # A cut never goes back (a retention made longer since): r9 and r10 go (the windowed compaction kept r9's
+    # file apart from r7's), the recorded cut stays.
     cut = expired_before(DeltaTable(retry))
     append_arrow(retry, retry_rows(now - 3 * DAY, ["r10"]))
-    assert maintenance.expire_rows(retry, "delivered_at", now - 2 * DAY, stamped=True) == (1, 1)
+    assert maintenance.expire_rows(retry, "delivered_at", now - 2 * DAY, stamped=True) == (2, 2)
     assert expired_before(DeltaTable(retry)) == cut
 
 
@@ -1153,3 +1158,129 @@ def test_the_producers_messages_past_their_retention_go_and_the_rest_stay(tmp_pa
     # The cut is recorded with the removes: a consumer's stream behind it skips the files gone past it.
     cut = expired_before(DeltaTable(path))
     assert cut is not None and now - 3 * DAY - dt.timedelta(minutes=5) < cut <= dt.datetime.now(dt.UTC) - 3 * DAY
+
+
+# --------------------------------------------------------------------------- compaction by windows of time
+
+
+THREE_DAYS = compaction_window(3 * DAY, "store_timestamp")
+
+
+def messages_over_days(path: str, start: dt.datetime, days: int, *, window: TimeWindow | None) -> list[str]:
+    """Four sends a day (hours 0-3) for ``days`` days from ``start``, `maintain` once a day with a 3-day
+    retention (compacting by ``window``, or as Delta's OPTIMIZE without one); the ids sent."""
+    ensure_table(path, MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
+    sent = []
+    for day in range(days):
+        at = start + day * DAY
+        for hour in range(4):
+            append_arrow(path, message_rows([f"d{day}h{hour}"], [at + dt.timedelta(hours=hour)]))
+            sent.append(f"d{day}h{hour}")
+        report = maintain_table("messages", path, retention_hours=WEEK, expire_before=at - 3 * DAY, window=window)
+        assert report.error is None
+    return sent
+
+
+def test_a_table_with_a_row_retention_is_compacted_by_windows_so_its_old_rows_still_go(tmp_path: Path) -> None:
+    """#14 (review of the row retentions): Delta's OPTIMIZE merges every file under the target size, the
+    one it wrote last run too, so a quiet topic became one file holding its first message and its
+    newest, which the retention never removes whole: after 12 days of 3-day retention every message
+    was still there. Compacted by windows of a 24th of the retention, a file spans at most a window,
+    and the rows go within a window of their time."""
+    start = dt.datetime.now(dt.UTC) - 12 * DAY
+    merged, windowed = str(tmp_path / "merged"), str(tmp_path / "windowed")
+    sent = messages_over_days(merged, start, 12, window=None)
+    assert sorted(DeltaTable(merged).to_pyarrow_table()["msg_id"].to_pylist()) == sorted(sent)  # nothing expired
+    assert messages_over_days(windowed, start, 12, window=THREE_DAYS) == sent
+    kept = DeltaTable(windowed).to_pyarrow_table()
+    cut = start + 11 * DAY - 3 * DAY
+    newer = [m for m in sent if int(m[1:m.index("h")]) >= 8]
+    assert set(newer) <= set(kept["msg_id"].to_pylist())  # every row after the last cut stays
+    assert min(kept["store_timestamp"].to_pylist()) >= cut - THREE_DAYS.width
+    assert len(DeltaTable(windowed).file_uris()) <= 2 * 5  # 3 hours a window: two files a day kept
+    assert expired_before(DeltaTable(windowed)) is not None
+
+
+def test_a_windowed_compaction_changes_no_data_and_a_stream_past_it_reads_nothing_twice(tmp_path: Path) -> None:
+    """#14 part 1 for the windowed compaction: one commit of dataChange=false adds and removes, the same
+    rows for delta-rs, pandas and Polars, files grouped by window and partition, and a dry run that
+    counts what it rewrites."""
+    path = tmp_path / "messages"
+    ensure_table(str(path), MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
+    at = dt.datetime.now(dt.UTC) - DAY
+    for topic in ("a", "b"):
+        for minutes in (0, 10, 20, 200):  # 200 minutes later: the next 3-hour window, alone
+            append_arrow(str(path), message_rows([f"{topic}{minutes}"], [at.replace(hour=0, minute=0) + dt.timedelta(minutes=minutes)], topic=topic))
+    before = sorted(DeltaTable(str(path)).to_pandas()["msg_id"].tolist())
+    stream_at = Offset.after_version(DeltaTable(str(path)).version(), None)
+    assert maintain_table("messages", str(path), retention_hours=WEEK, dry_run=True, window=THREE_DAYS).files_compacted == 6
+    report = maintain_table("messages", str(path), retention_hours=WEEK, window=THREE_DAYS)
+    assert (report.files_before, report.files_after, report.files_compacted, report.files_written) == (8, 4, 6, 2)
+    version = DeltaTable(str(path)).version()
+    changes = [a.get("add") or a.get("remove") for a in log_actions(path, version) if "add" in a or "remove" in a]
+    assert len(changes) == 8 and all(change["dataChange"] is False for change in changes)
+    assert sorted(DeltaTable(str(path)).to_pandas()["msg_id"].tolist()) == before
+    import polars as pl
+
+    assert sorted(pl.read_delta(str(path))["msg_id"].to_list()) == before
+    delta_log = DeltaLog(TableLocation(str(path)))
+    assert list(files_after(delta_log, stream_at, through_version=version, rules=ChangeRules())) == []
+    # The compacted files carry the statistics the expiry judges by.
+    newest = add_actions_of(str(path), "max.store_timestamp")
+    assert all(value is not None for value in newest)
+
+
+def add_actions_of(path: str, column: str) -> list[Any]:
+    return pa.RecordBatchReader.from_stream(DeltaTable(path).get_add_actions(flatten=True)).read_all()[column].to_pylist()
+
+
+@pytest.mark.parametrize("meanwhile", ["append", "expire"])
+def test_a_windowed_compaction_beside_another_writer_loses_and_repeats_no_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, meanwhile: str
+) -> None:
+    """A commit lands while the compaction rewrites: an append (a producer) leaves every file it
+    rewrote in the table, so it commits after it without rewriting again; an expiry removed one, so it
+    is redone on the new snapshot, and the first attempt's files are deleted."""
+    path = tmp_path / "messages"
+    ensure_table(str(path), MESSAGES.arrow_schema, partition_by=MESSAGES.partition_by)
+    old = dt.datetime.now(dt.UTC).replace(minute=0) - 10 * DAY
+    for i in range(3):
+        append_arrow(str(path), message_rows([f"old{i}"], [old + dt.timedelta(minutes=i)]))
+    now = dt.datetime.now(dt.UTC)
+    for i in range(3):
+        append_arrow(str(path), message_rows([f"new{i}"], [now]))
+    reads = []
+    real_read = maintenance.read_file
+
+    def read_then_commit(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        if len(reads) == 1:
+            if meanwhile == "append":
+                append_arrow(str(path), message_rows(["during"], [now]))
+            else:
+                assert expire_rows(str(path), "store_timestamp", now - DAY, stamped=True) == (3, 3)
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(maintenance, "read_file", read_then_commit)
+    with caplog.at_level(logging.INFO, logger="retry_engine.ops.maintenance"):
+        report = maintain_table("messages", str(path), retention_hours=WEEK, window=THREE_DAYS)
+    assert report.error is None
+    left = sorted(DeltaTable(str(path)).to_pyarrow_table()["msg_id"].to_pylist())
+    if meanwhile == "append":
+        assert left == ["during", "new0", "new1", "new2", "old0", "old1", "old2"]
+        assert len(reads) == 6 and "commits after it" in caplog.text  # rewritten once
+    else:
+        assert left == ["new0", "new1", "new2"]
+        assert len(reads) == 6 + 3 and "lost a file it rewrote" in caplog.text
+    referenced = {
+        unquote(a["add"]["path"]).rsplit("/", 1)[-1]
+        for v in range(DeltaTable(str(path)).version() + 1)
+        for a in log_actions(path, v) if "add" in a
+    }
+    on_disk = {name for _, _, names in os.walk(path) for name in names if name.startswith("part-")}
+    assert on_disk == referenced  # no file of the lost attempt left behind
+
+
+@pytest.mark.parametrize(("retention", "hours"), [(DAY, 1), (3 * DAY, 3), (30 * DAY, 30), (dt.timedelta(hours=12), 1)])
+def test_the_compaction_window_is_a_24th_of_the_retention_and_at_least_an_hour(retention: dt.timedelta, hours: int) -> None:
+    assert compaction_window(retention, "at") == TimeWindow("at", dt.timedelta(hours=hours))
