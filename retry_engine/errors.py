@@ -179,3 +179,9 @@ class StorageError(RetryEngineError, OSError):
     """Raised when the storage holding a table cannot be reached or refuses the request (the code says which)."""
 
     code = "STORAGE_UNAVAILABLE"
+
+
+class EngineStateError(RetryEngineError, ValueError):
+    """Raised when the lake's engine-state row holds something the engine never writes (another writer, a damaged file)."""
+
+    code = "ENGINE_STATE_DAMAGED"

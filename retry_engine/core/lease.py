@@ -20,6 +20,7 @@ Spark-free: plain delta-rs.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -36,6 +37,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
 from retry_engine.core.totals import Totals
+from retry_engine.delta._files import WrittenFile
 from retry_engine.delta._handles import Handle, keep, open_or_create
 from retry_engine.delta.storage import (
     TABLE_PROPERTIES,
@@ -51,7 +53,7 @@ from retry_engine.delta.tables import (
     table_arrow_schema,
     writers_clean_log,
 )
-from retry_engine.errors import LakeOwnedError, LeaseLostError
+from retry_engine.errors import EngineStateError, LakeOwnedError, LeaseLostError
 from retry_engine.schemas import ENGINE_STATE
 
 log = logging.getLogger(__name__)
@@ -158,27 +160,78 @@ class EngineState:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> EngineState:
+        """The state a row of the table holds; :class:`ValueError` naming what is wrong when it holds none
+        (the engine writes every row, so another writer or a damaged file made it)."""
         owner = None
         if row["owner_query_id"] is not None:
             owner = Owner(
-                str(row["owner_host"]), int(row["owner_pid"]), str(row["owner_query_id"]),
-                str(row["owner_checkpoint"]), row["since"],
+                _text(row, "owner_host"), _whole(row, "owner_pid"), _text(row, "owner_query_id"),
+                _text(row, "owner_checkpoint"), _time(row, "since"),
             )
         batch = None
         if row["batch_query_id"] is not None:
+            source_end = _json(row, "source_end", dict) if row["source_end"] is not None else None
             batch = BatchRecord(
-                query_id=str(row["batch_query_id"]),
-                batch_id=int(row["batch_id"]),
-                source_end=json.loads(row["source_end"]) if row["source_end"] is not None else None,
-                files=json.loads(row["batch_files"] or "{}"),
-                pending_retries=int(row["pending_retries"] or 0),
+                query_id=_text(row, "batch_query_id"),
+                batch_id=_whole(row, "batch_id"),
+                source_end=source_end,
+                files=_batch_files(_json(row, "batch_files", dict) if row["batch_files"] is not None else {}),
+                pending_retries=_whole(row, "pending_retries") if row["pending_retries"] is not None else 0,
                 # Absent from a table written by an earlier release until its next start adds it.
                 totals=Totals.from_json(row.get("totals")),
                 recorded_at=row.get("batch_recorded_at"),
             )
-        return cls(
-            int(row["epoch"]), owner, row["heartbeat"], bool(row["released"]), batch, row.get("discarded_before")
-        )
+        heartbeat = _time(row, "heartbeat") if row["heartbeat"] is not None else None
+        return cls(_whole(row, "epoch"), owner, heartbeat, bool(row["released"]), batch, row.get("discarded_before"))
+
+
+def _text(row: Mapping[str, Any], name: str) -> str:
+    value = row[name]
+    if not isinstance(value, str):
+        raise ValueError(f"{name} is {value!r}, not text")
+    return value
+
+
+def _whole(row: Mapping[str, Any], name: str) -> int:
+    value = row[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} is {value!r}, not a whole number")
+    return value
+
+
+def _time(row: Mapping[str, Any], name: str) -> dt.datetime:
+    value = row[name]
+    if not isinstance(value, dt.datetime):
+        raise ValueError(f"{name} is {value!r}, not a time")
+    return value
+
+
+def _json(row: Mapping[str, Any], name: str, kind: type) -> Any:
+    try:
+        value = json.loads(row[name])
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"{name} is not JSON ({exc})") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"{name} is JSON {type(value).__name__}, not {kind.__name__}")
+    return value
+
+
+def _batch_files(files: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """``batch_files``: table -> the batch's files, each the fields of a ``WrittenFile`` (roll-forward commits them)."""
+    fields = {f.name: f.type for f in dataclasses.fields(WrittenFile)}
+    for table, entries in files.items():
+        if not isinstance(entries, list):
+            raise ValueError(f"batch_files of {table!r} is {entries!r}, not a list of files")
+        for entry in entries:
+            if not isinstance(entry, dict) or set(entry) != set(fields):
+                raise ValueError(f"batch_files of {table!r} holds {entry!r}, not a file ({', '.join(fields)})")
+            for name, kind in (("path", str), ("stats", str), ("partition_values", dict)):
+                if not isinstance(entry[name], kind):
+                    raise ValueError(f"batch_files of {table!r}: {name} {entry[name]!r} is not {kind.__name__}")
+            for name in ("size", "modification_time", "num_records"):
+                if isinstance(entry[name], bool) or not isinstance(entry[name], int) or entry[name] < 0:
+                    raise ValueError(f"batch_files of {table!r}: {name} {entry[name]!r} is not a count")
+    return dict(files)
 
 
 def _load(path: str) -> tuple[DeltaTable | None, EngineState | None]:
@@ -191,7 +244,20 @@ def _load(path: str) -> tuple[DeltaTable | None, EngineState | None]:
 
 def _row(table: DeltaTable) -> EngineState | None:
     rows = table.to_pyarrow_table().to_pylist()
-    return EngineState.from_row(rows[0]) if rows else None
+    if not rows:
+        return None
+    try:
+        return EngineState.from_row(rows[0])
+    except (ValueError, TypeError, KeyError) as exc:
+        version = table.version()
+        raise EngineStateError(
+            f"the lake's engine state {table.table_uri} (version {version}) cannot be read: {exc}. It holds the "
+            "lake's owner and its last batch, and only the engine writes it: another writer or a damaged file "
+            "changed it. Restore its last good version (from Python: deltalake.DeltaTable("
+            f"{table.table_uri!r}).restore({max(version - 1, 0)}), an earlier one if that fails too) and start "
+            "again; without it no engine can tell where the lake's last batch ended",
+            code="ENGINE_STATE_DAMAGED",
+        ) from exc
 
 
 def read_state(lake: str) -> EngineState | None:

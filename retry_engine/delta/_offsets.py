@@ -24,6 +24,19 @@ SOURCE_VERSION = 1
 BASE_INDEX = -1
 
 
+def _whole(value: Any, name: str, least: int) -> int:
+    """A whole number of an offset (JSON: an integer), at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} {value!r} is not a whole number >= {least}")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"isStartingVersion {value!r} is not true or false")
+    return value
+
+
 @dataclass(frozen=True)
 class Offset:
     """A position in the stream of a table's data files."""
@@ -63,19 +76,22 @@ class Offset:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Offset:
         try:
-            source_version = int(data.get("sourceVersion", SOURCE_VERSION))
+            source_version = _whole(data.get("sourceVersion", SOURCE_VERSION), "sourceVersion", 0)
             recorded = data.get("batchStart")
+            reservoir = data.get("reservoirId")
+            if reservoir is not None and not isinstance(reservoir, str):
+                raise TypeError(f"reservoirId {reservoir!r} is not text")
             offset = cls(
-                version=int(data["reservoirVersion"]),
-                index=int(data["index"]),
-                is_starting_version=bool(data["isStartingVersion"]),
-                reservoir_id=data.get("reservoirId"),
+                version=_whole(data["reservoirVersion"], "reservoirVersion", 0),
+                index=_whole(data["index"], "index", BASE_INDEX),
+                is_starting_version=_flag(data["isStartingVersion"]),
+                reservoir_id=reservoir,
                 batch_start=None if recorded is None else cls(
-                    int(recorded["reservoirVersion"]), int(recorded["index"]), bool(recorded["isStartingVersion"]),
-                    data.get("reservoirId"),
+                    _whole(recorded["reservoirVersion"], "reservoirVersion", 0),
+                    _whole(recorded["index"], "index", BASE_INDEX), _flag(recorded["isStartingVersion"]), reservoir,
                 ),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DeltaSourceError(f"not a deltars offset: {dict(data)!r}", code="DELTA_OFFSET_INVALID") from exc
         if source_version > SOURCE_VERSION:
             raise DeltaSourceError(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -562,3 +564,75 @@ def names_of(lake: Path) -> list[str]:
     from retry_engine.core.lease import state_path
 
     return sorted(p.name for p in (Path(state_path(str(lake))) / "_delta_log").iterdir())
+
+
+GOOD_FILE = {"path": "p.parquet", "size": 1, "partition_values": {}, "modification_time": 0, "num_records": 1,
+             "stats": "{}"}
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "what"),
+    [
+        ("source_end", "not json", "source_end is not JSON"),
+        ("source_end", "[1, 2]", "source_end is JSON list, not dict"),
+        ("source_end", "[" * 100_000, "source_end is not JSON"),
+        ("batch_files", "[1, 2]", "batch_files is JSON list"),
+        ("batch_files", '{"retry": 5}', "not a list of files"),
+        ("batch_files", '{"retry": [{"path": "p"}]}', "not a file"),
+        ("batch_files", json.dumps({"retry": [{**GOOD_FILE, "size": -1}]}), "size -1 is not a count"),
+        ("batch_files", json.dumps({"retry": [{**GOOD_FILE, "stats": None}]}), "stats None is not str"),
+        ("owner_pid", None, "owner_pid is None"),
+        ("owner_host", None, "owner_host is None"),
+        ("batch_id", None, "batch_id is None"),
+        ("epoch", None, "epoch is None"),
+        ("since", None, "since is None"),
+    ],
+)
+def test_a_damaged_engine_state_row_is_one_clear_error_naming_the_field(
+    tmp_path: Path, column: str, value: Any, what: str
+) -> None:
+    """Hostile input (the lake's `_engine_state`, which only the engine writes): a value the engine never
+    writes stops `run` with ENGINE_STATE_DAMAGED naming the field and how to restore the table, never a
+    JSONDecodeError or TypeError from deep inside the lease."""
+    from deltalake import write_deltalake
+
+    from retry_engine.errors import EngineStateError
+
+    row = EngineState(3, owner("query-A"), T0, False, batch("query-A", 5, pending=2)).to_arrow().to_pylist()[0]
+    row[column] = value
+    from retry_engine.schemas import ENGINE_STATE
+
+    write_deltalake(str(tmp_path / "_engine_state"), pa.Table.from_pylist([row], schema=_loose(ENGINE_STATE.arrow_schema)))
+    with pytest.raises(EngineStateError, match=rf"ENGINE_STATE_DAMAGED.*{re.escape(what)}.*restore\(0\)"):
+        read_state(str(tmp_path))
+    with pytest.raises(EngineStateError, match="ENGINE_STATE_DAMAGED"):
+        lease(tmp_path, "query-B", Clock()).acquire(take_over=True)
+
+
+def _loose(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every column nullable (another writer's table need not keep NOT NULL)."""
+    return pa.schema([field.with_nullable(True) for field in schema])
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        {"reservoirVersion": 1e400, "index": -1, "isStartingVersion": False},
+        {"reservoirVersion": 1.9, "index": -1, "isStartingVersion": False},
+        {"reservoirVersion": -9, "index": -1, "isStartingVersion": False},
+        {"reservoirVersion": 1, "index": -2, "isStartingVersion": False},
+        {"reservoirVersion": 1, "index": -1, "isStartingVersion": "no"},
+        {"reservoirVersion": True, "index": -1, "isStartingVersion": False},
+        {"reservoirVersion": 1, "index": -1, "isStartingVersion": False, "reservoirId": 5},
+        {"reservoirVersion": 1, "index": -1, "isStartingVersion": False, "batchStart": [1]},
+        {"reservoirVersion": 1, "index": -1, "isStartingVersion": False, "sourceVersion": "x"},
+    ],
+)
+def test_a_hostile_offset_is_refused_never_read_as_another_position(offset: dict[str, Any]) -> None:
+    """Hostile input (a checkpoint's offsets, the lake's recorded source end): a position that is not
+    whole numbers and a flag is DELTA_OFFSET_INVALID, not rounded, wrapped or read as true."""
+    from retry_engine.delta._offsets import Offset
+
+    with pytest.raises(DeltaSourceError, match="DELTA_OFFSET_INVALID"):
+        Offset.from_json(offset)
+    assert Offset.from_json({"reservoirVersion": 1, "index": -1, "isStartingVersion": True}).key == (1, -1)
