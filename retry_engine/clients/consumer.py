@@ -651,9 +651,13 @@ class _RebalancedBatch:
                 recorded = Assignment.from_json(json.load(f))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
             log.warning("group %s: unreadable assignment record %s (%s); planning batch %d anew",
                         self.group, path, exc, batch_id)
+            return None
+        if recorded.batch_id != batch_id:
+            log.warning("group %s: assignment record %s is of batch %d; planning batch %d anew",
+                        self.group, path, recorded.batch_id, batch_id)
             return None
         if recorded.queue_counts != dict(sorted(self.queue_counts.items())):
             log.warning("group %s: assignment record of batch %d is for queues %s, not %s; planning anew",
@@ -968,7 +972,7 @@ def stream_start(checkpoint: str, consume_from: ConsumeFrom, now: dt.datetime | 
         if started.tzinfo is None:
             raise ValueError(f"started_at {data['started_at']!r} has no zone")
         return started
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
         log.warning("unreadable stream start record in %s (%s): every row of a gained queue is caught up", checkpoint, exc)
         return None
 

@@ -392,7 +392,7 @@ def _parse_offsets(text: str, path: str, group: str) -> tuple[dt.datetime, dict[
         if not isinstance(topics, dict):
             raise ValueError("topics is not topic -> offsets")
         return at, {str(topic): TopicOffsets.from_json(o) for topic, o in topics.items()}
-    except (ValueError, KeyError, TypeError, AttributeError, SubscriptionError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError, SubscriptionError) as exc:
         log.warning("group %s: skipping unreadable offsets file %s: %s", group, path, exc)
         return None
 
@@ -440,7 +440,7 @@ def _parse_heartbeat(text: str, path: str, group: str) -> Heartbeat | None:
         if at.tzinfo is None:
             raise ValueError("heartbeat_at has no time zone")
         validate_member_id(member)
-    except (ValueError, KeyError, TypeError, SubscriptionError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError, SubscriptionError) as exc:
         log.warning("group %s: skipping unreadable heartbeat file %s: %s", group, path, exc)
         return None
     if group_of_file != group:
@@ -536,12 +536,24 @@ class Assignment:
 
     @classmethod
     def from_json(cls, data: Any) -> Assignment:
+        """Or ValueError/TypeError/KeyError/AttributeError for anything this release never writes."""
+        counts = {str(t): n for t, n in data["queue_counts"].items()}
+        if not all(_count(n) and 1 <= n < 2**31 for n in counts.values()):
+            raise ValueError(f"queue_counts {counts!r} are not queue counts")
+
+        def queues(topic: str, ids: Any) -> tuple[int, ...]:
+            if not isinstance(ids, list) or not all(_count(q) and 0 <= q < counts.get(topic, 0) for q in ids):
+                raise ValueError(f"queues {ids!r} of {topic!r} are not among its {counts.get(topic, 0)}")
+            return tuple(ids)
+
+        if not _count(data["batch_id"]) or not 0 <= data["batch_id"] < 2**63:
+            raise ValueError(f"batch_id {data['batch_id']!r} is not a batch id")
         return cls(
-            batch_id=int(data["batch_id"]),
+            batch_id=data["batch_id"],
             members=tuple(str(m) for m in data["members"]),
-            queue_counts={str(t): int(n) for t, n in data["queue_counts"].items()},
-            owned={str(t): tuple(int(q) for q in qs) for t, qs in data["owned"].items()},
-            catch_up={str(t): tuple(int(q) for q in qs) for t, qs in data["catch_up"].items()},
+            queue_counts=counts,
+            owned={str(t): queues(str(t), qs) for t, qs in data["owned"].items()},
+            catch_up={str(t): queues(str(t), qs) for t, qs in data["catch_up"].items()},
             catch_up_versions={str(t): int(v) for t, v in data["catch_up_versions"].items()},
             windows=tuple(Window.from_json(w) for w in data["windows"]),
             # Records of earlier releases have neither: read whole, vouch for nothing.

@@ -149,6 +149,8 @@ def test_published_offsets_round_trip_and_the_furthest_that_fits_wins(tmp_path: 
     [
         "not json",
         "[]",
+        "[" * 100_000,  # deeper than the JSON parser recurses
+        '{"group": "G", "member": "B@1", "published_at": ' + "[" * 100_000 + "}",
         '{"group": "H", "member": "B@1", "published_at": "2026-11-29T10:00:00+00:00", "topics": {}}',
         '{"group": "G", "member": "B 1", "published_at": "2026-11-29T10:00:00+00:00", "topics": {}}',
         '{"group": "G", "member": "B@1", "published_at": "2026-11-29T10:00:00", "topics": {}}',

@@ -138,6 +138,8 @@ def test_a_heartbeat_from_the_future_counts_and_bad_files_are_skipped(tmp_path: 
     (folder / "badid.json").write_text(json.dumps({"group": "G", "member": "X\n@1", "heartbeat_at": T0.isoformat()}))
     (folder / "wronggroup.json").write_text(json.dumps({"group": "H", "member": "Y@1", "heartbeat_at": T0.isoformat()}))
     (folder / "list.json").write_text("[1, 2]")
+    (folder / "deep.json").write_text("[" * 100_000)  # deeper than the JSON parser recurses
+    (folder / "notext.json").write_text(json.dumps({"group": "G", "member": "Z@1", "heartbeat_at": 5}))
     assert a.live(T0) == ["A@1", "B@1"]
 
 
@@ -305,6 +307,22 @@ def test_a_recorded_assignment_is_replayed_only_if_it_fits(tmp_path: Path) -> No
     fn.queue_counts = counts
     (tmp_path / "rebalance" / "3.json").write_text('{"batch_id": 3')
     assert fn._load(3) is None
+    # Hostile records (a restored checkpoint): queues not among the topic's, counts that are no counts,
+    # numbers past any integer, nesting deeper than the parser goes: planned anew, never replayed.
+    good = plan.to_json()
+    for bad in (
+        {**good, "owned": {"orders": [-1]}}, {**good, "owned": {"orders": [4]}}, {**good, "owned": {"orders": [True]}},
+        {**good, "catch_up": {"orders": [1.5]}}, {**good, "queue_counts": {"orders": 0, "%RETRY%G": 1}},
+        {**good, "queue_counts": {"orders": "4", "%RETRY%G": 1}},
+    ):
+        (tmp_path / "rebalance" / "3.json").write_text(json.dumps(bad))
+        assert fn._load(3) is None, bad
+    for text in (
+        json.dumps({**good, "batch_id": 10**400}), json.dumps({**good, "batch_id": 4}),
+        json.dumps(good).replace('"batch_id": 3', '"batch_id": 1e400'), "[" * 100_000,
+    ):
+        (tmp_path / "rebalance" / "3.json").write_text(text)
+        assert fn._load(3) is None, text[:80]
     # Old records are pruned as batches go on.
     for batch_id in range(4, 40):
         fn._save(replace(plan, batch_id=batch_id))
