@@ -33,6 +33,7 @@ from retry_engine.core.delays import (
     BackoffPolicy,
     ExponentialPolicy,
     LevelPolicy,
+    bounded_duration_ms,
     parse_delay_levels,
     parse_duration_ms,
 )
@@ -105,7 +106,7 @@ Duration = Annotated[str, Field(description="e.g. '500ms', '10s', '5m', '1h'")]
 
 
 def _check_duration(value: str) -> str:
-    parse_duration_ms(value)
+    bounded_duration_ms(value)
     return value
 
 
@@ -754,8 +755,17 @@ def load_config(
             raise ConfigError(f"config file {source} is a folder; give the TOML file", code="CONFIG_NOT_FOUND") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source} is not valid TOML: {exc}", code="CONFIG_NOT_TOML") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{source} is not valid TOML: not UTF-8 text ({exc})", code="CONFIG_NOT_TOML") from None
         data = _resolve_file_paths(data, path.parent)
-    engine = dict(data.get("engine", {}))
+    engine_section = data.get("engine", {})
+    if not isinstance(engine_section, dict):
+        raise ConfigError(
+            f"{source}: engine must be a table ([engine] with keys), got {type(engine_section).__name__} "
+            f"{engine_section!r}",
+            code="INVALID_CONFIG",
+        )
+    engine = dict(engine_section)
     for key, var in (("lake", ENV_LAKE), ("checkpoint", ENV_CHECKPOINT), ("master", ENV_MASTER)):
         if env.get(var):
             engine[key] = resolve_path(env[var]) if key != "master" else env[var]

@@ -20,6 +20,8 @@ ROCKETMQ_FIRST_RETRY_LEVEL = 3
 
 UNIT_MILLIS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _TOKEN = re.compile(r"([1-9][0-9]*)(ms|s|m|h|d)")
+# A hundred years: every setting's duration is far below, and a time plus it stays a time.
+MAX_DURATION_MS = 36_500 * UNIT_MILLIS["d"]
 
 
 def parse_duration_ms(token: str) -> int:
@@ -31,6 +33,19 @@ def parse_duration_ms(token: str) -> int:
             f"{', '.join(UNIT_MILLIS)} (e.g. '10s')"
         )
     return int(match.group(1)) * UNIT_MILLIS[match.group(2)]
+
+
+def bounded_duration_ms(token: str) -> int:
+    """:func:`parse_duration_ms` of a setting (a window, a timeout, a retention): at most
+    :data:`MAX_DURATION_MS`, past which a time plus it is no time. (A delay level may be longer: a due
+    time past the calendar quarantines its row, DUE_AT_OUT_OF_RANGE.)"""
+    ms = parse_duration_ms(token)
+    if ms > MAX_DURATION_MS:
+        raise DelayLevelError(
+            f"duration {token!r} is longer than {MAX_DURATION_MS // UNIT_MILLIS['d']}d, more than any window, "
+            "timeout or retention can mean"
+        )
+    return ms
 
 
 def parse_delay_levels(levels: str) -> tuple[int, ...]:

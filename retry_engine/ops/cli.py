@@ -757,6 +757,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
     except RetryEngineError as exc:
         print(f"retry-engine: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except Exception as exc:
+        # delta-rs's own errors (a damaged commit of a table another writer changed): one line, not its
+        # Rust backtrace. Only once delta-rs is loaded can an error be one of its; the parsers do not load it.
+        delta = sys.modules.get("deltalake.exceptions")
+        if delta is None or not isinstance(exc, delta.DeltaError):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"retry-engine: [DELTA_TABLE_UNREADABLE] a table of the lake cannot be read: {first}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,7 +47,7 @@ from deltalake.exceptions import CommitFailedError
 
 from retry_engine.clients.dlq import Selection, read_dlq
 from retry_engine.config import EngineConfig
-from retry_engine.core.delays import parse_duration_ms
+from retry_engine.core.delays import bounded_duration_ms
 from retry_engine.delta.storage import open_delta
 from retry_engine.delta.tables import (
     append_arrow,
@@ -309,7 +309,7 @@ def expire(
     ``skipChangeCommits`` to read past these deletes.
     """
     retention = retention or config.dlq.resolved_retention
-    keep_ms = parse_duration_ms(retention)
+    keep_ms = bounded_duration_ms(retention)
     now = now or dt.datetime.now(dt.UTC)
     cutoff = now - dt.timedelta(milliseconds=keep_ms)
     marks = resolution_rows(read_audit(config))

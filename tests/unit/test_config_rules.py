@@ -8,6 +8,7 @@ stable code, the bad value and the valid ones), never from the code under test.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -245,6 +246,27 @@ def test_a_config_file_that_is_not_toml_is_named(tmp_path: Path) -> None:
         load_config(conf, env={})
     assert info.value.code == "CONFIG_NOT_TOML"
     assert str(info.value).startswith(f"[CONFIG_NOT_TOML] {conf} is not valid TOML: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (b"\xff\xfe[engine]\n", "is not valid TOML: not UTF-8 text"),
+        (b"engine = 5\n", "engine must be a table ([engine] with keys), got int 5"),
+        (b'engine = "abc"\n', "engine must be a table ([engine] with keys), got str 'abc'"),
+        (b'engine = [["lake", "/x"]]\n', "engine must be a table ([engine] with keys), got list"),
+        (b'[engine]\ndedup_window = "1000000d"\n', "is longer than 36500d"),
+        (b'[engine]\nlease_timeout = "99999999999999999999d"\n', "is longer than 36500d"),
+        (b'[dlq]\nresolved_retention = "1000000d"\n', "is longer than 36500d"),
+    ],
+)
+def test_hostile_config_files_are_one_clear_error(tmp_path: Path, text: bytes, message: str) -> None:
+    """Hostile input (the config file): not UTF-8, a section that is no table, durations past any time
+    (they overflowed where added to a time): a ConfigError naming the file, never a traceback."""
+    conf = tmp_path / "hostile.toml"
+    conf.write_bytes(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(conf, env={})
 
 
 @pytest.mark.parametrize(

@@ -255,3 +255,18 @@ def test_the_moved_lake_check_stays_out_of_the_way(tmp_path: Path, how: str, mon
         monkeypatch.delenv(ENV_LAKE, raising=False)
         with pytest.raises(LakeNotFoundError, match="LAKE_PATH_MOVED"):
             require_lake_folder(_config(trap), origin=_lake_origin(trap), read_before=_file_lake_read_before(trap))
+
+
+@pytest.mark.parametrize("command", [["dlq", "list"], ["dlq", "stats"], ["status"], ["maintain", "--dry-run"]])
+def test_a_damaged_commit_of_a_lake_table_is_one_line_not_a_backtrace(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hostile input (a table another writer damaged): delta-rs's error, whose text runs on with a Rust
+    backtrace, is one line naming the table's problem and exit 1."""
+    lake = _dlq_lake(tmp_path / "lake")
+    write_deltalake(str(lake / "dlq"), DLQ.arrow_schema.empty_table(), mode="append")
+    (lake / "dlq" / "_delta_log" / f"{1:020d}.json").write_text('{"add": 5}\n')
+    assert main([*command, "--lake", str(lake)]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("retry-engine: [DELTA_TABLE_UNREADABLE] a table of the lake cannot be read: ")
+    assert err.count("\n") == 1 and "expected {" in err

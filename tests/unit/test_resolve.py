@@ -294,6 +294,10 @@ def test_expire_cli(
     assert "DLQ-005" not in _dlq_ids(config)
     assert main(["dlq", "expire", "--config", config_file, "--retention", "soon"]) == 1
     assert "bad delay token 'soon'" in capsys.readouterr().err
+    # Hostile: a retention past what a time can go back (an OverflowError traceback before).
+    for retention in ("1000000d", "9" * 30 + "d"):
+        assert main(["dlq", "expire", "--config", config_file, "--retention", retention]) == 1
+        assert "is longer than 36500d" in capsys.readouterr().err
 
 
 def test_a_resolve_committed_while_a_redrive_runs_makes_it_skip(config: EngineConfig) -> None:
