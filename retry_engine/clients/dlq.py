@@ -40,6 +40,7 @@ from retry_engine.core.names import (
 )
 from retry_engine.delta.storage import open_delta, spark_options
 from retry_engine.delta.tables import (
+    cast_not_null,
     open_table,
     pyarrow_dataset,
     read_columns,
@@ -325,7 +326,10 @@ def read_dlq(
         files.append(("dead_lettered_at", "<=", stats_until(selection.until)))
         bounds = bounds & (pc.field("dead_lettered_at") < pa.scalar(selection.until, DLQ["dead_lettered_at"].type))
     delta = open_delta(path, version=resolved)
-    rows = read_columns(delta, DLQ.arrow_schema, read, files=files or None, rows=bounds).select(read).cast(schema)
+    rows = cast_not_null(
+        read_columns(delta, DLQ.arrow_schema, read, files=files or None, rows=bounds).select(read), schema,
+        f"the DLQ table at {path}",
+    )
     if selection is not None:
         rows = rows.filter(selection.mask(rows))
     return rows.select(columns)
@@ -350,7 +354,10 @@ def dead_letters_named(config: EngineConfig, named: pa.Table, *, version: int | 
         files.append(("consumer_group", "in", groups))
     ids = named.column("msg_id").combine_chunks()
     delta = open_delta(config.table_path("dlq"), version=version)
-    return read_columns(delta, schema, schema.names, files=files or None, rows=pc.field("msg_id").isin(ids)).cast(schema)
+    return cast_not_null(
+        read_columns(delta, schema, schema.names, files=files or None, rows=pc.field("msg_id").isin(ids)), schema,
+        f"the DLQ table at {config.table_path('dlq')}",
+    )
 
 
 def dead_letters(

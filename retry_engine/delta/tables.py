@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import posixpath
 import time
 from collections.abc import Callable, Sequence, Sized
 from typing import TYPE_CHECKING, Any
@@ -101,6 +102,33 @@ def pyarrow_dataset(table: DeltaTable, file_pruning_predicate: Any = None) -> ds
     return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
 
 
+def require_columns(table: DeltaTable, columns: Sequence[str], table_name: str) -> None:
+    """:class:`SchemaMismatchError` naming the first of ``columns`` the table lacks (another writer replaced
+    or rewrote it), before a read fails on it deep inside pyarrow."""
+    have = set(table_arrow_schema(table).names)
+    missing = [c for c in columns if c not in have]
+    if missing:
+        raise SchemaMismatchError(
+            f"table {table_name} at {table.table_uri} has no column {missing[0]!r} (it has {sorted(have)}): another "
+            f"writer replaced or rewrote it; {table_name} needs {', '.join(columns)}",
+        )
+
+
+def cast_not_null(rows: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
+    """``rows`` cast to ``schema``; :class:`SchemaMismatchError` naming the column and how many rows when
+    another writer left a null in a column this release never leaves empty (the cast's own error names
+    neither the table nor what to do)."""
+    for field in schema:
+        if not field.nullable and field.name in rows.column_names and rows.column(field.name).null_count:
+            raise SchemaMismatchError(
+                f"{where} holds {rows.column(field.name).null_count} row(s) without {field.name!r}, which the "
+                f"engine always fills: another writer wrote them. Delete or mend them (e.g. DELETE ... WHERE "
+                f"{field.name} IS NULL) and run again",
+                code="NULL_IN_REQUIRED_COLUMN",
+            )
+    return rows.cast(schema)
+
+
 def read_columns(
     table: DeltaTable,
     expected: pa.Schema,
@@ -121,6 +149,7 @@ def read_columns(
     from retry_engine.core.decide import cast_columns, drifted_columns
 
     wanted = list(columns)
+    require_columns(table, [*wanted, *(term[0] for term in _terms(files))], posixpath.basename(table.table_uri.rstrip("/")))
     drifted = drifted_columns(table_arrow_schema(table), expected, [*wanted, *(term[0] for term in _terms(files))])
     if not drifted:
         if files is None and rows is None:

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from retry_engine.config import EngineConfig
-from retry_engine.delta.tables import open_table
+from retry_engine.delta.tables import open_table, require_columns
 from retry_engine.ops.terms import REDRIVE_TARGETS, RedriveTarget
 from retry_engine.schemas import REDRIVE_AUDIT
 
@@ -58,6 +58,7 @@ def audit_snapshot(config: EngineConfig) -> AuditSnapshot:
     if table is None:
         rows = REDRIVE_AUDIT.arrow_schema.empty_table()
     else:
+        require_columns(table, REDRIVE_AUDIT.names, AUDIT_TABLE)
         rows = pa.table(table.to_pyarrow_table()).select(REDRIVE_AUDIT.names)
     version = None if table is None else table.version()
     return AuditSnapshot(rows.append_column(MOVED, _moved(config, rows)), version)

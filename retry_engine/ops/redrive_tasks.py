@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from retry_engine.config import EngineConfig
-from retry_engine.delta.tables import append_arrow, open_table, pyarrow_dataset
+from retry_engine.delta.tables import append_arrow, open_table, pyarrow_dataset, require_columns
 from retry_engine.errors import RedriveError
 from retry_engine.ops.audit import MOVED, read_audit, redrive_rows
 from retry_engine.ops.terms import TASK_STATES, TaskState
@@ -85,6 +85,7 @@ def read_events(config: EngineConfig, redrive_id: str | None = None) -> pa.Table
     table = open_table(config.table_path(TASKS_TABLE))
     if table is None:
         return REDRIVE_TASKS.arrow_schema.empty_table()
+    require_columns(table, REDRIVE_TASKS.names, TASKS_TABLE)
     # The filter prunes files on their stats, so polling for a cancel stays cheap as the table grows.
     where = None if redrive_id is None else pc.field("redrive_id") == redrive_id
     # Files come back in any order: readers want the events in the order they happened.

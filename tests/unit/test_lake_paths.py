@@ -10,9 +10,12 @@ before it builds a session.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
+import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
@@ -270,3 +273,39 @@ def test_a_damaged_commit_of_a_lake_table_is_one_line_not_a_backtrace(
     err = capsys.readouterr().err
     assert err.startswith("retry-engine: [DELTA_TABLE_UNREADABLE] a table of the lake cannot be read: ")
     assert err.count("\n") == 1 and "expected {" in err
+
+
+def _loose_dlq_row(**values: object) -> pa.Table:
+    row = {**dict.fromkeys(DLQ.names), "msg_id": "m1", "topic": "%DLQ%G", "consumer_group": "G", "retry_topic": "t",
+           "dead_lettered_at": dt.datetime(2026, 11, 1, tzinfo=dt.UTC), **values}
+    return pa.Table.from_pylist([row], schema=pa.schema([f.with_nullable(True) for f in DLQ.arrow_schema]))
+
+
+@pytest.mark.parametrize(
+    ("command", "damage", "message"),
+    [
+        (["dlq", "list"], "dlq", "[SCHEMA_MISMATCH] table dlq at "),
+        (["dlq", "stats"], "dlq", "has no column 'msg_id' (it has ['x']): another writer replaced or rewrote it"),
+        (["redrive", "list"], "redrive_audit", "[SCHEMA_MISMATCH] table redrive_audit at "),
+        (["dlq", "list"], "redrive_audit", "has no column 'redrive_id'"),
+        (["redrive", "list"], "redrive_tasks", "[SCHEMA_MISMATCH] table redrive_tasks at "),
+        (["dlq", "list"], "null msg_id", "[NULL_IN_REQUIRED_COLUMN] the DLQ table at "),
+        (["dlq", "stats"], "null msg_id", "holds 1 row(s) without 'msg_id'"),
+    ],
+)
+def test_a_table_another_writer_replaced_or_filled_with_nulls_is_named(
+    command: list[str], damage: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hostile input (tables written by others): a DLQ, audit or task table replaced by another schema,
+    or a dead letter without a msg id, is one error naming the table and the column (a KeyError, an
+    ArrowInvalid or a cast's ValueError before)."""
+    lake = tmp_path / "lake"
+    if damage == "null msg_id":
+        write_deltalake(str(lake / "dlq"), _loose_dlq_row(msg_id=None))
+    else:
+        _dlq_lake(lake)
+        if damage == "dlq":
+            shutil.rmtree(lake / "dlq")
+        write_deltalake(str(lake / damage), pa.table({"x": [1]}))
+    assert main([*command, "--lake", str(lake)]) == EXIT_ERROR
+    assert message in capsys.readouterr().err
