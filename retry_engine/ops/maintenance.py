@@ -719,10 +719,12 @@ def run_maintenance(
     ledger = [name for name, _ in selected if name in LEDGER_TABLES and name in expire_before]
     shift = ledger_shift(config, run_at=run_at) if ledger else None
     for name in ledger:
-        if shift is None:
-            del expire_before[name]
-        else:
+        try:
+            if shift is None:
+                raise OverflowError
             expire_before[name] -= shift
+        except OverflowError:  # no batch recorded with its time, or a time another writer set to year 1
+            del expire_before[name]
     windows = {
         name: compaction_window(dt.timedelta(milliseconds=keep_ms), column)
         for name, column in EXPIRING_TABLES.items()

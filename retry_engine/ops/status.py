@@ -688,8 +688,10 @@ def backlog(pending: pa.Table) -> list[BacklogEntry]:
 
 def lateness_ms(retry: pa.Table) -> pa.Array:
     """Per released retry: delivered_at - due_at in ms (R8 says never negative)."""
-    late = pc.subtract(retry["delivered_at"], retry["due_at"]).cast(pa.int64())
-    return pc.divide(late.cast(pa.float64()), 1000.0).combine_chunks()
+    # As whole microseconds: any two times of the calendar are that many apart (a time another writer set
+    # in year 1 or 9999 is past what Arrow's duration arithmetic checks).
+    late = pc.subtract(retry["delivered_at"].cast(pa.int64()), retry["due_at"].cast(pa.int64()))
+    return pc.divide(late.cast(pa.float64(), safe=False), 1000.0).combine_chunks()
 
 
 def _lateness_entry(group: str, values: np.ndarray[Any, Any]) -> LatenessEntry:

@@ -1284,3 +1284,36 @@ def test_a_windowed_compaction_beside_another_writer_loses_and_repeats_no_row(
 @pytest.mark.parametrize(("retention", "hours"), [(DAY, 1), (3 * DAY, 3), (30 * DAY, 30), (dt.timedelta(hours=12), 1)])
 def test_the_compaction_window_is_a_24th_of_the_retention_and_at_least_an_hour(retention: dt.timedelta, hours: int) -> None:
     assert compaction_window(retention, "at") == TimeWindow("at", dt.timedelta(hours=hours))
+
+
+@pytest.mark.parametrize("recorded", [dt.datetime(1, 1, 1, tzinfo=dt.UTC), dt.datetime(9999, 12, 31, tzinfo=dt.UTC)])
+def test_a_batch_recorded_at_a_time_past_the_calendar_cuts_no_ledger_row(tmp_path: Path, recorded: dt.datetime) -> None:
+    """Hostile input (the engine state, a time another writer set): the ledger's cut counts back from the
+    last recorded batch; from year 1 there is no time to count back to (an OverflowError stopped `maintain`),
+    from year 9999 none of the time since: no ledger row goes, and the run ends without an error."""
+    from retry_engine.core.lease import EngineState
+
+    now = dt.datetime.now(dt.UTC)
+    outcomes = str(tmp_path / "outcomes")
+    ensure_table(outcomes, OUTCOMES.arrow_schema)
+    append_arrow(outcomes, outcome_rows(now - 40 * DAY, {}, acks=2))
+    state = EngineState(1, Owner("h", 1, "q", "/ck", now), now, False,
+                        BatchRecord("q", 3, None, {}, 0, recorded_at=recorded))
+    write_deltalake(str(tmp_path / STATE_DIR), state.to_arrow())
+    config = parse_config({"engine": {"lake": str(tmp_path)}, "maintenance": {"outcomes_retention": "30d"}})
+    [report] = [r for r in run_maintenance(config, tables=["outcomes"]) if r.table_name == "outcomes"]
+    assert report.error is None
+    expected = 0 if recorded.year == 1 else 1  # year 9999: no time since, the cut is 30 days before now
+    assert report.files_expired == expected
+
+
+def test_lateness_of_times_at_the_ends_of_the_calendar_is_a_number() -> None:
+    """Hostile input (a retry row another writer timed in year 1 or 9999): `status` and `plots` read its
+    lateness (an ArrowInvalid from the duration arithmetic before)."""
+    times = pa.timestamp("us", "UTC")
+    retry = pa.table({
+        "delivered_at": pa.array([dt.datetime(9999, 12, 31, tzinfo=dt.UTC), dt.datetime(2026, 1, 1, 0, 0, 1, tzinfo=dt.UTC)], times),
+        "due_at": pa.array([dt.datetime(1, 1, 1, tzinfo=dt.UTC), dt.datetime(2026, 1, 1, tzinfo=dt.UTC)], times),
+    })
+    span = (dt.datetime(9999, 12, 31, tzinfo=dt.UTC) - dt.datetime(1, 1, 1, tzinfo=dt.UTC)) / dt.timedelta(milliseconds=1)
+    assert status.lateness_ms(retry).to_pylist() == [span, 1000.0]
