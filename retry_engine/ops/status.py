@@ -62,6 +62,12 @@ QueryState = Literal["running", "stale", "stopped", "failed", "not_started"]
 # (spark.sql.streaming.noDataProgressEventInterval), so 30 s is never normal silence.
 STALE_TRIGGERS = 10
 MIN_STALE_MS = 30_000
+# However long its last batch took, a query silent for a day is stale (a duration another writer made
+# huge would keep it "running" for good).
+MAX_STALE_MS = 86_400_000
+# Progress events recorded further ahead of `status`'s clock than this are left out of the judgement
+# (a clock ahead, or another writer): one of them would keep a stopped engine "running" until its time.
+FUTURE_EVENTS = dt.timedelta(hours=1)
 # How much of a failed query's error `status` shows (one line: the Python error and its causes).
 FAILURE_SHOWN_CHARS = 300
 # How far back `status` counts failed queries, and the released retries whose lateness it shows.
@@ -417,7 +423,7 @@ def stale_after_ms(
 ) -> int:
     """How long without a recorded event before a query that never said it stopped is stale."""
     return flush_interval_ms + max(
-        STALE_TRIGGERS * trigger_interval_ms, 2 * (last_batch_ms or 0), MIN_STALE_MS
+        STALE_TRIGGERS * trigger_interval_ms, min(2 * max(last_batch_ms or 0, 0), MAX_STALE_MS), MIN_STALE_MS
     )
 
 
@@ -462,6 +468,24 @@ def query_state(
     ``stale`` after that (the driver died without a terminated event, or a
     batch hangs). No rows: ``not_started``.
     """
+    ahead = pc.fill_null(pc.greater(progress["recorded_at"], pa.scalar(now + FUTURE_EVENTS, progress["recorded_at"].type)), False)
+    skipped = pc.sum(ahead).as_py() or 0
+    if skipped:
+        progress = progress.filter(pc.invert(ahead))
+    state, why, last, last_batch = _judged(
+        progress, now=now, trigger_interval_ms=trigger_interval_ms, flush_interval_ms=flush_interval_ms
+    )
+    if skipped:
+        why += (
+            f" ({skipped} event(s) recorded more than {FUTURE_EVENTS} after this clock's now left out: a clock "
+            "ahead, or another writer)"
+        )
+    return state, why, last, last_batch
+
+
+def _judged(
+    progress: pa.Table, *, now: dt.datetime, trigger_interval_ms: int, flush_interval_ms: int
+) -> tuple[QueryState, str, dict[str, Any] | None, LastBatch | None]:
     last = _latest(progress, "recorded_at")
     if last is None:
         return "not_started", "no progress recorded yet", None, None

@@ -151,6 +151,24 @@ def test_query_state_follows_the_latest_run() -> None:
     assert judge(restarted, T + ms(700))[0] == "running"
 
 
+def test_events_from_far_ahead_and_a_huge_batch_time_keep_no_stopped_engine_running() -> None:
+    """Hostile input (the progress table: a host with its clock ahead, or another writer): an event
+    recorded years ahead made `status` say "running" (last event -2.5e14 ms ago) with exit 0 while the
+    engine had stopped, and a batch time of int64's maximum kept a silent one "running" for good. Events
+    more than an hour ahead are left out (and said so); a stale limit is at most a day."""
+    stopped = progress(event(STARTED, T), batch(0, T + ms(100)), event(TERMINATED, T + ms(400)))
+    far = batch(1, dt.datetime(9999, 12, 31, tzinfo=dt.UTC), run="run-x")
+    state, why = judge(progress(*stopped.to_pylist(), far), T + ms(500))
+    assert state == "stopped" and why.endswith("(1 event(s) recorded more than 1:00:00 after this clock's now left out: "
+                                                "a clock ahead, or another writer)")
+    # A clock a few minutes ahead still counts.
+    soon = progress(event(STARTED, T), batch(0, T + dt.timedelta(minutes=5)))
+    assert judge(soon, T)[0] == "running"
+    huge = progress(event(STARTED, T), batch(0, T + ms(100), duration=2**63 - 1))
+    assert judge(huge, T + dt.timedelta(days=2))[0] == "stale"
+    assert stale_after_ms(trigger_interval_ms=200, flush_interval_ms=0, last_batch_ms=-(2**63)) == 30_000
+
+
 def test_a_failed_querys_python_error_is_shown_not_sparks_traceback_header() -> None:
     """Spark's first line of a Python data source's failure ends in "Traceback (most recent call last):";
     status shows the Python error with its chain of causes on one line instead."""
