@@ -46,6 +46,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from retry_engine.config import EngineConfig  # noqa: E402
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY  # noqa: E402
 from retry_engine.core.metrics import DELIVERED, EXPIRED, nearest_rank  # noqa: E402
+from retry_engine.errors import ConfigError  # noqa: E402
 from retry_engine.ops.status import (  # noqa: E402
     EngineTables,
     at_or_after,
@@ -504,7 +505,11 @@ def render(lake: EngineTables | PlotData, out_dir: str | os.PathLike[str]) -> li
     """Write the three charts of ``lake`` into ``out_dir`` (created if missing)."""
     data = lake if isinstance(lake, PlotData) else plot_data(lake)
     folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"--out {folder} is a file, or inside one: give a folder for the charts",
+                          code="INVALID_ARGUMENT") from None
     since = "" if data.since is None else f", since {data.since.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC"
     return [
         Plot("backlog", folder / BACKLOG_FILE, plot_backlog(data.backlog, folder / BACKLOG_FILE, since), data.backlog_source),

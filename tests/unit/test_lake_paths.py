@@ -309,3 +309,13 @@ def test_a_table_another_writer_replaced_or_filled_with_nulls_is_named(
         write_deltalake(str(lake / damage), pa.table({"x": [1]}))
     assert main([*command, "--lake", str(lake)]) == EXIT_ERROR
     assert message in capsys.readouterr().err
+
+
+def test_plots_out_a_file_is_one_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Hostile CLI input: `plots --out` at a file (or below one) is one line, exit 1 (FileExistsError /
+    NotADirectoryError tracebacks before)."""
+    lake = _dlq_lake(tmp_path / "lake")
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        assert main(["plots", "--lake", str(lake), "--out", str(out)]) == EXIT_ERROR
+        assert f"[INVALID_ARGUMENT] --out {out} is a file, or inside one" in capsys.readouterr().err
