@@ -51,6 +51,8 @@ STATES: tuple[State, ...] = TASK_STATES
 HEARTBEAT_S = 15.0
 # A run silent for this long (8 missed heartbeats: a slow chunk on object storage fits) was killed.
 STALE_AFTER_S = 120.0
+# Events dated further ahead of this clock are no sign of life (as status's FUTURE_EVENTS).
+FUTURE_EVENTS = dt.timedelta(hours=1)
 # How often a run waiting for the rate limit looks for a cancel.
 CANCEL_POLL_S = 2.0
 
@@ -234,7 +236,12 @@ def _run_state(
         }
         return ended[last["event"]], last["at"], last["detail"]
     asked = [e for e in events if e["event"] == "cancel"]
-    seen = max(e["at"] for e in events)
+    # A sign of life dated further ahead than FUTURE_EVENTS (a clock ahead, or another writer) is none:
+    # it would keep a killed run "running" until that time, and a cancel would wait for it in vain.
+    times = [e["at"] for e in events if isinstance(e["at"], dt.datetime) and e["at"] <= now + FUTURE_EVENTS]
+    if not times:
+        return "interrupted", None, f"no event dated before {FUTURE_EVENTS} from now (a clock ahead, or another writer)"
+    seen = max(times)
     alive = (now - seen).total_seconds() < STALE_AFTER_S
     if asked:
         return (

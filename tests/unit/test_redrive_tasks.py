@@ -155,6 +155,27 @@ def test_a_run_that_goes_silent_reads_interrupted(config: EngineConfig) -> None:
     assert redrive_tasks.task(config, "killed-1", now=late)["state"] == "cancelled"
 
 
+def test_a_sign_of_life_dated_far_ahead_keeps_no_killed_run_running(config: EngineConfig) -> None:
+    """Hostile input (the task table: a clock ahead, or another writer): a run killed after an event dated
+    in year 9999 read "running" until then, and a cancel reported it sent to a run that never reads it.
+    Events more than an hour ahead are no sign of life; a few minutes ahead still are."""
+    tracker = redrive_tasks.RunTracker(config, "ahead-1", operator="carol", selection=None, target="topic")
+    tracker.start(moved=0, total=5)
+    now = redrive_tasks.read_events(config, "ahead-1").column("at")[0].as_py() + dt.timedelta(seconds=1)
+    redrive_tasks._append(config, redrive_id="ahead-1", event="alive", run_id=tracker.run_id, operator="x",
+                          at=dt.datetime(9999, 12, 31, tzinfo=dt.UTC), moved=1, total=5, target="topic",
+                          host="h")
+    later = now + dt.timedelta(seconds=redrive_tasks.STALE_AFTER_S + 5)
+    gone = redrive_tasks.task(config, "ahead-1", now=later)
+    assert gone["state"] == "interrupted" and "no sign of life" in str(gone["detail"])
+    result = redrive_tasks.cancel(config, "ahead-1", operator="dave", reason="obsolete", now=later)
+    assert (result.state, result.runs) == ("cancelled", 0)
+    tracker2 = redrive_tasks.RunTracker(config, "ahead-2", operator="carol", selection=None, target="topic")
+    tracker2.start(moved=0, total=5)
+    early = redrive_tasks.read_events(config, "ahead-2").column("at")[0].as_py() - dt.timedelta(minutes=5)
+    assert redrive_tasks.task(config, "ahead-2", now=early)["state"] == "running"
+
+
 def test_audit_only_redrives_are_listed(config: EngineConfig) -> None:
     """#13 part 5 item 1: re-drives from before the tasks table (audit rows only) still show up."""
     report = redrive.redrive(config, Selection(group="billing"), target="topic", chunk_size=5)
