@@ -144,7 +144,7 @@ clean:
 	rm -rf $(VENV) data build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache mutants
 
 # Watching the engine (tables under engine.lake; no Spark session).
-.PHONY: status plots bench-status bench-retention bench-retention-ledger
+.PHONY: status plots bench-status bench-retention bench-retention-ledger bench-compaction
 
 status: venv
 	$(VENV)/bin/retry-engine status --config $(CONFIG)
@@ -160,6 +160,9 @@ bench-retention: venv
 
 bench-retention-ledger: venv
 	$(PY) bench/bench_retention.py --table ledger
+
+bench-compaction: venv
+	$(PY) bench/bench_compaction.py
 
 bench-catch-up: venv
 	$(PY) bench/bench_catch_up.py
