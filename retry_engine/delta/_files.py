@@ -39,6 +39,8 @@ from retry_engine.errors import DeltaSinkError, DeltaSourceError
 
 READ_BATCH_ROWS = 65_536
 ROW_GROUP_ROWS = 131_072
+# A row group is also written once its rows hold this many bytes in memory.
+ROW_GROUP_BYTES = 64 * 1024 * 1024
 # Files a task finishes at once on object storage (each upload a few round trips in a row);
 # PARALLEL_UPLOADS False finishes them one after another (what bench/bench_s3.py compares against).
 MAX_PARALLEL_UPLOADS = 16
@@ -205,7 +207,8 @@ def read_file(
             code="DELTA_FILE_MISSING",
         ) from exc
     with handle:
-        parquet = pq.ParquetFile(handle)
+        # INT96 times (Spark's older writers) as microseconds: as nanoseconds, a time past 2262 wraps.
+        parquet = pq.ParquetFile(handle, coerce_int96_timestamp_unit="us")
         in_file = set(parquet.schema_arrow.names)
         wanted = [
             f.name
@@ -389,6 +392,7 @@ class _OpenFile:
     compression: str = "snappy"
     pending: list[pa.RecordBatch] = field(default_factory=list)
     pending_rows: int = 0
+    pending_bytes: int = 0
     rows: int = 0
     null_counts: dict[str, int] = field(default_factory=dict)
     mins: dict[str, Any] = field(default_factory=dict)
@@ -422,7 +426,7 @@ class _OpenFile:
             lo, hi = bounds
             self.mins[name] = lo if name not in self.mins else min(self.mins[name], lo)
             self.maxs[name] = hi if name not in self.maxs else max(self.maxs[name], hi)
-        self.pending, self.pending_rows = [], 0
+        self.pending, self.pending_rows, self.pending_bytes = [], 0, 0
 
     def finish(self, modification_time: int) -> WrittenFile:
         """Write what is pending and the footer, and end the file (on object storage: its upload)."""
@@ -511,10 +515,14 @@ class PartitionedWriter:
             target = self.open.get(key)
             if target is None:
                 target = self.open[key] = self._open(values)
-            target.pending.append(part.select(self.file_schema.names))
+            kept = part.select(self.file_schema.names)
+            target.pending.append(kept)
             target.pending_rows += part.num_rows
+            target.pending_bytes += kept.nbytes
             target.rows += part.num_rows
-            if target.pending_rows >= self.row_group_rows:
+            # By bytes too: rows of big bodies (a compaction of a topic's messages) would otherwise be
+            # held by the hundred thousand.
+            if target.pending_rows >= self.row_group_rows or target.pending_bytes >= ROW_GROUP_BYTES:
                 target.flush()
 
     def _split(

@@ -60,6 +60,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -94,6 +95,7 @@ from retry_engine.delta._log import (
     LOG_DIR,
     FileEntry,
     add_actions,
+    check_table_protocol,
     data_file_path,
     expired_before,
     file_entries,
@@ -111,7 +113,7 @@ from retry_engine.delta.tables import (
     stats_from,
     writers_clean_log,
 )
-from retry_engine.errors import ConfigError
+from retry_engine.errors import ConfigError, DeltaSourceError
 from retry_engine.schemas import MAINTENANCE, MESSAGES, METRICS, OUTCOMES, RETRY
 
 log = logging.getLogger(__name__)
@@ -144,6 +146,9 @@ MIN_COMPACTION_WINDOW = dt.timedelta(hours=1)
 DEFAULT_TARGET_FILE_SIZE = 100 * 1024 * 1024
 COMPACT_OPERATION = "OPTIMIZE"
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+# The characters delta-rs leaves as they are when it writes a path into the log (measured on 1.6: RFC 3986's
+# sub-delimiters but '*', and '@' and ':'), besides letters, digits and "_.-~".
+DELTA_RS_PATH_SAFE = "/=!$&'()+,:;@"
 
 Trigger = Literal["command", "engine"]
 _T = TypeVar("_T")
@@ -267,7 +272,9 @@ def _windowed_bins(table: DeltaTable, window: TimeWindow) -> list[list[FileEntry
     }
     groups: dict[tuple[Any, ...], list[FileEntry]] = {}
     for entry in file_entries(actions, table.version()):
-        if entry.size < target:
+        # Only a path in the form delta-rs writes a remove in: another writer's other form (raw unicode,
+        # lowercase escapes) would leave the file in the table beside its rewrite.
+        if entry.size < target and quote(unquote(entry.path), safe=DELTA_RS_PATH_SAFE) == entry.path:
             key = (tuple(sorted(entry.partition_values.items())), slot[entry.path])
             groups.setdefault(key, []).append(entry)
     bins: list[list[FileEntry]] = []
@@ -295,6 +302,8 @@ def _compact_windowed(path: str, window: TimeWindow) -> tuple[int, int]:
     fs, root = filesystem(path)
     for attempt in range(1, COMPACT_ATTEMPTS + 1):
         table = open_delta(path)
+        if not _rewritable(path, table):
+            return _compact(path)
         bins = _windowed_bins(table, window)
         if not bins:
             return 0, 0
@@ -307,7 +316,7 @@ def _compact_windowed(path: str, window: TimeWindow) -> tuple[int, int]:
                     return len(removed), len(written)
                 except CommitFailedError as exc:
                     table = open_delta(path)
-                    if not {e.path for e in removed} <= set(add_actions(table)["path"].to_pylist()):
+                    if not _rewritable(path, table) or not _still_there(table, removed):
                         log.warning("%s: compaction lost a file it rewrote to another commit (attempt %d): %s",
                                     path, attempt, exc)
                         break
@@ -317,6 +326,27 @@ def _compact_windowed(path: str, window: TimeWindow) -> tuple[int, int]:
             raise
         _delete_written(fs, root, written)
     raise CommitFailedError(f"compaction of {path} conflicted {COMPACT_ATTEMPTS} times with other writers")
+
+
+def _rewritable(path: str, table: DeltaTable) -> bool:
+    """Whether the windowed rewrite may read the table's files as they are: not with deletion vectors or
+    column mapping (another writer's table), which delta-rs's OPTIMIZE then handles or refuses."""
+    try:
+        check_table_protocol(path, table)
+    except DeltaSourceError as exc:
+        log.info("%s: compacted by Delta's OPTIMIZE, not by windows of time: %s", path, exc)
+        return False
+    return True
+
+
+def _still_there(table: DeltaTable, removed: Sequence[FileEntry]) -> bool:
+    """Every file a rewrite replaces is still in ``table`` as it was (same path, size and no deletion
+    vector since): the commits since only added files."""
+    actions = add_actions(table, flatten=False)
+    live = dict(zip(actions["path"].to_pylist(), actions["size_bytes"].to_pylist(), strict=True))
+    if "deletion_vector" in actions.column_names and actions["deletion_vector"].null_count < actions.num_rows:
+        return False
+    return all(live.get(e.path) == e.size for e in removed)
 
 
 def _rewrite(
