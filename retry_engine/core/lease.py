@@ -217,21 +217,37 @@ def _json(row: Mapping[str, Any], name: str, kind: type) -> Any:
 
 
 def _batch_files(files: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """``batch_files``: table -> the batch's files, each the fields of a ``WrittenFile`` (roll-forward commits them)."""
-    fields = {f.name: f.type for f in dataclasses.fields(WrittenFile)}
+    """``batch_files``: table -> the batch's files, each with a ``path`` and the other fields of a
+    ``WrittenFile`` (roll-forward commits them: :func:`written_files` checks they are all there)."""
+    fields = {f.name for f in dataclasses.fields(WrittenFile)}
     for table, entries in files.items():
         if not isinstance(entries, list):
             raise ValueError(f"batch_files of {table!r} is {entries!r}, not a list of files")
         for entry in entries:
-            if not isinstance(entry, dict) or set(entry) != set(fields):
-                raise ValueError(f"batch_files of {table!r} holds {entry!r}, not a file ({', '.join(fields)})")
-            for name, kind in (("path", str), ("stats", str), ("partition_values", dict)):
-                if not isinstance(entry[name], kind):
+            if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or set(entry) - fields:
+                raise ValueError(f"batch_files of {table!r} holds {entry!r}, not a file ({', '.join(sorted(fields))})")
+            for name, kind in (("stats", str), ("partition_values", dict)):
+                if name in entry and not isinstance(entry[name], kind):
                     raise ValueError(f"batch_files of {table!r}: {name} {entry[name]!r} is not {kind.__name__}")
             for name in ("size", "modification_time", "num_records"):
-                if isinstance(entry[name], bool) or not isinstance(entry[name], int) or entry[name] < 0:
-                    raise ValueError(f"batch_files of {table!r}: {name} {entry[name]!r} is not a count")
+                value = entry.get(name, 0)
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"batch_files of {table!r}: {name} {value!r} is not a count")
     return dict(files)
+
+
+def written_files(table: str, entries: list[dict[str, Any]]) -> tuple[WrittenFile, ...]:
+    """The recorded files of ``table`` a roll-forward commits; ENGINE_STATE_DAMAGED if one lacks a field."""
+    fields = [f.name for f in dataclasses.fields(WrittenFile)]
+    for entry in entries:
+        missing = [name for name in fields if name not in entry]
+        if missing:
+            raise EngineStateError(
+                f"the lake's last batch records a file of {table} without {', '.join(missing)} ({entry!r}): it "
+                "cannot be committed. Restore the engine state's last good version and start again",
+                code="ENGINE_STATE_DAMAGED",
+            )
+    return tuple(WrittenFile(**e) for e in entries)
 
 
 def _load(path: str) -> tuple[DeltaTable | None, EngineState | None]:

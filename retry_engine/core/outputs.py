@@ -54,7 +54,7 @@ from retry_engine.core.decide import (
     QUARANTINED,
 )
 from retry_engine.core.decide import RETRY as RETRY_OUTCOME
-from retry_engine.core.lease import BatchRecord, LakeLease
+from retry_engine.core.lease import BatchRecord, LakeLease, written_files
 from retry_engine.core.packed import as_work, pack, packed_batch
 from retry_engine.core.resume import planned_end
 from retry_engine.core.totals import Totals, carried
@@ -382,7 +382,7 @@ def roll_forward(config: EngineConfig, batch: BatchRecord) -> list[str]:
             continue
         if commit_files(
             storage.location(config.table_path(name)),
-            [FilesWritten(tuple(WrittenFile(**e) for e in entries))],
+            [FilesWritten(written_files(name, entries))],
             mode="append",
             partition_by=table.partition_by,
             app_id=batch.query_id,

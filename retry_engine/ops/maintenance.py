@@ -440,6 +440,17 @@ def expiring_files(
     return file_entries(chosen, table.version()), int(pc.sum(chosen["num_records"]).as_py() or 0)
 
 
+def _markers_only(table: DeltaTable, files: Sequence[FileEntry]) -> bool:
+    """Whether every row of ``files`` (of the metrics table) is an :func:`expired_marker`, by statistics."""
+    actions = add_actions(table)
+    if {"min.metric", "max.metric"} - set(actions.column_names):
+        return False
+    paths = {f.path for f in files}
+    chosen = actions.filter(pc.is_in(actions["path"], pa.array(sorted(paths), actions["path"].type)))
+    return all(lo == hi == EXPIRED_METRIC for lo, hi in zip(chosen["min.metric"].to_pylist(),
+                                                            chosen["max.metric"].to_pylist(), strict=True))
+
+
 def ledger_shift(config: EngineConfig, *, run_at: dt.datetime) -> dt.timedelta | None:
     """How far back the row retention of the ledger's tables (outcomes, retry) moves its cut: the time
     since the lake's last recorded batch (None: no cut this run; no batch recorded with its time yet, or
@@ -501,8 +512,11 @@ def expire_rows(
     any commit in between (an append, a compaction) makes it plan again.
     """
     if marked:
-        files, rows = expiring_files(open_delta(path), column, before, also=also)
-        if not files:
+        table = open_delta(path)
+        files, rows = expiring_files(table, column, before, also=also)
+        # The last run's marker is itself before this cut: alone (compacted by windows, it is a file of its
+        # own), it goes with the next rows that go, not by itself with a new marker each run.
+        if not files or _markers_only(table, files):
             return 0, 0
         append_arrow(path, expired_marker(before, rows))
     for attempt in range(1, COMPACT_ATTEMPTS + 1):

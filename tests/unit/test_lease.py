@@ -578,7 +578,8 @@ GOOD_FILE = {"path": "p.parquet", "size": 1, "partition_values": {}, "modificati
         ("source_end", "[" * 100_000, "source_end is not JSON"),
         ("batch_files", "[1, 2]", "batch_files is JSON list"),
         ("batch_files", '{"retry": 5}', "not a list of files"),
-        ("batch_files", '{"retry": [{"path": "p"}]}', "not a file"),
+        ("batch_files", '{"retry": [{"size": 1}]}', "not a file"),
+        ("batch_files", json.dumps({"retry": [{**GOOD_FILE, "extra": 1}]}), "not a file"),
         ("batch_files", json.dumps({"retry": [{**GOOD_FILE, "size": -1}]}), "size -1 is not a count"),
         ("batch_files", json.dumps({"retry": [{**GOOD_FILE, "stats": None}]}), "stats None is not str"),
         ("owner_pid", None, "owner_pid is None"),
@@ -636,3 +637,14 @@ def test_a_hostile_offset_is_refused_never_read_as_another_position(offset: dict
     with pytest.raises(DeltaSourceError, match="DELTA_OFFSET_INVALID"):
         Offset.from_json(offset)
     assert Offset.from_json({"reservoirVersion": 1, "index": -1, "isStartingVersion": True}).key == (1, -1)
+
+
+def test_a_recorded_file_without_its_fields_is_not_rolled_forward() -> None:
+    """Hostile input: a recorded batch file with a path only reads (status needs the path) but is never
+    committed half-known: ENGINE_STATE_DAMAGED naming what it lacks (a TypeError before)."""
+    from retry_engine.core.lease import written_files
+    from retry_engine.errors import EngineStateError
+
+    with pytest.raises(EngineStateError, match="ENGINE_STATE_DAMAGED.*file of retry without size, partition_values"):
+        written_files("retry", [{"path": "p.parquet"}])
+    assert [f.path for f in written_files("retry", [GOOD_FILE])] == ["p.parquet"]

@@ -939,6 +939,16 @@ def test_metrics_rows_expire_after_a_marker_a_dry_run_writes_nothing(tmp_path: P
     assert sorted((r["batch_id"], r["metric"]) for r in rows) == [(-1, EXPIRED), (2, "delivered"), (2, "retry")]
     [mark] = [r for r in rows if r["metric"] == EXPIRED]
     assert mark["value"] == 4.0 and now - 31 * DAY < mark["batch_time"] < now - 29 * DAY
+    # A later run whose cut is past the marker alone (a file of its own, compacted by windows) leaves it:
+    # it goes with the next rows that go, not replaced by a new marker every run.
+    version = DeltaTable(path).version()
+    later = expire_rows(path, "batch_time", now - 2 * DAY, marked=True)
+    assert later == (0, 0) and DeltaTable(path).version() == version
+    append_arrow(path, pa.Table.from_pylist([{**rows[0], "batch_id": 7, "metric": "retry", "batch_time": now - 40 * DAY}],
+                                            schema=METRICS.arrow_schema))
+    assert expire_rows(path, "batch_time", now - 29 * DAY, marked=True) == (2, 2)
+    assert [(r["metric"], r["value"]) for r in DeltaTable(path).to_pyarrow_table().to_pylist() if r["metric"] == EXPIRED] == [
+        (EXPIRED, 2.0)]
 
 
 @pytest.mark.parametrize("kind", ["text", "no zone", "null times"])
