@@ -243,9 +243,9 @@ def test_finish_waits_for_sparks_terminated_event(tmp_path: Path) -> None:
     assert recorder.closed
     rows = DeltaTable(path).to_pyarrow_table()
     assert rows["event"].to_pylist() == ["started", "terminated"]
-    assert (
-        query_state(rows, now=NOW, trigger_interval_ms=1000, flush_interval_ms=1000)[0] == "stopped"
-    )
+    # Recorded at this clock's time (status leaves events far ahead of its now out).
+    now = dt.datetime.now(dt.UTC)
+    assert query_state(rows, now=now, trigger_interval_ms=1000, flush_interval_ms=1000)[0] == "stopped"
 
 
 def test_finish_records_the_end_itself_when_spark_does_not(tmp_path: Path) -> None:
@@ -266,7 +266,8 @@ def test_finish_records_the_end_itself_when_spark_does_not(tmp_path: Path) -> No
         None,
         None,
     ]
-    state, why, _, _ = query_state(rows, now=NOW, trigger_interval_ms=1000, flush_interval_ms=1000)
+    now = dt.datetime.now(dt.UTC)
+    state, why, _, _ = query_state(rows, now=now, trigger_interval_ms=1000, flush_interval_ms=1000)
     assert state == "stopped", why
 
 
