@@ -133,7 +133,14 @@ class ExponentialBackoff(_Strict):
     multiplier: float = Field(default=2.0, gt=1.0)
     max: Duration = "1h"
 
-    _dur = field_validator("initial", "max")(classmethod(lambda cls, v: _check_duration(v)))
+    # Delays, as delay levels: unbounded (a due time past the calendar quarantines its row,
+    # DUE_AT_OUT_OF_RANGE), so a "max" of many years still means "no cap".
+    _dur = field_validator("initial", "max")(classmethod(lambda cls, v: _check_delay(v)))
+
+
+def _check_delay(value: str) -> str:
+    parse_duration_ms(value)
+    return value
 
 
 # Python's own exceptions are named without their module (as the consumer records them:

@@ -248,6 +248,14 @@ def test_a_config_file_that_is_not_toml_is_named(tmp_path: Path) -> None:
     assert str(info.value).startswith(f"[CONFIG_NOT_TOML] {conf} is not valid TOML: ")
 
 
+def test_a_backoff_cap_of_many_years_still_means_no_cap(tmp_path: Path) -> None:
+    """A delay, like a delay level, is not bounded by the settings' 100 years: a cap past them is a way to
+    say "no cap" (its due times past the calendar are quarantined, DUE_AT_OUT_OF_RANGE)."""
+    conf = tmp_path / "c.toml"
+    conf.write_text('[groups.G.backoff]\npolicy = "exponential"\nmax = "999999d"\n')
+    assert load_config(conf, env={}).groups["G"].backoff.max == "999999d"  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
