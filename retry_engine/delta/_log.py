@@ -12,6 +12,7 @@ commits and snapshots of a version never change.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -117,14 +118,13 @@ class ExpiryJudge:
 
     location: TableLocation
     column: str
-    _cut: tuple[dt.datetime | None] | None = field(default=None, repr=False)
     _log: DeltaLog | None = field(default=None, repr=False)
     _snapshots: dict[int, pa.Table] = field(default_factory=dict, repr=False)
 
+    @functools.cached_property
     def cut(self) -> dt.datetime | None:
-        if self._cut is None:
-            self._cut = (expired_before(self.location.open_table()),)
-        return self._cut[0]
+        """The table's latest cut (:func:`expired_before`), read at the first file gone."""
+        return expired_before(self.location.open_table())
 
     def expired(self, path: str, version: int, *, from_snapshot: bool = False) -> Expired | None:
         """Data file ``path`` (added by commit ``version``, or in the snapshot at ``version``) when the
@@ -136,7 +136,7 @@ class ExpiryJudge:
         that rewrote its rows into a file since expired) holds rows a RocketMQ consumer that far behind
         would not get either: the commit log past its retention is deleted whatever the consumer's offset.
         """
-        cut = self.cut()
+        cut = self.cut
         if cut is None:
             return None
         rows, newest, nulls = self._added_stats(path, version, from_snapshot)

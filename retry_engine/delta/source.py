@@ -358,11 +358,14 @@ class _FileReading:
         fs, root = self.options.location.filesystem()
         target_rows = arrow_target(self.rows)
         column = self.options.skip_expired_by
-        judge = None if column is None else ExpiryJudge(self.options.location, column)
+        reading = (
+            read_file if column is None
+            else functools.partial(_read_unless_expired, ExpiryJudge(self.options.location, column))
+        )
         batches = (
             batch
             for file in partition.files
-            for batch in (read_file if judge is None else functools.partial(_read_unless_expired, judge))(
+            for batch in reading(
                 fs,
                 root,
                 file,

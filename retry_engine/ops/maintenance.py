@@ -340,12 +340,10 @@ def _rewritable(path: str, table: DeltaTable) -> bool:
 
 
 def _still_there(table: DeltaTable, removed: Sequence[FileEntry]) -> bool:
-    """Every file a rewrite replaces is still in ``table`` as it was (same path, size and no deletion
-    vector since): the commits since only added files."""
-    actions = add_actions(table, flatten=False)
+    """Every file a rewrite replaces is still in ``table`` (same path and size): the commits since only
+    added files. (A deletion vector since needs the reader feature :func:`_rewritable` refuses.)"""
+    actions = add_actions(table)
     live = dict(zip(actions["path"].to_pylist(), actions["size_bytes"].to_pylist(), strict=True))
-    if "deletion_vector" in actions.column_names and actions["deletion_vector"].null_count < actions.num_rows:
-        return False
     return all(live.get(e.path) == e.size for e in removed)
 
 
@@ -438,6 +436,17 @@ def expiring_files(
         old = pc.and_(old, pc.fill_null(pc.or_kleene(under, pc.equal(actions[none], rows)), False))
     chosen = actions.filter(pc.fill_null(old, False))
     return file_entries(chosen, table.version()), int(pc.sum(chosen["num_records"]).as_py() or 0)
+
+
+def _moved_back(cut: dt.datetime, shift: dt.timedelta | None) -> dt.datetime | None:
+    """The ledger's cut moved back by ``shift``; None (no ledger cut this run) without a shift, or past the
+    calendar (a batch another writer recorded in year 1)."""
+    if shift is None:
+        return None
+    try:
+        return cut - shift
+    except OverflowError:
+        return None
 
 
 def _markers_only(table: DeltaTable, files: Sequence[FileEntry]) -> bool:
@@ -763,12 +772,9 @@ def run_maintenance(
     ledger = [name for name, _ in selected if name in LEDGER_TABLES and name in expire_before]
     shift = ledger_shift(config, run_at=run_at) if ledger else None
     for name in ledger:
-        try:
-            if shift is None:
-                raise OverflowError
-            expire_before[name] -= shift
-        except OverflowError:  # no batch recorded with its time, or a time another writer set to year 1
-            del expire_before[name]
+        cut = _moved_back(expire_before.pop(name), shift)
+        if cut is not None:
+            expire_before[name] = cut
     windows = {
         name: compaction_window(dt.timedelta(milliseconds=keep_ms), column)
         for name, column in EXPIRING_TABLES.items()

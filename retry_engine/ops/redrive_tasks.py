@@ -37,7 +37,7 @@ from retry_engine.config import EngineConfig
 from retry_engine.delta.tables import append_arrow, open_table, pyarrow_dataset, require_columns
 from retry_engine.errors import RedriveError
 from retry_engine.ops.audit import MOVED, read_audit, redrive_rows
-from retry_engine.ops.terms import TASK_STATES, TaskState
+from retry_engine.ops.terms import FUTURE_EVENTS, TASK_STATES, TaskState
 from retry_engine.schemas import REDRIVE_TASKS
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,6 @@ STATES: tuple[State, ...] = TASK_STATES
 HEARTBEAT_S = 15.0
 # A run silent for this long (8 missed heartbeats: a slow chunk on object storage fits) was killed.
 STALE_AFTER_S = 120.0
-# Events dated further ahead of this clock are no sign of life (as status's FUTURE_EVENTS).
-FUTURE_EVENTS = dt.timedelta(hours=1)
 # How often a run waiting for the rate limit looks for a cancel.
 CANCEL_POLL_S = 2.0
 

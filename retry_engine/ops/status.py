@@ -44,6 +44,7 @@ from retry_engine.delta.tables import open_table, read_columns, stats_from, tabl
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.terms import (
     FINISHED,
+    FUTURE_EVENTS,
     LEASE_LOST,
     PROGRESS_EVENT,
     STOPPED,
@@ -65,9 +66,6 @@ MIN_STALE_MS = 30_000
 # However long its last batch took, a query silent for a day is stale (a duration another writer made
 # huge would keep it "running" for good).
 MAX_STALE_MS = 86_400_000
-# Progress events recorded further ahead of `status`'s clock than this are left out of the judgement
-# (a clock ahead, or another writer): one of them would keep a stopped engine "running" until its time.
-FUTURE_EVENTS = dt.timedelta(hours=1)
 # How much of a failed query's error `status` shows (one line: the Python error and its causes).
 FAILURE_SHOWN_CHARS = 300
 # How far back `status` counts failed queries, and the released retries whose lateness it shows.
