@@ -102,10 +102,12 @@ def pyarrow_dataset(table: DeltaTable, file_pruning_predicate: Any = None) -> ds
     return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
 
 
-def require_columns(table: DeltaTable, columns: Sequence[str], table_name: str) -> None:
+def require_columns(
+    table: DeltaTable, columns: Sequence[str], table_name: str, schema: pa.Schema | None = None
+) -> None:
     """:class:`SchemaMismatchError` naming the first of ``columns`` the table lacks (another writer replaced
-    or rewrote it), before a read fails on it deep inside pyarrow."""
-    have = set(table_arrow_schema(table).names)
+    or rewrote it), before a read fails on it deep inside pyarrow. ``schema``: the table's, if read already."""
+    have = set((schema if schema is not None else table_arrow_schema(table)).names)
     missing = [c for c in columns if c not in have]
     if missing:
         raise SchemaMismatchError(
@@ -149,8 +151,10 @@ def read_columns(
     from retry_engine.core.decide import cast_columns, drifted_columns
 
     wanted = list(columns)
-    require_columns(table, [*wanted, *(term[0] for term in _terms(files))], posixpath.basename(table.table_uri.rstrip("/")))
-    drifted = drifted_columns(table_arrow_schema(table), expected, [*wanted, *(term[0] for term in _terms(files))])
+    needed = [*wanted, *(term[0] for term in _terms(files))]
+    schema = table_arrow_schema(table)
+    require_columns(table, needed, posixpath.basename(table.table_uri.rstrip("/")), schema)
+    drifted = drifted_columns(schema, expected, needed)
     if not drifted:
         if files is None and rows is None:
             return pa.table(table.to_pyarrow_table(columns=wanted))
