@@ -285,12 +285,51 @@ def last_committed_batch(checkpoint: str) -> int:
 def soak_config(lake: Path, mode: str, args: argparse.Namespace) -> EngineConfig:
     section = (
         {"engine_tables": True, "consume_results": True, "interval": "off",
-         "every_batches": args.maintain_every, "retention": args.retention}
+         "every_batches": args.maintain_every, "retention": args.retention,
+         **{f"{table}_retention": args.row_retention for table in ROW_RETENTION_TABLES}}
         if mode == "on" else {"engine_tables": False, "consume_results": False}
     )
     return engine_config(
         lake, trigger_interval=args.trigger, message_delay_level="1s 1s 1s 1s", state_bucket="10s",
         sections={"maintenance": section, "groups": {args.ladder_group: {"retry_max_times": LADDER_MAX_TIMES}}},
+    )
+
+
+# The engine's tables whose rows ``--row-retention`` keeps (mode on): compacted by windows of time.
+ROW_RETENTION_TABLES = ("outcomes", "retry", "progress", "metrics")
+
+
+def accounting(config: EngineConfig) -> dict[str, int]:
+    """Every consume result fed has exactly one outcome row, and no retry was delivered twice.
+
+    Read after the engine processed the last input, with delta-rs: ``missing`` (results
+    without an outcome), ``doubled`` (results with more than one), ``unknown`` (outcomes of no
+    fed result) and ``retry_doubled`` (retry rows sharing a msg id) are all 0 when the run
+    lost and repeated nothing, whatever maintenance rewrote under it.
+    """
+    fed = DeltaTable(config.table_path("consume_results")).to_pyarrow_table(columns=["result_id"])["result_id"]
+    decided = DeltaTable(config.table_path("outcomes")).to_pyarrow_table(columns=["result_id"])["result_id"]
+    retry = DeltaTable(config.table_path("retry")).to_pyarrow_table(columns=["msg_id"])["msg_id"]
+    counts = pa.table({"id": decided}).group_by("id").aggregate([("id", "count")])
+    fed_ids = pc.unique(fed)
+    return {
+        "results": len(fed),
+        "results_distinct": len(fed_ids),
+        "outcome_rows": len(decided),
+        "missing": int(pc.sum(pc.invert(pc.is_in(fed_ids, value_set=counts["id"]))).as_py() or 0),
+        "doubled": int(pc.sum(pc.greater(counts["id_count"], 1)).as_py() or 0),
+        "unknown": int(pc.sum(pc.invert(pc.is_in(counts["id"], value_set=fed_ids))).as_py() or 0),
+        "retry_rows": len(retry),
+        "retry_doubled": len(retry) - len(pc.unique(retry)),
+    }
+
+
+def drain(query: Any, config: EngineConfig, timeout_s: float = 180) -> bool:
+    """Wait until the engine has processed every consume result fed (False: not within ``timeout_s``)."""
+    version = DeltaTable(config.table_path("consume_results")).version()
+    deadline = time.monotonic() + timeout_s
+    return engine.wait_until_idle(
+        query, through_version=version, wait=lambda s: time.sleep(s) or time.monotonic() > deadline
     )
 
 
@@ -376,10 +415,25 @@ def run_mode(mode: str, args: argparse.Namespace) -> None:
         if feeder.pid is not None:
             feeder.join(timeout=60)
         meta["wall_s"] = round(time.monotonic() - began, 1)
+        drained = False
+        if not failed and query.isActive:
+            try:
+                drained = drain(query, config)
+            except Exception as exc:  # noqa: BLE001 - reported with the run, not raised over its samples
+                stopped_by, failed = f"engine failed while draining: {exc}", True
         engine.stop(query, finish_batch_s=30)
         spark.stop()
     meta.update(warmup_batches=warmup or 0, stopped_by=stopped_by, failed=failed, ended=time.strftime("%Y-%m-%d %H:%M:%S"), load_end=_loadavg(),
                 fed_rows=int(counts[0]), answered_rows=int(counts[1]))
+    if drained:
+        meta["accounting"] = accounting(config)
+        wrong = {k: v for k, v in meta["accounting"].items() if k in ("missing", "doubled", "unknown", "retry_doubled") and v}
+        if wrong or meta["accounting"]["results"] != meta["accounting"]["results_distinct"]:
+            stopped_by, failed = f"accounting: {meta['accounting']}", True
+        log(f"maintenance {mode}: accounting {meta['accounting']}")
+    elif not failed:
+        stopped_by, failed = "the engine did not process the last input within 180 s of the feeder's stop", True
+    meta.update(stopped_by=stopped_by, failed=failed)
     final = watch.sample(disk=True)
     rows = _per_batch(config, samples)
     meta.update(_totals(config), batches_done=len(rows), final=final)
@@ -639,6 +693,9 @@ def main() -> None:
     parser.add_argument("--trigger", default="200ms", help="engine.trigger_interval")
     parser.add_argument("--maintain-every", type=int, default=50, help="[maintenance] every_batches (mode on)")
     parser.add_argument("--retention", default="1h", help="[maintenance] retention (vacuum), mode on")
+    parser.add_argument("--row-retention", default="off",
+                        help="[maintenance] <table>_retention of outcomes, retry, progress and metrics (mode on; "
+                             "at least 1d: compacted by windows of a 24th of it)")
     parser.add_argument("--log-retention", default="5 minutes", help="delta.logRetentionDuration of every table")
     parser.add_argument("--disk-every", type=int, default=10, help="walk the files on disk every this many batches")
     parser.add_argument("--keep", action="store_true", help="keep the lakes (temporary folders)")
