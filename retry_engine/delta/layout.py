@@ -46,6 +46,7 @@ from retry_engine.delta._log import (
     join_path,
     snapshot_files,
 )
+from retry_engine.delta.sink import delete_uncommitted
 from retry_engine.delta.tables import commit_next, not_null_columns, table_arrow_schema
 from retry_engine.errors import ConcurrentWriteError
 
@@ -131,7 +132,7 @@ def migrate_partition_folders(
         try:
             version = commit_next(table, misplaced, written, data_change=False, operation=MIGRATION_OPERATION)
         except CommitFailedError as exc:
-            _delete_written(location, written)
+            delete_uncommitted(location, written)
             last = exc
             log.info(
                 "%s: partition folder migration conflicted with another writer (attempt %d); again",
@@ -140,8 +141,8 @@ def migrate_partition_folders(
             )
             continue
         except BaseException:
-            # Nothing references the copies; delete them rather than leave them for VACUUM.
-            _delete_written(location, written)
+            # Unless the commit landed before its error, nothing references the copies: delete them.
+            delete_uncommitted(location, written)
             raise
         rows = sum(f.num_records for f in written)
         log.warning(

@@ -175,7 +175,13 @@ def abort_files(location: TableLocation, messages: Sequence[WriterCommitMessage 
     Spark also aborts when ``commit`` raises, and a commit may have landed
     before the error (e.g. in a post-commit hook), so referenced files stay.
     """
-    files = _written(messages)
+    delete_uncommitted(location, _written(messages))
+
+
+def delete_uncommitted(location: TableLocation, files: Sequence[WrittenFile]) -> None:
+    """Delete ``files``, written for a commit that failed, except any the table's snapshot references
+    (the commit landed before its error: delta-rs's post-commit hooks fail after it). When the table
+    cannot be read, every file stays: an orphan is invisible to readers, a deleted live file is not."""
     if not files:
         return
     try:
@@ -184,8 +190,7 @@ def abort_files(location: TableLocation, messages: Sequence[WriterCommitMessage 
         # Compared decoded: writers may URL-encode one physical path in different ways.
         referenced = {data_file_path(p) for p in logged}
     except (DeltaError, OSError) as exc:
-        # Leaving orphans is safe (vacuum removes them); deleting live files is not.
-        log.warning("%s: cannot read the table to abort (%s); leaving %d file(s) for vacuum", location.uri, exc, len(files))
+        log.warning("%s: cannot read the table to abort (%s); leaving %d file(s) in place", location.uri, exc, len(files))
         return
     _delete_files(location, [f for f in files if data_file_path(f.path) not in referenced])
 

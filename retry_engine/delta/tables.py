@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import posixpath
 import time
+import uuid
 from collections.abc import Callable, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
@@ -218,18 +220,60 @@ def commit_next(
         for entry in removed
     ]
     actions += [f.add_action(data_change=data_change) for f in added]
-    table.create_write_transaction(
-        actions,
-        mode="append",
-        schema=table.schema(),
-        partition_by=list(table.metadata().partition_columns) or None,
-        commit_properties=CommitProperties(
-            max_commit_retries=0,
-            custom_metadata={"retry_engine.operation": operation},
-            app_transactions=[Transaction(*app_transaction)] if app_transaction is not None else None,
-        ),
-    )
-    return table.version() + 1
+    version = table.version() + 1
+    token = uuid.uuid4().hex
+    try:
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=table.schema(),
+            partition_by=list(table.metadata().partition_columns) or None,
+            commit_properties=CommitProperties(
+                max_commit_retries=0,
+                custom_metadata={"retry_engine.operation": operation, COMMIT_TOKEN_KEY: token},
+                app_transactions=[Transaction(*app_transaction)] if app_transaction is not None else None,
+            ),
+        )
+    except CommitFailedError:
+        raise  # another writer's version first: nothing of ours is in the log
+    except Exception as exc:
+        # delta-rs runs its post-commit hooks (a checkpoint, log cleanup) after the commit is in the
+        # log: their failure raises for a commit that stands, whose files must not be deleted.
+        if not _committed(table.table_uri, version, token):
+            raise
+        log.warning(
+            "%s: version %d (%s) is committed, but delta-rs failed after the commit: %s",
+            table.table_uri, version, operation, exc,
+        )
+    return version
+
+
+# The commitInfo key by which :func:`commit_next` recognises its own commit after an error.
+COMMIT_TOKEN_KEY = "retry_engine.commit"
+
+
+def _committed(uri: str, version: int, token: str) -> bool:
+    """Whether commit ``version`` of the table at ``uri`` is the one :func:`commit_next` made with
+    ``token`` (False also when the log cannot be read: the caller then treats it as not committed,
+    and deletes only files no commit references)."""
+    from retry_engine.delta._log import commit_log_path, join_path
+
+    try:
+        fs, root = location(uri).filesystem()
+        with fs.open_input_stream(join_path(root, commit_log_path(version))) as stream:
+            lines = stream.read().decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("%s: cannot read commit %d to see whether it is ours: %s", uri, version, exc)
+        return False
+    for line in lines:
+        try:
+            action = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        info = action.get("commitInfo") if isinstance(action, dict) else None
+        if isinstance(info, dict) and info.get(COMMIT_TOKEN_KEY) == token:
+            return True
+    return False
 
 
 def open_table(path: str) -> DeltaTable | None:

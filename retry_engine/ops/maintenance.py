@@ -103,7 +103,8 @@ from retry_engine.delta._log import (
     snapshot_files,
     zoned_time,
 )
-from retry_engine.delta.storage import filesystem, log_failure, open_delta, write_delta
+from retry_engine.delta.sink import delete_uncommitted
+from retry_engine.delta.storage import filesystem, location, log_failure, open_delta, write_delta
 from retry_engine.delta.tables import (
     EXPIRED_LOG_CLEANUP,
     append_arrow,
@@ -322,9 +323,9 @@ def _compact_windowed(path: str, window: TimeWindow) -> tuple[int, int]:
                         break
                     log.info("%s: appended to while compacting; the compaction commits after it", path)
         except BaseException:
-            _delete_written(fs, root, written)
+            delete_uncommitted(location(path), written)
             raise
-        _delete_written(fs, root, written)
+        delete_uncommitted(location(path), written)
     raise CommitFailedError(f"compaction of {path} conflicted {COMPACT_ATTEMPTS} times with other writers")
 
 

@@ -1,0 +1,132 @@
+"""#14: a rewrite whose commit lands but whose delta-rs post-commit hook fails (found by a review).
+
+delta-rs writes a checkpoint after every ``delta.checkpointInterval``-th commit (10 on the engine's
+tables) once the commit is in the log; a storage error there raises for a commit that stands. The
+windowed compaction took any error for "not committed" and deleted the files it had just
+committed: every reader then failed on a missing file, for good. The hook is made to fail here as a
+storage error would: ``_last_checkpoint`` is a folder, so its rename fails.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from retry_engine.delta import tables
+from retry_engine.delta._files import PartitionedWriter
+from retry_engine.delta._log import snapshot_files
+from retry_engine.delta.sink import delete_uncommitted
+from retry_engine.delta.storage import filesystem, location
+from retry_engine.ops.maintenance import TimeWindow, maintain_table
+
+AT = dt.datetime.now(dt.UTC).replace(minute=5, second=0, microsecond=0) - dt.timedelta(days=1)
+
+
+def small_files(path: str, count: int, *, interval: int) -> None:
+    """``count`` one-row commits (one file each) of a table checkpointed every ``interval`` commits."""
+    for i in range(count):
+        write_deltalake(
+            path,
+            pa.table(
+                {
+                    "id": [f"m{i}"],
+                    "ts": pa.array([AT + dt.timedelta(minutes=i)], pa.timestamp("us", "UTC")),
+                }
+            ),
+            mode="append",
+            configuration={"delta.checkpointInterval": str(interval)} if i == 0 else None,
+        )
+
+
+def missing_files(path: str) -> list[str]:
+    return [
+        u for u in DeltaTable(path).file_uris() if not os.path.exists(u.removeprefix("file://"))
+    ]
+
+
+def failing_hook(path: str) -> Path:
+    """Make the next post-commit checkpoint fail (the commit itself is unaffected)."""
+    marker = Path(path) / "_delta_log" / "_last_checkpoint"
+    marker.mkdir()
+    return marker
+
+
+def test_windowed_compaction_keeps_the_files_it_committed_when_the_hook_fails(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "t")
+    small_files(
+        path, 9, interval=10
+    )  # versions 0-8: the compaction's commit is version 9, a checkpoint's
+    marker = failing_hook(path)
+    report = maintain_table(
+        "t", path, retention_hours=168, window=TimeWindow("ts", dt.timedelta(hours=1))
+    )
+    marker.rmdir()
+    assert DeltaTable(path).version() == 9
+    assert missing_files(path) == []
+    assert sorted(DeltaTable(path).to_pyarrow_table()["id"].to_pylist()) == sorted(
+        f"m{i}" for i in range(9)
+    )
+    # The report tells what the commit did (it said 0 files compacted, and an error, for a commit that stood).
+    assert (report.files_compacted, report.files_written) == (9, 1)
+    assert report.error is None or "compaction" not in report.error
+
+
+def test_commit_next_returns_the_version_of_a_commit_whose_hook_failed(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    small_files(path, 2, interval=3)  # versions 0-1: the next commit (2) writes a checkpoint
+    table = DeltaTable(path)
+    removed = snapshot_files(table, table.version())
+    marker = failing_hook(path)
+    assert tables.commit_next(table, removed, data_change=True, operation="test") == 2
+    marker.rmdir()
+    assert DeltaTable(path).version() == 2
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 0
+
+
+def test_commit_next_still_raises_when_the_commit_did_not_land(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "t")
+    small_files(path, 2, interval=100)
+    table = DeltaTable(path)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("the store went away before the commit")
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", broken)
+    with pytest.raises(OSError, match="went away"):
+        tables.commit_next(
+            table, snapshot_files(table, table.version()), data_change=True, operation="test"
+        )
+    assert DeltaTable(path).version() == 1
+
+
+def test_delete_uncommitted_keeps_files_the_table_references(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    small_files(path, 1, interval=100)
+    table = DeltaTable(path)
+    fs, root = filesystem(path)
+    schema = pa.schema(table.schema().to_arrow())
+
+    def written() -> list:
+        writer = PartitionedWriter(fs, root, schema, partition_by=[], uri=path)
+        writer.write(
+            pa.record_batch(
+                {"id": ["x"], "ts": pa.array([AT], pa.timestamp("us", "UTC"))}, schema=schema
+            )
+        )
+        return writer.close()
+
+    kept, orphan = written(), written()
+    tables.commit_next(table, [], kept, data_change=True, operation="test")
+    delete_uncommitted(location(path), [*kept, *orphan])
+    assert missing_files(path) == []
+    assert os.path.exists(os.path.join(root, kept[0].path))
+    assert not os.path.exists(os.path.join(root, orphan[0].path))
