@@ -6,10 +6,16 @@ path; a logical name such as ``%RETRY%G`` is only ever a column value.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Mapping
 
 from retry_engine.errors import InvalidNameError
+
+# Times (progress events, re-drive tasks, a lease's heartbeat, a table's row retention cut) dated further
+# ahead of a reader's clock than this are taken as no sign of anything: a clock ahead, or another
+# writer; one would read "running", "owned" or "expired" until its time.
+FUTURE_EVENTS = dt.timedelta(hours=1)
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"

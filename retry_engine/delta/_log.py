@@ -30,6 +30,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from retry_engine.core.names import FUTURE_EVENTS
 from retry_engine.errors import DeltaSourceError
 
 log = logging.getLogger(__name__)
@@ -82,11 +83,18 @@ def expired_before(table: DeltaTable) -> dt.datetime | None:
     if ms is None:
         return None
     try:
-        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+        cut = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
     except (OverflowError, ValueError, OSError):  # another writer's transaction of that id: no cut known
         log.warning("%s: transaction %s holds %d, no time; taken as no row retention cut", table.table_uri,
                     EXPIRED_BEFORE_APP, ms)
         return None
+    # A cut ahead of now (another writer, a clock far ahead) would skip a stream's missing files and count
+    # pending retries as released: no cut known, and the next expiry records a true one.
+    if cut > dt.datetime.now(dt.UTC) + FUTURE_EVENTS:
+        log.warning("%s: transaction %s holds %s, more than %s ahead of this clock; taken as no row retention cut",
+                    table.table_uri, EXPIRED_BEFORE_APP, cut.isoformat(), FUTURE_EVENTS)
+        return None
+    return cut
 
 
 @dataclass(frozen=True)

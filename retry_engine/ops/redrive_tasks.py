@@ -34,10 +34,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from retry_engine.config import EngineConfig
+from retry_engine.core.names import FUTURE_EVENTS
 from retry_engine.delta.tables import append_arrow, open_table, pyarrow_dataset, require_columns
 from retry_engine.errors import RedriveError
 from retry_engine.ops.audit import MOVED, read_audit, redrive_rows
-from retry_engine.ops.terms import FUTURE_EVENTS, TASK_STATES, TaskState
+from retry_engine.ops.terms import TASK_STATES, TaskState
 from retry_engine.schemas import REDRIVE_TASKS
 
 log = logging.getLogger(__name__)

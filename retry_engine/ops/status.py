@@ -36,6 +36,7 @@ from retry_engine.core.decide import RETRY as OUTCOME_RETRY
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.lease import BatchRecord, read_state
 from retry_engine.core.metrics import DELIVERED, nearest_rank
+from retry_engine.core.names import FUTURE_EVENTS
 from retry_engine.core.standby import StandbyEntry, standbys
 from retry_engine.core.totals import COUNTED, Totals
 from retry_engine.delta._log import expired_before
@@ -44,7 +45,6 @@ from retry_engine.delta.tables import open_table, read_columns, stats_from, tabl
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.terms import (
     FINISHED,
-    FUTURE_EVENTS,
     LEASE_LOST,
     PROGRESS_EVENT,
     STOPPED,

@@ -9,7 +9,6 @@ client's pandas, the schema text's PySpark). The table names are in
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Literal
 
 # ``dlq stats --by`` / :func:`retry_engine.clients.dlq.summary`: key -> the DLQ column counted by.
@@ -35,9 +34,6 @@ DEFAULT_CHUNK_SIZE = 100
 TaskState = Literal["running", "cancelling", "finished", "interrupted", "cancelled"]
 TASK_STATES: tuple[TaskState, ...] = ("running", "cancelling", "finished", "interrupted", "cancelled")
 
-# Events (progress, re-drive tasks) dated further ahead of a reader's clock than this are left out of
-# judging whether something runs: a clock ahead, or another writer; one would read "running" until its time.
-FUTURE_EVENTS = dt.timedelta(hours=1)
 
 # ``retry-engine schema --format`` (:mod:`retry_engine.ops.schema_text`).
 SchemaFormat = Literal["arrow", "spark-ddl", "json"]

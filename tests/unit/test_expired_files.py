@@ -18,7 +18,13 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 from pyspark.sql.datasource import ReadAllAvailable
 
-from retry_engine.delta._log import EXPIRED_BEFORE_APP, Expired, ExpiryJudge, TableLocation
+from retry_engine.delta._log import (
+    EXPIRED_BEFORE_APP,
+    Expired,
+    ExpiryJudge,
+    TableLocation,
+    expired_before,
+)
 from retry_engine.delta.source import DeltaStreamReader, SourceOptions
 from retry_engine.delta.tables import append_arrow, ensure_table
 from retry_engine.errors import ConfigError, DeltaSourceError
@@ -126,6 +132,37 @@ def test_a_cut_another_writer_set_to_no_time_skips_nothing(tmp_path: Path, versi
                     commit_properties=CommitProperties(app_transactions=[Transaction(EXPIRED_BEFORE_APP, version)]))
     with pytest.raises(DeltaSourceError, match="DELTA_FILE_MISSING"):
         _read(reader, at)
+
+
+def _future_cut(path: str, ahead: dt.timedelta) -> None:
+    """Another writer (or a clock ahead) records a cut ``ahead`` of now."""
+    at_ms = int((dt.datetime.now(dt.UTC) + ahead).timestamp() * 1000)
+    write_deltalake(path, message_rows(["later"], [NOW]), mode="append",
+                    commit_properties=CommitProperties(app_transactions=[Transaction(EXPIRED_BEFORE_APP, at_ms)]))
+
+
+def test_a_cut_in_the_future_skips_nothing_and_the_next_expiry_records_a_true_one(tmp_path: Path) -> None:
+    """Hostile input (found by review): a cut in the year 2999 made a stream skip a file deleted by hand
+    whose rows were stored now, and `status` count pending retries as released. A cut more than
+    FUTURE_EVENTS ahead is no cut; the next expiry stamps its own (the future one is not kept for good)."""
+    path = _topic(tmp_path)
+    reader, at = _stopped_at(path, {**STREAM, "startingVersion": "1"})
+    _future_cut(path, dt.timedelta(days=365 * 900))
+    assert expired_before(DeltaTable(path)) is None
+    (Path(path) / next(iter(_paths_of(path, 3) - _paths_of(path, 2)))).unlink()  # stored now, deleted by hand
+    with pytest.raises(DeltaSourceError, match="DELTA_FILE_MISSING"):
+        _read(reader, at)
+    assert expire_rows(path, "store_timestamp", CUT, stamped=True)[0] == 2
+    cut = expired_before(DeltaTable(path))
+    assert cut is not None and abs(cut - CUT) < dt.timedelta(milliseconds=1)
+
+
+def test_a_cut_just_ahead_of_this_clock_is_still_a_cut(tmp_path: Path) -> None:
+    """Engines' clocks a little apart: a cut minutes ahead is kept (the rule is FUTURE_EVENTS, an hour)."""
+    path = _topic(tmp_path)
+    _future_cut(path, dt.timedelta(minutes=20))
+    cut = expired_before(DeltaTable(path))
+    assert cut is not None and cut > dt.datetime.now(dt.UTC)
 
 
 @pytest.mark.parametrize(
