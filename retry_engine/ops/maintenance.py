@@ -23,8 +23,13 @@ what Delta's own maintenance does:
    producer that retries then appends its rows twice). See
    :func:`writers_clean_log`;
 4. vacuum data files that no version since ``retention`` references (Delta's
-   "lite" vacuum: only files the log removed; files not in the log at all, such
-   as a running batch's files that are not committed yet, are never touched).
+   "lite" vacuum: the files whose removes the log still holds), then the data
+   files no version names at all that were written more than ``retention`` ago
+   (:func:`unreferenced_files`): delta-rs's checkpoints drop a remove older than
+   the table's ``delta.deletedFileRetentionDuration`` (7 days, Delta's default
+   retention too), so without that second pass a replaced file was never
+   deleted; a file written and not committed yet (a running batch's, the
+   lake's recorded batch a roll-forward commits) is never touched.
 
 Before those, the progress table (a row a micro-batch, 2.6 million a month at
 a 1 s trigger) and the metrics table lose their rows older than ``[maintenance]
@@ -54,10 +59,11 @@ import datetime as dt
 import logging
 import os
 import random
+import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote, unquote
@@ -572,6 +578,91 @@ def clean_log(path: str) -> None:
             time.sleep(random.uniform(0, CLEAN_LOG_PAUSE_S * attempt))
 
 
+# A file no version names is vacuumed only when written at least this long ago, whatever the retention
+# (`--force` allows 0h): no write takes that long between its files and its commit.
+UNNAMED_MIN_AGE = dt.timedelta(days=1)
+# Delta's default ``delta.deletedFileRetentionDuration``: how long a checkpoint keeps a remove (tombstone).
+DEFAULT_TOMBSTONE_RETENTION = dt.timedelta(days=7)
+_INTERVAL = re.compile(r"\s*interval\s+(\d{1,12})\s+(second|minute|hour|day|week)s?\s*", re.IGNORECASE)
+_INTERVAL_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+
+
+def tombstone_retention(table: DeltaTable) -> dt.timedelta | None:
+    """How long the table's checkpoints keep a remove (``delta.deletedFileRetentionDuration``, as Delta
+    writes it: ``interval 7 days``); None for a value this cannot read."""
+    value = table.metadata().configuration.get("delta.deletedFileRetentionDuration")
+    if value is None:
+        return DEFAULT_TOMBSTONE_RETENTION
+    match = _INTERVAL.fullmatch(value)
+    if match is None:
+        return None
+    try:
+        return dt.timedelta(seconds=int(match[1]) * _INTERVAL_UNITS[match[2].lower()])
+    except OverflowError:  # more days than a timedelta holds: removes kept for good
+        return dt.timedelta.max
+
+
+def unreferenced_files(
+    path: str, table: DeltaTable, retention_hours: int, keep: Collection[str], *, now: dt.datetime | None = None
+) -> list[str]:
+    """The data files under ``path`` (relative paths) that no version of the table names, written more
+    than ``retention_hours`` (and :data:`UNNAMED_MIN_AGE`) ago: replaced files whose removes checkpoints no longer hold, and files of
+    writes that never committed. As Delta's own VACUUM judges files not in the log: a Parquet file outside
+    ``_delta_log`` and hidden folders, not in the snapshot, not a remove the log still holds (the lite
+    vacuum deletes those when they are old enough), not in ``keep``, last modified before the retention.
+
+    Empty when the table's checkpoints may drop a remove younger than the retention (its
+    ``delta.deletedFileRetentionDuration`` shorter, or unreadable): a file replaced inside the
+    retention would then look never named. Files without a modification time are kept.
+    """
+    held = tombstone_retention(table)
+    retention = dt.timedelta(hours=retention_hours)
+    if held is None or held < retention:
+        log.info(
+            "%s: files no version names are not vacuumed: the table keeps removes %s, less than the %dh "
+            "retention (set delta.deletedFileRetentionDuration to at least it)",
+            path, held if held is not None else "for an unreadable time", retention_hours,
+        )
+        return []
+    # Every remove the log holds whose file is still there (a retention of 0: all of them). Each name in both
+    # forms: the log's URL-encoded path decoded, and as given (the vacuum gives physical paths, undecoded).
+    removed = table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
+    given = [*add_actions(table, flatten=False).column("path").to_pylist(), *removed, *keep]
+    named = {*given, *(data_file_path(p) for p in given)}
+    before = (now or dt.datetime.now(dt.UTC)) - max(retention, UNNAMED_MIN_AGE)
+    fs, root = filesystem(path)
+    prefix = f"{root.rstrip('/')}/" if root else ""
+    found = []
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
+        if info.type != pafs.FileType.File or not info.path.startswith(prefix):
+            continue
+        relative = info.path[len(prefix):]
+        *folders, name = relative.split("/")
+        if not name.endswith(".parquet") or name.startswith(("_", ".")):
+            continue
+        if any(f.startswith(("_", ".")) and "=" not in f for f in folders):
+            continue  # _delta_log, _checkpoints, .tmp folders; a partition folder holds a "="
+        if relative in named or info.mtime is None:
+            continue
+        modified = info.mtime if info.mtime.tzinfo is not None else info.mtime.replace(tzinfo=dt.UTC)
+        if modified < before:
+            found.append(relative)
+    return found
+
+
+def _sweep(path: str, retention_hours: int, keep: Collection[str] | None) -> int:
+    """Delete :func:`unreferenced_files` (none when ``keep`` is unknown): how many."""
+    if keep is None:
+        return 0
+    files = unreferenced_files(path, open_delta(path), retention_hours, keep)
+    fs, root = filesystem(path)
+    for relative in files:
+        delete_quietly(fs, join_path(root, relative))
+    if files:
+        log.info("%s: vacuumed %d data file(s) no version names, written more than %dh ago", path, len(files), retention_hours)
+    return len(files)
+
+
 def maintain_table(
     name: str,
     path: str,
@@ -581,12 +672,15 @@ def maintain_table(
     lock: threading.Lock | None = None,
     expire_before: dt.datetime | None = None,
     window: TimeWindow | None = None,
+    keep: Collection[str] | None = None,
 ) -> TableReport:
     """Compact, checkpoint, clean the log of and vacuum the table ``name`` at ``path``.
 
     ``expire_before``: for a table of :data:`EXPIRING_TABLES`, first remove the
     files whose rows are all older (:func:`expire_rows`). ``window``: compact by
-    windows of time (a table with a row retention, :func:`compaction_window`).
+    windows of time (a table with a row retention, :func:`compaction_window`). ``keep``: files
+    written for a commit not made yet (the lake's recorded batch), which the vacuum of files no version
+    names leaves; None when they are not known (that pass is then skipped).
 
     A missing table gives an empty report. A step that fails is logged and
     named in the report's ``error``; the later steps still run (a failed
@@ -613,6 +707,7 @@ def maintain_table(
         doomed = table.vacuum(
             retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False
         )
+        never_named = unreferenced_files(path, table, retention_hours, keep) if keep is not None else []
         return replace(
             report,
             version_after=before.version,
@@ -620,7 +715,7 @@ def maintain_table(
             bytes_after=before.bytes,
             log_files_after=before.log_files,
             files_compacted=_small_files_to_compact(table, window),
-            files_vacuumed=len(doomed),
+            files_vacuumed=len(doomed) + len(never_named),
             files_expired=len(expired[0]),
             rows_expired=expired[1],
         )
@@ -665,6 +760,7 @@ def maintain_table(
             retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False
         ),
     )
+    swept = step("vacuum of files no version names", lambda: _sweep(path, retention_hours, keep))
     after = _snapshot(path, open_delta(path))
     return replace(
         report,
@@ -672,7 +768,7 @@ def maintain_table(
         files_after=after.files,
         bytes_after=after.bytes,
         log_files_after=after.log_files,
-        files_vacuumed=len(vacuumed or []),
+        files_vacuumed=len(vacuumed or []) + (swept or 0),
         error="; ".join(errors) or None,
     )
 
@@ -740,6 +836,20 @@ def record(
     write_delta(path, pa.Table.from_pylist(rows, schema=MAINTENANCE.arrow_schema), mode="append")
 
 
+def recorded_batch_files(lake: str) -> dict[str, set[str]] | None:
+    """The files of the lake's recorded batch by table (written, maybe not committed yet: a roll-forward
+    commits them), which no vacuum may delete; None when the lake's engine state cannot be read."""
+    try:
+        state = read_state(lake)
+    except Exception as exc:  # noqa: BLE001 - unknown: the vacuum of files no version names waits
+        log.warning("lake %s: cannot read the engine state (%s); files no version names are not vacuumed", lake, exc)
+        return None
+    batch = state.last_batch if state is not None else None
+    if batch is None:
+        return {}
+    return {table: {data_file_path(str(e["path"])) for e in entries} for table, entries in batch.files.items()}
+
+
 def run_maintenance(
     config: EngineConfig,
     *,
@@ -781,6 +891,7 @@ def run_maintenance(
         for name, column in EXPIRING_TABLES.items()
         if (keep_ms := config.maintenance.row_retention_ms(name)) is not None
     }
+    keep = recorded_batch_files(config.engine.lake)
     reports = []
     for name, path in selected:
         if stopping():
@@ -789,7 +900,7 @@ def run_maintenance(
         reports.append(
             maintain_table(
                 name, path, retention_hours=hours, dry_run=dry_run, lock=lock, expire_before=expire_before.get(name),
-                window=windows.get(name),
+                window=windows.get(name), keep=None if keep is None else keep.get(name, ()),
             )
         )
     if not dry_run:

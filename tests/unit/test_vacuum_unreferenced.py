@@ -1,0 +1,159 @@
+"""#14 (months on a lake): vacuum deletes replaced files whose removes the checkpoints dropped (found by review).
+
+delta-rs's lite vacuum deletes only files whose removes the snapshot still holds, and its checkpoints
+drop a remove older than ``delta.deletedFileRetentionDuration`` (7 days, Delta's default, the same as
+the vacuum's default retention): a replaced file was young at every run that could see its remove and
+unseen at every later one, so with the defaults nothing was ever deleted and compaction doubled the
+lake. The second pass deletes, as Delta's own VACUUM judges, the Parquet files no version names that
+were written more than the retention ago; never a file the log still removes, a file written but not
+committed yet (recent, or the lake's recorded batch), or one outside the table's data folders.
+
+The table's log is written by hand where a remove must be old: a remove dated 3 hours ago with a
+tombstone retention of 2 hours stands for one dated 8 days ago with Delta's 7 days.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+
+from retry_engine.ops.maintenance import (
+    maintain_table,
+    recorded_batch_files,
+    tombstone_retention,
+    unreferenced_files,
+)
+
+
+def _files(path: str) -> list[str]:
+    return sorted(DeltaTable(path).file_uris())
+
+
+def _age(path: Path, seconds_ago: float) -> None:
+    when = time.time() - seconds_ago
+    os.utime(path, (when, when))
+
+
+def _lake(tmp_path: Path, *, kept_for: str = "interval 2 hours") -> tuple[str, dict[str, Path]]:
+    """Three one-row files (a, b, c); then a commit removing a (3 hours ago) and b (10 minutes ago), a
+    checkpoint (which drops a's remove, older than the 2 hours the table keeps removes), every data file
+    written 3 days ago (files no version names go at least a day after they were written), and stray
+    Parquet files beside them."""
+    path = str(tmp_path / "t")
+    for i in range(3):
+        write_deltalake(path, pa.table({"v": [i]}), mode="append",
+                        configuration={"delta.deletedFileRetentionDuration": kept_for} if i == 0 else None)
+    table = DeltaTable(path)
+    names = [Path(u.removeprefix("file://")).name for u in table.file_uris()]
+    by_value = {pq.read_table(Path(path) / n)["v"][0].as_py(): n for n in names}
+    now_ms = int(time.time() * 1000)
+    removes = [
+        {"remove": {"path": by_value[0], "deletionTimestamp": now_ms - 3 * 3600 * 1000, "dataChange": True}},
+        {"remove": {"path": by_value[1], "deletionTimestamp": now_ms - 10 * 60 * 1000, "dataChange": True}},
+    ]
+    info = {"commitInfo": {"timestamp": now_ms, "operation": "DELETE"}}
+    (Path(path) / "_delta_log" / f"{table.version() + 1:020d}.json").write_text(
+        "\n".join(json.dumps(a) for a in [info, *removes]) + "\n")
+    DeltaTable(path).create_checkpoint()
+    files = {"a": Path(path) / by_value[0], "b": Path(path) / by_value[1], "c": Path(path) / by_value[2]}
+    stray = pa.table({"v": [9]})
+    for name, folder in {"old_orphan": "", "new_orphan": "", "recorded": "", "hidden": "_tmp", "partition": "p=1"}.items():
+        target = Path(path) / folder / f"part-{name}.parquet"
+        target.parent.mkdir(exist_ok=True)
+        pq.write_table(stray, target)
+        files[name] = target
+    for name, file in files.items():
+        _age(file, 60 if name == "new_orphan" else 3 * 86400)
+    return path, files
+
+
+def test_files_no_version_names_are_vacuumed_and_nothing_else(tmp_path: Path) -> None:
+    path, files = _lake(tmp_path)
+    rows_before = DeltaTable(path).to_pyarrow_table()["v"].to_pylist()
+    # The lite vacuum alone cannot see a (its remove is gone from the checkpoint): what every run did.
+    assert DeltaTable(path).vacuum(retention_hours=1, dry_run=True, enforce_retention_duration=False) == []
+    planned = maintain_table("t", path, retention_hours=1, keep={"part-recorded.parquet"}, dry_run=True)
+    assert planned.files_vacuumed == 3 and all(f.exists() for f in files.values())
+    report = maintain_table("t", path, retention_hours=1, keep={"part-recorded.parquet"})
+    assert report.error is None
+    gone = {name for name, file in files.items() if not file.exists()}
+    # a: replaced, its remove dropped; old_orphan: never committed, written 3 h ago; partition: the same
+    # in a partition folder. b: its remove is still in the log (10 minutes old: within the retention).
+    assert gone == {"a", "old_orphan", "partition"}
+    assert report.files_vacuumed == 3
+    assert DeltaTable(path).to_pyarrow_table()["v"].to_pylist() == rows_before
+    assert all(Path(u.removeprefix("file://")).exists() for u in _files(path))
+    assert (Path(path) / "_delta_log").is_dir() and any((Path(path) / "_delta_log").iterdir())
+
+
+def test_a_table_keeping_removes_less_than_the_retention_is_not_swept(tmp_path: Path) -> None:
+    """A remove younger than the retention may be gone from its checkpoints: its file would look never
+    named, so nothing is judged that way (the table's setting is named in the log)."""
+    path, files = _lake(tmp_path, kept_for="interval 2 hours")
+    assert unreferenced_files(path, DeltaTable(path), 3, ()) == []
+    maintain_table("t", path, retention_hours=3, keep=())
+    assert files["a"].exists() and files["old_orphan"].exists()
+
+
+def test_without_the_recorded_batch_known_nothing_is_swept(tmp_path: Path) -> None:
+    path, files = _lake(tmp_path)
+    maintain_table("t", path, retention_hours=1, keep=None)
+    assert all(f.exists() for f in files.values())
+
+
+def test_a_file_written_less_than_a_day_ago_is_never_swept_even_at_a_forced_zero_retention(tmp_path: Path) -> None:
+    """`--force` allows a 0h retention: a running batch's files, written and not committed yet, stay."""
+    path, files = _lake(tmp_path)
+    _age(files["old_orphan"], 23 * 3600)
+    maintain_table("t", path, retention_hours=0, keep=())
+    assert files["old_orphan"].exists() and files["new_orphan"].exists()
+    assert not files["partition"].exists()
+
+
+def test_a_file_without_a_readable_tombstone_retention_is_not_swept(tmp_path: Path) -> None:
+    path, files = _lake(tmp_path, kept_for="two hours, roughly")
+    assert tombstone_retention(DeltaTable(path)) is None
+    assert unreferenced_files(path, DeltaTable(path), 1, ()) == []
+
+
+def test_tombstone_retention_reads_delta_intervals(tmp_path: Path) -> None:
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"v": [1]}))
+    assert tombstone_retention(DeltaTable(path)) == dt.timedelta(days=7)
+    for value, expected in [("interval 2 weeks", dt.timedelta(weeks=2)), ("INTERVAL 36 HOURS", dt.timedelta(hours=36)),
+                            ("interval 1 day", dt.timedelta(days=1)), ("interval -1 days", None), ("7 days", None),
+                            ("interval 10**30 days", None), ("interval 9999999999999 days", None),
+                            ("interval 999999999999 days", dt.timedelta.max)]:
+        DeltaTable(path).alter.set_table_properties({"delta.deletedFileRetentionDuration": value},
+                                                    raise_if_not_exists=False)
+        assert tombstone_retention(DeltaTable(path)) == expected, value
+
+
+def test_the_recorded_batch_files_of_a_lake_without_an_engine_are_none_to_keep(tmp_path: Path) -> None:
+    assert recorded_batch_files(str(tmp_path / "lake")) == {}
+
+
+def test_files_of_partitions_named_with_escapes_are_named(tmp_path: Path) -> None:
+    """The log URL-encodes a path, Hive escapes a folder, the lite vacuum gives physical paths: a live file
+    or a removed one of a partition such as ``%41``, ``a b`` or ``é`` is never taken for one no version names
+    (every form was: the removed files of such partitions were deleted inside the retention)."""
+    path = str(tmp_path / "t")
+    values = ["%41", "%2541", "a b", "x/y", "é", "plain"]
+    write_deltalake(path, pa.table({"p": values, "v": list(range(len(values)))}), partition_by=["p"])
+    write_deltalake(path, pa.table({"p": values, "v": list(range(len(values)))}), mode="append", partition_by=["p"])
+    DeltaTable(path).delete("v < 3")  # half the partitions' files removed now: their removes in the log
+    for root, _, names in os.walk(path):
+        for name in names:
+            if name.endswith(".parquet"):
+                _age(Path(root) / name, 30 * 86400)
+    assert unreferenced_files(path, DeltaTable(path), 1, ()) == []
+    rows = sorted(DeltaTable(path).to_pyarrow_table()["v"].to_pylist())
+    maintain_table("t", path, retention_hours=1, keep=())
+    assert sorted(DeltaTable(path).to_pyarrow_table()["v"].to_pylist()) == rows
