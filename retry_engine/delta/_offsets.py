@@ -14,7 +14,7 @@ Spark-free: the data source maps Spark's ``ReadLimit`` onto :class:`Admission`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from retry_engine.delta._log import Commit, FileEntry, commit_entries
@@ -113,6 +113,43 @@ class Offset:
         if entry.is_last:
             return cls.after_version(entry.version, reservoir_id)
         return cls(entry.version, entry.index, entry.is_starting_version, reservoir_id)
+
+
+def within_table(offset: Offset, latest: int) -> bool:
+    """Whether a table whose latest version is ``latest`` can have ``offset`` (and its ``batch_start``).
+
+    A snapshot offset is of a snapshot the table has, and an offset inside a
+    commit (``index >= 0``) of a commit it has: version ``<= latest``. Only
+    "before commit v" (``index == -1``, not a snapshot) may be one past:
+    ``(latest + 1, -1)`` is where a stream that read every commit waits for
+    the next (and where ``startingVersion=latest`` starts). The log only grows,
+    so an offset past that was not made from this table's log.
+    """
+    greatest = (
+        latest + 1 if offset.index == BASE_INDEX and not offset.is_starting_version else latest
+    )
+    if offset.version > greatest:
+        return False
+    return offset.batch_start is None or within_table(offset.batch_start, latest)
+
+
+def require_within_table(offset: Offset, latest: int, *, table: str) -> None:
+    """``DELTA_OFFSET_INVALID`` unless :func:`within_table`: a stream would wait there forever,
+    reading nothing while the table gains commits."""
+    if within_table(offset, latest):
+        return
+    own = replace(offset, batch_start=None)
+    past = (
+        own if offset.batch_start is None or not within_table(own, latest) else offset.batch_start
+    )
+    raise DeltaSourceError(
+        f"the checkpoint's offset is at version {past.version} of {table} (index {past.index}"
+        f"{', in its snapshot' if past.is_starting_version else ''}), but the table's latest version is "
+        f"{latest}: the table was restored or replaced (same table id, a shorter log) under the checkpoint, "
+        "so the stream would wait there forever, reading none of the table's new commits. Start the stream "
+        "from a new checkpoint, or restore the table's log that the checkpoint read",
+        code="DELTA_OFFSET_INVALID",
+    )
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,8 @@ from retry_engine.delta._offsets import (
     files_after,
     files_between,
     replay_start,
+    require_within_table,
+    within_table,
 )
 from retry_engine.delta._options import (
     lower_keys,
@@ -407,6 +409,8 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         self._available_now_version: int | None = None
         self._log: DeltaLog | None = None
         self._reservoir_id: str | None = None
+        # The table's latest version as last read (-1: not yet): offsets within it need no new read.
+        self._latest_seen = -1
         self._initial: dict[str, Any] | None = None
         self._woken = not options.wake_on_start
 
@@ -435,6 +439,20 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
                 code="DELTA_TABLE_ID_CHANGED",
             )
 
+    def _latest_version(self) -> int:
+        self._latest_seen = self.delta_log.latest_version()
+        return self._latest_seen
+
+    def _check_within_table(self, *offsets: Offset) -> None:
+        """``DELTA_OFFSET_INVALID`` for an offset past what the table can have (see ``within_table``).
+
+        Free when the latest version already read covers the offsets (every
+        offset this reader made): the table is read again only for one past it.
+        """
+        for offset in offsets:
+            if not within_table(offset, self._latest_seen):
+                require_within_table(offset, self._latest_version(), table=self.options.path)
+
     def initialOffset(self) -> dict[str, Any]:
         """Before the snapshot at the latest version, or before ``startingVersion``'s commit.
 
@@ -456,11 +474,11 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
             version = delta_log.first_version_at_or_after(timestamp_ms, option=option)
             offset = Offset(version, -1, False, self._reservoir_id)
         elif start is None:
-            offset = Offset(delta_log.latest_version(), -1, True, self._reservoir_id)
+            offset = Offset(self._latest_version(), -1, True, self._reservoir_id)
         elif start == "latest":
-            offset = Offset.after_version(delta_log.latest_version(), self._reservoir_id)
+            offset = Offset.after_version(self._latest_version(), self._reservoir_id)
         else:
-            latest = delta_log.latest_version()
+            latest = self._latest_version()
             if start > latest + 1:
                 raise DeltaSourceError(
                     f"startingVersion={start} but {self.options.path} is at version {latest}",
@@ -474,7 +492,7 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         return self.options.default_read_limit()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_version = self.delta_log.latest_version()
+        self._available_now_version = self._latest_version()
         log.info("%s: Trigger.AvailableNow reads through version %d", self.options.path, self._available_now_version)
 
     def _on_commit(self, commit: Commit) -> None:
@@ -491,7 +509,9 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         delta_log = self.delta_log
         until = self._available_now_version
         if until is None:
-            until = delta_log.latest_version()
+            until = self._latest_version()
+        # A start past the table's log would return itself forever (a stream stalled without a word).
+        self._check_within_table(begin)
         files = files_after(delta_log, begin, through_version=until, rules=self.options.rules, on_commit=self._on_commit)
         end = end_offset(files, begin, until_version=until, admission=self.options.admission(limit))
         # A new query (it starts at initialOffset) has no state to wake: only a restarted one does.
@@ -515,6 +535,7 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         finish = Offset.from_json(end)
         begin = replay_start(Offset.from_json(start), finish)
         self._check_reservoir(finish)
+        self._check_within_table(finish, begin)
         files = files_between(self.delta_log, begin, finish, rules=self.options.rules, on_commit=self._on_commit)
         log.debug("%s: batch %s -> %s has %d files", self.options.path, start, end, len(files))
         return plan_partitions(files, self.options.path, self.options.read_partitions)
