@@ -8,23 +8,26 @@ and, when the batch ended inside a commit (``maxFilesPerTrigger``), a
 position floor that drops the rows of that commit's files already read
 (positions sort in stream order). The decision is stored in the checkpoint
 (:data:`RESUME_FILE`), so every later run of that checkpoint, including a
-replay of its batch 0, applies the same floor.
+replay of its batch 0, applies the same floor. It is written aside and renamed,
+and a file that is not one the engine wrote is refused (``RESUME_FILE_INVALID``)
+rather than ignored: without its floor a replay decides those rows again.
 
 Spark-free.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Mapping
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import pyarrow.fs as pafs
 
 from retry_engine.core.lease import EngineState
-from retry_engine.delta._checkpoint import checkpoint_filesystem
+from retry_engine.delta._checkpoint import checkpoint_filesystem, write_bytes_atomically
 from retry_engine.delta._files import position_prefix
 from retry_engine.delta._offsets import Offset
 from retry_engine.errors import LakeResumeError
@@ -33,6 +36,17 @@ log = logging.getLogger(__name__)
 
 RESUME_FILE = "retry_engine_resume.json"
 OFFSETS_DIR = "offsets"
+# The parts :func:`store` writes aside (:func:`~retry_engine.delta._checkpoint.write_bytes_atomically`).
+_PART: Final = re.compile(re.escape(RESUME_FILE) + r"\.[0-9a-f]{32}\.tmp")
+# What the engine writes is about 150 bytes; a longer file is no resume point.
+_MAX_TEXT: Final = 4_096
+_MAX_VERSION: Final = 2**63 - 1
+# The floor :func:`plan` writes: position_prefix(startingVersion, file index, False).
+_FLOOR: Final = re.compile(r"v([0-9]{20})/[0-9]{6,}/")
+_RESUME_FILE_SHAPE: Final = (
+    '{"startingVersion": <a commit version, a whole number 0..2^63-1>, "positionFloor": <null, or '
+    '"v<startingVersion as 20 digits>/<file index, 6 or more digits>/">, "afterBatch": "<query id>/<batch id>"}'
+)
 
 
 @dataclass(frozen=True)
@@ -45,12 +59,35 @@ class ResumePoint:
     after_batch: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"startingVersion": self.starting_version, "positionFloor": self.position_floor, "afterBatch": self.after_batch}
+        return {
+            "startingVersion": self.starting_version,
+            "positionFloor": self.position_floor,
+            "afterBatch": self.after_batch,
+        }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ResumePoint:
-        floor = data.get("positionFloor")
-        return cls(int(data["startingVersion"]), None if floor is None else str(floor), str(data["afterBatch"]))
+    def from_json(cls, data: object) -> ResumePoint:
+        """The point :meth:`to_json` wrote; :class:`ValueError` for anything else (each field checked, no
+        conversion: a damaged file must not move where the stream starts)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"not a JSON object: {type(data).__name__}")
+        missing = [k for k in ("startingVersion", "positionFloor", "afterBatch") if k not in data]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)}")
+        version, floor, after = data["startingVersion"], data["positionFloor"], data["afterBatch"]
+        if (
+            not isinstance(version, int)
+            or isinstance(version, bool)
+            or not 0 <= version <= _MAX_VERSION
+        ):
+            raise ValueError(f"startingVersion {version!r} is no commit version")
+        if floor is not None:
+            matched = _FLOOR.fullmatch(floor) if isinstance(floor, str) else None
+            if matched is None or int(matched.group(1)) != version:
+                raise ValueError(f"positionFloor {floor!r} is no position of commit {version}")
+        if not isinstance(after, str) or not after:
+            raise ValueError(f"afterBatch {after!r} is no batch")
+        return cls(version, floor, after)
 
 
 def is_fresh(checkpoint: str) -> bool:
@@ -62,7 +99,10 @@ def last_planned(checkpoint: str) -> int | None:
     """The id of the last batch Spark planned in ``checkpoint`` (its newest ``offsets`` file), None if none."""
     fs, root = checkpoint_filesystem(checkpoint)
     info = fs.get_file_info(pafs.FileSelector(f"{root}/{OFFSETS_DIR}", allow_not_found=True))
-    return max((int(i.base_name) for i in info if i.type == pafs.FileType.File and i.base_name.isdigit()), default=None)
+    return max(
+        (int(i.base_name) for i in info if i.type == pafs.FileType.File and i.base_name.isdigit()),
+        default=None,
+    )
 
 
 def planned_end(checkpoint: str, batch_id: int) -> dict[str, Any] | None:
@@ -95,20 +135,54 @@ def planned_ends(checkpoint: str, batch_id: int) -> list[dict[str, Any] | None]:
 
 
 def stored(checkpoint: str) -> ResumePoint | None:
-    """The resume point this checkpoint started from, if it started after another's batch."""
+    """The resume point this checkpoint started from, if it started after another's batch.
+
+    A file that is not one :func:`store` wrote (damaged, truncated, edited) is refused with
+    :class:`LakeResumeError` ``RESUME_FILE_INVALID``: without its floor a replayed batch would
+    decide again the consume results the previous checkpoint decided.
+    """
     fs, root = checkpoint_filesystem(checkpoint)
+    path = f"{root}/{RESUME_FILE}"
     try:
-        with fs.open_input_stream(f"{root}/{RESUME_FILE}") as stream:
-            return ResumePoint.from_json(json.loads(stream.read().decode("utf-8")))
+        with fs.open_input_stream(path) as stream:
+            raw = stream.read(_MAX_TEXT + 1)
     except FileNotFoundError:
         return None
+    try:
+        if len(raw) > _MAX_TEXT:
+            raise ValueError(f"longer than {_MAX_TEXT} bytes")
+        # UnicodeDecodeError and JSONDecodeError are ValueErrors; deeply nested arrays, RecursionError.
+        return ResumePoint.from_json(json.loads(raw.decode("utf-8")))
+    except (ValueError, RecursionError) as exc:
+        raise LakeResumeError(
+            f"{path} holds {raw[:200]!r} ({exc}); expected {_RESUME_FILE_SHAPE}. It says where this checkpoint's "
+            "stream started after another checkpoint's last batch, so that a replayed batch does not decide those "
+            "consume results again: restore it from a backup of the checkpoint, or start with a new (empty) "
+            "engine.checkpoint, which resumes after the lake's last batch",
+            code="RESUME_FILE_INVALID",
+        ) from exc
 
 
 def store(checkpoint: str, point: ResumePoint) -> None:
+    """Record ``point`` in ``checkpoint``: written aside and renamed over the file, so a start killed or
+    failing mid-write leaves the file whole or absent, never a part that stops every later start."""
     fs, root = checkpoint_filesystem(checkpoint)
-    fs.create_dir(root, recursive=True)
-    with fs.open_output_stream(f"{root}/{RESUME_FILE}") as stream:
-        stream.write(json.dumps(point.to_json()).encode("utf-8"))
+    # Parts a start killed mid-write left (the lake's lease holder alone writes here).
+    _remove_parts(fs, root)
+    try:
+        write_bytes_atomically(
+            fs, f"{root}/{RESUME_FILE}", (json.dumps(point.to_json()) + "\n").encode("utf-8")
+        )
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _remove_parts(fs, root)
+        raise
+
+
+def _remove_parts(fs: pafs.FileSystem, root: str) -> None:
+    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+        if info.type == pafs.FileType.File and _PART.fullmatch(info.base_name):
+            fs.delete_file(info.path)
 
 
 def plan(
@@ -165,11 +239,17 @@ def plan(
     # A row in the lake, so anything: Offset.from_json refuses what is no deltars offset (DELTA_OFFSET_INVALID).
     offset = Offset.from_json(end)
     recorded_table = offset.reservoir_id
-    if recorded_table is not None and source_table_id is not None and recorded_table != source_table_id:
+    if (
+        recorded_table is not None
+        and source_table_id is not None
+        and recorded_table != source_table_id
+    ):
         log.warning(
             "consume_results is now table %s, the lake's last batch %s read table %s: it was re-created; "
             "reading the new table from its beginning",
-            source_table_id, where, recorded_table,
+            source_table_id,
+            where,
+            recorded_table,
         )
         return None
     version, index = offset.version, offset.index
@@ -182,8 +262,23 @@ def plan(
         )
     floor = position_prefix(version, index + 1, False) if index >= 0 else None
     point = ResumePoint(version, floor, where)
-    log.info("new checkpoint %s resumes after the lake's last batch %s: %s", checkpoint, where, point.to_json())
+    log.info(
+        "new checkpoint %s resumes after the lake's last batch %s: %s",
+        checkpoint,
+        where,
+        point.to_json(),
+    )
     return point
 
 
-__all__ = ["RESUME_FILE", "ResumePoint", "is_fresh", "last_planned", "plan", "planned_end", "planned_ends", "store", "stored"]
+__all__ = [
+    "RESUME_FILE",
+    "ResumePoint",
+    "is_fresh",
+    "last_planned",
+    "plan",
+    "planned_end",
+    "planned_ends",
+    "store",
+    "stored",
+]

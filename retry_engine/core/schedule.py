@@ -561,10 +561,11 @@ def _read_keys(fs: pafs.FileSystem, path: str) -> dict[str, Any] | None:
     try:
         with fs.open_input_stream(path) as stream:
             recorded = json.loads(stream.read().decode("utf-8"))
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # bad JSON, non-UTF-8 bytes, too deep nesting
         raise StateUnreadableError(
-            f"{path} is not JSON; restore it from a backup of the checkpoint (without it, msg ids "
-            "already in state may no longer meet their duplicates)",
+            f"{path} is not UTF-8 JSON text ({exc}); expected {_KEYS_FILE_SHAPE}. Restore it from a "
+            "backup of the checkpoint (without it, msg ids already in state may no longer meet their "
+            "duplicates)",
             code="STATE_KEYS_FILE_INVALID",
         ) from exc
     except FileNotFoundError:
