@@ -220,8 +220,23 @@ def _log_entries(path: str) -> int:
     return sum(1 for info in infos if info.type == pafs.FileType.File)
 
 
+# A size as Spark reads one (``byteFromString``): bytes, or with a unit such as ``128mb``.
+_BYTES = re.compile(r"\s*([0-9]{1,19})\s*([bkmgt]b?)?\s*", re.IGNORECASE)
+_BYTE_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
 def _target_size(table: DeltaTable) -> int:
-    return int(table.metadata().configuration.get("delta.targetFileSize") or DEFAULT_TARGET_FILE_SIZE)
+    """The table's ``delta.targetFileSize`` in bytes; Delta's default for a value that is no positive whole
+    number of bytes (another writer's property: a compaction must not stop on it)."""
+    value = table.metadata().configuration.get("delta.targetFileSize")
+    if value is None:
+        return DEFAULT_TARGET_FILE_SIZE
+    match = _BYTES.fullmatch(value)
+    if match is not None and 0 < (size := int(match[1]) * _BYTE_UNITS[(match[2] or "b").lower()[0]]) < 2**63:
+        return size
+    log.warning("%s: delta.targetFileSize %r is no size in bytes; compacted to %d bytes",
+                table.table_uri, value[:100], DEFAULT_TARGET_FILE_SIZE)
+    return DEFAULT_TARGET_FILE_SIZE
 
 
 def _small_files_to_compact(table: DeltaTable, window: TimeWindow | None = None) -> int:

@@ -157,3 +157,26 @@ def test_files_of_partitions_named_with_escapes_are_named(tmp_path: Path) -> Non
     rows = sorted(DeltaTable(path).to_pyarrow_table()["v"].to_pylist())
     maintain_table("t", path, retention_hours=1, keep=())
     assert sorted(DeltaTable(path).to_pyarrow_table()["v"].to_pylist()) == rows
+
+
+def test_a_target_file_size_that_is_no_size_compacts_to_the_default(tmp_path: Path) -> None:
+    """Hostile table property (found by review): `maintain --dry-run` printed a traceback on
+    ``delta.targetFileSize = abc``, and a table compacted by windows was never compacted."""
+    from retry_engine.ops.maintenance import DEFAULT_TARGET_FILE_SIZE, TimeWindow, _target_size
+
+    path = str(tmp_path / "t")
+    for i in range(3):
+        write_deltalake(path, pa.table({"ts": pa.array([dt.datetime.now(dt.UTC)], pa.timestamp("us", "UTC"))}),
+                        mode="append", configuration={"delta.targetFileSize": "abc"} if i == 0 else None)
+    expected = {"abc": DEFAULT_TARGET_FILE_SIZE, "-5": DEFAULT_TARGET_FILE_SIZE, "0": DEFAULT_TARGET_FILE_SIZE,
+                "9" * 30: DEFAULT_TARGET_FILE_SIZE, "١٢٣": DEFAULT_TARGET_FILE_SIZE, "1048576": 1 << 20,
+                "128mb": 128 << 20, " 2 GB ": 2 << 30, "64k": 64 << 10, "16777216000000t": DEFAULT_TARGET_FILE_SIZE}
+    for value, size in expected.items():
+        DeltaTable(path).alter.set_table_properties({"delta.targetFileSize": value}, raise_if_not_exists=False)
+        assert _target_size(DeltaTable(path)) == size, value
+    DeltaTable(path).alter.set_table_properties({"delta.targetFileSize": "abc"}, raise_if_not_exists=False)
+    window = TimeWindow("ts", dt.timedelta(hours=1))
+    planned = maintain_table("t", path, retention_hours=168, dry_run=True, window=window)
+    assert planned.error is None and planned.files_compacted == 3
+    done = maintain_table("t", path, retention_hours=168, window=window)
+    assert done.error is None and done.files_compacted == 3
