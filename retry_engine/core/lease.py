@@ -36,6 +36,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import CommitProperties, Transaction
 
+from retry_engine.core.names import FUTURE_EVENTS
 from retry_engine.core.totals import Totals
 from retry_engine.delta._files import WrittenFile
 from retry_engine.delta._handles import Handle, keep, open_or_create
@@ -131,10 +132,21 @@ class EngineState:
     discarded_before: dt.datetime | None = None
 
     def live(self, now: dt.datetime, timeout_ms: int) -> bool:
-        """Whether the lease still binds others: held, not released, heartbeat within the timeout."""
+        """Whether the lease still binds others: held, not released, heartbeat within the timeout.
+
+        A heartbeat dated more than :data:`~retry_engine.core.names.FUTURE_EVENTS` ahead of ``now``
+        is no sign of life (a clock far ahead, or another writer): it would bind every other engine,
+        a standby included, until its time.
+        """
         if self.owner is None or self.released or self.heartbeat is None:
             return False
+        if self.heartbeat > now + FUTURE_EVENTS:
+            return False
         return (now - self.heartbeat) <= dt.timedelta(milliseconds=timeout_ms)
+
+    def heartbeat_ahead(self, now: dt.datetime) -> bool:
+        """Whether the heartbeat is dated further ahead of ``now`` than :meth:`live` believes."""
+        return self.heartbeat is not None and self.heartbeat > now + FUTURE_EVENTS
 
     def to_arrow(self) -> pa.Table:
         owner, batch = self.owner, self.last_batch
@@ -341,6 +353,12 @@ class LakeLease:
                 handle, before = self._open()
                 now = self.clock()
                 holder = before.owner if before is not None else None
+                if before is not None and holder is not None and not before.released and before.heartbeat_ahead(now):
+                    log.warning(
+                        "the lake %s's owner (%s) last beat at %s, more than %s ahead of this clock: taken as no "
+                        "sign of life (a clock ahead, or another writer); this engine takes the lake over",
+                        self.lake, holder.describe(), _iso(before.heartbeat), FUTURE_EVENTS,
+                    )
                 if (
                     before is not None
                     and holder is not None

@@ -214,6 +214,24 @@ def test_expired_released_and_dead_leases_are_taken_without_flag(tmp_path: Path)
         lease(tmp_path / "remote", "query-B", Clock()).acquire()
 
 
+def test_a_heartbeat_dated_far_ahead_is_no_sign_of_life(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Hostile input (found by review): an owner on another host whose heartbeat says 9999 (a clock far
+    ahead, or a damaged row) kept the lake owned for good, and a standby never took over. A heartbeat
+    more than FUTURE_EVENTS ahead is none; one within it (clocks a little apart) still binds."""
+    for ahead, binds in [(dt.timedelta(minutes=30), True), (dt.timedelta(hours=2), False),
+                         (dt.datetime(9999, 1, 1, tzinfo=dt.UTC) - T0, False)]:
+        lake = tmp_path / f"ahead-{ahead.total_seconds():.0f}"
+        remote = lease(lake, "query-A", Clock(T0 + ahead), host="elsewhere.example", pid=1)
+        remote.acquire()
+        taker = lease(lake, "query-B", Clock())
+        if binds:
+            with pytest.raises(LakeOwnedError, match="host elsewhere.example"):
+                taker.acquire()
+        else:
+            assert taker.acquire() is not None and taker.epoch == 2
+            assert "ahead of this clock" in caplog.text
+
+
 def _state(last: BatchRecord | None) -> EngineState:
     return EngineState(3, owner("query-A"), T0, False, last)
 
