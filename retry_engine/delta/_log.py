@@ -326,6 +326,11 @@ class Commit:
         return bool(self.adds or self.removes)
 
 
+# Epoch milliseconds of 0001-01-01 and of the end of 9999 (what a datetime holds).
+_MIN_TIME_MS = -62_135_596_800_000
+_MAX_TIME_MS = 253_402_300_799_999
+
+
 def parse_commit(version: int, lines: Iterable[str]) -> Commit:
     """Parse the newline-delimited JSON of commit ``version``.
 
@@ -361,7 +366,9 @@ def parse_commit(version: int, lines: Iterable[str]) -> Commit:
             metadata = action["metaData"]
         elif "commitInfo" in action and isinstance(action["commitInfo"], dict):
             stamp = action["commitInfo"].get("inCommitTimestamp")
-            in_commit_timestamp = stamp if isinstance(stamp, int) and not isinstance(stamp, bool) else None
+            # A time the calendar holds (years 1-9999); another writer's anything else is no time (the file's then).
+            whole = isinstance(stamp, int) and not isinstance(stamp, bool)
+            in_commit_timestamp = stamp if whole and _MIN_TIME_MS <= stamp <= _MAX_TIME_MS else None
     return Commit(version, tuple(adds), tuple(removes), protocol, metadata, in_commit_timestamp, tuple(rewrites))
 
 

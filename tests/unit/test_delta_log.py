@@ -111,6 +111,20 @@ def test_parse_commit_keeps_data_changing_adds_and_removes_in_file_order() -> No
     assert commit.version == 7 and commit.metadata is None
 
 
+@pytest.mark.parametrize("stamp", [-(2**62), 2**62, 10**20, -1 - 62_135_596_800_000, True, "1764000000000", 1.5e12])
+def test_an_in_commit_timestamp_the_calendar_does_not_hold_is_no_time(stamp: object) -> None:
+    """Hostile input (found by review): another writer's ``inCommitTimestamp`` of -2**62 made a stream's
+    ``startingTimestamp`` fail with an uncoded ValueError; it is read as no time (the file's is used)."""
+    commit = parse_commit(3, [json.dumps({"commitInfo": {"inCommitTimestamp": stamp}})])
+    assert commit.in_commit_timestamp is None
+
+
+@pytest.mark.parametrize("stamp", [0, 1_764_000_000_000, -62_135_596_800_000, 253_402_300_799_999])
+def test_an_in_commit_timestamp_is_kept(stamp: int) -> None:
+    assert parse_commit(3, [json.dumps({"commitInfo": {"inCommitTimestamp": stamp}})]).in_commit_timestamp == stamp
+    dt.datetime.fromtimestamp(stamp / 1000, dt.UTC)  # every kept one is a time
+
+
 def test_parse_commit_rejects_garbage() -> None:
     with pytest.raises(DeltaSourceError, match=r"DELTA_COMMIT_CORRUPT.*commit 4 line 2"):
         parse_commit(4, [add("a"), "{not json"])
