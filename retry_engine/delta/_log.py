@@ -367,8 +367,9 @@ def parse_commit(version: int, lines: Iterable[str]) -> Commit:
         elif "commitInfo" in action and isinstance(action["commitInfo"], dict):
             stamp = action["commitInfo"].get("inCommitTimestamp")
             # A time the calendar holds (years 1-9999); another writer's anything else is no time (the file's then).
-            whole = isinstance(stamp, int) and not isinstance(stamp, bool)
-            in_commit_timestamp = stamp if whole and _MIN_TIME_MS <= int(stamp) <= _MAX_TIME_MS else None
+            in_commit_timestamp = None
+            if isinstance(stamp, int) and not isinstance(stamp, bool) and _MIN_TIME_MS <= stamp <= _MAX_TIME_MS:
+                in_commit_timestamp = stamp
     return Commit(version, tuple(adds), tuple(removes), protocol, metadata, in_commit_timestamp, tuple(rewrites))
 
 
