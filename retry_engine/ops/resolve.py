@@ -308,7 +308,7 @@ def expire(
     removes nothing more. A stream reading the DLQ table needs Delta's
     ``skipChangeCommits`` to read past these deletes.
     """
-    retention = retention or config.dlq.resolved_retention
+    retention = config.dlq.resolved_retention if retention is None else retention
     keep_ms = bounded_duration_ms(retention)
     now = now or dt.datetime.now(dt.UTC)
     cutoff = now - dt.timedelta(milliseconds=keep_ms)

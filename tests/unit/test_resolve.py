@@ -298,6 +298,10 @@ def test_expire_cli(
     for retention in ("1000000d", "9" * 30 + "d"):
         assert main(["dlq", "expire", "--config", config_file, "--retention", retention]) == 1
         assert "is longer than 36500d" in capsys.readouterr().err
+    # An empty --retention is no retention (it was the config's 30d, silently; found by review).
+    for retention in ("", " "):
+        assert main(["dlq", "expire", "--config", config_file, "--retention", retention]) == 1
+        assert "retry-engine: [" in capsys.readouterr().err
 
 
 def test_a_resolve_committed_while_a_redrive_runs_makes_it_skip(config: EngineConfig) -> None:
