@@ -8,7 +8,7 @@ import logging
 import posixpath
 import time
 import uuid
-from collections.abc import Callable, Sequence, Sized
+from collections.abc import Callable, Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -439,8 +439,11 @@ def writers_clean_log(table: DeltaTable) -> bool:
     return value is None or str(value).strip().lower() != "false"
 
 
-def add_missing_properties(path: str, table: DeltaTable | None = None) -> DeltaTable:
-    """The table at ``path`` after setting the :data:`~retry_engine.delta.storage.TABLE_PROPERTIES` it lacks.
+def add_missing_properties(
+    path: str, table: DeltaTable | None = None, *, properties: Mapping[str, str] = TABLE_PROPERTIES
+) -> DeltaTable:
+    """The table at ``path`` after setting the ``properties`` (default
+    :data:`~retry_engine.delta.storage.TABLE_PROPERTIES`) it lacks.
 
     For the engine's own tables made by an earlier release: a property the
     table has, whatever its value, is kept (an operator's choice).
@@ -448,7 +451,7 @@ def add_missing_properties(path: str, table: DeltaTable | None = None) -> DeltaT
 
     def missing(current: DeltaTable) -> dict[str, str]:
         have = current.metadata().configuration
-        return {k: v for k, v in TABLE_PROPERTIES.items() if k not in have}
+        return {k: v for k, v in properties.items() if k not in have}
 
     table, added = _upgrade(
         path,

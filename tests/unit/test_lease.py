@@ -564,6 +564,8 @@ def test_the_engine_state_table_is_checkpointed_every_10_commits_and_cleaned_by_
             configuration = DeltaTable(state_path(str(lake))).metadata().configuration
             assert configuration["delta.checkpointInterval"] == "10"
             assert configuration["delta.enableExpiredLogCleanup"] == "false"
+            # Its checkpoints hold a replaced row's remove 2 hours, not 7 days (a week of them: 52 MB a checkpoint).
+            assert configuration["delta.deletedFileRetentionDuration"] == "interval 2 hours"
             again = lease(lake, "query-A", clock)
             for _ in range(rounds):
                 clock.now += dt.timedelta(seconds=1)
