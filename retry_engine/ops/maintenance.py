@@ -29,7 +29,8 @@ what Delta's own maintenance does:
    the table's ``delta.deletedFileRetentionDuration`` (7 days, Delta's default
    retention too), so without that second pass a replaced file was never
    deleted; a file written and not committed yet (a running batch's, the
-   lake's recorded batch a roll-forward commits) is never touched.
+   lake's recorded batch a roll-forward commits) is never touched, nor a
+   folder that is not one of the table's partitions.
 
 Before those, the progress table (a row a micro-batch, 2.6 million a month at
 a 1 s trigger) and the metrics table lose their rows older than ``[maintenance]
@@ -56,6 +57,7 @@ Spark-free: plain delta-rs.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import random
@@ -71,6 +73,7 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import DeltaTable, WriterProperties
 from deltalake.exceptions import CommitFailedError
 
@@ -94,6 +97,7 @@ from retry_engine.delta._files import (
     PartitionedWriter,
     WrittenFile,
     delete_quietly,
+    hive_escape,
     read_file,
 )
 from retry_engine.delta._log import (
@@ -102,10 +106,12 @@ from retry_engine.delta._log import (
     FileEntry,
     add_actions,
     check_table_protocol,
+    commit_log_path,
     data_file_path,
     expired_before,
     file_entries,
     join_path,
+    relative_data_path,
     snapshot_files,
     zoned_time,
 )
@@ -621,14 +627,17 @@ def unreferenced_files(
     path: str, table: DeltaTable, retention_hours: int, keep: Collection[str], *, now: dt.datetime | None = None
 ) -> list[str]:
     """The data files under ``path`` (relative paths) that no version of the table names, written more
-    than ``retention_hours`` (and :data:`UNNAMED_MIN_AGE`) ago: replaced files whose removes checkpoints no longer hold, and files of
-    writes that never committed. As Delta's own VACUUM judges files not in the log: a Parquet file outside
-    ``_delta_log`` and hidden folders, not in the snapshot, not a remove the log still holds (the lite
-    vacuum deletes those when they are old enough), not in ``keep``, last modified before the retention.
+    than ``retention_hours`` (and :data:`UNNAMED_MIN_AGE`) ago: replaced files whose removes checkpoints
+    no longer hold, and files of writes that never committed. As Delta's own VACUUM judges files not in
+    the log: a Parquet file at the table's root or in its partition folders (``col=value`` for each
+    partition column, in order: never a folder of anything else, such as a table nested inside), not in
+    the snapshot, not named by any remove the log holds (whatever its time: a writer's clock ahead), not
+    in ``keep``, last modified before the retention.
 
     Empty when the table's checkpoints may drop a remove younger than the retention (its
-    ``delta.deletedFileRetentionDuration`` shorter, or unreadable): a file replaced inside the
-    retention would then look never named. Files without a modification time are kept.
+    ``delta.deletedFileRetentionDuration`` shorter, or unreadable), or when the log's removes cannot
+    be read whole (:func:`_held_removes`): a file replaced inside the retention would then look never
+    named. Files without a modification time are kept.
     """
     held = tombstone_retention(table)
     retention = dt.timedelta(hours=retention_hours)
@@ -639,13 +648,13 @@ def unreferenced_files(
             path, held if held is not None else "for an unreadable time", retention_hours,
         )
         return []
-    # Every remove the log holds whose file is still there (a retention of 0: all of them). Each name in both
-    # forms: the log's URL-encoded path decoded, and as given (the vacuum gives physical paths, undecoded).
-    removed = table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
-    given = [*add_actions(table, flatten=False).column("path").to_pylist(), *removed, *keep]
-    named = {*given, *(data_file_path(p) for p in given)}
-    before = (now or dt.datetime.now(dt.UTC)) - max(retention, UNNAMED_MIN_AGE)
     fs, root = filesystem(path)
+    removes = _held_removes(fs, root, table)
+    if removes is None:
+        return []
+    named = _named(table.table_uri, [*add_actions(table, flatten=False).column("path").to_pylist(), *removes, *keep])
+    before = (now or dt.datetime.now(dt.UTC)) - max(retention, UNNAMED_MIN_AGE)
+    partitions = [hive_escape(c) for c in table.metadata().partition_columns]
     prefix = f"{root.rstrip('/')}/" if root else ""
     found = []
     for info in fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)):
@@ -655,14 +664,84 @@ def unreferenced_files(
         *folders, name = relative.split("/")
         if not name.endswith(".parquet") or name.startswith(("_", ".")):
             continue
-        if any(f.startswith(("_", ".")) and "=" not in f for f in folders):
-            continue  # _delta_log, _checkpoints, .tmp folders; a partition folder holds a "="
+        # Exactly the table's partition folders, in order (a partition value's "/" is escaped in its name).
+        if len(folders) != len(partitions) or any(
+            f.partition("=")[0] != column or "=" not in f for f, column in zip(folders, partitions, strict=True)
+        ):
+            continue
         if relative in named or info.mtime is None:
             continue
         modified = info.mtime if info.mtime.tzinfo is not None else info.mtime.replace(tzinfo=dt.UTC)
         if modified < before:
             found.append(relative)
     return found
+
+
+def _named(table_uri: str, paths: Sequence[str]) -> set[str]:
+    """Every form of ``paths`` (log paths, URL-encoded, relative or absolute URIs; physical relative
+    paths) a listing's relative path may match: as given, decoded, and resolved against the table root."""
+    named: set[str] = set()
+    for given in paths:
+        named.update((given, data_file_path(given)))
+        try:
+            named.add(relative_data_path(given, table_uri))
+        except DeltaSourceError:
+            pass  # outside the table: no file of its folder
+    return named
+
+
+# The log's commits a sweep reads after its latest checkpoint, at most (more: no sweep this run).
+HELD_REMOVES_MAX_COMMITS = 1000
+
+
+def _held_removes(fs: pafs.FileSystem, root: str, table: DeltaTable) -> list[str] | None:
+    """The paths of every remove the log holds at the table's version: its latest (classic, single or
+    multi-part) checkpoint's and those of the commits after it, whatever their times. None when they
+    cannot be read whole (a checkpoint of another kind, a commit missing, too many commits, a damaged
+    file): the caller then deletes nothing."""
+    version = table.version()
+    log_root = join_path(root, LOG_DIR)
+    try:
+        try:
+            with fs.open_input_stream(join_path(log_root, "_last_checkpoint")) as stream:
+                last = json.loads(stream.read(1 << 20))
+        except FileNotFoundError:
+            last = None
+        paths: list[str] = []
+        start = 0
+        if isinstance(last, dict) and isinstance(last.get("version"), int) and last["version"] <= version:
+            at, parts = last["version"], last.get("parts")
+            names = (
+                [f"{at:020d}.checkpoint.parquet"]
+                if parts is None
+                else [f"{at:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, int(parts) + 1)]
+            )
+            for name in names:
+                with fs.open_input_file(join_path(log_root, name)) as handle:
+                    checkpoint = pq.ParquetFile(handle)
+                    if "remove" not in checkpoint.schema_arrow.names:
+                        continue
+                    removed = checkpoint.read(columns=["remove"]).column("remove")
+                    paths.extend(p for p in pc.struct_field(removed, "path").to_pylist() if isinstance(p, str))
+            start = at + 1
+        elif last is not None:
+            return None
+        if version - start + 1 > HELD_REMOVES_MAX_COMMITS:
+            log.info("%s: %d commits since the last checkpoint; files no version names wait for one", root, version - start + 1)
+            return None
+        for number in range(start, version + 1):
+            with fs.open_input_stream(join_path(root, commit_log_path(number))) as stream:
+                for line in stream.read().decode("utf-8").splitlines():
+                    if '"remove"' not in line:
+                        continue
+                    action = json.loads(line)
+                    remove = action.get("remove") if isinstance(action, dict) else None
+                    if isinstance(remove, dict) and isinstance(remove.get("path"), str):
+                        paths.append(remove["path"])
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, pa.ArrowException) as exc:
+        log.warning("%s: cannot read the removes the log holds (%s); files no version names are not vacuumed", root, exc)
+        return None
+    return paths
 
 
 def _sweep(path: str, retention_hours: int, keep: Collection[str] | None) -> int:
