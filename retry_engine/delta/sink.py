@@ -169,23 +169,41 @@ def commit_files(
     return True
 
 
-def abort_files(location: TableLocation, messages: Sequence[WriterCommitMessage | None]) -> None:
+def abort_files(
+    location: TableLocation,
+    messages: Sequence[WriterCommitMessage | None],
+    *,
+    transaction: tuple[str | None, int | None] = (None, None),
+) -> None:
     """Delete the files of a failed write, except any a commit already references.
 
     Spark also aborts when ``commit`` raises, and a commit may have landed
     before the error (e.g. in a post-commit hook), so referenced files stay.
+    ``transaction``: the write's (app id, version); once the table records it, nothing is deleted.
     """
-    delete_uncommitted(location, _written(messages))
+    delete_uncommitted(location, _written(messages), transaction=transaction)
 
 
-def delete_uncommitted(location: TableLocation, files: Sequence[WrittenFile]) -> None:
+def delete_uncommitted(
+    location: TableLocation,
+    files: Sequence[WrittenFile],
+    *,
+    transaction: tuple[str | None, int | None] = (None, None),
+) -> None:
     """Delete ``files``, written for a commit that failed, except any the table's snapshot references
     (the commit landed before its error: delta-rs's post-commit hooks fail after it). When the table
-    cannot be read, every file stays: an orphan is invisible to readers, a deleted live file is not."""
+    cannot be read, every file stays: an orphan is invisible to readers, a deleted live file is not.
+    Nor when the table records ``transaction`` (app id, version): the commit landed, and a compaction
+    since may have replaced its files, which a stream still reading that version needs (files of a
+    replay the commit skipped stay as orphans: maintenance's vacuum deletes them after the retention)."""
     if not files:
         return
+    app_id, version = transaction
     try:
         table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
+        if app_id is not None and version is not None and (table.transaction_version(app_id) or -1) >= version:
+            log.warning("%s: transaction %s/%d is in the table; its %d file(s) stay", location.uri, app_id, version, len(files))
+            return
         logged = add_actions(table, flatten=False).column("path").to_pylist()
         # Compared decoded: writers may URL-encode one physical path in different ways.
         referenced = {data_file_path(p) for p in logged}
@@ -275,7 +293,7 @@ class DeltaBatchWriter(_DeltaWriter, DataSourceArrowWriter):
         )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        abort_files(self.location, messages)
+        abort_files(self.location, messages, transaction=(self.options.txn_app_id, self.options.txn_version))
 
 
 class DeltaStreamWriter(_DeltaWriter, DataSourceStreamArrowWriter):
@@ -330,7 +348,7 @@ class DeltaStreamWriter(_DeltaWriter, DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning("%s: batch %d aborted", self.location.uri, batchId)
-        abort_files(self.location, messages)
+        abort_files(self.location, messages, transaction=(self.app_id(), batchId))
 
 
 def write_stream(

@@ -130,3 +130,27 @@ def test_delete_uncommitted_keeps_files_the_table_references(tmp_path: Path) -> 
     assert missing_files(path) == []
     assert os.path.exists(os.path.join(root, kept[0].path))
     assert not os.path.exists(os.path.join(root, orphan[0].path))
+
+
+def test_an_abort_after_its_commit_landed_keeps_the_files_a_compaction_replaced_since(tmp_path: Path) -> None:
+    """A sink commit lands, its post-commit hook fails, and a compaction replaces its files before
+    Spark's abort runs: the files are no longer in the snapshot, but a stream reading the append's
+    version needs them. Once the table records the write's transaction the abort deletes nothing
+    (found by review)."""
+    from retry_engine.delta.sink import FilesWritten, abort_files, commit_files
+
+    path = str(tmp_path / "t")
+    small_files(path, 1, interval=100)
+    fs, root = filesystem(path)
+    schema = pa.schema(DeltaTable(path).schema().to_arrow())
+    writer = PartitionedWriter(fs, root, schema, partition_by=[], uri=path)
+    writer.write(pa.record_batch({"id": ["x"], "ts": pa.array([AT], pa.timestamp("us", "UTC"))}, schema=schema))
+    files = writer.close()
+    messages = [FilesWritten(tuple(files))]
+    assert commit_files(location(path), messages, mode="append", partition_by=[], app_id="q", txn_version=3)
+    table = DeltaTable(path)
+    tables.commit_next(table, snapshot_files(table, table.version()), data_change=False, operation="compaction")
+    abort_files(location(path), messages, transaction=("q", 3))
+    assert os.path.exists(os.path.join(root, files[0].path))
+    abort_files(location(path), messages, transaction=("q", 4))  # not recorded: the files are orphans
+    assert not os.path.exists(os.path.join(root, files[0].path))
