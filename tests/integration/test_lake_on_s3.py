@@ -39,7 +39,7 @@ from retry_engine.clients.producer import Message, Producer
 from retry_engine.config import EngineConfig, load_config
 from retry_engine.core import engine
 from retry_engine.core.delays import parse_duration_ms
-from retry_engine.core.lease import read_state, state_path
+from retry_engine.core.lease import STATE_TABLE_PROPERTIES, read_state, state_path
 from retry_engine.delta import storage
 from retry_engine.delta.tables import read_table
 from retry_engine.errors import ConfigError, StorageError
@@ -340,7 +340,9 @@ def test_the_engines_tables_are_checkpointed_every_10_commits_and_others_tables_
     }
     own["_engine_state"] = state_path(run.config.engine.lake)
     configurations = {name: dict(storage.open_delta(path).metadata().configuration) for name, path in own.items()}
-    assert configurations == dict.fromkeys(own, dict(storage.TABLE_PROPERTIES))
+    expected = dict.fromkeys(own, dict(storage.TABLE_PROPERTIES))
+    expected["_engine_state"] = dict(STATE_TABLE_PROPERTIES)  # its removes kept 2 hours (run BC)
+    assert configurations == expected
     # Written by producers and consumers: created by them with delta-rs's defaults.
     for name in ("messages", "consume_results"):
         assert storage.open_delta(run.config.table_path(name)).metadata().configuration == {}, name
