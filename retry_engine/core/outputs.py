@@ -387,6 +387,7 @@ def roll_forward(config: EngineConfig, batch: BatchRecord) -> list[str]:
             partition_by=table.partition_by,
             app_id=batch.query_id,
             txn_version=batch.batch_id,
+            replayed=False,  # the recorded files themselves: never deleted
         ):
             done.append(name)
     if done:

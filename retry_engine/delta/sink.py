@@ -115,12 +115,16 @@ def commit_files(
     partition_by: Sequence[str],
     app_id: str | None,
     txn_version: int | None,
+    replayed: bool = True,
 ) -> bool:
     """Commit every file in ``messages`` as one transaction; False if it was already committed.
 
     Replay: when the table already records ``(app_id, txn_version)`` or a later
     version of ``app_id``, nothing is committed and this attempt's files (which
-    no commit references) are deleted. An append with no files commits nothing;
+    no commit references) are deleted. ``replayed`` False: the files are the ones
+    that commit holds (a roll-forward of a recorded batch), kept whatever the
+    snapshot says (a compaction may have replaced them since; a stream still
+    reading that version needs them). An append with no files commits nothing;
     an overwrite always commits (it empties the table).
     """
     files = _written(messages)
@@ -135,7 +139,8 @@ def commit_files(
                 location.uri, app_id, txn_version, done, len(files),
             )
             keep(handle)
-            abort_files(location, messages)
+            if replayed:
+                abort_files(location, messages)
             return False
     if not files and mode == "append":
         log.debug("%s: nothing to commit for %s/%s", location.uri, app_id, txn_version)
@@ -201,7 +206,8 @@ def delete_uncommitted(
     app_id, version = transaction
     try:
         table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
-        if app_id is not None and version is not None and (table.transaction_version(app_id) or -1) >= version:
+        done = table.transaction_version(app_id) if app_id is not None and version is not None else None
+        if done is not None and version is not None and done >= version:
             log.warning("%s: transaction %s/%d is in the table; its %d file(s) stay", location.uri, app_id, version, len(files))
             return
         logged = add_actions(table, flatten=False).column("path").to_pylist()

@@ -60,6 +60,7 @@ import datetime as dt
 import json
 import logging
 import os
+import posixpath
 import random
 import re
 import threading
@@ -68,7 +69,7 @@ import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, TypeVar
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -604,7 +605,9 @@ def clean_log(path: str) -> None:
 UNNAMED_MIN_AGE = dt.timedelta(days=1)
 # Delta's default ``delta.deletedFileRetentionDuration``: how long a checkpoint keeps a remove (tombstone).
 DEFAULT_TOMBSTONE_RETENTION = dt.timedelta(days=7)
-_INTERVAL = re.compile(r"\s*interval\s+(\d{1,12})\s+(second|minute|hour|day|week)s?\s*", re.IGNORECASE)
+# As delta-rs reads it (lowercase only: it takes any other spelling, Spark's "INTERVAL 14 DAYS" too, as its 7 days).
+_INTERVAL = re.compile(r"\s*interval\s+([0-9]{1,12})\s+(second|minute|hour|day|week)s?\s*")
+_ANY_CASE_INTERVAL = re.compile(_INTERVAL.pattern, re.IGNORECASE)
 _INTERVAL_UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
 
 
@@ -616,9 +619,10 @@ def tombstone_retention(table: DeltaTable) -> dt.timedelta | None:
         return DEFAULT_TOMBSTONE_RETENTION
     match = _INTERVAL.fullmatch(value)
     if match is None:
-        return None
+        # Another spelling of an interval delta-rs does not read: its checkpoints keep its default.
+        return DEFAULT_TOMBSTONE_RETENTION if _ANY_CASE_INTERVAL.fullmatch(value) else None
     try:
-        return dt.timedelta(seconds=int(match[1]) * _INTERVAL_UNITS[match[2].lower()])
+        return dt.timedelta(seconds=int(match[1]) * _INTERVAL_UNITS[match[2]])
     except OverflowError:  # more days than a timedelta holds: removes kept for good
         return dt.timedelta.max
 
@@ -653,6 +657,8 @@ def unreferenced_files(
     if removes is None:
         return []
     named = _named(table.table_uri, [*add_actions(table, flatten=False).column("path").to_pylist(), *removes, *keep])
+    if named is None:
+        return []
     before = (now or dt.datetime.now(dt.UTC)) - max(retention, UNNAMED_MIN_AGE)
     partitions = [hive_escape(c) for c in table.metadata().partition_columns]
     prefix = f"{root.rstrip('/')}/" if root else ""
@@ -669,7 +675,8 @@ def unreferenced_files(
             f.partition("=")[0] != column or "=" not in f for f, column in zip(folders, partitions, strict=True)
         ):
             continue
-        if relative in named or info.mtime is None:
+        # A writer's file names are unique: a name any add or remove holds is named, whatever its folder's form.
+        if relative in named or name in named or info.mtime is None:
             continue
         modified = info.mtime if info.mtime.tzinfo is not None else info.mtime.replace(tzinfo=dt.UTC)
         if modified < before:
@@ -677,16 +684,22 @@ def unreferenced_files(
     return found
 
 
-def _named(table_uri: str, paths: Sequence[str]) -> set[str]:
+def _named(table_uri: str, paths: Sequence[str]) -> set[str] | None:
     """Every form of ``paths`` (log paths, URL-encoded, relative or absolute URIs; physical relative
-    paths) a listing's relative path may match: as given, decoded, and resolved against the table root."""
+    paths) a listing's relative path may match: as given, decoded, resolved against the table root, and
+    each one's file name. None when an absolute path does not resolve inside the table (another scheme
+    for the same bucket, ``s3a://`` for ``s3://``; a root this cannot decode): it might name a file here."""
     named: set[str] = set()
     for given in paths:
-        named.update((given, data_file_path(given)))
+        decoded = data_file_path(given)
+        named.update((given, decoded, posixpath.basename(decoded), posixpath.basename(given)))
         try:
             named.add(relative_data_path(given, table_uri))
         except DeltaSourceError:
-            pass  # outside the table: no file of its folder
+            if urlparse(given).scheme or decoded.startswith("/"):
+                log.info("%s: the log names %r, which does not resolve inside the table; files no version "
+                         "names are not vacuumed", table_uri, given[:200])
+                return None
     return named
 
 
@@ -719,7 +732,14 @@ def _held_removes(fs: pafs.FileSystem, root: str, table: DeltaTable) -> list[str
             for name in names:
                 with fs.open_input_file(join_path(log_root, name)) as handle:
                     checkpoint = pq.ParquetFile(handle)
-                    if "remove" not in checkpoint.schema_arrow.names:
+                    columns = checkpoint.schema_arrow.names
+                    # A V2 checkpoint (under this name too) keeps its actions in sidecar files: not read here.
+                    if "checkpointMetadata" in columns or (
+                        "sidecar" in columns and checkpoint.read(columns=["sidecar"]).column("sidecar").null_count
+                        < checkpoint.metadata.num_rows
+                    ):
+                        return None
+                    if "remove" not in columns:
                         continue
                     removed = checkpoint.read(columns=["remove"]).column("remove")
                     paths.extend(p for p in pc.struct_field(removed, "path").to_pylist() if isinstance(p, str))

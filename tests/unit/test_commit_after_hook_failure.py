@@ -154,3 +154,44 @@ def test_an_abort_after_its_commit_landed_keeps_the_files_a_compaction_replaced_
     assert os.path.exists(os.path.join(root, files[0].path))
     abort_files(location(path), messages, transaction=("q", 4))  # not recorded: the files are orphans
     assert not os.path.exists(os.path.join(root, files[0].path))
+
+
+def test_a_roll_forward_of_a_committed_batch_keeps_its_files_a_compaction_replaced(tmp_path: Path) -> None:
+    """The engine's start re-commits the lake's recorded batch; when the table already has it and a
+    compaction replaced its files while the engine was down, the files stay for streams still reading
+    that version (they were deleted as a replay's would be; found by review). A transaction version of 0
+    (a stream's first batch) counts as recorded."""
+    import dataclasses
+
+    from retry_engine.config import parse_config
+    from retry_engine.core.lease import BatchRecord
+    from retry_engine.core.outputs import roll_forward
+    from retry_engine.delta.sink import FilesWritten, abort_files, commit_files
+    from retry_engine.schemas import RETRY
+    from tests.builders import retry_rows
+
+    config = parse_config({"engine": {"lake": str(tmp_path / "lake")}})
+    path = config.table_path(RETRY.name)
+    tables.ensure_table(path, RETRY.arrow_schema, partition_by=RETRY.partition_by)
+    fs, root = filesystem(path)
+    writer = PartitionedWriter(fs, root, RETRY.arrow_schema, partition_by=list(RETRY.partition_by), uri=path)
+    for batch in retry_rows(AT, ["m1"]).to_batches():
+        writer.write(batch)
+    files = writer.close()
+    record = BatchRecord("q", 0, None, {RETRY.name: [dataclasses.asdict(f) for f in files]}, 0)
+    assert roll_forward(config, record) == [RETRY.name]
+    table = DeltaTable(path)
+    tables.commit_next(table, snapshot_files(table, table.version()), data_change=False, operation="compaction")
+    abort_files(location(path), [FilesWritten(tuple(files))], transaction=("q", 0))
+    assert all(os.path.exists(os.path.join(root, f.path)) for f in files), "abort of batch 0"
+    assert roll_forward(config, record) == []  # the engine's next start: already committed
+    assert all(os.path.exists(os.path.join(root, f.path)) for f in files), "roll-forward"
+    # A replay's own files (never committed) still go: commit_files as Spark's replay calls it.
+    orphan_writer = PartitionedWriter(fs, root, RETRY.arrow_schema, partition_by=list(RETRY.partition_by), uri=path)
+    for batch in retry_rows(AT, ["m2"]).to_batches():
+        orphan_writer.write(batch)
+    orphans = orphan_writer.close()
+    assert not commit_files(location(path), [FilesWritten(tuple(orphans))], mode="append",
+                            partition_by=list(RETRY.partition_by), app_id="q", txn_version=0)
+    assert not any(os.path.exists(os.path.join(root, f.path)) for f in orphans)
+
