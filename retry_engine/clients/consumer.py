@@ -60,6 +60,7 @@ from retry_engine.clients.rebalance import (
     DEFAULT_HEARTBEAT_EXPIRY_SECONDS,
     DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
     MEMBER_ID_CHARACTERS,
+    UNREADABLE_RECORD,
     Assignment,
     Membership,
     TopicOffsets,
@@ -107,6 +108,8 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
+# A side file of the checkpoint that cannot be read, or is not one this release writes.
+_UNREADABLE_FILE: tuple[type[Exception], ...] = (OSError, *UNREADABLE_RECORD)
 
 CONSUME_SUCCESS = SUCCESS
 RECONSUME_LATER = "RECONSUME_LATER"
@@ -651,7 +654,7 @@ class _RebalancedBatch:
                 recorded = Assignment.from_json(json.load(f))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
+        except _UNREADABLE_FILE as exc:
             log.warning("group %s: unreadable assignment record %s (%s); planning batch %d anew",
                         self.group, path, exc, batch_id)
             return None
@@ -972,7 +975,7 @@ def stream_start(checkpoint: str, consume_from: ConsumeFrom, now: dt.datetime | 
         if started.tzinfo is None:
             raise ValueError(f"started_at {data['started_at']!r} has no zone")
         return started
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as exc:
+    except _UNREADABLE_FILE as exc:
         log.warning("unreadable stream start record in %s (%s): every row of a gained queue is caught up", checkpoint, exc)
         return None
 

@@ -76,16 +76,12 @@ def allocate_averagely(queue_count: int, members: Sequence[str], current: str) -
     and returns an empty list). Every queue goes to exactly one member.
     """
     if isinstance(queue_count, bool) or not isinstance(queue_count, int) or queue_count < 1:
-        raise SubscriptionError(
-            f"queue count {queue_count!r} must be an int >= 1", code="INVALID_QUEUE_COUNT"
-        )
+        raise SubscriptionError(f"queue count {queue_count!r} must be an int >= 1", code="INVALID_QUEUE_COUNT")
     ordered = sorted(set(members))
     if not ordered:
         raise SubscriptionError("no live consumer to allocate queues to", code="NO_LIVE_CONSUMER")
     if current not in ordered:
-        log.info(
-            "consumer %r is not among the live consumers %s; it owns no queue", current, ordered
-        )
+        log.info("consumer %r is not among the live consumers %s; it owns no queue", current, ordered)
         return []
     index, count = ordered.index(current), len(ordered)
     share, extra = divmod(queue_count, count)
@@ -125,14 +121,9 @@ class Membership:
     def __post_init__(self) -> None:
         validate_member_id(self.member)
         expiry = self.expiry_seconds
-        if (
-            isinstance(expiry, bool)
-            or not isinstance(expiry, int | float)
-            or not 0 < expiry < float("inf")
-        ):
+        if isinstance(expiry, bool) or not isinstance(expiry, int | float) or not 0 < expiry < float("inf"):
             raise SubscriptionError(
-                f"heartbeat expiry {expiry!r} must be a positive number of seconds",
-                code="INVALID_OPTION",
+                f"heartbeat expiry {expiry!r} must be a positive number of seconds", code="INVALID_OPTION"
             )
 
     @property
@@ -161,9 +152,7 @@ class Membership:
                 except FileNotFoundError:  # left (graceful close) between glob and read
                     continue
                 except OSError as exc:
-                    log.warning(
-                        "group %s: skipping unreadable heartbeat file %s: %s", self.group, path, exc
-                    )
+                    log.warning("group %s: skipping unreadable heartbeat file %s: %s", self.group, path, exc)
             return out
         fs, root = self._store(sub)
         infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
@@ -214,12 +203,7 @@ class Membership:
     def beat(self, now: dt.datetime | None = None) -> None:
         """Record that this instance is alive at ``now`` (default: the wall clock)."""
         at = now or dt.datetime.now(dt.UTC)
-        self._write(
-            self.file.name,
-            json.dumps(
-                {"group": self.group, "member": self.member, "heartbeat_at": at.isoformat()}
-            ),
-        )
+        self._write(self.file.name, json.dumps({"group": self.group, "member": self.member, "heartbeat_at": at.isoformat()}))
 
     def _write(self, name: str, body: str, sub: str = "") -> None:
         """(Over)write file ``name`` of the group's folder (or its ``sub`` folder) at once."""
@@ -262,9 +246,7 @@ class Membership:
     def forget_after(self) -> dt.timedelta:
         """How old a heartbeat is when ``live`` deletes its file: :data:`FORGET_AFTER_EXPIRIES`
         expiries, at least :data:`FORGET_AFTER_MIN_SECONDS`."""
-        return dt.timedelta(
-            seconds=max(FORGET_AFTER_MIN_SECONDS, FORGET_AFTER_EXPIRIES * self.expiry_seconds)
-        )
+        return dt.timedelta(seconds=max(FORGET_AFTER_MIN_SECONDS, FORGET_AFTER_EXPIRIES * self.expiry_seconds))
 
     def live(self, now: dt.datetime | None = None) -> list[str]:
         """Sorted ids of the instances whose last heartbeat is at most ``expiry_seconds`` old.
@@ -313,12 +295,7 @@ class Membership:
                 continue
             published_at, offsets = parsed
             if published_at < at - self.forget_after():
-                self._forget(
-                    path,
-                    text,
-                    f"the offsets published at {published_at.isoformat()}",
-                    OFFSETS_FOLDER,
-                )
+                self._forget(path, text, f"the offsets published at {published_at.isoformat()}", OFFSETS_FOLDER)
                 continue
             out.append(offsets)
         return out
@@ -367,9 +344,7 @@ class TopicOffsets:
             raise ValueError(f"table {table!r} is not a table id")
         if not _count(queues) or queues < 1:
             raise ValueError(f"queues {queues!r} is not a queue count")
-        if tags is not None and (
-            not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)
-        ):
+        if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
             raise ValueError(f"tags {tags!r} are not a list of tags")
         if not isinstance(through, dict):
             raise ValueError(f"through {through!r} is not queue -> version")
@@ -403,9 +378,7 @@ def _queue_ids(topic: str, ids: object, count: int) -> tuple[int, ...]:
 
 def _tags(value: object) -> tuple[str, ...] | None:
     """A subscription's tags (a list of text, or None for every tag), or ValueError."""
-    if value is not None and (
-        not isinstance(value, list) or not all(isinstance(t, str) for t in value)
-    ):
+    if value is not None and (not isinstance(value, list) or not all(isinstance(t, str) for t in value)):
         raise ValueError(f"tags {value!r} are not a list of tags")
     return None if value is None else tuple(value)
 
@@ -414,9 +387,15 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _parse_offsets(
-    text: str, path: str, group: str
-) -> tuple[dt.datetime, dict[str, TopicOffsets]] | None:
+# What parsing a side file someone else may have written (JSON, then checked field by field) raises
+# when the file is not one this release writes: skipped or planned anew, never fatal.
+UNREADABLE_RECORD: tuple[type[Exception], ...] = (
+    ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError,
+)
+_UNREADABLE_SIDE_FILE: tuple[type[Exception], ...] = (*UNREADABLE_RECORD, SubscriptionError)
+
+
+def _parse_offsets(text: str, path: str, group: str) -> tuple[dt.datetime, dict[str, TopicOffsets]] | None:
     try:
         data: Any = json.loads(text)
         if data["group"] != group:
@@ -429,22 +408,12 @@ def _parse_offsets(
         if not isinstance(topics, dict):
             raise ValueError("topics is not topic -> offsets")
         return at, {str(topic): TopicOffsets.from_json(o) for topic, o in topics.items()}
-    except (
-        ValueError,
-        KeyError,
-        TypeError,
-        AttributeError,
-        RecursionError,
-        OverflowError,
-        SubscriptionError,
-    ) as exc:
+    except _UNREADABLE_SIDE_FILE as exc:
         log.warning("group %s: skipping unreadable offsets file %s: %s", group, path, exc)
         return None
 
 
-def best_offsets(
-    published: Sequence[dict[str, TopicOffsets]], wanted: dict[str, TopicOffsets]
-) -> dict[str, dict[int, int]]:
+def best_offsets(published: Sequence[dict[str, TopicOffsets]], wanted: dict[str, TopicOffsets]) -> dict[str, dict[int, int]]:
     """Topic -> queue -> the furthest version any instance consumed through, of the claims that fit
     ``wanted`` (this instance's table, queue count and tags per topic; ``through`` unused).
 
@@ -454,11 +423,7 @@ def best_offsets(
     for offsets in published:
         for topic, claim in offsets.items():
             mine = wanted.get(topic)
-            if mine is None or (claim.table, claim.queues, claim.tags) != (
-                mine.table,
-                mine.queues,
-                mine.tags,
-            ):
+            if mine is None or (claim.table, claim.queues, claim.tags) != (mine.table, mine.queues, mine.tags):
                 continue
             queues = best.setdefault(topic, {})
             for queue, version in claim.through.items():
@@ -475,8 +440,7 @@ def credible(
     and what holds through a version holds through an earlier one)."""
     return {
         topic: {q: min(v, planned[topic]) for q, v in queues.items() if v <= latest.get(topic, -1)}
-        for topic, queues in published.items()
-        if topic in planned
+        for topic, queues in published.items() if topic in planned
     }
 
 
@@ -492,21 +456,11 @@ def _parse_heartbeat(text: str, path: str, group: str) -> Heartbeat | None:
         if at.tzinfo is None:
             raise ValueError("heartbeat_at has no time zone")
         validate_member_id(member)
-    except (
-        ValueError,
-        KeyError,
-        TypeError,
-        AttributeError,
-        RecursionError,
-        OverflowError,
-        SubscriptionError,
-    ) as exc:
+    except _UNREADABLE_SIDE_FILE as exc:
         log.warning("group %s: skipping unreadable heartbeat file %s: %s", group, path, exc)
         return None
     if group_of_file != group:
-        log.warning(
-            "group %s: heartbeat file %s belongs to group %r; skipped", group, path, group_of_file
-        )
+        log.warning("group %s: heartbeat file %s belongs to group %r; skipped", group, path, group_of_file)
         return None
     return Heartbeat(member, at)
 
@@ -539,11 +493,7 @@ class Window:
     through_version: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "topic": self.topic,
-            "queues": list(self.queues),
-            "through_version": self.through_version,
-        }
+        return {"topic": self.topic, "queues": list(self.queues), "through_version": self.through_version}
 
     @classmethod
     def from_json(cls, data: Any, queue_counts: dict[str, int] | None = None) -> Window:
@@ -554,13 +504,9 @@ class Window:
         """
         topic = str(data["topic"])
         if queue_counts is not None and topic not in queue_counts:
-            raise ValueError(
-                f"window topic {topic!r} is not among the queue counts' {sorted(queue_counts)}"
-            )
+            raise ValueError(f"window topic {topic!r} is not among the queue counts' {sorted(queue_counts)}")
         count = 2**31 if queue_counts is None else queue_counts[topic]
-        return cls(
-            topic, _queue_ids(topic, data["queues"], count), _version(data["through_version"])
-        )
+        return cls(topic, _queue_ids(topic, data["queues"], count), _version(data["through_version"]))
 
 
 @dataclass(frozen=True)
@@ -608,9 +554,7 @@ class Assignment:
             "catch_up_versions": dict(self.catch_up_versions),
             "windows": [w.to_json() for w in self.windows],
             "catch_up_after": dict(self.catch_up_after),
-            "consumed_through": {
-                t: {str(q): v for q, v in qs.items()} for t, qs in self.consumed_through.items()
-            },
+            "consumed_through": {t: {str(q): v for q, v in qs.items()} for t, qs in self.consumed_through.items()},
             "tags": {t: None if tags is None else list(tags) for t, tags in self.tags.items()},
             "streamed": self.streamed,
         }
@@ -631,9 +575,7 @@ class Assignment:
         # The catch-up reads each topic's table as of its version: one for every topic caught up, no other.
         versions = {str(t): _version(v, lowest=0) for t, v in data["catch_up_versions"].items()}
         if versions.keys() != catch_up.keys():
-            raise ValueError(
-                f"catch_up_versions are for {sorted(versions)}, catch_up for {sorted(catch_up)}"
-            )
+            raise ValueError(f"catch_up_versions are for {sorted(versions)}, catch_up for {sorted(catch_up)}")
         return cls(
             batch_id=data["batch_id"],
             members=tuple(str(m) for m in data["members"]),
@@ -645,16 +587,11 @@ class Assignment:
             # Records of earlier releases have neither: read whole, vouch for nothing.
             catch_up_after={str(t): _version(v) for t, v in data.get("catch_up_after", {}).items()},
             consumed_through={
-                str(t): {
-                    _queue(q, int(data["queue_counts"].get(t, 0))): _version(v)
-                    for q, v in qs.items()
-                }
+                str(t): {_queue(q, int(data["queue_counts"].get(t, 0))): _version(v) for q, v in qs.items()}
                 for t, qs in data.get("consumed_through", {}).items()
             },
             tags={str(t): _tags(tags) for t, tags in data.get("tags", {}).items()},
-            streamed=None
-            if data.get("streamed") is None
-            else {str(t): _version(v) for t, v in data["streamed"].items()},
+            streamed=None if data.get("streamed") is None else {str(t): _version(v) for t, v in data["streamed"].items()},
         )
 
 
@@ -698,10 +635,7 @@ def plan_assignment(
     subscription's tags; a queue goes on from ``previous`` only under the
     same tags (rows of a tag added since were never delivered).
     """
-    owned = {
-        topic: tuple(allocate_averagely(count, members, me))
-        for topic, count in sorted(queue_counts.items())
-    }
+    owned = {topic: tuple(allocate_averagely(count, members, me)) for topic, count in sorted(queue_counts.items())}
     catch_up: dict[str, tuple[int, ...]] = {}
     if previous is None:
         gained = owned
@@ -715,9 +649,7 @@ def plan_assignment(
         if restarted:
             gained = owned
     windows = [w for w in carried_windows if w.topic in owned]
-    windows += [
-        Window(topic, queues, versions[topic]) for topic, queues in gained.items() if queues
-    ]
+    windows += [Window(topic, queues, versions[topic]) for topic, queues in gained.items() if queues]
     published = published or {}
     catch_up_after = {}
     for topic, queues in catch_up.items():
@@ -728,18 +660,12 @@ def plan_assignment(
     unknown = object()
 
     def same_tags(topic: str) -> bool:
-        return previous is not None and previous.tags.get(topic, unknown) == tags.get(
-            topic, unknown
-        )
+        return previous is not None and previous.tags.get(topic, unknown) == tags.get(topic, unknown)
 
     through: dict[str, dict[int, int]] = {}
     for topic, queues in owned.items() if stream_through is not None else ():
         # The stream cannot have read past the table's latest version (a damaged offsets log could say so).
-        streamed = (
-            min(stream_through.get(topic, -1), versions[topic])
-            if stream_through is not None
-            else -1
-        )
+        streamed = min(stream_through.get(topic, -1), versions[topic]) if stream_through is not None else -1
         known = {}
         for q in queues:
             if q in catch_up.get(topic, ()):

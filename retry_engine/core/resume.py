@@ -17,7 +17,6 @@ Spark-free.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
@@ -36,8 +35,6 @@ log = logging.getLogger(__name__)
 
 RESUME_FILE = "retry_engine_resume.json"
 OFFSETS_DIR = "offsets"
-# The parts :func:`store` writes aside (:func:`~retry_engine.delta._checkpoint.write_bytes_atomically`).
-_PART: Final = re.compile(re.escape(RESUME_FILE) + r"\.[0-9a-f]{32}\.tmp")
 # What the engine writes is about 150 bytes; a longer file is no resume point.
 _MAX_TEXT: Final = 4_096
 _MAX_VERSION: Final = 2**63 - 1
@@ -59,11 +56,7 @@ class ResumePoint:
     after_batch: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "startingVersion": self.starting_version,
-            "positionFloor": self.position_floor,
-            "afterBatch": self.after_batch,
-        }
+        return {"startingVersion": self.starting_version, "positionFloor": self.position_floor, "afterBatch": self.after_batch}
 
     @classmethod
     def from_json(cls, data: object) -> ResumePoint:
@@ -75,11 +68,7 @@ class ResumePoint:
         if missing:
             raise ValueError(f"no {', '.join(missing)}")
         version, floor, after = data["startingVersion"], data["positionFloor"], data["afterBatch"]
-        if (
-            not isinstance(version, int)
-            or isinstance(version, bool)
-            or not 0 <= version <= _MAX_VERSION
-        ):
+        if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= _MAX_VERSION:
             raise ValueError(f"startingVersion {version!r} is no commit version")
         if floor is not None:
             matched = _FLOOR.fullmatch(floor) if isinstance(floor, str) else None
@@ -99,10 +88,7 @@ def last_planned(checkpoint: str) -> int | None:
     """The id of the last batch Spark planned in ``checkpoint`` (its newest ``offsets`` file), None if none."""
     fs, root = checkpoint_filesystem(checkpoint)
     info = fs.get_file_info(pafs.FileSelector(f"{root}/{OFFSETS_DIR}", allow_not_found=True))
-    return max(
-        (int(i.base_name) for i in info if i.type == pafs.FileType.File and i.base_name.isdigit()),
-        default=None,
-    )
+    return max((int(i.base_name) for i in info if i.type == pafs.FileType.File and i.base_name.isdigit()), default=None)
 
 
 def planned_end(checkpoint: str, batch_id: int) -> dict[str, Any] | None:
@@ -167,22 +153,7 @@ def store(checkpoint: str, point: ResumePoint) -> None:
     """Record ``point`` in ``checkpoint``: written aside and renamed over the file, so a start killed or
     failing mid-write leaves the file whole or absent, never a part that stops every later start."""
     fs, root = checkpoint_filesystem(checkpoint)
-    # Parts a start killed mid-write left (the lake's lease holder alone writes here).
-    _remove_parts(fs, root)
-    try:
-        write_bytes_atomically(
-            fs, f"{root}/{RESUME_FILE}", (json.dumps(point.to_json()) + "\n").encode("utf-8")
-        )
-    except BaseException:
-        with contextlib.suppress(OSError):
-            _remove_parts(fs, root)
-        raise
-
-
-def _remove_parts(fs: pafs.FileSystem, root: str) -> None:
-    for info in fs.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
-        if info.type == pafs.FileType.File and _PART.fullmatch(info.base_name):
-            fs.delete_file(info.path)
+    write_bytes_atomically(fs, f"{root}/{RESUME_FILE}", (json.dumps(point.to_json()) + "\n").encode("utf-8"))
 
 
 def plan(
@@ -239,17 +210,11 @@ def plan(
     # A row in the lake, so anything: Offset.from_json refuses what is no deltars offset (DELTA_OFFSET_INVALID).
     offset = Offset.from_json(end)
     recorded_table = offset.reservoir_id
-    if (
-        recorded_table is not None
-        and source_table_id is not None
-        and recorded_table != source_table_id
-    ):
+    if recorded_table is not None and source_table_id is not None and recorded_table != source_table_id:
         log.warning(
             "consume_results is now table %s, the lake's last batch %s read table %s: it was re-created; "
             "reading the new table from its beginning",
-            source_table_id,
-            where,
-            recorded_table,
+            source_table_id, where, recorded_table,
         )
         return None
     version, index = offset.version, offset.index
@@ -262,12 +227,7 @@ def plan(
         )
     floor = position_prefix(version, index + 1, False) if index >= 0 else None
     point = ResumePoint(version, floor, where)
-    log.info(
-        "new checkpoint %s resumes after the lake's last batch %s: %s",
-        checkpoint,
-        where,
-        point.to_json(),
-    )
+    log.info("new checkpoint %s resumes after the lake's last batch %s: %s", checkpoint, where, point.to_json())
     return point
 
 

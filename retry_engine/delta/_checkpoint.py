@@ -7,9 +7,11 @@ idempotency key for a sink: batch ids restart at 0 with a new checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
+from collections.abc import Callable
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -45,20 +47,31 @@ def write_arrow_file(
 ) -> None:
     """``table`` as an Arrow IPC file at ``path``, written aside and renamed over it: a reader sees
     the whole file or what was there before, never a part (a killed write leaves a ``.tmp``)."""
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    partial = f"{path}.{uuid.uuid4().hex}.tmp"
-    with fs.open_output_stream(partial) as stream, pa.ipc.new_file(stream, table.schema, options=options) as writer:
-        writer.write_table(table)
-    _move_over(fs, partial, path)
+
+    def write(stream: pa.NativeFile) -> None:
+        with pa.ipc.new_file(stream, table.schema, options=options) as writer:
+            writer.write_table(table)
+
+    _write_aside(fs, path, write)
 
 
 def write_bytes_atomically(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     """``data`` as the file at ``path``, written aside and renamed over it (as :func:`write_arrow_file`)."""
+    _write_aside(fs, path, lambda stream: stream.write(data))
+
+
+def _write_aside(fs: pafs.FileSystem, path: str, write: Callable[[pa.NativeFile], object]) -> None:
+    """``write`` a ``.tmp`` beside ``path`` and rename it over ``path``; a write that fails deletes its part."""
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     partial = f"{path}.{uuid.uuid4().hex}.tmp"
-    with fs.open_output_stream(partial) as stream:
-        stream.write(data)
-    _move_over(fs, partial, path)
+    try:
+        with fs.open_output_stream(partial) as stream:
+            write(stream)
+        _move_over(fs, partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            fs.delete_file(partial)
+        raise
 
 
 def _move_over(fs: pafs.FileSystem, partial: str, path: str) -> None:

@@ -182,17 +182,6 @@ def test_a_store_that_fails_midway_leaves_the_old_file_and_no_part(
     assert resume.stored(checkpoint) == old
 
 
-def test_a_store_clears_the_part_a_killed_store_left(tmp_path: Path) -> None:
-    part = tmp_path / f"{RESUME_FILE}.{'0' * 32}.tmp"
-    part.write_bytes(b'{"startingVersion": 1, ')
-    other = tmp_path / "retry_engine_state_keys.json.0123.tmp"  # not the resume file's: left alone
-    other.write_bytes(b"x")
-    point = ResumePoint(3, None, "q/1")
-    resume.store(str(tmp_path), point)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([RESUME_FILE, other.name])
-    assert resume.stored(str(tmp_path)) == point
-
-
 def test_a_store_replaces_a_damaged_file(tmp_path: Path) -> None:
     (tmp_path / RESUME_FILE).write_bytes(HOSTILE["truncated"])
     point = ResumePoint(3, None, "q/1")
