@@ -147,7 +147,7 @@ class EngineState:
         """
         if self.owner is None or self.released or self.heartbeat is None:
             return False
-        if self.heartbeat > now + FUTURE_EVENTS:
+        if self.heartbeat_ahead(now):
             return False
         return (now - self.heartbeat) <= dt.timedelta(milliseconds=timeout_ms)
 

@@ -582,3 +582,9 @@ def delete_quietly(fs: pafs.FileSystem, path: str) -> None:
     except (FileNotFoundError, OSError):
         # Best effort: an orphan file is invisible to readers and vacuum removes it.
         pass
+
+
+def delete_written(fs: pafs.FileSystem, root: str, files: Sequence[WrittenFile]) -> None:
+    """Delete ``files`` (written for a commit that did not happen) under the table at ``root``, quietly."""
+    for file in files:
+        delete_quietly(fs, join_path(root, data_file_path(file.path)))

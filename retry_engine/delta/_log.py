@@ -377,6 +377,25 @@ def commit_log_path(version: int) -> str:
     return f"{LOG_DIR}/{version:020d}.json"
 
 
+def commit_lines(fs: pafs.FileSystem, root: str, version: int) -> list[str] | None:
+    """The lines of commit ``version`` of the table at ``root`` (None if its file does not exist).
+
+    Split on "\n" only: JSON strings may hold U+2028, U+2029 and U+0085 raw (delta-rs writes them so
+    into stats), and str.splitlines() would break a line there.
+    """
+    try:
+        with fs.open_input_stream(join_path(root, commit_log_path(version))) as stream:
+            text: str = stream.read().decode("utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        # delta-rs's handler reports a missing object as a generic OSError.
+        if "not found" in str(exc).lower() or "no such file" in str(exc).lower():
+            return None
+        raise
+    return text.split("\n")
+
+
 # --------------------------------------------------------------------------- protocol
 
 
@@ -682,20 +701,10 @@ class DeltaLog:
             return cached
         if self._fs is None:
             self._fs = self.location.filesystem()
-        fs, root = self._fs
-        try:
-            with fs.open_input_stream(join_path(root, commit_log_path(version))) as stream:
-                text = stream.read().decode("utf-8")
-        except FileNotFoundError:
+        lines = commit_lines(*self._fs, version)
+        if lines is None:
             return None
-        except OSError as exc:
-            # delta-rs's handler reports a missing object as a generic OSError.
-            if "not found" in str(exc).lower() or "no such file" in str(exc).lower():
-                return None
-            raise
-        # Split on "\n" only: JSON strings may hold U+2028, U+2029 and U+0085 raw (delta-rs writes
-        # them so into stats), and str.splitlines() would break a line there.
-        commit = parse_commit(version, text.split("\n"))
+        commit = parse_commit(version, lines)
         if commit.protocol is not None or commit.metadata is not None:
             protocol = commit.protocol or {}
             configuration = (commit.metadata or {}).get("configuration") or {}

@@ -35,7 +35,7 @@ from retry_engine.delta._files import (
     FileToRead,
     PartitionedWriter,
     WrittenFile,
-    delete_quietly,
+    delete_written,
     partition_folder,
     read_file,
 )
@@ -43,7 +43,6 @@ from retry_engine.delta._log import (
     FileEntry,
     TableLocation,
     data_file_path,
-    join_path,
     snapshot_files,
 )
 from retry_engine.delta.sink import delete_uncommitted
@@ -185,11 +184,5 @@ def _rewrite(
         return writer.close()
     except BaseException:
         writer.discard()
-        _delete_written(location, writer.done)
+        delete_written(fs, root, writer.done)
         raise
-
-
-def _delete_written(location: TableLocation, files: Sequence[WrittenFile]) -> None:
-    fs, root = location.filesystem()
-    for f in files:
-        delete_quietly(fs, join_path(root, data_file_path(f.path)))

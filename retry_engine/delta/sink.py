@@ -31,9 +31,9 @@ from pyspark.sql.types import StructType
 
 from retry_engine.delta import storage
 from retry_engine.delta._checkpoint import read_query_id
-from retry_engine.delta._files import PartitionedWriter, WrittenFile, delete_quietly
+from retry_engine.delta._files import PartitionedWriter, WrittenFile, delete_written
 from retry_engine.delta._handles import keep, open_latest
-from retry_engine.delta._log import TableLocation, add_actions, data_file_path, join_path
+from retry_engine.delta._log import TableLocation, add_actions, data_file_path
 from retry_engine.delta._options import FORMAT_NAME, lower_keys, require_path
 from retry_engine.delta._worker_heap import settle
 from retry_engine.delta.tables import ensure_table, not_null_columns
@@ -99,12 +99,6 @@ class FilesWritten(WriterCommitMessage):
 
 def _written(messages: Sequence[WriterCommitMessage | None]) -> list[WrittenFile]:
     return [f for m in messages if isinstance(m, FilesWritten) for f in m.files]
-
-
-def _delete_files(location: TableLocation, files: Sequence[WrittenFile]) -> None:
-    fs, root = location.filesystem()
-    for f in files:
-        delete_quietly(fs, join_path(root, data_file_path(f.path)))
 
 
 def commit_files(
@@ -206,7 +200,7 @@ def delete_uncommitted(
     app_id, version = transaction
     try:
         table = DeltaTable(location.table_uri, storage_options=dict(location.storage_options or {}) or None)
-        done = table.transaction_version(app_id) if app_id is not None and version is not None else None
+        done = table.transaction_version(app_id) if app_id is not None else None
         if done is not None and version is not None and done >= version:
             log.warning("%s: transaction %s/%d is in the table; its %d file(s) stay", location.uri, app_id, version, len(files))
             return
@@ -216,7 +210,7 @@ def delete_uncommitted(
     except (DeltaError, OSError) as exc:
         log.warning("%s: cannot read the table to abort (%s); leaving %d file(s) in place", location.uri, exc, len(files))
         return
-    _delete_files(location, [f for f in files if data_file_path(f.path) not in referenced])
+    delete_written(*location.filesystem(), [f for f in files if data_file_path(f.path) not in referenced])
 
 
 class _DeltaWriter:

@@ -256,12 +256,10 @@ def _committed(uri: str, version: int, token: str) -> bool:
     """Whether commit ``version`` of the table at ``uri`` is the one :func:`commit_next` made with
     ``token`` (False also when the log cannot be read: the caller then treats it as not committed,
     and deletes only files no commit references)."""
-    from retry_engine.delta._log import commit_log_path, join_path
+    from retry_engine.delta._log import commit_lines
 
     try:
-        fs, root = location(uri).filesystem()
-        with fs.open_input_stream(join_path(root, commit_log_path(version))) as stream:
-            lines = stream.read().decode("utf-8").splitlines()
+        lines = commit_lines(*location(uri).filesystem(), version) or []
     except (OSError, UnicodeDecodeError) as exc:
         log.warning("%s: cannot read commit %d to see whether it is ours: %s", uri, version, exc)
         return False

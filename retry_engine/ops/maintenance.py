@@ -98,6 +98,7 @@ from retry_engine.delta._files import (
     PartitionedWriter,
     WrittenFile,
     delete_quietly,
+    delete_written,
     hive_escape,
     read_file,
 )
@@ -107,7 +108,7 @@ from retry_engine.delta._log import (
     FileEntry,
     add_actions,
     check_table_protocol,
-    commit_log_path,
+    commit_lines,
     data_file_path,
     expired_before,
     file_entries,
@@ -399,19 +400,13 @@ def _rewrite(
                 writer.discard()
                 raise
     except BaseException:
-        _delete_written(fs, root, written)
+        delete_written(fs, root, written)
         raise
     return written
 
 
 def _to_read(entry: FileEntry) -> FileToRead:
     return FileToRead(entry.path, entry.partition_values, entry.version, entry.index, entry.is_starting_version)
-
-
-def _delete_written(fs: pafs.FileSystem, root: str, written: Sequence[WrittenFile]) -> None:
-    """Files of a compaction no commit references (its commit lost to another writer's)."""
-    for file in written:
-        delete_quietly(fs, join_path(root, data_file_path(file.path)))
 
 
 def _compact(path: str) -> tuple[int, int]:
@@ -750,14 +745,16 @@ def _held_removes(fs: pafs.FileSystem, root: str, table: DeltaTable) -> list[str
             log.info("%s: %d commits since the last checkpoint; files no version names wait for one", root, version - start + 1)
             return None
         for number in range(start, version + 1):
-            with fs.open_input_stream(join_path(root, commit_log_path(number))) as stream:
-                for line in stream.read().decode("utf-8").splitlines():
-                    if '"remove"' not in line:
-                        continue
-                    action = json.loads(line)
-                    remove = action.get("remove") if isinstance(action, dict) else None
-                    if isinstance(remove, dict) and isinstance(remove.get("path"), str):
-                        paths.append(remove["path"])
+            lines = commit_lines(fs, root, number)
+            if lines is None:
+                return None  # cleaned from the log: its removes are unknown
+            for line in lines:
+                if '"remove"' not in line:
+                    continue
+                action = json.loads(line)
+                remove = action.get("remove") if isinstance(action, dict) else None
+                if isinstance(remove, dict) and isinstance(remove.get("path"), str):
+                    paths.append(remove["path"])
     except (OSError, ValueError, RecursionError, KeyError, TypeError, pa.ArrowException) as exc:
         log.warning("%s: cannot read the removes the log holds (%s); files no version names are not vacuumed", root, exc)
         return None

@@ -289,3 +289,19 @@ def test_a_checkpoint_with_sidecars_stops_the_sweep(tmp_path: Path) -> None:
     pq.write_table(marked, checkpoint)
     assert _held_removes(fs, root, table) is None
     assert unreferenced_files(path, table, 1, ()) == []
+
+
+def test_a_remove_whose_line_holds_a_raw_line_separator_is_read(tmp_path: Path) -> None:
+    """A commit's JSON may hold U+2028 raw in a string (delta-rs writes stats so): the removes are read by
+    the log's own line rule (split on newlines only), not taken as unreadable (which swept nothing)."""
+    from retry_engine.delta.storage import filesystem
+    from retry_engine.ops.maintenance import _held_removes
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"v": [1]}))
+    remove = {"remove": {"path": "part-gone.parquet", "deletionTimestamp": int(time.time() * 1000),
+                         "dataChange": True, "tags": {"note": "a\u2028b"}}}
+    (Path(path) / "_delta_log" / f"{1:020d}.json").write_text(
+        json.dumps({"commitInfo": {"timestamp": 0}}) + "\n" + json.dumps(remove, ensure_ascii=False) + "\n")
+    fs, root = filesystem(path)
+    assert _held_removes(fs, root, DeltaTable(path)) == ["part-gone.parquet"]
