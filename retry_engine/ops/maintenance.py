@@ -728,16 +728,14 @@ def _held_removes(fs: pafs.FileSystem, root: str, table: DeltaTable) -> list[str
                 with fs.open_input_file(join_path(log_root, name)) as handle:
                     checkpoint = pq.ParquetFile(handle)
                     columns = checkpoint.schema_arrow.names
-                    # A V2 checkpoint (under this name too) keeps its actions in sidecar files: not read here.
-                    if "checkpointMetadata" in columns or (
-                        "sidecar" in columns and checkpoint.read(columns=["sidecar"]).column("sidecar").null_count
-                        < checkpoint.metadata.num_rows
-                    ):
-                        return None
-                    if "remove" not in columns:
-                        continue
-                    removed = checkpoint.read(columns=["remove"]).column("remove")
-                    paths.extend(p for p in pc.struct_field(removed, "path").to_pylist() if isinstance(p, str))
+                    if "checkpointMetadata" in columns:
+                        return None  # a V2 checkpoint (under this name too): its actions may be in sidecars
+                    actions = checkpoint.read(columns=[c for c in ("sidecar", "remove") if c in columns])
+                    if "sidecar" in columns and actions["sidecar"].null_count < actions.num_rows:
+                        return None  # sidecar files hold actions this does not read
+                    if "remove" in columns:
+                        removed = pc.struct_field(actions["remove"], "path").to_pylist()
+                        paths.extend(p for p in removed if isinstance(p, str))
             start = at + 1
         elif last is not None:
             return None

@@ -139,8 +139,19 @@ def test_tombstone_retention_reads_delta_intervals(tmp_path: Path) -> None:
         assert tombstone_retention(DeltaTable(path)) == expected, value
 
 
-def test_the_recorded_batch_files_of_a_lake_without_an_engine_are_none_to_keep(tmp_path: Path) -> None:
-    assert recorded_batch_files(str(tmp_path / "lake")) == {}
+def test_the_recorded_batch_files_are_kept_by_table_in_the_listings_form(tmp_path: Path) -> None:
+    """The lake's recorded batch (a roll-forward commits it at the next start) names its files as the log
+    does (URL-encoded): kept in the physical form a listing gives; none on a lake no engine ran on."""
+    from retry_engine.core.lease import BatchRecord, LakeLease, Owner
+
+    lake = str(tmp_path / "lake")
+    assert recorded_batch_files(lake) == {}
+    entry = {"path": "consumer_group=G%20H/part-1.parquet", "size": 1, "partition_values": {"consumer_group": "G H"},
+             "modification_time": 0, "num_records": 1, "stats": "{}"}
+    lease = LakeLease(lake, Owner.this_process(query_id="q", checkpoint=str(tmp_path / "c")))
+    lease.acquire()
+    lease.record_batch(BatchRecord("q", 0, None, {"retry": [entry], "outcomes": []}, 0))
+    assert recorded_batch_files(lake) == {"retry": {"consumer_group=G H/part-1.parquet"}, "outcomes": set()}
 
 
 def test_files_of_partitions_named_with_escapes_are_named(tmp_path: Path) -> None:
