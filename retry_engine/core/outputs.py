@@ -432,7 +432,11 @@ class BatchWriter:
         for table in (*ROUTED_TABLES, METRICS):
             uri = self.config.table_path(table.name)
             delta = ensure_table(
-                uri, table.arrow_schema, partition_by=table.partition_by, add_missing=True
+                uri,
+                table.arrow_schema,
+                partition_by=table.partition_by,
+                add_missing=True,
+                properties=storage.BATCH_TABLE_PROPERTIES,
             )
             targets.append(
                 _Target(

@@ -24,6 +24,9 @@ from retry_engine.delta._schema import (
     schema_drift,
 )
 from retry_engine.delta.storage import (
+    CHECKPOINT_INTERVAL,
+    EARLIER_INTERVAL,
+    ENGINE_INTERVAL,
     TABLE_PROPERTIES,
     add_columns,
     create_delta,
@@ -303,6 +306,7 @@ def ensure_table(
     *,
     partition_by: Sequence[str] = (),
     add_missing: bool = False,
+    properties: Mapping[str, str] = TABLE_PROPERTIES,
 ) -> DeltaTable:
     """Create the table at ``path`` if missing; else check ``arrow_schema`` fits it.
 
@@ -317,8 +321,8 @@ def ensure_table(
     column; existing rows read them as null. A missing NOT NULL column, an
     extra column or another type still raise: old rows cannot satisfy the
     first, and the others are not additive. Then the engine's table properties
-    it lacks are set (:func:`add_missing_properties`); a table created with
-    ``add_missing`` gets them all, any other keeps delta-rs's defaults.
+    it lacks are set (:func:`add_missing_properties`, ``properties``); a table created
+    with ``add_missing`` gets them all, any other keeps delta-rs's defaults.
     """
     table = open_table(path)
     if table is None:
@@ -333,15 +337,17 @@ def ensure_table(
             arrow_schema,
             mode="ignore",
             partition_by=list(partition_by) or None,
-            configuration=dict(TABLE_PROPERTIES) if add_missing else None,
+            configuration=dict(properties) if add_missing else None,
         )
         log.info("created Delta table %s partitioned by %s", path, list(partition_by))
-        return _checked(path, table, arrow_schema, partition_by)
+        table = _checked(path, table, arrow_schema, partition_by)
+        # The interval's mark cannot be in a new table's configuration (storage.ENGINE_INTERVAL).
+        return add_missing_properties(path, table, properties=properties) if add_missing else table
     if add_missing:
         table = _add_missing_columns(path, table, arrow_schema)
     table = _checked(path, table, arrow_schema, partition_by)
     # Only a table that passed the checks is changed further.
-    return add_missing_properties(path, table) if add_missing else table
+    return add_missing_properties(path, table, properties=properties) if add_missing else table
 
 
 # Another engine (or an operator tool) upgrading the same table at once makes the upgrade's
@@ -444,23 +450,39 @@ def add_missing_properties(
     :data:`~retry_engine.delta.storage.TABLE_PROPERTIES`) it lacks.
 
     For the engine's own tables made by an earlier release: a property the
-    table has, whatever its value, is kept (an operator's choice).
+    table has, whatever its value, is kept (an operator's choice), except a
+    checkpoint interval the engine set itself (:func:`properties_wanted`).
     """
-
-    def missing(current: DeltaTable) -> dict[str, str]:
-        have = current.metadata().configuration
-        return {k: v for k, v in properties.items() if k not in have}
-
     table, added = _upgrade(
         path,
         table if table is not None else open_delta(path),
         what="setting table properties",
-        missing=missing,
+        missing=lambda current: properties_wanted(current.metadata().configuration, properties),
         apply=lambda version, properties: set_properties(path, properties, version=version),
     )
     if added:
         log.info("%s: set table properties %s (this release's default)", path, added)
     return table
+
+
+def properties_wanted(have: Mapping[str, str], properties: Mapping[str, str]) -> dict[str, str]:
+    """What to set on a table whose configuration is ``have`` for it to have ``properties``.
+
+    The ones it lacks; and the checkpoint interval when the engine set the
+    current one (it equals :data:`~retry_engine.delta.storage.ENGINE_INTERVAL`, or
+    that mark is absent and it is an earlier release's 10) and ``properties``
+    has another. The mark then records the interval the engine chose, so an
+    operator's later change, whatever its value, is told from the engine's.
+    """
+    wanted = {k: v for k, v in properties.items() if k not in have}
+    interval = properties.get(CHECKPOINT_INTERVAL)
+    if interval is None:
+        return wanted
+    if have.get(CHECKPOINT_INTERVAL) == have.get(ENGINE_INTERVAL, EARLIER_INTERVAL) != interval:
+        wanted[CHECKPOINT_INTERVAL] = interval
+    if have.get(ENGINE_INTERVAL) != interval:
+        wanted[ENGINE_INTERVAL] = interval
+    return wanted
 
 
 def ensure_readable_table(

@@ -42,6 +42,7 @@ from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.startup import Startup
 from retry_engine.delta import append_arrow, ensure_table
 from retry_engine.delta.session import set_jvm_log_level
+from retry_engine.delta.storage import BATCH_TABLE_PROPERTIES
 from retry_engine.errors import ConfigError
 from retry_engine.ops.falling_behind import FallingBehind
 from retry_engine.ops.terms import (
@@ -539,7 +540,7 @@ class ProgressRecorder(JsonProgressListener):
 
 def ensure_progress_table(path: str) -> None:
     """Create the PROGRESS table at ``path``, or add the columns this release added to it (see ``ensure_table``)."""
-    ensure_table(path, PROGRESS.arrow_schema, add_missing=True)
+    ensure_table(path, PROGRESS.arrow_schema, add_missing=True, properties=BATCH_TABLE_PROPERTIES)
 
 
 def attach(

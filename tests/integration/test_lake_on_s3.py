@@ -331,17 +331,21 @@ def test_an_engine_on_a_missing_bucket_stops_at_start_naming_it(
     assert not spark.streams.active
 
 
-def test_the_engines_tables_are_checkpointed_every_10_commits_and_others_tables_keep_their_defaults(run: Run) -> None:
-    """#14 part 4: a reader on S3 replays at most 10 commits of an engine table (one GET each), not delta-rs's
-    100, and the engine's writers leave the log's cleanup (a listing of the whole log) to maintenance."""
+def test_the_engines_tables_get_their_checkpoint_intervals_and_others_tables_keep_their_defaults(run: Run) -> None:
+    """#14 part 4: a reader on S3 replays at most 10 commits of an engine table a batch does not write (one GET
+    each), not delta-rs's 100, and 100 of one a batch writes (a checkpoint there carries a week of removes, run
+    BC); the engine's writers leave the log's cleanup (a listing of the whole log) to maintenance."""
     own = {
         name: run.config.table_path(name)
         for name in ("retry", "dlq", "outcomes", "metrics", "progress", "redrive_audit")
     }
     own["_engine_state"] = state_path(run.config.engine.lake)
     configurations = {name: dict(storage.open_delta(path).metadata().configuration) for name, path in own.items()}
-    expected = dict.fromkeys(own, dict(storage.TABLE_PROPERTIES))
-    expected["_engine_state"] = dict(STATE_TABLE_PROPERTIES)  # its removes kept 2 hours (run BC)
+    marked = {storage.ENGINE_INTERVAL: storage.TABLE_PROPERTIES[storage.CHECKPOINT_INTERVAL]}
+    expected = dict.fromkeys(own, {**storage.TABLE_PROPERTIES, **marked})
+    for name in ("retry", "dlq", "outcomes", "metrics", "progress"):
+        expected[name] = {**storage.BATCH_TABLE_PROPERTIES, storage.ENGINE_INTERVAL: "100"}
+    expected["_engine_state"] = {**STATE_TABLE_PROPERTIES, **marked}  # its removes kept 2 hours (run BC)
     assert configurations == expected
     # Written by producers and consumers: created by them with delta-rs's defaults.
     for name in ("messages", "consume_results"):

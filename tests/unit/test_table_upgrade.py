@@ -1,5 +1,6 @@
 """Upgrading a lake: the engine's own tables gain the nullable columns a later release added (#13 part 2)
-and the table properties it sets (#14 part 4: a log checkpoint every 10 commits).
+and the table properties it sets (#14 part 4: a log checkpoint every 10 commits, every 100 on the tables
+each micro-batch writes).
 
 No Spark: real Delta tables written with an older schema, then ensured with
 the release's schema as the engine does at start.
@@ -134,6 +135,7 @@ def test_a_concurrent_adder_wins_and_the_loser_reloads_and_finds_the_columns(
 
 INTERVAL = "delta.checkpointInterval"
 CLEANUP = "delta.enableExpiredLogCleanup"
+MARK = storage.ENGINE_INTERVAL
 
 
 def configuration(path: str) -> dict[str, str]:
@@ -151,7 +153,8 @@ def test_an_engine_table_is_checkpointed_every_10_commits_and_its_writers_leave_
     does not list the whole log for expired files (maintenance does, hourly)."""
     path = str(tmp_path / "t")
     ensure_table(path, NEW, add_missing=True)
-    assert configuration(path) == {INTERVAL: "10", CLEANUP: "false"} == dict(storage.TABLE_PROPERTIES)
+    assert configuration(path) == {INTERVAL: "10", CLEANUP: "false", MARK: "10"}
+    assert dict(storage.TABLE_PROPERTIES) == {INTERVAL: "10", CLEANUP: "false"}
     assert not writers_clean_log(DeltaTable(path))
     for i in range(12):
         append_arrow(path, pa.table({"id": [i], "note": [None], "reason": [None], "count": [i]}, schema=NEW))
@@ -170,9 +173,10 @@ def test_an_old_table_gains_the_properties_once_and_only_with_add_missing(
     assert INTERVAL not in configuration(path) and DeltaTable(path).version() == 0
     with caplog.at_level(logging.INFO, logger="retry_engine.delta.tables"):
         ensure_table(path, OLD, add_missing=True)
-    assert configuration(path) == {INTERVAL: "10", CLEANUP: "false"} and DeltaTable(path).version() == 1
-    assert "set table properties {'delta.checkpointInterval': '10', 'delta.enableExpiredLogCleanup': 'false'}" in (
-        caplog.text
+    assert configuration(path) == {INTERVAL: "10", CLEANUP: "false", MARK: "10"} and DeltaTable(path).version() == 1
+    assert (
+        "set table properties {'delta.checkpointInterval': '10', 'delta.enableExpiredLogCleanup': 'false', "
+        "'retryEngine.checkpointInterval': '10'}" in caplog.text
     )
     ensure_table(path, OLD, add_missing=True)
     assert DeltaTable(path).version() == 1
@@ -185,8 +189,65 @@ def test_a_property_an_operator_set_is_kept_whatever_its_value(tmp_path: Path, v
     path = str(tmp_path / "t")
     DeltaTable.create(path, OLD, configuration={INTERVAL: value, CLEANUP: value})
     ensure_table(path, OLD, add_missing=True)
-    assert configuration(path) == {INTERVAL: value, CLEANUP: value} and DeltaTable(path).version() == 0
+    # Only the mark of the interval the engine would set is added (one commit).
+    assert configuration(path) == {INTERVAL: value, CLEANUP: value, MARK: "10"} and DeltaTable(path).version() == 1
     # And the table still takes the engine's appends.
+    assert append_arrow(path, pa.table({"id": [1], "note": ["x"]}, schema=OLD), app_id="q", txn_version=0)
+    assert DeltaTable(path).to_pyarrow_table().num_rows == 1
+
+
+def test_a_table_each_batch_writes_is_checkpointed_every_100_commits(tmp_path: Path) -> None:
+    """A checkpoint of retry, dlq, outcomes, metrics or progress carries a week of removes (one a batch: run BC,
+    52 MB and 1.8 s to write at a 1 s trigger): written every 100 commits there, every 10 elsewhere."""
+    path = str(tmp_path / "t")
+    ensure_table(path, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
+    assert configuration(path) == {INTERVAL: "100", CLEANUP: "false", MARK: "100"}
+    for i in range(100):
+        write_deltalake(path, pa.table({"id": [i], "note": [None]}, schema=OLD), mode="append")
+    assert log_checkpoints(path) == [99]
+    ensure_table(path, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
+    assert DeltaTable(path).version() == 101  # nothing left to set
+
+
+def test_the_interval_the_engine_set_follows_a_new_default_and_an_operators_stays(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An earlier release's 10 (unmarked) on a table each batch writes becomes 100 once; an operator's
+    interval, set before or after, whatever its value, is kept, by this release and the next."""
+    earlier = {INTERVAL: "10", CLEANUP: "false"}
+    engines = str(tmp_path / "engines")
+    DeltaTable.create(engines, OLD, configuration=earlier)
+    with caplog.at_level(logging.INFO, logger="retry_engine.delta.tables"):
+        ensure_table(engines, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
+    assert configuration(engines) == {INTERVAL: "100", CLEANUP: "false", MARK: "100"}
+    assert DeltaTable(engines).version() == 1 and "set table properties {'delta.checkpointInterval': '100'" in caplog.text
+    operators = str(tmp_path / "operators")
+    DeltaTable.create(operators, OLD, configuration={**earlier, INTERVAL: "50"})
+    ensure_table(operators, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
+    assert configuration(operators) == {INTERVAL: "50", CLEANUP: "false", MARK: "100"}
+    # An operator sets 10 after the upgrade: it is not the engine's 100, so it stays.
+    DeltaTable(engines).alter.set_table_properties({INTERVAL: "10"})
+    ensure_table(engines, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
+    assert configuration(engines)[INTERVAL] == "10" and DeltaTable(engines).version() == 2
+    # A later release's default moves only the interval the engine set.
+    later = {**storage.BATCH_TABLE_PROPERTIES, INTERVAL: "200"}
+    mine = str(tmp_path / "mine")
+    ensure_table(mine, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
+    for path in (engines, operators, mine):
+        ensure_table(path, OLD, add_missing=True, properties=later)
+    assert [configuration(p)[INTERVAL] for p in (engines, operators, mine)] == ["10", "50", "200"]
+    assert {configuration(p)[MARK] for p in (engines, operators, mine)} == {"200"}
+
+
+@pytest.mark.parametrize("mark", ["abc", "", "-1", "1e9", "100 ", "\x00", "9" * 400])
+def test_a_hostile_interval_mark_can_only_keep_the_interval(tmp_path: Path, mark: str) -> None:
+    """The mark is a table property anyone can write: whatever it holds, an interval it does not equal is kept,
+    and the table keeps taking the engine's appends."""
+    path = str(tmp_path / "t")
+    DeltaTable.create(path, OLD, configuration={INTERVAL: "10", CLEANUP: "false"})
+    DeltaTable(path).alter.set_table_properties({MARK: mark}, raise_if_not_exists=False)
+    ensure_table(path, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
+    assert configuration(path) == {INTERVAL: "10", CLEANUP: "false", MARK: "100"}
     assert append_arrow(path, pa.table({"id": [1], "note": ["x"]}, schema=OLD), app_id="q", txn_version=0)
     assert DeltaTable(path).to_pyarrow_table().num_rows == 1
 
