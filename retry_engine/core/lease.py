@@ -27,6 +27,7 @@ import logging
 import os
 import socket
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -49,8 +50,10 @@ from retry_engine.delta.storage import (
     write_delta,
 )
 from retry_engine.delta.tables import (
+    COMMIT_TOKEN_KEY,
     add_missing_properties,
     ensure_table,
+    is_own_commit,
     table_arrow_schema,
     writers_clean_log,
 )
@@ -421,9 +424,15 @@ class LakeLease:
         the row either way).
         """
 
+        ours = False
+
         def change(state: EngineState) -> EngineState | None:
+            nonlocal ours
             last = state.last_batch
             if last is not None and last.query_id == batch.query_id and last.batch_id >= batch.batch_id:
+                # This very record (its files' names are unique to the attempt): an earlier round of
+                # this call committed it, though delta-rs reported a conflict (see _swap).
+                ours = last.batch_id == batch.batch_id and last.files == batch.files
                 return None
             now = self.clock()
             marks = [m for m in (discarded_before, state.discarded_before) if m is not None]
@@ -432,7 +441,7 @@ class LakeLease:
                 state, heartbeat=now, last_batch=replace(batch, recorded_at=now), discarded_before=discarded
             )
 
-        return self._update(change, what=f"batch {batch.batch_id}")
+        return self._update(change, what=f"batch {batch.batch_id}") or ours
 
     def forget_totals(self) -> None:
         """Drop the last batch record's totals (:mod:`retry_engine.core.totals`); fenced like :meth:`heartbeat`.
@@ -513,18 +522,36 @@ class LakeLease:
             raise LeaseLostError(f"{what}: the lease of {self.lake} kept changing under this engine", code="LEASE_LOST")
 
     def _swap(self, handle: Handle, state: EngineState, epoch: int) -> bool:
-        """Overwrite the row from ``handle``'s snapshot; False if another commit got there first."""
+        """Overwrite the row from ``handle``'s snapshot; False if another commit got there first.
+
+        delta-rs can raise for a commit that landed: its post-commit checkpoint (every 10th
+        version of this table) failed on a storage error, or on object storage a retried put met
+        its own first attempt. The commit's token tells: then the row is written (True), and a
+        batch's record must not be taken for one that failed (its files would be deleted).
+        """
         table = handle.table
+        version = table.version() + 1
+        token = uuid.uuid4().hex
         try:
             write_delta(
                 table,
                 state.to_arrow(),
                 mode="overwrite",
-                commit_properties=CommitProperties(app_transactions=[Transaction(LEASE_APP_ID, epoch)]),
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(LEASE_APP_ID, epoch)], custom_metadata={COMMIT_TOKEN_KEY: token}
+                ),
             )
-        except CommitFailedError as exc:
-            log.info("lake %s: engine-state commit conflicted (%s); re-reading", self.lake, exc)
-            return False
+        except Exception as exc:
+            if is_own_commit(self.path, version, token):
+                log.warning(
+                    "lake %s: engine-state version %d is committed, but delta-rs failed after the commit: %s",
+                    self.lake, version, exc,
+                )
+                return True  # the handle is not kept: the next change reads the table anew
+            if isinstance(exc, CommitFailedError):
+                log.info("lake %s: engine-state commit conflicted (%s); re-reading", self.lake, exc)
+                return False
+            raise
         keep(handle)
         # The write moved ``table`` to its commit (the overwrite conflicts with any commit since the
         # snapshot, so it landed right after it).

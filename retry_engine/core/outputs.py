@@ -37,7 +37,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,7 +54,7 @@ from retry_engine.core.decide import (
     QUARANTINED,
 )
 from retry_engine.core.decide import RETRY as RETRY_OUTCOME
-from retry_engine.core.lease import BatchRecord, LakeLease, written_files
+from retry_engine.core.lease import BatchRecord, LakeLease, read_state, written_files
 from retry_engine.core.packed import as_work, pack, packed_batch
 from retry_engine.core.resume import planned_end
 from retry_engine.core.totals import Totals, carried
@@ -510,8 +510,11 @@ class BatchWriter:
         try:
             recorded = self._record(batch_id, files, merged, counted=not skip)
         except BaseException:
-            # Fenced (LeaseLostError) or the record failed: no commit will reference these files.
-            self._abort(files)
+            # Fenced (LeaseLostError) or the record failed: unless the record landed all the same,
+            # no commit will reference these files. Kept when the lake cannot tell (the vacuum
+            # deletes them if no version ever names them).
+            if self._lake_records(batch_id, files) is False:
+                self._abort(files)
             raise
         if not recorded:
             # Replay of a batch the lake already records: its recorded files were
@@ -557,7 +560,7 @@ class BatchWriter:
                 query_id=self.app_id,
                 batch_id=batch_id,
                 source_end=end,
-                files={name: [asdict(f) for f in written] for name, written in files.items()},
+                files=_as_recorded(files),
                 pending_retries=pending,
                 totals=totals,
             ),
@@ -569,6 +572,22 @@ class BatchWriter:
             return False
         self.pending_retries, self.totals = pending, totals
         return True
+
+    def _lake_records(self, batch_id: int, files: Mapping[str, list[WrittenFile]]) -> bool | None:
+        """Whether the lake's last batch is this query's ``batch_id`` with ``files`` (None: unknown)."""
+        if self.lease is None:
+            return False
+        try:
+            state = read_state(self.lease.lake)
+        except Exception as exc:  # the store failing (what may have failed the record)
+            log.warning("batch %d: cannot read whether the lake records it; its files are kept: %s", batch_id, exc)
+            return None
+        last = state.last_batch if state is not None else None
+        return (
+            last is not None
+            and (last.query_id, last.batch_id) == (self.app_id, batch_id)
+            and last.files == _as_recorded(files)
+        )
 
     def _commit(
         self,
@@ -617,6 +636,11 @@ class BatchWriter:
         """Delete ``files`` (by table name), which no commit references."""
         for name, written in files.items():
             abort_files(storage.location(self.config.table_path(name)), [FilesWritten(tuple(written))])
+
+
+def _as_recorded(files: Mapping[str, list[WrittenFile]]) -> dict[str, list[dict[str, Any]]]:
+    """A batch's files (by table name) as its record in the lake holds them (BatchRecord.files)."""
+    return {name: [asdict(f) for f in written] for name, written in files.items()}
 
 
 def _run_all(commits: Mapping[str, Callable[[], object]]) -> dict[str, BaseException]:

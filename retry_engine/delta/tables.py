@@ -242,7 +242,7 @@ def commit_next(
     except Exception as exc:
         # delta-rs runs its post-commit hooks (a checkpoint, log cleanup) after the commit is in the
         # log: their failure raises for a commit that stands, whose files must not be deleted.
-        if not _committed(table.table_uri, version, token):
+        if not is_own_commit(table.table_uri, version, token):
             raise
         log.warning(
             "%s: version %d (%s) is committed, but delta-rs failed after the commit: %s",
@@ -255,10 +255,11 @@ def commit_next(
 COMMIT_TOKEN_KEY = "retry_engine.commit"
 
 
-def _committed(uri: str, version: int, token: str) -> bool:
-    """Whether commit ``version`` of the table at ``uri`` is the one :func:`commit_next` made with
-    ``token`` (False also when the log cannot be read: the caller then treats it as not committed,
-    and deletes only files no commit references)."""
+def is_own_commit(uri: str, version: int, token: str) -> bool:
+    """Whether commit ``version`` of the table at ``uri`` carries ``token`` under
+    :data:`COMMIT_TOKEN_KEY` in its commitInfo: the commit a writer made with it (:func:`commit_next`,
+    the lease's row) landed, though delta-rs raised. False also when the log cannot be read: the
+    caller then treats it as not committed (and deletes only files no commit references)."""
     from retry_engine.delta._log import commit_lines
 
     try:

@@ -261,3 +261,77 @@ def test_b7_metrics_account_for_every_input_row(spark: Any, tmp_path: Path, dire
             assert (batch_id, batch_time) in decided
         else:
             assert batch_time in released
+
+
+def test_b8_a_batch_record_that_lands_while_delta_rs_raises_keeps_the_batchs_files(
+    spark: Any, tmp_path: Path
+) -> None:
+    """B1/B8 (found by a review): the lease's table is checkpointed after every 10th commit, once the
+    commit is in the log; a storage error there raised for a batch record that stands. The writer took
+    it for a failed record and deleted the batch's files, and the next start's roll-forward committed
+    the recorded (deleted) paths: the batch's retries, dead letters and outcomes lost, and every reader
+    of those tables failing for good. The hook fails here as a storage error would: ``_last_checkpoint``
+    is a folder, so its rename fails."""
+    from retry_engine.core.lease import LakeLease, Owner, read_state, state_path
+    from retry_engine.core.outputs import roll_forward
+
+    lake = Lake.make(tmp_path)
+    df, rows = _batch(spark)
+    lease = LakeLease(
+        lake.config.engine.lake, Owner.this_process(query_id="app-1", checkpoint=str(tmp_path / "c")), timeout_ms=60_000
+    )
+    lease.acquire()
+    writer = BatchWriter(lake.config, "app-1", lease=lease)
+    batch_id = 0
+    while (DeltaTable(state_path(lake.config.engine.lake)).version() + 2) % 10:  # the next record checkpoints
+        writer(df, batch_id)
+        batch_id += 1
+    marker = Path(state_path(lake.config.engine.lake)) / "_delta_log" / "_last_checkpoint"
+    marker.unlink(missing_ok=True)
+    marker.mkdir()
+    before = _counts(lake)
+    writer(df, batch_id)  # no error: the record is committed
+    marker.rmdir()
+    state = read_state(lake.config.engine.lake)
+    assert state is not None and state.last_batch is not None and state.last_batch.batch_id == batch_id
+    per_batch = {name: table.num_rows for name, table in route(rows, 0).items()}
+    assert {t: _counts(lake)[t] - before[t] for t in per_batch} == per_batch
+    assert roll_forward(lake.config, state.last_batch) == []  # a restart finds every table has it
+    _assert_no_orphan_files(lake)
+
+
+def test_b8_a_failed_record_deletes_the_batchs_files_only_when_the_lake_does_not_record_them(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record that raised after it landed (any error delta-rs or the store gives after the commit) keeps
+    the files the lake names: the next start commits them (roll-forward). One that raised without landing
+    deletes them, as before."""
+    from retry_engine.core.lease import LakeLease, Owner, read_state
+    from retry_engine.core.outputs import roll_forward
+
+    lake = Lake.make(tmp_path)
+    df, rows = _batch(spark)
+    lease = LakeLease(
+        lake.config.engine.lake, Owner.this_process(query_id="app-1", checkpoint=str(tmp_path / "c")), timeout_ms=60_000
+    )
+    lease.acquire()
+    real = lease.record_batch
+    landed = [True, False]
+
+    def raising(*args: Any, **kwargs: Any) -> bool:
+        if landed.pop(0):
+            real(*args, **kwargs)
+        raise OSError("the store failed after the commit")
+
+    monkeypatch.setattr(lease, "record_batch", raising)
+    writer = BatchWriter(lake.config, "app-1", lease=lease)
+    with pytest.raises(OSError, match="after the commit"):
+        writer(df, 0)
+    state = read_state(lake.config.engine.lake)
+    assert state is not None and state.last_batch is not None and state.last_batch.batch_id == 0
+    assert sorted(roll_forward(lake.config, state.last_batch)) == ["dlq", "outcomes", "quarantine", "retry"]
+    per_batch = {name: table.num_rows for name, table in route(rows, 0).items()}
+    assert {t: _counts(lake)[t] for t in per_batch} == per_batch
+    with pytest.raises(OSError, match="after the commit"):
+        writer(df, 1)  # not recorded: its files go
+    _assert_no_orphan_files(lake)

@@ -113,6 +113,41 @@ def test_take_over_bumps_epoch_and_fences_the_old_owner(tmp_path: Path) -> None:
         assert state is not None and state.epoch == 2 and state.last_batch == batch("query-A", 0)
 
 
+@pytest.mark.parametrize("raised", ["conflict", "storage"])
+def test_a_batch_record_that_lands_while_delta_rs_raises_counts_as_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: str
+) -> None:
+    """B8 (found by a review): delta-rs can raise for a commit that landed (its post-commit checkpoint
+    failed; on object storage a retried put met its own first attempt, a conflict). Taken for a failed
+    record, the batch's files were deleted though the lake recorded them, or (a conflict) the replay
+    check found the record and dropped the batch. Either way the record is this batch's: True."""
+    from deltalake.exceptions import CommitFailedError
+
+    from retry_engine.core import lease as lease_module
+
+    real = lease_module.write_delta
+    failures = [CommitFailedError("version exists") if raised == "conflict" else OSError("checkpoint failed")]
+
+    def lands_then_raises(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        if failures:
+            raise failures.pop()
+
+    first = lease(tmp_path, "query-A", Clock())
+    with owning(first):
+        first.record_batch(batch("query-A", 1))
+        monkeypatch.setattr(lease_module, "write_delta", lands_then_raises)
+        recorded = batch("query-A", 2)
+        recorded = replace(recorded, files={"outcomes": [{"path": "part-2.parquet", "size": 1}]})
+        assert first.record_batch(recorded) is True
+        assert not failures
+        state = read_state(str(tmp_path))
+        assert state is not None and state.last_batch is not None
+        assert (state.last_batch.batch_id, state.last_batch.files) == (2, recorded.files)
+        # A replay of the same batch id (other files: another attempt's) is still told apart.
+        assert first.record_batch(batch("query-A", 2)) is False
+
+
 def _take_over_from_another_process(lake: Path, query_id: str) -> None:
     """A take-over by an engine in another process: it has no handle this process keeps."""
     code = (
