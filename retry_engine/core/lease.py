@@ -430,9 +430,10 @@ class LakeLease:
             nonlocal ours
             last = state.last_batch
             if last is not None and last.query_id == batch.query_id and last.batch_id >= batch.batch_id:
-                # This very record (its files' names are unique to the attempt): an earlier round of
-                # this call committed it, though delta-rs reported a conflict (see _swap).
-                ours = last.batch_id == batch.batch_id and last.files == batch.files
+                # This very record (its files' names are unique to the attempt; a record of none cannot
+                # be told from a replay's): an earlier round of this call committed it, though delta-rs
+                # reported a conflict (see _swap).
+                ours = last.batch_id == batch.batch_id and any(batch.files.values()) and last.files == batch.files
                 return None
             now = self.clock()
             marks = [m for m in (discarded_before, state.discarded_before) if m is not None]

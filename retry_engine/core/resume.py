@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import pyarrow.fs as pafs
 
-from retry_engine.core.lease import EngineState
+from retry_engine.core.lease import BatchRecord, EngineState
 from retry_engine.delta._checkpoint import checkpoint_filesystem, write_bytes_atomically
 from retry_engine.delta._files import position_prefix
 from retry_engine.delta._offsets import Offset
@@ -178,11 +178,24 @@ def plan(
     batch's own count).
     """
     batch = state.last_batch if state is not None else None
-    if batch is None or batch.query_id == query_id:
+    if batch is None:
         return None
     where = f"{batch.query_id}/{batch.batch_id}"
-    holder = state.owner.checkpoint if state is not None and state.owner is not None else "?"
+    if batch.query_id == query_id:
+        _check_wrote(checkpoint, batch)
+        return None
+    # The checkpoint that wrote the batch, when the lease still names it.
+    holder = (
+        state.owner.checkpoint
+        if state is not None and state.owner is not None and state.owner.query_id == batch.query_id
+        else f"of query id {batch.query_id}"
+    )
     if not fresh:
+        started = stored(checkpoint)
+        if started is not None and started.after_batch == where:
+            # This checkpoint started after that very batch and has recorded none since: its batches
+            # read nothing (an idle run), or it stopped before recording its first one.
+            return None
         raise LakeResumeError(
             f"the lake's last batch ({where}, from checkpoint {holder}) was written by another checkpoint than "
             f"{checkpoint} (query id {query_id}); running this older checkpoint would decide those consume results "
@@ -229,6 +242,28 @@ def plan(
     point = ResumePoint(version, floor, where)
     log.info("new checkpoint %s resumes after the lake's last batch %s: %s", checkpoint, where, point.to_json())
     return point
+
+
+def _check_wrote(checkpoint: str, batch: BatchRecord) -> None:
+    """Refuse ``checkpoint`` (whose query id wrote ``batch``) when it cannot be the one that wrote it:
+    a copy restored from an older backup, or one whose offset log was deleted. Spark would plan batch
+    ids the lake already records (their output dropped as replays: the rows lost) or read from the
+    start (every row decided again). Batches after the recorded one read nothing (a batch with input
+    is recorded), so an offset Spark purged (it keeps the last 100) is not needed."""
+    planned = last_planned(checkpoint)
+    behind = planned is None or planned < batch.batch_id
+    end = None if behind else planned_end(checkpoint, batch.batch_id)
+    if not behind and (end is None or batch.source_end is None or end == batch.source_end):
+        return
+    has = "no batch" if planned is None else f"batches up to {planned}" if behind else f"batch {batch.batch_id} ending at {end}"
+    raise LakeResumeError(
+        f"the lake's last batch {batch.query_id}/{batch.batch_id} (read through {batch.source_end}) was written by "
+        f"this checkpoint's query, but {checkpoint} has planned {has}: it is not the checkpoint that wrote the lake "
+        "(restored from an older backup, or its offsets deleted), and running it would skip or decide again consume "
+        "results the lake holds. Restore the checkpoint as it was, or start with a new (empty) engine.checkpoint, "
+        "which resumes after the lake's last batch (with --discard-pending if it reports retries pending)",
+        code="LAKE_AHEAD_OF_CHECKPOINT",
+    )
 
 
 __all__ = [

@@ -88,16 +88,24 @@ def read_query_id(checkpoint: str) -> str | None:
     fs, root = checkpoint_filesystem(checkpoint)
     try:
         with fs.open_input_stream(f"{root}/{METADATA_FILE}") as stream:
-            first = stream.read().decode("utf-8").split("\n")[0]
+            raw = stream.read(_MAX_METADATA)
     except FileNotFoundError:
         return None
     try:
-        return str(json.loads(first)["id"])
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        # UnicodeDecodeError and JSONDecodeError are ValueErrors; deeply nested arrays, RecursionError.
+        query_id = json.loads(raw.decode("utf-8").split("\n")[0])["id"]
+        if not isinstance(query_id, str) or not query_id.strip():
+            raise TypeError(f"id {query_id!r} is no query id")
+        return query_id
+    except (ValueError, RecursionError, KeyError, TypeError) as exc:
         raise DeltaSinkError(
-            f"{checkpoint}/{METADATA_FILE} is not a Spark streaming metadata file: {first[:200]!r}",
+            f"{checkpoint}/{METADATA_FILE} is not a Spark streaming metadata file: {raw[:200]!r}",
             code="CHECKPOINT_METADATA_INVALID",
         ) from exc
+
+
+# Spark's metadata file is one short JSON line; more is no metadata file.
+_MAX_METADATA = 65_536
 
 
 def remove_orphan_log_temps(checkpoint: str) -> list[str]:
@@ -127,15 +135,29 @@ def ensure_query_id(checkpoint: str) -> str:
     Spark keeps an existing metadata file, so writing it before the query
     starts lets callers (e.g. a ``foreachBatch`` writer) know the id up front.
     """
-    existing = read_query_id(checkpoint)
+    fs, root = checkpoint_filesystem(checkpoint)
+    try:
+        existing = read_query_id(checkpoint)
+    except DeltaSinkError:
+        # An empty file in a checkpoint that has planned nothing: what an earlier release's start,
+        # killed while writing it in place, left. Nothing has the id yet: a new one is written.
+        if not _empty_and_unplanned(fs, root):
+            raise
+        existing = None
     if existing is not None:
         return existing
-    fs, root = checkpoint_filesystem(checkpoint)
-    fs.create_dir(root, recursive=True)
     query_id = str(uuid.uuid4())
-    with fs.open_output_stream(f"{root}/{METADATA_FILE}") as stream:
-        stream.write((json.dumps({"id": query_id}) + "\n").encode("utf-8"))
+    # Written aside and renamed: a start killed mid-write leaves no part that stops every later start.
+    write_bytes_atomically(fs, f"{root}/{METADATA_FILE}", (json.dumps({"id": query_id}) + "\n").encode("utf-8"))
     return query_id
+
+
+def _empty_and_unplanned(fs: pafs.FileSystem, root: str) -> bool:
+    """Whether the checkpoint's metadata file is empty and its offset log holds no batch."""
+    if fs.get_file_info(f"{root}/{METADATA_FILE}").size != 0:
+        return False
+    planned = fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True))
+    return not any(info.type == pafs.FileType.File and info.base_name.isdigit() for info in planned)
 
 
 # Spark's setting that fixes a stateful operator's partition count when its checkpoint starts.

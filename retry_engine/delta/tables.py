@@ -681,6 +681,12 @@ def _write_once(
     return True
 
 
+def check_append(path: str, table: DeltaTable, schema: pa.Schema, partition_by: Sequence[str] = ()) -> None:
+    """Raise what :func:`append_arrow` of rows of ``schema`` to ``table`` (at ``path``) would for their
+    columns or its partitioning: for a caller about to promise the write (a re-drive's claim)."""
+    _checked(path, table, schema, partition_by)
+
+
 def _checked_handle(path: str, schema: pa.Schema, partition_by: Sequence[str]) -> Handle:
     """A handle on the latest snapshot (kept from this process's last append when still the same
     table), the table created first if missing (concurrent creators are fine)."""

@@ -76,7 +76,14 @@ from retry_engine.core.names import (
     redrive_count,
     retry_topic,
 )
-from retry_engine.delta.tables import append_arrow, ensure_table, table_version
+from retry_engine.delta.tables import (
+    append_arrow,
+    check_append,
+    ensure_table,
+    open_table,
+    table_arrow_schema,
+    table_version,
+)
 from retry_engine.errors import ConcurrentWriteError, ConfigError, RedriveError
 from retry_engine.ops.audit import (
     AUDIT_TABLE,
@@ -403,12 +410,16 @@ def _redrive(
             if not tracker.started and budget:
                 tracker.start(moved=plan.moved_before, total=plan.moved_before + plan.total)
             by_id = _dead_letters(config, plan, [c for c, _ in plan.chunks[:budget]])
+            fit = _target_fit(config, target)
             handled_before = len(done)
             try:
                 for chunk, was_pending in plan.chunks[:budget]:
                     # A cancel stops the run here, between chunks: what moved stays moved, nothing else is claimed.
                     tracker.check_cancel()
                     k = int(chunk.column("chunk")[0].as_py())
+                    # Before the claim: a chunk the target cannot take (a missing dead letter, a table
+                    # of other columns) is never claimed, so it holds no dead letter from other commands.
+                    rows = fit(_messages(config, chunk, by_id, target=target))
                     if not was_pending:
                         if expect is None or not append_arrow(
                             audit_path,
@@ -429,7 +440,7 @@ def _redrive(
                         )
                     done.append(chunk)
                     done_ids.update(chunk.column("dlq_msg_id").to_pylist())
-                    written = _move(config, chunk, by_id, redrive_id=redrive_id, target=target)
+                    written = _move(config, chunk, rows, redrive_id=redrive_id, target=target)
                     if written:
                         moved += chunk.num_rows
                         resumed += chunk.num_rows if was_pending else 0
@@ -600,18 +611,17 @@ def _plan(
 def _move(
     config: EngineConfig,
     chunk: pa.Table,
-    by_id: dict[str, dict[str, Any]],
+    rows: pa.Table,
     *,
     redrive_id: str,
     target: Target,
 ) -> bool:
-    """Append one claimed chunk's messages to the target table; False if it was already there.
+    """Append one claimed chunk's messages ``rows`` to the target table; False if it was already there.
 
     Idempotent under the transaction ``(redrive:<id>, chunk)``: another run of
     the same re-drive moving the same chunk at the same time leaves one copy
     (both build it from the same audit rows, so the ids agree).
     """
-    rows = _messages(config, chunk, by_id, target=target)
     schema = MESSAGES if target == "topic" else RETRY
     return append_arrow(
         config.table_path(TARGET_TABLES[target]),
@@ -620,6 +630,28 @@ def _move(
         txn_version=int(chunk.column("chunk")[0].as_py()),
         partition_by=schema.partition_by,
     )
+
+
+def _target_fit(config: EngineConfig, target: Target) -> Callable[[pa.Table], pa.Table]:
+    """What makes a chunk's messages the rows the target table takes, checked: a nullable column its
+    writers added (a producer's trace id) null, as Delta's append leaves a column the data lacks; a
+    table that cannot take them (another type, a NOT NULL column, other partitions) raises the
+    append's own error. No table yet: the append creates it."""
+    path = config.table_path(TARGET_TABLES[target])
+    table = open_table(path)
+    if table is None:
+        return lambda rows: rows
+    have = table_arrow_schema(table)
+    partition_by = (MESSAGES if target == "topic" else RETRY).partition_by
+
+    def fit(rows: pa.Table) -> pa.Table:
+        for f in have:
+            if f.name not in rows.column_names and f.nullable:
+                rows = rows.append_column(f, pa.nulls(rows.num_rows, f.type))
+        check_append(path, table, rows.schema, partition_by)
+        return rows.select(have.names)
+
+    return fit
 
 
 def resume(

@@ -167,13 +167,15 @@ class RunTracker:
             self._event("alive", moved=moved)
 
     def check_cancel(self) -> None:
-        """Raise :class:`Cancelled` when someone asked to cancel this run."""
+        """Raise :class:`Cancelled` when someone asked to cancel this run: a ``cancel`` for it, or a
+        ``cancelled`` a canceller wrote itself because the run looked stopped (silent for
+        :data:`STALE_AFTER_S`: a slow commit, a long read, a clock ahead) while it was not."""
         if not self.started:
             return
         events = read_events(self.config, self.redrive_id)
         asked = events.filter(
             pc.and_(
-                pc.equal(events.column("event"), "cancel"),
+                pc.is_in(events.column("event"), pa.array(["cancel", "cancelled"])),
                 pc.equal(events.column("run_id"), self.run_id),
             )
         )

@@ -58,7 +58,7 @@ from retry_engine.delta._offsets import (
 from retry_engine.delta._options import parse_bytes
 from retry_engine.delta.sink import FilesWritten, commit_files
 from retry_engine.delta.source import SourceOptions
-from retry_engine.errors import ConfigError, DeltaSourceError, SchemaMismatchError
+from retry_engine.errors import ConfigError, DeltaSinkError, DeltaSourceError, SchemaMismatchError
 
 UTC = dt.UTC
 NO_SKIPS = ChangeRules()
@@ -677,6 +677,35 @@ def test_query_id_from_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "spark").mkdir()
     (tmp_path / "spark" / "metadata").write_text('{"id":"3f1c"}')  # as Spark writes it
     assert read_query_id(str(tmp_path / "spark")) == "3f1c"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe{}", b'{"id": null}', b'{"id": ""}', b'{"id": 7}', b"[1]", b"[" * 100_000, b"{}", b"x" * 200_000],
+)
+def test_a_hostile_checkpoint_metadata_file_is_a_clear_error(tmp_path: Path, content: bytes) -> None:
+    """A restored or edited checkpoint's ``metadata`` (the query id the lake's records name): one coded error,
+    not a traceback (non-UTF-8 bytes raised UnicodeDecodeError) nor a query id of "None"."""
+    (tmp_path / "metadata").write_bytes(content)
+    with pytest.raises(DeltaSinkError, match=r"^\[CHECKPOINT_METADATA_INVALID\]"):
+        read_query_id(str(tmp_path))
+    with pytest.raises(DeltaSinkError, match="CHECKPOINT_METADATA_INVALID"):
+        ensure_query_id(str(tmp_path))
+
+
+def test_an_empty_metadata_file_of_a_checkpoint_that_planned_nothing_gets_a_query_id(tmp_path: Path) -> None:
+    """(found by a review) The id was written in place: a start killed between creating and writing the file
+    left it empty, and every later start was refused. Now written aside and renamed; an empty file left by an
+    earlier release is replaced while the checkpoint has planned no batch (nothing holds its id yet)."""
+    (tmp_path / "metadata").write_bytes(b"")
+    query_id = ensure_query_id(str(tmp_path))
+    assert read_query_id(str(tmp_path)) == query_id and [p.name for p in tmp_path.iterdir()] == ["metadata"]
+    planned = tmp_path / "planned"
+    (planned / "offsets").mkdir(parents=True)
+    (planned / "offsets" / "0").write_text('v1\n{}\n{"reservoirVersion": 1}')
+    (planned / "metadata").write_bytes(b"")
+    with pytest.raises(DeltaSinkError, match="CHECKPOINT_METADATA_INVALID"):
+        ensure_query_id(str(planned))
 
 
 def test_parquet_written_is_plain(tmp_path: Path) -> None:

@@ -271,7 +271,16 @@ def _state(last: BatchRecord | None) -> EngineState:
     return EngineState(3, owner("query-A"), T0, False, last)
 
 
-def test_resume_plan_after_the_lakes_last_batch() -> None:
+def planned_checkpoint(tmp_path: Path, ends: dict[int, Any]) -> str:
+    """A checkpoint whose offset log has planned batch ``i`` to read through ``ends[i]`` (Spark's format)."""
+    checkpoint = tmp_path / f"c{len(list(tmp_path.iterdir()))}"
+    (checkpoint / "offsets").mkdir(parents=True)
+    for batch_id, end in ends.items():
+        (checkpoint / "offsets" / str(batch_id)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{json.dumps(end)}')
+    return str(checkpoint)
+
+
+def test_resume_plan_after_the_lakes_last_batch(tmp_path: Path) -> None:
     """A new checkpoint starts right after the recorded offset: next commit, or the rest of a commit."""
     after_commit = resume.plan(_state(batch("query-A", 5)), query_id="B", checkpoint="/c", fresh=True, source_table_id=None)
     assert after_commit == resume.ResumePoint(4, None, "query-A/5")
@@ -280,7 +289,8 @@ def test_resume_plan_after_the_lakes_last_batch() -> None:
     # Files 0..2 of commit 9 were read: keep from file 3 of commit 9 on.
     assert inside == resume.ResumePoint(9, "v00000000000000000009/000003/", "query-A/5")
     # The same checkpoint, or a lake without batches: Spark's own rule.
-    assert resume.plan(_state(batch("B", 5)), query_id="B", checkpoint="/c", fresh=False, source_table_id=None) is None
+    same = planned_checkpoint(tmp_path, {5: batch("B", 5).source_end, 6: batch("B", 5).source_end})
+    assert resume.plan(_state(batch("B", 5)), query_id="B", checkpoint=same, fresh=False, source_table_id=None) is None
     assert resume.plan(None, query_id="B", checkpoint="/c", fresh=True, source_table_id=None) is None
     # consume_results re-created: its new table is read from the start.
     assert resume.plan(_state(mid), query_id="B", checkpoint="/c", fresh=True, source_table_id="t2") is None
@@ -303,6 +313,42 @@ def test_resume_plan_refuses_what_would_lose_or_repeat() -> None:
     for damaged in ({"reservoirVersion": "x", "index": 0, "isStartingVersion": False}, {"index": 0}, {"sourceVersion": 99}):
         with pytest.raises(DeltaSourceError, match="DELTA_OFFSET_INVALID"):
             resume.plan(_state(batch("query-A", 0, end=damaged)), query_id="B", checkpoint="/c", fresh=True, source_table_id=None)
+
+
+def test_a_checkpoint_of_the_lakes_query_that_did_not_write_its_last_batch_is_refused(tmp_path: Path) -> None:
+    """B8 (found by a review): a copy of the checkpoint restored from an older backup (or with its offset log
+    deleted) planned batch ids the lake already records, whose outputs were dropped as replays: the rows it read
+    past the lake's end were lost (or read again from the start). Refused, naming what it planned."""
+    end = {"reservoirVersion": 7, "index": -1, "isStartingVersion": False}
+    lake = _state(batch("B", 5, end=end))
+    older = {4: {**end, "reservoirVersion": 6}}
+    for ends, said in (
+        (older, "has planned batches up to 4"),
+        ({}, "has planned no batch"),
+        ({**older, 5: {**end, "reservoirVersion": 8}}, "has planned batch 5 ending at"),
+    ):
+        checkpoint = planned_checkpoint(tmp_path, ends)
+        with pytest.raises(LakeResumeError, match=rf"LAKE_AHEAD_OF_CHECKPOINT.*B/5.*{said}"):
+            resume.plan(lake, query_id="B", checkpoint=checkpoint, fresh=not ends, source_table_id=None)
+    # The checkpoint that wrote it, also after idle batches (read nothing) and once Spark purged batch 5's offsets.
+    for ends in ({5: end}, {5: end, 6: end, 7: end}, {180: end}):
+        checkpoint = planned_checkpoint(tmp_path, ends)
+        assert resume.plan(lake, query_id="B", checkpoint=checkpoint, fresh=False, source_table_id=None) is None
+
+
+def test_a_new_checkpoint_that_has_recorded_no_batch_yet_starts_again(tmp_path: Path) -> None:
+    """B8 (found by a review): a new checkpoint whose first run recorded no batch (nothing new to read, or
+    stopped before its first record) was refused at every later start (LAKE_AHEAD_OF_CHECKPOINT), naming
+    itself as the checkpoint to run. It resumes from the point it stored; another's later batch still refuses."""
+    lake = _state(batch("query-A", 5))
+    checkpoint = planned_checkpoint(tmp_path, {0: batch("query-A", 5).source_end})
+    point = resume.plan(lake, query_id="B", checkpoint=checkpoint, fresh=True, source_table_id=None)
+    assert point is not None
+    resume.store(checkpoint, point)
+    assert resume.plan(lake, query_id="B", checkpoint=checkpoint, fresh=False, source_table_id=None) is None
+    later = EngineState(3, owner("query-C"), T0, False, batch("query-A", 6))
+    with pytest.raises(LakeResumeError, match=r"LAKE_AHEAD_OF_CHECKPOINT.*query-A/6, from checkpoint of query id query-A"):
+        resume.plan(later, query_id="B", checkpoint=checkpoint, fresh=False, source_table_id=None)
 
 
 def test_resume_filter_drops_exactly_the_rows_already_read() -> None:

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -447,3 +448,61 @@ def test_an_interrupted_redrive_exits_130_and_the_same_command_finishes_it(
     assert code == EXIT_OK
     moved = Counter(m["props"][PROP_REDRIVE_FROM] for m in _messages(config))
     assert len(moved) == DEAD and set(moved.values()) == {1}
+
+
+def test_a_target_table_with_a_column_its_writers_added_takes_the_redrive(config: EngineConfig) -> None:
+    """R13/B5 (found by a review): a producer added a nullable column to `messages` (a trace id). The re-drive
+    claimed its chunk, then failed the append (COLUMN_MISSING_IN_DATA), at every resume: the dead letters were
+    claimed for good (resolve, purge and a re-drive to retry: REDRIVE_UNFINISHED). The column is null in the
+    moved messages, as Delta's append leaves a column the data lacks."""
+    from deltalake import write_deltalake
+
+    from retry_engine.schemas import MESSAGES
+
+    schema = MESSAGES.arrow_schema.append(pa.field("trace_id", pa.string()))
+    write_deltalake(config.table_path("messages"), schema.empty_table(), partition_by=list(MESSAGES.partition_by))
+    report = redrive.redrive(config, Selection(group="billing"), target="topic")
+    moved = _messages(config)
+    assert report.moved == DEAD == len(moved) and {m["trace_id"] for m in moved} == {None}
+    assert read_audit(config).num_rows == DEAD
+
+
+@pytest.mark.parametrize("other", ["not_null_column", "another_type", "other_partitions"])
+def test_a_chunk_the_target_cannot_take_is_never_claimed(config: EngineConfig, other: str) -> None:
+    """The target's own error, before any claim: the dead letters stay free for another command."""
+    from deltalake import write_deltalake
+
+    from retry_engine.schemas import MESSAGES
+
+    schema, partitions = MESSAGES.arrow_schema, list(MESSAGES.partition_by)
+    if other == "not_null_column":
+        schema = schema.append(pa.field("tenant", pa.string(), nullable=False))
+    elif other == "another_type":
+        schema = schema.set(schema.get_field_index("body"), pa.field("body", pa.string()))
+    else:
+        partitions = []
+    write_deltalake(config.table_path("messages"), schema.empty_table(), partition_by=partitions or None)
+    with pytest.raises(Exception, match="COLUMN_MISSING_IN_DATA|COLUMN_TYPE_MISMATCH|PARTITION"):
+        redrive.redrive(config, Selection(group="billing"), target="topic")
+    assert table_version(config.table_path("redrive_audit")) is None or read_audit(config).num_rows == 0
+    assert redrive.redrive(config, Selection(group="billing"), target="retry").moved == DEAD
+
+
+def test_a_run_a_canceller_took_for_stopped_stops_at_its_next_check(config: EngineConfig) -> None:
+    """#13 part 5 item 1 (found by a review): a run silent for STALE_AFTER_S (a long read of the dead letters'
+    bodies, a commit slower than that on object storage) reads interrupted, so `redrive cancel` marked it
+    cancelled itself and said so (runs=0), but the run looked only for a `cancel` event and moved everything.
+    It now stops at its next check, as for a cancel it was sent."""
+    tracker = redrive_tasks.RunTracker(config, "silent-1", operator="carol", selection=None, target="topic")
+    tracker.start(moved=0, total=5)
+    tracker.check_cancel()  # nothing asked yet
+    started = redrive_tasks.read_events(config, "silent-1").column("at")[0].as_py()
+    late = started + dt.timedelta(seconds=redrive_tasks.STALE_AFTER_S + 1)
+    result = redrive_tasks.cancel(config, "silent-1", operator="dave", reason="obsolete", now=late)
+    assert (result.state, result.runs) == ("cancelled", 0)
+    with pytest.raises(redrive_tasks.Cancelled, match="cancelled by dave.*obsolete"):
+        tracker.check_cancel()
+    # Another run of the same re-drive (a resume after the cancel) is not stopped by the earlier run's mark.
+    again = redrive_tasks.RunTracker(config, "silent-1", operator="carol", selection=None, target="topic")
+    again.start(moved=0, total=5)
+    again.check_cancel()
