@@ -42,10 +42,10 @@ from retry_engine.delta.storage import open_delta, spark_options
 from retry_engine.delta.tables import (
     cast_not_null,
     open_table,
-    pyarrow_dataset,
     read_columns,
     stats_from,
     stats_until,
+    table_arrow_schema,
     table_version,
 )
 from retry_engine.errors import SelectionError
@@ -58,7 +58,7 @@ from retry_engine.ops.audit import (
     resolution_rows,
 )
 from retry_engine.ops.terms import DEFAULT_SUMMARY, SUMMARY_KEYS, SummaryKey
-from retry_engine.schemas import DLQ
+from retry_engine.schemas import CONSUME_RESULTS, DLQ, MESSAGES, OUTCOMES, RETRY
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -74,6 +74,10 @@ def redrive_count_column() -> Column:
     value = F.col("properties")[PROP_REDRIVE_COUNT]
     return F.when(value.rlike(REDRIVE_COUNT_PATTERN), value.cast("int")).otherwise(F.lit(0))
 
+
+# The highest max_redrives: Spark compares it with the count read as an int (redrive_count_column),
+# a count has at most 9 digits anyway, and pyarrow has no literal for a number past int64.
+MAX_REDRIVES_LIMIT = 2**31 - 1
 
 # The listing a notebook shows first: why it died, then what it was.
 LISTING_COLUMNS = (
@@ -123,9 +127,14 @@ class Selection:
     max_redrives: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_redrives is not None and (isinstance(self.max_redrives, bool) or not isinstance(self.max_redrives, int) or self.max_redrives < 1):
+        if self.max_redrives is not None and (
+            isinstance(self.max_redrives, bool)
+            or not isinstance(self.max_redrives, int)
+            or not 1 <= self.max_redrives <= MAX_REDRIVES_LIMIT
+        ):
             raise SelectionError(
-                f"max_redrives must be a whole number of at least 1, got {self.max_redrives!r}", code="INVALID_MAX_REDRIVES"
+                f"max_redrives must be a whole number from 1 to {MAX_REDRIVES_LIMIT}, got {self.max_redrives!r}",
+                code="INVALID_MAX_REDRIVES",
             )
         if self.group is not None:
             validate_group(self.group)
@@ -565,6 +574,12 @@ def _summary_columns(by: Sequence[str]) -> list[str]:
         raise SelectionError(
             f"cannot summarise by {unknown[0]!r}; choose from {', '.join(SUMMARY_KEYS)}", code="INVALID_SUMMARY"
         )
+    repeated = [k for i, k in enumerate(by) if k in by[:i]]
+    if repeated:
+        raise SelectionError(
+            f"cannot summarise by {repeated[0]!r} twice; give each of {', '.join(SUMMARY_KEYS)} at most once",
+            code="INVALID_SUMMARY",
+        )
     return [SUMMARY_KEYS[k] for k in by]
 
 
@@ -587,6 +602,10 @@ HISTORY_COLUMNS = (
 )
 # Sort key of history rows with equal times (not shown).
 _ORDER = "_order"
+# The type of the history's ``at``: any time a table holds (years 1-9999), to the microsecond.
+HISTORY_TIME = "datetime64[us, UTC]"
+# The tables a history reads, whose types it reads them in (_read_where).
+_HISTORY_TABLES = {t.name: t for t in (CONSUME_RESULTS, OUTCOMES, RETRY, DLQ, MESSAGES)}
 
 
 def origin_of(config: EngineConfig, msg_id: str) -> str:
@@ -692,24 +711,30 @@ def history(config: EngineConfig, msg_id: str) -> pd.DataFrame:
     frame = pd.DataFrame([{c: e.get(c, 3) if c == _ORDER else e.get(c) for c in columns} for e in events], columns=columns)
     if frame.empty:
         return frame.drop(columns=[_ORDER])
-    frame["at"] = pd.to_datetime(frame["at"], utc=True)
+    # Microseconds, as the tables hold them: pandas' default nanoseconds end in 1677 and 2262.
+    frame["at"] = frame["at"].astype(HISTORY_TIME)
     # A decision shares its micro-batch time with the dead letter it wrote: consumed, decided, then the rest.
     frame = frame.sort_values(["at", "reconsume_times", _ORDER], kind="stable", ignore_index=True, na_position="first")
     return frame.drop(columns=[_ORDER])
 
 
 def _read_where(config: EngineConfig, table: str, where: Any, columns: list[str] | None = None) -> pa.Table:
-    """Rows of ``table`` matching a pyarrow expression, tagged with ``table``; empty if no table."""
+    """Rows of ``table`` matching a pyarrow expression on its ids, tagged with ``table``; empty if no table.
+
+    A column another writer gave another type (an id as a number) is read in the
+    engine's type (:func:`~retry_engine.delta.tables.read_columns`) before the rows are picked.
+    """
     found = open_table(config.table_path(table))
     if found is None:
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
-    data = pyarrow_dataset(found)
-    names = set(data.schema.names)
-    if not {"origin_msg_id", "msg_id"} <= names:  # a drifted consume_results table may lack either
+    names = table_arrow_schema(found).names
+    if not {"origin_msg_id", "msg_id"} <= set(names):  # a drifted consume_results table may lack either
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
     # The filter prunes files on their stats (the deltars sink writes them for every
     # primitive column), so a history lookup reads only files that can hold the id.
-    rows = data.to_table(filter=where, columns=columns)
+    wanted = columns or names
+    read = list(dict.fromkeys([*wanted, "msg_id", "origin_msg_id"]))  # the ids the filter picks by
+    rows = read_columns(found, _HISTORY_TABLES[table].arrow_schema, read, rows=where).select(wanted)
     if columns is None:
         rows = rows.append_column("table", pa.array([table] * rows.num_rows, pa.string()))
     return rows

@@ -316,6 +316,15 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
         "INVALID_TOPIC_NAME",
         lambda i: f"topic {_short(topic[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{TOPIC_MAX_LENGTH}}}",
     )
+    # The original topic (R3) is a topic name too: the retry and the dead letter carry it, a re-drive
+    # writes to it. Checked like topic, blank excepted as there (null or empty means topic: _or).
+    original = cols["retry_topic"]
+    _flag(
+        problems,
+        bad_name(original, TOPIC_MAX_LENGTH + len("%RETRY%")),
+        "INVALID_TOPIC_NAME",
+        lambda i: f"retry_topic {_short(original[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{TOPIC_MAX_LENGTH}}}",
+    )
     _flag(
         problems,
         pc.invert(pc.or_kleene(pc.is_null(status), pc.is_in(status, pa.array([SUCCESS, *FAILURE_STATUSES])))),

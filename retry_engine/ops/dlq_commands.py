@@ -18,6 +18,7 @@ from retry_engine.clients import dlq
 from retry_engine.config import EngineConfig
 from retry_engine.errors import SelectionError
 from retry_engine.ops import redrive
+from retry_engine.ops.status import printable
 
 EXIT_OK = 0
 EXIT_NOT_CONFIRMED = 1
@@ -89,7 +90,7 @@ def _show(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: Text
         raise SelectionError(f"no message {args.msg_id!r} in any table (dlq, retry, messages, outcomes)", code="MESSAGE_NOT_FOUND")
     if args.format == "table":
         origin = dlq.origin_of(config, args.msg_id)
-        print(f"history of origin message {origin} ({len(frame)} rows)", file=out)
+        print(f"history of origin message {printable(origin)} ({len(frame)} rows)", file=out)
     _emit(frame, args.format, out)
     if args.format == "table":
         _print_attempts(config, dlq.origin_of(config, args.msg_id), out)
@@ -103,7 +104,7 @@ def _print_attempts(config: EngineConfig, origin: str, out: TextIO) -> None:
     """The attempt history each dead letter of ``origin`` carries (its error context, kept with the message)."""
     for dead in dlq.read_dlq(config, dlq.Selection(ids=(origin,))).to_pylist():
         attempts = dead["attempts"] or []
-        print(f"\nattempts carried by dead letter {dead['msg_id']} ({len(attempts)})", file=out)
+        print(f"\nattempts carried by dead letter {printable(dead['msg_id'])} ({len(attempts)})", file=out)
         if attempts:
             _emit(pd.DataFrame(attempts, columns=list(ATTEMPT_COLUMNS)), "table", out)
 
@@ -146,6 +147,7 @@ def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
             share = f"{100 * p.moved_so_far // p.total}%" if p.total else "-"
             print(f"re-drive {p.redrive_id}: chunk {p.chunk} moved {p.messages} ({p.moved_so_far}/{p.total}, {share})", file=err, flush=True)
 
+    moving: str | None = None  # the re-drive that may have moved messages when Ctrl-C comes
     try:
         if args.resume:
             if args.to or args.redrive_id or _has_filter(args) or args.all:
@@ -156,6 +158,7 @@ def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
                 answer = _confirmed(args, config, dry, err, inp)
                 if not answer:
                     return _not_confirmed(answer, err)
+                moving = args.resume
             report = redrive.resume(
                 config, args.resume, max_chunks=args.max_chunks, rate=args.rate, dry_run=args.dry_run, on_progress=progress
             )
@@ -181,16 +184,32 @@ def _redrive(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: T
                 answer = _confirmed(args, config, dry, err, inp)
                 if not answer:
                     return _not_confirmed(answer, err)
-                # The confirmed count is of this id (a forced re-drive gets a fresh one per call).
-                options["redrive_id"] = dry.redrive_id
+                # The confirmed count is of this id (a forced re-drive gets a fresh one per call) and of
+                # the DLQ as the dry run read it: dead letters written since are not moved unseen.
+                options["redrive_id"] = moving = dry.redrive_id
+                options["dlq_version"] = dry.dlq_version
             report = redrive.redrive(
                 config, _selection(args), dry_run=args.dry_run, rate=args.rate, on_progress=progress, **options
             )
     except KeyboardInterrupt:
-        print("interrupted: run the same command again to finish (nothing will move twice)", file=err)
+        print(_interrupted(args, moving), file=err)
         return EXIT_INTERRUPTED
     _print_report(report, args.format, out)
     return EXIT_OK
+
+
+def _interrupted(args: argparse.Namespace, redrive_id: str | None) -> str:
+    """What Ctrl-C during ``dlq redrive`` tells the operator: the re-drive it stopped, and the command that
+    finishes it (``redrive_id`` None: stopped before it could move anything)."""
+    if redrive_id is None:
+        return "interrupted: nothing moved"
+    if args.force and not args.redrive_id and not args.resume:
+        # A forced re-drive gets a fresh id per run: the same command again would be another re-drive.
+        return (
+            f"interrupted re-drive {redrive_id}: finish it with the same command plus --redrive-id {redrive_id} "
+            "(without it, --force starts a new re-drive that moves again what this one moved)"
+        )
+    return f"interrupted re-drive {redrive_id}: run the same command again to finish it (nothing will move twice)"
 
 
 def _resolve(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: TextIO) -> int:
@@ -333,6 +352,7 @@ def _selection(args: argparse.Namespace) -> dlq.Selection:
 
 
 def _emit(frame: pd.DataFrame, fmt: str, out: TextIO) -> None:
+    """``frame`` as JSON lines or CSV (the values as they are, for programs), or as a table for a person."""
     if fmt == "json":
         out.write(frame.to_json(orient="records", lines=True, date_format="iso", default_handler=str))
         out.write("\n")
@@ -341,13 +361,18 @@ def _emit(frame: pd.DataFrame, fmt: str, out: TextIO) -> None:
     else:
         shown = frame.copy()
         for col in shown.columns:
-            if shown[col].dtype == object:
-                shown[col] = [_clip(v) for v in shown[col]]
+            if shown[col].dtype == object or isinstance(shown[col].dtype, pd.StringDtype):
+                shown[col] = [_cell(v) for v in shown[col]]
         out.write(shown.to_string(index=False))
         out.write("\n")
 
 
-def _clip(value: Any) -> Any:
-    if isinstance(value, str) and len(value) > TEXT_WIDTH:
-        return value[: TEXT_WIDTH - 3] + "..."
-    return value
+def _cell(value: Any) -> Any:
+    """A table cell as the terminal gets it: text (a mapping or list as its text) escaped by
+    :func:`~retry_engine.ops.status.printable` and cut to :data:`TEXT_WIDTH`; anything else as pandas shows it."""
+    if isinstance(value, (dict, list, tuple)):
+        value = str(value)
+    if not isinstance(value, str):
+        return value
+    text = printable(value)
+    return text[: TEXT_WIDTH - 3] + "..." if len(text) > TEXT_WIDTH else text

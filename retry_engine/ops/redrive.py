@@ -152,6 +152,8 @@ class RedriveReport:
     """Matched dead letters left alone because they are resolved (even when forced; see retry_engine.ops.resolve)."""
     cancelled: str | None = None
     """Who cancelled this run and why (``retry-engine redrive cancel``); None when it was not cancelled."""
+    dlq_version: int | None = None
+    """The DLQ version the (last) plan read: pass it to the run a dry run was confirmed for."""
 
     @property
     def complete(self) -> bool:
@@ -224,6 +226,7 @@ def redrive(
     operator: str | None = None,
     note: str | None = None,
     on_progress: Callable[[ChunkProgress], None] | None = None,
+    dlq_version: int | None = None,
 ) -> RedriveReport:
     """Re-drive the dead letters ``selection`` matches to ``target``; see the module docstring.
 
@@ -237,6 +240,9 @@ def redrive(
     re-drive without ``redrive_id`` gets a fresh id (printed in the report:
     pass it to resume). ``on_progress`` is called after each commit; an
     exception it raises stops the re-drive (a re-run resumes it).
+    ``dlq_version``: match the DLQ as of that version (the one a confirmed dry
+    run read, :attr:`RedriveReport.dlq_version`), so dead letters written since
+    are not moved unseen; default the latest.
     """
     if target not in TARGETS:
         raise ConfigError(
@@ -256,6 +262,7 @@ def redrive(
         operator=operator,
         note=note,
         on_progress=on_progress,
+        dlq_version=dlq_version,
     )
 
 
@@ -292,6 +299,7 @@ def _redrive(
     operator: str | None,
     note: str | None,
     on_progress: Callable[[ChunkProgress], None] | None,
+    dlq_version: int | None = None,
 ) -> RedriveReport:
     if target not in TARGET_TABLES:
         raise ConfigError(
@@ -329,6 +337,7 @@ def _redrive(
             operator=operator,
             note=note,
             exclude=exclude,
+            dlq_version=dlq_version,
         )
 
     if dry_run:
@@ -359,6 +368,7 @@ def _redrive(
             moved=0,
             remaining=plan.total - table.num_rows,
             plan=table.to_pandas(),
+            dlq_version=plan.dlq_version,
         )
 
     # Other processes see the run in the tasks table, and can cancel it there (redrive_tasks).
@@ -392,6 +402,7 @@ def _redrive(
             remaining=remaining,
             plan=table.to_pandas(),
             cancelled=cancelled,
+            dlq_version=plan.dlq_version,
         )
     try:
         while True:
@@ -505,8 +516,10 @@ def _plan(
     operator: str,
     note: str | None,
     exclude: set[str],
+    dlq_version: int | None = None,
 ) -> _Plan:
-    """Read the audit table (and its version) and the DLQ; decide the chunks to move.
+    """Read the audit table (and its version) and the DLQ (at ``dlq_version``, default the latest);
+    decide the chunks to move.
 
     ``exclude``: dead letters this run already handled (not counted as skipped).
     """
@@ -518,6 +531,12 @@ def _plan(
     # Bodies only of the dead letters being moved (_dead_letters): a DLQ of months does not have to
     # fit in memory for a re-drive of a few of its messages.
     dlq_at = table_version(config.table_path("dlq"))
+    if dlq_version is not None:
+        if isinstance(dlq_version, bool) or not isinstance(dlq_version, int) or dlq_at is None or not 0 <= dlq_version <= dlq_at:
+            raise ConfigError(
+                f"dlq_version must be a version of the DLQ, 0 to {dlq_at}, got {dlq_version!r}", code="INVALID_OPTION"
+            )
+        dlq_at = dlq_version
     # Of the DLQ, the light columns of the dead letters the selection matches, read from the files its
     # group and time bounds may be in. No DLQ when the plan looked: nothing to plan, even if one
     # appears before the read. selection=None (resume): nothing new is planned, only pending chunks move.

@@ -1109,6 +1109,7 @@ def _num(value: float | int | None, unit: str = "") -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     out = ["  " + line.rstrip()]
@@ -1121,14 +1122,14 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 def format_status(status: Status) -> str:
     """Human-readable status (the CLI's default output)."""
     lines = [
-        f"query       {status.state}: {status.state_reason}",
-        f"query id    {status.query_id or '-'}",
+        f"query       {status.state}: {printable(status.state_reason)}",
+        f"query id    {printable(status.query_id or '-')}",
         f"checked at  {_iso(status.checked_at)}",
     ]
     if status.failures_24h:
         lines.append(
             f"failures    {status.failures_24h} in the last 24 h (`run` restarts a failed query); "
-            f"the last at {_iso(status.last_failure_at)}: {status.last_failure}"
+            f"the last at {_iso(status.last_failure_at)}: {printable(status.last_failure or '-')}"
         )
     lines += [_standby_line(e, status.checked_at) for e in status.standbys]
     batch = status.last_batch
@@ -1194,16 +1195,19 @@ def _standby_line(entry: StandbyEntry, now: dt.datetime) -> str:
     """One line per standby note; what anyone may have written there is shown escaped, on one line."""
     note = entry.note
     if note is None:
-        return f"standby     {_printable(entry.file)}: unreadable ({_printable(entry.problem or '')})"
+        return f"standby     {printable(entry.file)}: unreadable ({printable(entry.problem or '')})"
     seen = max(0, int((now - note.seen_at).total_seconds()))
     state = "polling the lease" if entry.live else "stale: not renewed; stopped, killed, or cut off from the lake"
     return (
-        f"standby     {_printable(note.host)} pid {note.pid}, waiting since {_iso(note.since)}, last seen {seen} s "
-        f"ago ({state}), checkpoint {_printable(note.checkpoint)}"
+        f"standby     {printable(note.host)} pid {note.pid}, waiting since {_iso(note.since)}, last seen {seen} s "
+        f"ago ({state}), checkpoint {printable(note.checkpoint)}"
     )
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal, on one line: unchanged when every character is printable, else
+    escaped as a Python literal (``\\x1b``, ``\\n``). What another writer put in a table is shown through
+    this (``status``, ``dlq list``, ``dlq show``), never raw: an escape sequence would drive the terminal."""
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 

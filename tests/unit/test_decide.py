@@ -176,3 +176,23 @@ def test_missing_required_column_is_a_startup_error() -> None:
 def test_decisions_are_deterministic() -> None:
     results = [Result.of().failed(), Result.of().ok(), Result.of().with_(status="??")]
     assert run(results) == run(results)
+
+
+def test_a_retry_topic_that_is_no_topic_name_is_quarantined() -> None:
+    """SPEC bad input: names are validated like RocketMQ's before they go near a path. The original topic
+    (R3's ``retry_topic``) was copied unchecked onto the retry and the dead letter, and a re-drive writes to
+    it; now it is checked as ``topic`` is (INVALID_TOPIC_NAME naming the column), blank meaning ``topic``."""
+    rows = run([
+        Result.of("M0").failed(retry_topic="../../x", reconsume_times=16),
+        Result.of("M1").failed(retry_topic="a/b\x1b[2J"),
+        Result.of("M2").with_(retry_topic="orders\n").ok(),
+        Result.of("M3").failed(retry_topic="x" * (127 + len("%RETRY%") + 1)),
+        Result.of("M4").failed(retry_topic="orders-v2"),
+        Result.of("M5").failed(retry_topic=""),
+        Result.of("M6").failed(retry_topic="%RETRY%G"),
+    ])
+    assert [(r["outcome"], r["reason_code"]) for r in rows[:4]] == [("quarantined", "INVALID_TOPIC_NAME")] * 4
+    assert rows[0]["reason"] == "retry_topic '../../x' must match [%|a-zA-Z0-9_-]{1,127}"
+    assert [(r["outcome"], r["retry_topic"]) for r in rows[4:]] == [
+        ("retry", "orders-v2"), ("retry", "orders"), ("retry", "%RETRY%G"),
+    ]

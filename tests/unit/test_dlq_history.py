@@ -5,7 +5,10 @@ delta-rs, as a consumer and the engine would have written them, following the se
 
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ from deltalake import write_deltalake
 
 from retry_engine.clients import dlq
 from retry_engine.ops.cli import EXIT_OK, main
-from retry_engine.schemas import CONSUME_RESULTS, DLQ, OUTCOMES, RETRY, Table
+from retry_engine.schemas import CONSUME_RESULTS, DLQ, MESSAGES, OUTCOMES, RETRY, Table
 from tests.lakehouse import Lake
 
 T0 = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.UTC)
@@ -188,3 +191,89 @@ def test_a_consume_result_in_a_file_without_statistics_is_in_the_history(lake: L
     DeltaTable(path).alter.set_table_properties({"delta.dataSkippingNumIndexedCols": "32"})
     frame = dlq.history(lake.config, "BARE")
     assert frame[["event", "consumer_id"]].values.tolist() == [["consumed: CONSUME_SUCCESS", "c9@host"]]
+
+
+def test_times_outside_pandas_nanoseconds_are_shown_to_the_microsecond(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad input (SPEC: timestamps before 1970 or far in the future): a consumer's clock at year 1 and a
+    producer's at year 9999 made `dlq show` end in pandas' OutOfBoundsDatetime (nanoseconds end in
+    2262); the history shows them as the tables hold them, in time order."""
+    lake = Lake.make(tmp_path / "lake")
+    first = dt.datetime(1, 1, 1, 0, 0, 0, 1, tzinfo=dt.UTC)
+    last = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+    write(lake, CONSUME_RESULTS, [result(ORIGIN, consumer="c1@host", status="RECONSUME_LATER", at_s=None, consumed_at=first)])
+    write(lake, MESSAGES, [{"msg_id": ORIGIN, "topic": "orders", "store_timestamp": last, "born_timestamp": first}])
+    write(lake, DLQ, [{"msg_id": DEAD_ID, "topic": "%DLQ%billing", "consumer_group": "billing", "origin_msg_id": ORIGIN,
+                       "reconsume_times": 2, "delivery_key": f"{ORIGIN}:2", "dead_lettered_at": at(11)}])
+    frame = dlq.history(lake.config, ORIGIN)
+    assert frame["at"].tolist() == [first, at(11), last]
+    assert frame["event"].tolist() == ["consumed: RECONSUME_LATER", "dead-lettered", "published"]
+    config = tmp_path / "retry-engine.toml"
+    config.write_text(f'[engine]\nlake = "{lake.root}"\n')
+    assert main(["dlq", "show", ORIGIN, "--config", str(config)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "0001-01-01 00:00:00.000001+00:00" in out and "9999-12-31 23:59:59.999999+00:00" in out
+    assert main(["dlq", "show", ORIGIN, "--config", str(config), "--format", "json"]) == EXIT_OK
+    assert '"at":"0001-01-01T00:00:00.000Z"' in capsys.readouterr().out
+
+
+def test_ids_another_writer_stored_as_numbers_are_read_as_text(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad input (SPEC: wrong types): consume_results rewritten with msg_id and origin_msg_id as int64 made
+    `dlq show` end in Arrow's "no kernel matching input types (int64, string)"; the ids are read as the
+    engine reads consume results (cast value by value), so the consumptions are found by their id as text."""
+    lake = Lake.make(tmp_path / "lake")
+    drifted = pa.table({
+        "msg_id": pa.array([42, 7, 8], pa.int64()),
+        "origin_msg_id": pa.array([None, 42, 9], pa.int64()),
+        "consumer_group": ["billing"] * 3,
+        "status": ["RECONSUME_LATER"] * 3,
+        "consumed_at": pa.array([at(0), at(10), at(20)], pa.timestamp("us", tz="UTC")),
+    })
+    write_deltalake(lake.path("consume_results"), drifted)
+    write(lake, DLQ, [{"msg_id": DEAD_ID, "topic": "%DLQ%billing", "consumer_group": "billing", "origin_msg_id": "42",
+                       "reconsume_times": 2, "delivery_key": "42:2", "dead_lettered_at": at(11)}])
+    frame = dlq.history(lake.config, DEAD_ID)
+    assert frame[["table", "msg_id", "at"]].values.tolist() == [
+        ["consume_results", "42", at(0)],
+        ["consume_results", "7", at(10)],
+        ["dlq", DEAD_ID, at(11)],
+    ]
+    config = tmp_path / "retry-engine.toml"
+    config.write_text(f'[engine]\nlake = "{lake.root}"\n')
+    assert main(["dlq", "show", "7", "--config", str(config)]) == EXIT_OK
+    assert capsys.readouterr().out.startswith("history of origin message 42 (3 rows)\n")
+
+
+def test_dlq_list_and_show_escape_table_text_and_keep_json_and_csv_as_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad input: a consumer's error message (copied into the DLQ, B4) can hold terminal escapes and a line
+    break that forges a row; `dlq list` and `dlq show` printed them raw. The table format shows every
+    text cell escaped (``printable``, the one `status` uses); JSON and CSV, for programs, keep the value."""
+    hostile = "boom\x1b[2J\x1b]0;pwned\x07\r\nFAKE-ROW DLQ-999"
+    origin = "H-1\x1b[31m"
+    lake = Lake.make(tmp_path / "lake")
+    attempt = {"reconsume_times": 0, "consumer_group": "billing", "consumer_id": "c1\x1b[8m", "status": "RECONSUME_LATER",
+               "error_class": "E\x00X", "error_message": hostile, "consumed_at": at(0), "delay_level": 3}
+    write(lake, DLQ, [{"msg_id": DEAD_ID, "topic": "%DLQ%billing", "consumer_group": "billing", "origin_msg_id": origin,
+                       "retry_topic": "orders", "reconsume_times": 2, "delivery_key": f"{ORIGIN}:2",
+                       "dead_lettered_at": at(11), "error_class": "E\x00X", "error_message": hostile,
+                       "attempts": [attempt]}])
+    write(lake, CONSUME_RESULTS, [result(DEAD_ID, consumer="c1\x1b[8m", status="RECONSUME_LATER", at_s=10,
+                                         origin_msg_id=origin, error_class="E\x00X", error_message=hostile)])
+    config = tmp_path / "retry-engine.toml"
+    config.write_text(f'[engine]\nlake = "{lake.root}"\n')
+    for command in (["dlq", "list"], ["dlq", "show", DEAD_ID]):
+        assert main([*command, "--config", str(config)]) == EXIT_OK
+        out = capsys.readouterr().out
+        assert not any(c in out for c in "\x1b\x07\x00\r"), command
+        assert "E\\x00X" in out and "boom\\x1b[2J\\x1b]0;pwned\\x07\\r\\nFAKE-ROW" in out, command
+        assert not any(line.startswith("FAKE-ROW") for line in out.splitlines()), command
+    assert "history of origin message H-1\\x1b[31m (2 rows)" in out and "c1\\x1b[8m" in out
+    assert main(["dlq", "list", "--config", str(config), "--format", "json"]) == EXIT_OK
+    listed = json.loads(capsys.readouterr().out)
+    assert (listed["error_message"], listed["error_class"], listed["origin_msg_id"]) == (hostile, "E\x00X", origin)
+    assert main(["dlq", "show", DEAD_ID, "--config", str(config), "--format", "csv"]) == EXIT_OK
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out, newline="")))
+    assert [r["error_message"] for r in rows if r["error_message"]] == [hostile]

@@ -14,9 +14,10 @@ from retry_engine.clients import dlq
 from retry_engine.clients.dlq import Selection
 from retry_engine.config import parse_config
 from retry_engine.errors import ConfigError, InvalidNameError, SelectionError
-from retry_engine.ops.cli import EXIT_USAGE, main
+from retry_engine.ops.cli import EXIT_ERROR, EXIT_USAGE, main
 from retry_engine.ops.redrive import RateLimiter, default_redrive_id, redrive, redriven_msg_id
 from retry_engine.schemas import DLQ
+from tests.dead_letters import dead_letter, dlq_lake
 
 T0 = dt.datetime(2026, 11, 22, 12, tzinfo=dt.UTC)
 
@@ -183,3 +184,33 @@ def test_the_console_reads_a_dlq_whose_time_another_writer_changed(tmp_path: Pat
     assert picked["msg_id"].to_pylist() == ["D2"] and picked["dead_lettered_at"].type == DLQ["dead_lettered_at"].type
     named = dlq.dead_letters_named(config, picked.select(["msg_id", "consumer_group", "dead_lettered_at"]), version=0)
     assert named["body"].to_pylist() == [b"b2"]
+
+
+def test_a_max_redrives_past_the_count_type_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad input: `dlq list --max-redrives 99999999999999999999` ended in pyarrow's TypeError (no int64
+    literal for it); a value past what the count is compared as (int) is now refused, naming it."""
+    assert _picked(Selection(max_redrives=dlq.MAX_REDRIVES_LIMIT)) == ["D1", "D2", "D3"]
+    with pytest.raises(SelectionError, match=rf"INVALID_MAX_REDRIVES.*1 to {dlq.MAX_REDRIVES_LIMIT}, got 2147483648"):
+        Selection(max_redrives=2**31)
+    dlq_lake(str(tmp_path / "lake"), [dead_letter(0)])
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path / "lake"}"\n')
+    assert main(["dlq", "list", "--max-redrives", "99999999999999999999", "--config", str(conf)]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err == (
+        f"retry-engine: [INVALID_MAX_REDRIVES] max_redrives must be a whole number from 1 to {dlq.MAX_REDRIVES_LIMIT}, "
+        "got 99999999999999999999\n"
+    )
+
+
+def test_a_summary_key_given_twice_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad input: `dlq stats --by day,day` ended in pandas' "cannot insert day, already exists"; a repeated
+    key is now refused, naming it."""
+    config = dlq_lake(str(tmp_path / "lake"), [dead_letter(0)])
+    with pytest.raises(SelectionError, match="INVALID_SUMMARY.*'group' twice"):
+        dlq.summary(config, by=("group", "topic", "group"))
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path / "lake"}"\n')
+    assert main(["dlq", "stats", "--by", "day,day", "--config", str(conf)]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("retry-engine: [INVALID_SUMMARY] cannot summarise by 'day' twice;") and err.count("\n") == 1

@@ -418,16 +418,11 @@ def test_dry_run_lists_the_first_rows_and_the_count(config: EngineConfig, config
     assert f"... and {DEAD - 20} more ({DEAD} in all" in out and "reason_code" in out
 
 
-def test_an_interrupted_redrive_exits_130_and_the_same_command_finishes_it(
-    config: EngineConfig, config_file: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """README (exit codes): 130 interrupted, re-run to finish; B5/B8: the re-run moves the rest, nothing twice.
-
-    Ctrl-C is a KeyboardInterrupt in the main thread; here it arrives after the first chunk's commit.
-    """
+def _interrupt_after_first_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (a KeyboardInterrupt in the main thread) right after a re-drive's first chunk is committed."""
     real = redrive.redrive
 
-    def interrupted_after_first_chunk(*args: Any, on_progress: Any = None, **kwargs: Any) -> Any:
+    def interrupted(*args: Any, on_progress: Any = None, **kwargs: Any) -> Any:
         def progress(p: redrive.ChunkProgress) -> None:
             if on_progress is not None:
                 on_progress(p)
@@ -436,18 +431,65 @@ def test_an_interrupted_redrive_exits_130_and_the_same_command_finishes_it(
 
         return real(*args, on_progress=progress, **kwargs)
 
+    monkeypatch.setattr(redrive, "redrive", interrupted)
+
+
+def test_an_interrupted_redrive_exits_130_and_the_same_command_finishes_it(
+    config: EngineConfig, config_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README (exit codes): 130 interrupted, re-run to finish; B5/B8: the re-run moves the rest, nothing twice.
+
+    Ctrl-C is a KeyboardInterrupt in the main thread; here it arrives after the first chunk's commit.
+    """
     argv = ["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--yes", "--chunk-size", "5",
             "--redrive-id", "ctrl-c"]
-    monkeypatch.setattr(redrive, "redrive", interrupted_after_first_chunk)
+    _interrupt_after_first_chunk(monkeypatch)
     code, out, err = _dlq(argv, config_file, io.StringIO())
     assert code == 130
-    assert err.splitlines()[-1] == "interrupted: run the same command again to finish (nothing will move twice)"
+    assert err.splitlines()[-1] == "interrupted re-drive ctrl-c: run the same command again to finish it (nothing will move twice)"
     assert len(_messages(config)) == 5
-    monkeypatch.setattr(redrive, "redrive", real)
+    monkeypatch.undo()
     code, out, err = _dlq(argv, config_file, io.StringIO())
     assert code == EXIT_OK
     moved = Counter(m["props"][PROP_REDRIVE_FROM] for m in _messages(config))
     assert len(moved) == DEAD and set(moved.values()) == {1}
+
+
+def test_an_interrupted_forced_redrive_names_its_id_and_how_to_finish_it(
+    config: EngineConfig, config_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B5/B8: a forced re-drive without --redrive-id gets a fresh id per run, so "run the same command again"
+    (what Ctrl-C printed) started another re-drive that moved the first chunk's dead letters twice. The
+    message names the run's id and the command that finishes that re-drive; that command moves the rest once."""
+    argv = ["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--yes", "--chunk-size", "5", "--force"]
+    _interrupt_after_first_chunk(monkeypatch)
+    code, _, err = _dlq(argv, config_file, io.StringIO())
+    assert code == 130 and len(_messages(config)) == 5
+    (redrive_id,) = set(read_audit(config).column("redrive_id").to_pylist())
+    assert err.splitlines()[-1] == (
+        f"interrupted re-drive {redrive_id}: finish it with the same command plus --redrive-id {redrive_id} "
+        "(without it, --force starts a new re-drive that moves again what this one moved)"
+    )
+    monkeypatch.undo()
+    code, out, _ = _dlq([*argv, "--redrive-id", redrive_id], config_file, io.StringIO())
+    assert code == EXIT_OK and f"re-drive {redrive_id} to topic" in out
+    moved = Counter(m["props"][PROP_REDRIVE_FROM] for m in _messages(config))
+    assert len(moved) == DEAD and set(moved.values()) == {1}
+
+
+def test_a_redrive_interrupted_before_it_moves_says_nothing_moved(
+    config: EngineConfig, config_file: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during a dry run (or the one that counts for the confirmation) names no re-drive to finish."""
+
+    def stopped(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(redrive, "redrive", stopped)
+    code, _, err = _dlq(["dlq", "redrive", "--config", config_file, "--all", "--to", "topic", "--force"],
+                        config_file, io.StringIO())
+    assert (code, err.splitlines()[-1]) == (130, "interrupted: nothing moved")
+    assert _messages(config) == []
 
 
 def test_a_target_table_with_a_column_its_writers_added_takes_the_redrive(config: EngineConfig) -> None:
@@ -506,3 +548,47 @@ def test_a_run_a_canceller_took_for_stopped_stops_at_its_next_check(config: Engi
     again = redrive_tasks.RunTracker(config, "silent-1", operator="carol", selection=None, target="topic")
     again.start(moved=0, total=5)
     again.check_cancel()
+
+
+def test_a_redrive_pinned_to_its_dry_runs_dlq_version_moves_what_was_confirmed(config: EngineConfig) -> None:
+    """(found by a review) The CLI confirmed "move 24 messages?", and the run planned again on the latest DLQ:
+    dead letters the engine wrote while the operator read the prompt were moved unseen. Pinned to the version
+    the dry run read, the run moves what was shown; the later ones stay for the next re-drive."""
+    from tests.dead_letters import dead_letter as letter
+
+    dry = redrive.redrive(config, Selection(group="billing"), target="retry", dry_run=True)
+    assert dry.dlq_version is not None and len(dry.plan) == DEAD
+    append_dead = [letter(i) for i in range(DEAD, DEAD + 6)]
+    from retry_engine.delta import append_arrow
+    from retry_engine.schemas import DLQ
+
+    append_arrow(config.table_path("dlq"), pa.Table.from_pylist(append_dead, schema=DLQ.arrow_schema),
+                 partition_by=DLQ.partition_by)
+    report = redrive.redrive(
+        config, Selection(group="billing"), target="retry", redrive_id=dry.redrive_id, dlq_version=dry.dlq_version
+    )
+    assert report.moved == DEAD and report.dlq_version == dry.dlq_version
+    later = redrive.redrive(config, Selection(group="billing"), target="retry", redrive_id="rd-later")
+    assert later.moved == 6
+    for hostile in (-1, dry.dlq_version + 5, True, "1", 2**70):
+        with pytest.raises(Exception, match="INVALID_OPTION"):
+            redrive.redrive(config, Selection(group="billing"), target="retry", dry_run=True, dlq_version=hostile)
+
+
+def test_the_cli_moves_the_count_the_operator_confirmed(config: EngineConfig, config_file: str) -> None:
+    """The prompt said "move 24 messages?"; the engine wrote 6 more dead letters of the group while it waited.
+    Before, the answer moved 30."""
+    from retry_engine.delta import append_arrow
+    from retry_engine.schemas import DLQ
+
+    class Meanwhile(_Terminal):
+        def readline(self, size: int | None = -1) -> str:
+            later = [dead_letter(i) for i in range(DEAD, DEAD + 6)]
+            append_arrow(config.table_path("dlq"), pa.Table.from_pylist(later, schema=DLQ.arrow_schema),
+                         partition_by=DLQ.partition_by)
+            return "y\n"
+
+    argv = ["dlq", "redrive", "--config", config_file, "--group", "billing", "--to", "retry", "--confirm-above", "10"]
+    code, out, err = _dlq(argv, config_file, Meanwhile(""))
+    assert code == EXIT_OK and f"move {DEAD} messages to retry? [y/N]" in err and f"moved {DEAD}" in out
+    assert len(read_audit(config)) == DEAD

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -56,7 +57,7 @@ from retry_engine.ops.status import (
     totals_of,
 )
 from retry_engine.ops.terms import PROGRESS_EVENT, STARTED, STOPPED, TERMINATED, StopReason
-from retry_engine.schemas import DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
+from retry_engine.schemas import CONSUME_RESULTS, DLQ, METRICS, OUTCOMES, PROGRESS, RETRY
 from tests.lakehouse import Lake
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -1003,3 +1004,37 @@ def test_status_reads_an_engine_table_whose_column_another_writer_changed_as_the
     table = table.set_column(table.schema.get_field_index(column), column, changed)
     write_deltalake(str(tmp_path / name), table, mode="overwrite", schema_mode="overwrite")
     assert status(config, now=now) == before
+
+
+def test_control_characters_from_the_tables_reach_the_terminal_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad input: any writer's consume_results can hold a group like ``evil\\x1b[2J\\x1b]0;pwn\\x07`` (clear the
+    screen, retitle the window); `status` printed it raw in its tables. Every cell and line a table fills
+    is shown escaped (``printable``), on one line; ``--json`` keeps the value."""
+    evil = "evil\x1b[2J\x1b]0;pwn\x07\r\nFAKE"
+    lake = Lake.make(tmp_path)
+    write_deltalake(lake.path("consume_results"), pa.Table.from_pylist(
+        [{"result_id": "r1", "consumer_group": evil, "consumer_id": "c", "status": "RECONSUME_LATER", "msg_id": "M1",
+          "topic": "orders"}], schema=CONSUME_RESULTS.arrow_schema,
+    ))
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[engine]\nlake = "{tmp_path}"\n')
+    assert main(["status", "--config", str(conf)]) == EXIT_NOT_RUNNING
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\r")
+    assert "  evil\\x1b[2J\\x1b]0;pwn\\x07\\r\\nFAKE  1 " in out
+    assert main(["status", "--config", str(conf), "--json"]) == EXIT_NOT_RUNNING
+    assert json.loads(capsys.readouterr().out)["lag"][0]["consumer_group"] == evil
+    hostile = dataclasses.replace(
+        sample_status(),
+        query_id="q\x1b[1A",
+        state_reason="why\x07",
+        last_failure="OSError: \x1b[2K",
+        backlog=[BacklogEntry("g\x1b", 3, 1, T)],
+        dead_letters=[DeadLetterEntry("g", "R\x1b", "E\x00", 1)],
+    )
+    shown = format_status(hostile)
+    assert not any(c in shown for c in "\x1b\x07\x00")
+    for escaped in ("q\\x1b[1A", "why\\x07", "OSError: \\x1b[2K", "  g\\x1b  ", "R\\x1b", "E\\x00"):
+        assert escaped in shown
