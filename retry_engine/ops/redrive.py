@@ -72,7 +72,9 @@ from retry_engine.core.names import (
     PROP_REDRIVE_COUNT,
     PROP_RESEND_MSG_ID,
     PROP_RESEND_TO,
+    TOPIC_MAX_LENGTH,
     delivery_key,
+    name_problem,
     redrive_count,
     retry_topic,
 )
@@ -828,6 +830,13 @@ def _messages(
         props[PROP_REDRIVE_FROM] = intent["dlq_msg_id"]
         props[PROP_REDRIVE_COUNT] = str(redrive_count(props) + 1)
         new_id = intent["redriven_msg_id"]
+        if target == "topic" and (problem := name_problem(intent["topic"], kind="topic", max_length=TOPIC_MAX_LENGTH)):
+            # A dead letter an earlier release or another writer stored with a bad original topic.
+            raise RedriveError(
+                f"dead letter {intent['dlq_msg_id']} cannot go back to its original topic: {problem}; re-drive it "
+                "with --to retry (its group's retry topic), or resolve it",
+                code="INVALID_TOPIC_NAME",
+            )
         if target == RESEND_TARGET:
             props[PROP_RESEND_TO] = _resend_instance(intent)
             props[PROP_RESEND_MSG_ID] = new_id

@@ -592,3 +592,18 @@ def test_the_cli_moves_the_count_the_operator_confirmed(config: EngineConfig, co
     code, out, err = _dlq(argv, config_file, Meanwhile(""))
     assert code == EXIT_OK and f"move {DEAD} messages to retry? [y/N]" in err and f"moved {DEAD}" in out
     assert len(read_audit(config)) == DEAD
+
+
+@pytest.mark.parametrize("original", ["../../x", "a/b\x1b[2J", None, "x" * 300])
+def test_a_dead_letter_whose_original_topic_is_no_topic_name_is_not_redriven_to_it(
+    tmp_path: Path, original: str | None
+) -> None:
+    """(found by a review) A dead letter an earlier release (or another writer) stored with a retry_topic that is
+    no topic name was re-driven to a topic of that name (or, null, failed with DELTA_TABLE_UNREADABLE naming no
+    dead letter). A one-line error naming it, before any claim; --to retry still takes it."""
+    letters = [dead_letter(0), {**dead_letter(1), "retry_topic": original}]
+    config = dlq_lake(str(tmp_path / "lake"), letters)
+    with pytest.raises(RedriveError, match=r"INVALID_TOPIC_NAME.*dead letter DLQ-001 cannot go back.*--to retry"):
+        redrive.redrive(config, Selection(group="billing"), target="topic")
+    assert table_version(config.table_path("redrive_audit")) is None or read_audit(config).num_rows == 0
+    assert redrive.redrive(config, Selection(group="billing"), target="retry").moved == 2
