@@ -278,50 +278,98 @@ class ListenerSpec:
     batch_size: int = 1
 
 
-def result_id(app_id: str, msg_id: str) -> str:
-    """Stable id of the result of delivering ``msg_id`` to this consumer: a replay repeats it."""
-    return hashlib.sha1(f"{app_id}\0{msg_id}".encode()).hexdigest()[:32]
+def result_id(app_id: str, msg_id: str | bytes | None) -> str:
+    """Stable id of the result of delivering ``msg_id`` to this consumer: a replay repeats it
+    (``msg_id`` as its UTF-8 bytes too: the same id, also for bytes that are no UTF-8)."""
+    raw = msg_id if isinstance(msg_id, bytes) else str(msg_id).encode()
+    return hashlib.sha1(app_id.encode() + b"\0" + raw).hexdigest()[:32]
 
 
 def consume_batch(batch: pa.RecordBatch, spec: ListenerSpec) -> pa.RecordBatch:
     """Deliver every row of ``batch`` to the listener; one consume-result row per row, in order.
 
     Replay: the listener runs again on the same rows (delivery is at least
-    once, R14); the rows produced carry the same ``result_id``.
+    once, R14); the rows produced carry the same ``result_id``. A row Python
+    cannot hold (a time past year 9999, text that is no UTF-8: another writer's)
+    is not delivered: its result is an ``EXCEPTION`` (:data:`UNREADABLE`) asking for
+    the DLQ, its message columns as read, which the engine quarantines or
+    dead-letters; the other rows are delivered as usual.
     """
-    rows = batch.to_pylist()
-    messages = [ReceivedMessage.from_row(r) for r in rows]
+    messages = _received(batch)
+    readable = [m for m in messages if isinstance(m, ReceivedMessage)]
     outcomes: list[tuple[_Outcome, ConsumeContext]] = []
     if spec.on_message is not None:
-        for m in messages:
+        for m in readable:
             context = ConsumeContext()
             outcomes.append((_call(spec.on_message, m, context, where=f"message {m.msg_id}"), context))
     elif spec.on_batch is not None:
-        for start in range(0, len(messages), spec.batch_size):
-            chunk = messages[start : start + spec.batch_size]
+        for start in range(0, len(readable), spec.batch_size):
+            chunk = readable[start : start + spec.batch_size]
             context = ConsumeContext()
             outcome = _call(spec.on_batch, chunk, context, where=f"batch of {len(chunk)} from {chunk[0].msg_id}")
             outcomes.extend(_ack(outcome, context, len(chunk)))
     else:
         raise SubscriptionError("no listener registered", code="NO_LISTENER")
+    delivered = iter(outcomes)
+    verdicts = [
+        next(delivered) if isinstance(m, ReceivedMessage) else (_Outcome(EXCEPTION, UNREADABLE, m), _TO_DLQ)
+        for m in messages
+    ]
     now = dt.datetime.now(dt.UTC)
-    out = []
-    for row, m, (outcome, context) in zip(rows, messages, outcomes, strict=True):
-        limit = context.max_reconsume_times
-        out.append({
-            "result_id": result_id(spec.app_id, m.msg_id),
-            "consumer_group": spec.group,
-            "consumer_id": spec.consumer_id,
-            "message_model": spec.message_model,
-            "status": outcome.status,
-            "delay_level_when_next_consume": context.delay_level_when_next_consume,
-            "max_reconsume_times": spec.max_reconsume_times if limit is None else limit,
-            "error_class": outcome.error_class,
-            "error_message": outcome.error_message,
-            "consumed_at": now,
-            **{name: row[name] for name in MESSAGE_NAMES},
-        })
-    return pa.RecordBatch.from_pylist(out, schema=CONSUME_RESULTS.arrow_schema)
+    ids = batch.column("msg_id").cast(pa.binary()).to_pylist()
+    results = {
+        "result_id": [result_id(spec.app_id, i) for i in ids],
+        "consumer_group": [spec.group] * batch.num_rows,
+        "consumer_id": [spec.consumer_id] * batch.num_rows,
+        "message_model": [spec.message_model] * batch.num_rows,
+        "status": [outcome.status for outcome, _ in verdicts],
+        "delay_level_when_next_consume": [context.delay_level_when_next_consume for _, context in verdicts],
+        "max_reconsume_times": [
+            spec.max_reconsume_times if context.max_reconsume_times is None else context.max_reconsume_times
+            for _, context in verdicts
+        ],
+        "error_class": [outcome.error_class for outcome, _ in verdicts],
+        "error_message": [outcome.error_message for outcome, _ in verdicts],
+        "consumed_at": [now] * batch.num_rows,
+    }
+    # The message columns as read, not through Python: a value Python cannot hold is carried as it is.
+    columns = [
+        pa.array(results[f.name], f.type) if f.name in results else _as_type(batch.column(f.name), f.type)
+        for f in CONSUME_RESULTS.arrow_schema
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=CONSUME_RESULTS.arrow_schema)
+
+
+# The error class of a delivered row Python cannot hold; its result asks for the DLQ (R5: level -1).
+UNREADABLE = "retry_engine.UnreadableMessage"
+_TO_DLQ = ConsumeContext(delay_level_when_next_consume=-1)
+
+
+def _received(batch: pa.RecordBatch) -> list[ReceivedMessage | str]:
+    """Each row of ``batch`` as the listener gets it, or why it cannot be (row by row only then)."""
+    try:
+        return [ReceivedMessage.from_row(r) for r in batch.to_pylist()]
+    except Exception:  # some row: find which, below
+        pass
+    received: list[ReceivedMessage | str] = []
+    for i in range(batch.num_rows):
+        try:
+            received.append(ReceivedMessage.from_row(batch.slice(i, 1).to_pylist()[0]))
+        except Exception as exc:
+            received.append(truncate_error(f"the message cannot be read: {type(exc).__name__}: {exc}") or "unreadable")
+    return received
+
+
+def _utc_from_micros(micros: int) -> dt.datetime | None:
+    """The UTC time ``micros`` after the epoch; None outside the years a datetime holds (Spark's hold more)."""
+    try:
+        return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros)
+    except OverflowError:
+        return None
+
+
+def _as_type(column: pa.Array, wanted: pa.DataType) -> pa.Array:
+    return column if column.type == wanted else column.cast(wanted)
 
 
 def _ack(outcome: _Outcome, context: ConsumeContext, size: int) -> list[tuple[_Outcome, ConsumeContext]]:
@@ -871,8 +919,8 @@ class _RebalancedBatch:
             return False, None
         if row["timed"] < row["rows"]:
             return True, None
-        oldest = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=row["oldest"])
-        return True, self._skewed(min(oldest, dt.datetime.now(dt.UTC)))
+        oldest = _utc_from_micros(row["oldest"])
+        return True, None if oldest is None else self._skewed(min(oldest, dt.datetime.now(dt.UTC)))
 
     def _catch_up_rows(self, assignment: Assignment) -> tuple[DataFrame | None, bool]:
         """Rows of the gained queues as of the recorded versions (none to read: None), and whether a

@@ -58,6 +58,52 @@ def by_verdict(message: ReceivedMessage, context: ConsumeContext) -> Any:
     return CONSUME_SUCCESS
 
 
+@pytest.mark.parametrize(
+    "column, raw",
+    [
+        ("born_timestamp", 253_402_300_800_000_000),  # 10000-01-01: Spark, Parquet and Delta hold it, Python cannot
+        ("store_timestamp", -62_135_596_800_000_001),  # just before 0001-01-01
+        ("keys", b"\xff\xfe"),  # no UTF-8 (another writer's bytes in a string column)
+    ],
+)
+def test_a_row_python_cannot_hold_is_not_delivered_and_the_rest_of_the_batch_is(column: str, raw: Any) -> None:
+    """Bad-input rule (found by a review): one such row in the messages table made every attempt of its batch raise
+    (OverflowError in to_pylist), on every restart: no message after it was ever consumed. Its result now asks for
+    the DLQ, with the row's columns as read (the engine quarantines or dead-letters it); the others are delivered."""
+    good = delivered("ok", "bad", "ok")
+    arrays = []
+    for f in MESSAGES.arrow_schema:
+        a = good.column(f.name)
+        if f.name == column:
+            values = a.to_pylist()
+            if pa.types.is_timestamp(f.type):
+                values = [None if v is None else int(v.timestamp() * 1_000_000) for v in values]
+                a = pa.array([values[0], raw, values[2]], pa.int64()).cast(f.type)
+            else:
+                a = pa.array([values[0].encode(), raw, values[2].encode()], pa.binary()).cast(f.type, safe=False)
+        arrays.append(a)
+    batch = pa.RecordBatch.from_arrays(arrays, schema=MESSAGES.arrow_schema)
+    seen: list[str] = []
+
+    def listener(message: ReceivedMessage, context: ConsumeContext) -> str:
+        seen.append(message.msg_id)
+        return CONSUME_SUCCESS
+
+    out = consume_batch(batch, spec(on_message=listener))
+    assert seen == ["M0", "M2"] and out.num_rows == 3
+    rows = out.select(["msg_id", "status", "delay_level_when_next_consume", "error_class"]).to_pylist()
+    assert [(r["status"], r["delay_level_when_next_consume"]) for r in rows] == [
+        (CONSUME_SUCCESS, 0), ("EXCEPTION", -1), (CONSUME_SUCCESS, 0)
+    ]
+    assert rows[1]["error_class"] == "retry_engine.UnreadableMessage"
+    assert out.column(column).cast(pa.binary() if column == "keys" else pa.int64())[1].as_py() == raw
+    # Replayed, the same result ids (R14); and as ids before this change.
+    assert consume_batch(batch, spec(on_message=listener)).column("result_id") == out.column("result_id")
+    from retry_engine.clients.consumer import result_id
+
+    assert out.column("result_id")[0].as_py() == result_id("app", "M0")
+
+
 def test_r1_every_verdict_but_success_is_a_failure() -> None:
     out = consume_batch(delivered("ok", "later", "none", "raise", "garbage"), spec(on_message=by_verdict)).to_pylist()
     assert [r["status"] for r in out] == [CONSUME_SUCCESS, RECONSUME_LATER, None, "EXCEPTION", "EXCEPTION"]
@@ -175,3 +221,13 @@ def test_demo_command_rejects_a_bad_message_count_before_starting_spark(capsys: 
 
     assert main(["demo", "--messages", "0"]) == EXIT_ERROR
     assert "[INVALID_OPTION] demo messages=0 must be a positive int" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("micros", [-62_135_596_800_000_001, 253_402_300_800_000_000, -(2**63), 2**63 - 1])
+def test_a_rebalance_check_from_a_store_time_no_datetime_holds_reads_every_file(micros: int) -> None:
+    """(found by a review) The oldest store_timestamp of a rebalance's rows, from Spark's microseconds: one before
+    year 1 (another writer's) raised OverflowError at every restart or queue gain; now no bound (every file)."""
+    from retry_engine.clients.consumer import _utc_from_micros
+
+    assert _utc_from_micros(micros) is None
+    assert _utc_from_micros(1_000_000) == dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.UTC)
