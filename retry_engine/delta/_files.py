@@ -324,7 +324,12 @@ def _min_max(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
         column = pc.filter(column, pc.invert(pc.is_nan(column)))
     if column.null_count >= len(column):
         return None
-    low, high = (v.as_py() for v in pc.min_max(column).values())
+    try:
+        low, high = (v.as_py() for v in pc.min_max(column).values())
+    except (OverflowError, ValueError):
+        # A value Python cannot hold (a time past year 9999, text that is no UTF-8: another writer's
+        # row carried as read): the file keeps no bounds of this column, and readers read it.
+        return None
     if low is None or high is None:
         return None
     if isinstance(low, str):

@@ -708,6 +708,22 @@ def test_an_empty_metadata_file_of_a_checkpoint_that_planned_nothing_gets_a_quer
         ensure_query_id(str(planned))
 
 
+def test_a_file_of_values_python_cannot_hold_is_written_without_their_bounds(tmp_path: Path) -> None:
+    """Bad-input rule (found by a review): a consume result carrying another writer's year-10000 time (or text that
+    is no UTF-8) as read failed the sink's statistics (OverflowError), so the consumer's batch failed at every
+    restart. The file keeps no bounds of such a column, the others' as usual, and its rows read back as written."""
+    schema = pa.schema([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC")), ("text", pa.string())])
+    at = pa.array([0, 253_402_300_800_000_000], pa.int64()).cast(schema.field("at").type)
+    text = pa.array([b"ok", b"\xff\xfe"], pa.binary()).cast(pa.string(), safe=False)
+    writer = PartitionedWriter(pafs.LocalFileSystem(), str(tmp_path), schema)
+    writer.write(pa.record_batch([pa.array([1, 2], pa.int64()), at, text], schema=schema))
+    (written,) = writer.close()
+    stats = json.loads(written.stats)
+    assert stats["numRecords"] == 2 and stats["minValues"] == {"id": 1} and stats["maxValues"] == {"id": 2}
+    back = pq.read_table(str(tmp_path / written.path))
+    assert back.column("at").cast(pa.int64()).to_pylist() == [0, 253_402_300_800_000_000]
+
+
 def test_parquet_written_is_plain(tmp_path: Path) -> None:
     schema = pa.schema([("id", pa.int64())])
     fs, root = pafs.LocalFileSystem(), str(tmp_path)
