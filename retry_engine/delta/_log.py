@@ -647,18 +647,61 @@ class DeltaLog:
     _fs: tuple[pafs.FileSystem, str] | None = field(default=None, repr=False)
     _snapshot: tuple[tuple[int, FilePrune | None], list[FileEntry]] | None = field(default=None, repr=False)
     _commits: OrderedDict[int, Commit] = field(default_factory=OrderedDict, repr=False)
+    # The latest version the handle read and its commit's text, to tell the same table from one
+    # deleted and re-created at the path (see table()).
+    _seal: tuple[int, str | None] | None = field(default=None, repr=False)
 
     @property
     def uri(self) -> str:
         return self.location.uri
 
     def table(self) -> DeltaTable:
-        """A handle at the latest version (refreshed incrementally)."""
+        """A handle at the latest version (refreshed incrementally).
+
+        A table deleted and re-created at its path is ``DELTA_TABLE_ID_CHANGED``: delta-rs's
+        incremental update goes on over the new log (its versions up to the old latest
+        unread: their rows skipped), or fails when that log is shorter. So when the version
+        moves, the commit of the version read before must still be the one it was (one read
+        of it, and one of the new latest's); a commit log cleanup removed is judged by the
+        table id of a fresh open.
+        """
         if self._table is None:
             self._table = self.location.open_table()
         else:
-            self._table.update_incremental()
+            before = self._table.version()
+            try:
+                self._table.update_incremental()
+            except Exception:
+                self._check_same_table()  # re-created, or a fresh handle (the store's error raises again)
+            else:
+                if self._table.version() == before:
+                    return self._table
+                if self._seal is not None and self._commit_text(self._seal[0]) != self._seal[1]:
+                    self._check_same_table()
+        latest = self._table.version()
+        self._seal = (latest, self._commit_text(latest))
         return self._table
+
+    def _commit_text(self, version: int) -> str | None:
+        if self._fs is None:
+            self._fs = self.location.filesystem()
+        lines = commit_lines(*self._fs, version)
+        return None if lines is None else "\n".join(lines)
+
+    def _check_same_table(self) -> None:
+        """``DELTA_TABLE_ID_CHANGED`` if the table at the path is another than the handle's; else the
+        handle and the caches start again from a fresh open."""
+        known = str(self._table.metadata().id) if self._table is not None else None
+        fresh = self.location.open_table()
+        if known is not None and str(fresh.metadata().id) != known:
+            raise DeltaSourceError(
+                f"the Delta table at {self.uri} was deleted and re-created while it was read (table {known} is now "
+                f"table {fresh.metadata().id}); a stream cannot go on from one table's versions into another's. "
+                "Start from a new checkpoint to read the new table",
+                code="DELTA_TABLE_ID_CHANGED",
+            )
+        self._table, self._snapshot = fresh, None
+        self._commits.clear()
 
     def latest_version(self) -> int:
         return self.table().version()

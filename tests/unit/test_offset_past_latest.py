@@ -234,3 +234,35 @@ def test_a_spark_stream_on_a_forged_checkpoint_fails_with_the_code(
         with pytest.raises(Exception, match="DELTA_OFFSET_INVALID") as caught:
             query.awaitTermination(120)
     assert "version 1000000 of" in str(caught.value) and "latest version is 2:" in str(caught.value)
+
+
+@pytest.mark.parametrize("new_versions", [3, 8])
+def test_a_table_re_created_while_the_stream_runs_is_table_id_changed(tmp_path: Path, new_versions: int) -> None:
+    """(found by a review) The reader checked the table id once, at its start: a table deleted and re-created at
+    its path while the query ran was read on from the old latest version (the new table's rows up to it skipped,
+    silently) when the new log was longer, and failed with delta-rs's kernel error when it was shorter."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "t")
+    for i in range(5):
+        write_deltalake(path, pa.table({"id": [f"old{i}"]}), mode="append")
+    options = SourceOptions.parse({"path": path, "startingVersion": "0"})
+    from retry_engine.delta.source import row_schema
+
+    reader = DeltaStreamReader(options, row_schema(options))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == reader.latestOffset(end, ReadAllAvailable())  # nothing new: no error, no re-read
+    shutil.rmtree(path)
+    for i in range(new_versions):
+        write_deltalake(path, pa.table({"id": [f"new{i}"]}), mode="append")
+    with pytest.raises(DeltaSourceError, match=r"DELTA_TABLE_ID_CHANGED.*deleted and re-created while it was read"):
+        reader.latestOffset(end, ReadAllAvailable())
+    # The same table gaining commits is read on as before.
+    same = str(tmp_path / "same")
+    write_deltalake(same, pa.table({"id": ["a"]}))
+    log = DeltaLog(SourceOptions.parse({"path": same}).location)
+    assert log.latest_version() == 0
+    write_deltalake(same, pa.table({"id": ["b"]}), mode="append")
+    assert log.latest_version() == 1 and log.latest_version() == 1
