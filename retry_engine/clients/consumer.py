@@ -690,12 +690,32 @@ class _RebalancedBatch:
         return os.path.join(self.records, f"{batch_id}.json")
 
     def _load(self, batch_id: int) -> Assignment | None:
-        """The recorded assignment of ``batch_id``; None if there is none or it does not fit this consumer.
+        """The recorded assignment of ``batch_id``, to replay; None if there is none or it does not fit
+        this consumer.
 
         A record for other topics or queue counts (the subscription changed
         between a failed batch and its replay) is planned anew: replaying it
         would skip the new topic's rows of that batch for good.
         """
+        recorded = self._read_record(batch_id)
+        if recorded is not None and recorded.queue_counts != dict(sorted(self.queue_counts.items())):
+            log.warning("group %s: assignment record of batch %d is for queues %s, not %s; planning anew",
+                        self.group, batch_id, recorded.queue_counts, self.queue_counts)
+            return None
+        return recorded
+
+    def _previous(self, batch_id: int) -> Assignment | None:
+        """The recorded assignment of ``batch_id`` as the batch after it goes on from: with the subscription
+        changed since (a restart), its topics whose queue count is the same, so queues gained in them are
+        still caught up (a record dropped whole caught up none: rows this stream passed while another
+        instance owned them were consumed by nobody)."""
+        recorded = self._read_record(batch_id)
+        if recorded is None:
+            return None
+        same = [t for t, n in recorded.queue_counts.items() if self.queue_counts.get(t) == n]
+        return recorded if len(same) == len(recorded.queue_counts) else recorded.of_topics(same)
+
+    def _read_record(self, batch_id: int) -> Assignment | None:
         path = self._record_path(batch_id)
         try:
             with open(path) as f:
@@ -709,10 +729,6 @@ class _RebalancedBatch:
         if recorded.batch_id != batch_id:
             log.warning("group %s: assignment record %s is of batch %d; planning batch %d anew",
                         self.group, path, recorded.batch_id, batch_id)
-            return None
-        if recorded.queue_counts != dict(sorted(self.queue_counts.items())):
-            log.warning("group %s: assignment record of batch %d is for queues %s, not %s; planning anew",
-                        self.group, batch_id, recorded.queue_counts, self.queue_counts)
             return None
         return recorded
 
@@ -742,7 +758,7 @@ class _RebalancedBatch:
         assert self.membership is not None  # only called for CLUSTERING; not an input check
         members = self.membership.live()
         versions = self._versions()
-        previous = self._load(batch_id - 1)
+        previous = self._previous(batch_id - 1)
         streamed = self._stream_through(batch_id)
         plan = functools.partial(
             plan_assignment,

@@ -24,8 +24,8 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -544,6 +544,22 @@ class Assignment:
     streamed: dict[str, int] | None = None
     """The ``stream_through`` it was planned with: a replay whose stream offsets differ vouches for nothing."""
 
+    def of_topics(self, topics: Iterable[str]) -> Assignment:
+        """This assignment with only ``topics`` (what a later batch can go on from when the others changed)."""
+        keep = set(topics)
+        return replace(
+            self,
+            queue_counts={t: n for t, n in self.queue_counts.items() if t in keep},
+            owned={t: q for t, q in self.owned.items() if t in keep},
+            catch_up={t: q for t, q in self.catch_up.items() if t in keep},
+            catch_up_versions={t: v for t, v in self.catch_up_versions.items() if t in keep},
+            windows=tuple(w for w in self.windows if w.topic in keep),
+            catch_up_after={t: v for t, v in self.catch_up_after.items() if t in keep},
+            consumed_through={t: q for t, q in self.consumed_through.items() if t in keep},
+            tags={t: v for t, v in self.tags.items() if t in keep},
+            streamed=None if self.streamed is None else {t: v for t, v in self.streamed.items() if t in keep},
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "batch_id": self.batch_id,
@@ -640,14 +656,19 @@ def plan_assignment(
     if previous is None:
         gained = owned
     else:
+        # A topic the previous batch did not have (subscribed since, or its queue count changed):
+        # as without a previous assignment, its owned queues get windows and nothing is caught up.
         gained = {
             topic: tuple(q for q in queues if q not in previous.owned.get(topic, ()))
             for topic, queues in owned.items()
+            if topic in previous.queue_counts
         }
         gained = {topic: queues for topic, queues in gained.items() if queues}
         catch_up = gained
         if restarted:
             gained = owned
+        else:
+            gained = {**gained, **{t: q for t, q in owned.items() if t not in previous.queue_counts}}
     windows = [w for w in carried_windows if w.topic in owned]
     windows += [Window(topic, queues, versions[topic]) for topic, queues in gained.items() if queues]
     published = published or {}

@@ -501,3 +501,26 @@ def test_a_replay_whose_stream_offsets_changed_since_its_plan_vouches_for_nothin
     offsets(5)
     replayed = fn._assignment(None, 0)  # type: ignore[arg-type]
     assert replayed.consumed_through == {} and replayed.owned == planned.owned
+
+
+def test_a_restart_with_another_subscription_still_catches_up_the_queues_it_gains(tmp_path: Path) -> None:
+    """R9/B2 (found by a review): instance A restarted on its checkpoint with one more topic while B had left. The
+    record of its last batch was for other queue counts, so it was dropped whole: A gained orders 2-3 with no
+    catch-up, and the rows its stream had passed while B owned them were consumed by nobody. The topics whose
+    queue count is unchanged go on from the record; the new topic is planned as for a new checkpoint."""
+    before = plan(4, ["A@1", "B@1"], None, stream_through={"orders": 12, "%RETRY%G": 3})
+    assert before.owned == {"orders": (0, 1), "%RETRY%G": (0,)}
+    batch = batch_function(tmp_path, queue_counts={**COUNTS, "payments": 4})
+    batch._save(before)
+    previous = batch._previous(4)
+    assert previous is not None and set(previous.queue_counts) == set(COUNTS) == set(previous.owned)
+    assert batch._load(4) is None  # a replay of batch 4 itself is still planned anew
+    after = plan_assignment(batch_id=5, members=["A@1"], me="A@1", queue_counts={**COUNTS, "payments": 4},
+                            versions={"orders": 20, "%RETRY%G": 9, "payments": 7}, previous=previous,
+                            restarted=True, stream_through={"orders": 20, "%RETRY%G": 9, "payments": 7})
+    assert after.catch_up == {"orders": (2, 3), "%RETRY%G": (1,)}
+    assert {(w.topic, w.queues) for w in after.windows} >= {("payments", (0, 1, 2, 3)), ("orders", (0, 1, 2, 3))}
+    # Not restarted either: the new topic's queues get windows, not a catch-up.
+    again = plan_assignment(batch_id=5, members=["A@1"], me="A@1", queue_counts={**COUNTS, "payments": 4},
+                            versions={"orders": 20, "%RETRY%G": 9, "payments": 7}, previous=previous)
+    assert "payments" not in again.catch_up and ("payments", (0, 1, 2, 3)) in {(w.topic, w.queues) for w in again.windows}
