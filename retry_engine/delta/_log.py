@@ -348,14 +348,20 @@ def parse_commit(version: int, lines: Iterable[str]) -> Commit:
             continue
         try:
             action = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise DeltaSourceError(
                 f"commit {version} line {number} is not JSON: {exc}", code="DELTA_COMMIT_CORRUPT"
             ) from exc
+        problem = _action_problem(action)
+        if problem is not None:
+            raise DeltaSourceError(
+                f"commit {version} line {number} is no Delta action: {problem} ({line[:200]!r})",
+                code="DELTA_COMMIT_CORRUPT",
+            )
         if "add" in action:
             if action["add"].get("dataChange", True):
                 adds.append(action["add"])
-            elif isinstance(action["add"].get("path"), str):
+            else:
                 rewrites.append(action["add"]["path"])
         elif "remove" in action:
             if action["remove"].get("dataChange", True):
@@ -371,6 +377,38 @@ def parse_commit(version: int, lines: Iterable[str]) -> Commit:
             if isinstance(stamp, int) and not isinstance(stamp, bool) and _MIN_TIME_MS <= stamp <= _MAX_TIME_MS:
                 in_commit_timestamp = stamp
     return Commit(version, tuple(adds), tuple(removes), protocol, metadata, in_commit_timestamp, tuple(rewrites))
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _action_problem(action: object) -> str | None:
+    """Why a commit line is no action this reader can use (another writer's, a damaged file); None if it is.
+
+    The fields read of an add or a remove are checked: a path; a size and a modification time that are
+    whole numbers, if given; partition values as a mapping of text to text or null.
+    """
+    if not isinstance(action, dict):
+        return f"a JSON {type(action).__name__}, not an object"
+    for kind in ("add", "remove", "protocol", "metaData"):
+        if kind in action and not isinstance(action[kind], dict):
+            return f"its {kind} is a JSON {type(action[kind]).__name__}, not an object"
+    for kind in ("add", "remove"):
+        file = action.get(kind)
+        if file is None:
+            continue
+        if not isinstance(file.get("path"), str) or not file["path"]:
+            return f"the {kind} has no path"
+        for name in ("size", "modificationTime", "deletionTimestamp"):
+            if file.get(name) is not None and not _whole(file[name]):
+                return f"the {kind}'s {name} {file[name]!r} is no whole number"
+        values = file.get("partitionValues")
+        if values is not None and (
+            not isinstance(values, dict) or not all(isinstance(v, str) or v is None for v in values.values())
+        ):
+            return f"the {kind}'s partitionValues {values!r} are not text by column"
+    return None
 
 
 def commit_log_path(version: int) -> str:

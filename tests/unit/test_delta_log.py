@@ -130,6 +130,26 @@ def test_parse_commit_rejects_garbage() -> None:
         parse_commit(4, [add("a"), "{not json"])
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"add": null}', '{"add": []}', '{"remove": null}', "[1, 2]", "42", '"text"', '{"metaData": null}',
+        '{"protocol": 3}', '{"add": {"size": 1, "dataChange": true}}', '{"add": {"path": "", "size": 1}}',
+        '{"add": {"path": "a.parquet", "size": "big"}}', '{"add": {"path": "a.parquet", "size": 1.5}}',
+        '{"add": {"path": "a.parquet", "size": true}}', '{"add": {"path": "a.parquet", "partitionValues": [1]}}',
+        '{"add": {"path": "a.parquet", "partitionValues": {"g": 7}}}', '{"add": {"path": "a.parquet", "modificationTime": "x"}}',
+        '{"remove": {"path": 5}}', '{"remove": {"path": "a.parquet", "deletionTimestamp": "soon"}}', "[" * 100_000,
+    ],
+)
+def test_a_commit_line_that_is_no_action_is_commit_corrupt_naming_it(line: str) -> None:
+    """Hostile input (found by a review): another writer's (or a damaged) commit line raised AttributeError, TypeError,
+    KeyError or ValueError naming nothing, and `run` restarted on it for 25 minutes (it gives up at once on a coded
+    error). One DELTA_COMMIT_CORRUPT naming the version and the line."""
+    with pytest.raises(DeltaSourceError, match=r"^\[DELTA_COMMIT_CORRUPT\] commit 7 line 2"):
+        commit = parse_commit(7, [add("ok"), line])
+        commit_entries(commit, uri="t", ignore_deletes=True, skip_change_commits=False)
+
+
 def test_commit_with_remove_fails_by_default_naming_version_and_options() -> None:
     commit = Commit(12, adds=(), removes=({"path": "x"},))
     with pytest.raises(DeltaSourceError, match=r"DELTA_SOURCE_REMOVE_IN_COMMIT.*commit 12 of t.*skipChangeCommits.*ignoreDeletes"):
