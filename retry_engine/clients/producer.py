@@ -197,6 +197,9 @@ class Message:
                 raise MessageTypeError(f"message properties must map str to str, got {props!r}")
         if isinstance(self.flag, bool) or not isinstance(self.flag, int):
             raise MessageTypeError(f"message flag must be an int, got {type(self.flag).__name__}")
+        if not -(2**31) <= self.flag < 2**31:
+            # RocketMQ's flag is a Java int; the column is int32.
+            raise InvalidMessageError(f"message flag {self.flag} is outside the int32 range a flag holds", code="FLAG_OUT_OF_RANGE")
 
 
 def _check_optional_str(name: str, value: object) -> None:

@@ -265,3 +265,12 @@ def test_sequence_without_producer_id_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidMessageError, match=r"\[PRODUCER_ID_REQUIRED\] sequence=3 needs a producer"):
         Producer(str(tmp_path / "m")).send("orders", b"x", sequence=3)
     assert rows(tmp_path / "m") == []
+
+
+@pytest.mark.parametrize("flag", [2**31, -(2**31) - 1, 2**70])
+def test_a_flag_outside_int32_is_a_clear_error_and_nothing_is_written(tmp_path: Path, flag: int) -> None:
+    """(found by a review) It raised pyarrow's ArrowInvalid naming no field."""
+    producer = Producer(str(tmp_path / "messages"))
+    with pytest.raises(InvalidMessageError, match=rf"\[FLAG_OUT_OF_RANGE\] message flag {flag} is outside the int32"):
+        producer.send("orders", "hello", flag=flag)
+    assert Message("orders", "x", flag=2**31 - 1).flag == 2**31 - 1 and Message("orders", "x", flag=-(2**31)).flag < 0
