@@ -317,11 +317,19 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
         lambda i: f"topic {_short(topic[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{TOPIC_MAX_LENGTH}}}",
     )
     # The original topic (R3) is a topic name too: the retry and the dead letter carry it, a re-drive
-    # writes to it. Checked like topic, blank excepted as there (null or empty means topic: _or).
+    # writes to it. Checked like topic, null or empty excepted (they mean topic: _or); only spaces are
+    # no name (they would be carried on, as RocketMQ reads the property as it is).
     original = cols["retry_topic"]
+    given = pc.invert(pc.or_kleene(pc.is_null(original), pc.equal(original, "")))
     _flag(
         problems,
-        bad_name(original, TOPIC_MAX_LENGTH + len("%RETRY%")),
+        pc.and_kleene(
+            given,
+            pc.or_kleene(
+                pc.invert(pc.match_substring_regex(original, _VALID_NAME_PATTERN)),
+                pc.greater(pc.utf8_length(original), TOPIC_MAX_LENGTH + len("%RETRY%")),
+            ),
+        ),
         "INVALID_TOPIC_NAME",
         lambda i: f"retry_topic {_short(original[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{TOPIC_MAX_LENGTH}}}",
     )

@@ -290,13 +290,15 @@ def _resend(args: argparse.Namespace, config: EngineConfig, out: TextIO, err: Te
         }
         _emit(pd.DataFrame([summary]), args.format, out)
         return EXIT_OK
-    where = f"instance {report.instance} of group {report.consumer_group}"
+    # For the terminal: the instance and ids are text from tables (a consumer's results, the DLQ).
+    where = f"instance {printable(report.instance)} of group {printable(report.consumer_group)}"
+    dead = printable(report.dlq_msg_id)
     if moved:
         verb = "would resend" if report.redrive.dry_run else "resent"
-        print(f"{verb} dead letter {report.dlq_msg_id} to {where} as message {report.resent_msg_id} "
+        print(f"{verb} dead letter {dead} to {where} as message {report.resent_msg_id} "
               f"(resend {report.redrive.redrive_id}{', dry run: nothing changed' if report.redrive.dry_run else ''})", file=out)
     else:
-        print(f"dead letter {report.dlq_msg_id} was already moved (by this resend or a re-drive, see 'dlq show'): "
+        print(f"dead letter {dead} was already moved (by this resend or a re-drive, see 'dlq show'): "
               f"nothing resent to {where}; --force resends it again", file=out)
     return EXIT_OK
 

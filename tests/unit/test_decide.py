@@ -190,9 +190,11 @@ def test_a_retry_topic_that_is_no_topic_name_is_quarantined() -> None:
         Result.of("M4").failed(retry_topic="orders-v2"),
         Result.of("M5").failed(retry_topic=""),
         Result.of("M6").failed(retry_topic="%RETRY%G"),
+        Result.of("M7").failed(retry_topic="   "),  # only spaces: no name, and not topic either
     ])
     assert [(r["outcome"], r["reason_code"]) for r in rows[:4]] == [("quarantined", "INVALID_TOPIC_NAME")] * 4
+    assert (rows[7]["outcome"], rows[7]["reason_code"]) == ("quarantined", "INVALID_TOPIC_NAME")
     assert rows[0]["reason"] == "retry_topic '../../x' must match [%|a-zA-Z0-9_-]{1,127}"
-    assert [(r["outcome"], r["retry_topic"]) for r in rows[4:]] == [
+    assert [(r["outcome"], r["retry_topic"]) for r in rows[4:7]] == [
         ("retry", "orders-v2"), ("retry", "orders"), ("retry", "%RETRY%G"),
     ]

@@ -152,3 +152,15 @@ def test_a_redrive_after_a_resend_skips_the_resent_dead_letter(lake: Lake) -> No
     assert (report.moved, report.skipped) == (2, 1)
     moved = [dict(r["properties"]).get(PROP_RESEND_TO) for r in lake.rows("retry")]
     assert sorted(moved, key=str) == sorted([None, None, "host@1@DEFAULT"], key=str)
+
+
+def test_cli_resend_prints_a_dead_letters_id_escaped(lake: Lake, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Text from the DLQ reaches the operator's terminal escaped (found by a review: dlq list, show and status
+    escaped theirs, resend printed the dead letter's id raw)."""
+    write_deltalake(lake.path("dlq"), pa.Table.from_pylist([dead_letter("D\x1b[2J9", "O9")], schema=DLQ.arrow_schema),
+                    mode="append", partition_by=["consumer_group"])
+    config = tmp_path / "retry-engine.toml"
+    config.write_text(f'[engine]\nlake = "{lake.root}"\n')
+    assert main(["dlq", "resend", "O9", "--config", str(config), "--consumer-id", "host@1"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "resent dead letter D\\x1b[2J9 to instance host@1@DEFAULT" in out
