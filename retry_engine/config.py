@@ -78,6 +78,7 @@ DEFAULT_DIRECT_WRITE_ROWS = 8192
 DEFAULT_PROGRESS_FLUSH_INTERVAL = "5s"
 # The lake lease (B8) expires this long after its owner's last heartbeat (every quarter of it).
 DEFAULT_LEASE_TIMEOUT = "60s"
+MIN_LEASE_TIMEOUT_MS = 5_000
 # `retry-engine run` restarts a query that failed (a storage outage, a lost executor) after
 # restart_delay, doubled after each restart in a row up to 5 min; after
 # restart_attempts restarts in a row without a completed micro-batch it exits 1. The defaults
@@ -130,7 +131,7 @@ class ExponentialBackoff(_Strict):
 
     policy: Literal["exponential"]
     initial: Duration = "1s"
-    multiplier: float = Field(default=2.0, gt=1.0)
+    multiplier: float = Field(default=2.0, gt=1.0, allow_inf_nan=False)
     max: Duration = "1h"
 
     # Delays, as delay levels: unbounded (a due time past the calendar quarantines its row,
@@ -280,6 +281,24 @@ class EngineSection(_Strict):
         # An empty lake would put every table in the working directory under its bare name.
         if not value.strip():
             raise ValueError("lake is empty; give the folder (or s3://... URI) that holds the tables")
+        return value
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint(cls, value: str | None) -> str | None:
+        # A blank one was a folder named by its spaces in the working directory.
+        if value is not None and not value.strip():
+            raise ValueError("checkpoint is blank; give a folder (or leave it out: <lake>/_checkpoints/engine)")
+        return value
+
+    @field_validator("lease_timeout")
+    @classmethod
+    def _lease_timeout(cls, value: str) -> str:
+        # The owner heartbeats every quarter of it, a Delta commit each: much shorter and a live
+        # owner's heartbeat comes late, so a second engine takes its lake without --take-over.
+        if parse_duration_ms(value) < MIN_LEASE_TIMEOUT_MS:
+            raise ValueError(f"{value!r} is shorter than {MIN_LEASE_TIMEOUT_MS // 1000}s; a live owner's heartbeats "
+                             "(a commit each) would not keep its lease")
         return value
 
 

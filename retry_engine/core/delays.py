@@ -22,6 +22,8 @@ UNIT_MILLIS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _TOKEN = re.compile(r"([1-9][0-9]*)(ms|s|m|h|d)")
 # A hundred years: every setting's duration is far below, and a time plus it stays a time.
 MAX_DURATION_MS = 36_500 * UNIT_MILLIS["d"]
+# Longer than any two dates of the calendar (years 1-9999) are apart: a delay past it ends past it.
+CALENDAR_MS = 10_000 * 366 * UNIT_MILLIS["d"]
 
 
 def parse_duration_ms(token: str) -> int:
@@ -116,6 +118,13 @@ class ExponentialPolicy:
     multiplier: float
     max_ms: int
     first_level: int = 1
+
+    def __post_init__(self) -> None:
+        # A delay past the calendar is one: its due time quarantines the row (DUE_AT_OUT_OF_RANGE).
+        # Held at that bound, the float arithmetic below cannot overflow (10**400 days raised
+        # OverflowError for every failure of the group, even its first short retry).
+        object.__setattr__(self, "initial_ms", min(self.initial_ms, CALENDAR_MS))
+        object.__setattr__(self, "max_ms", min(self.max_ms, CALENDAR_MS))
 
     def clamp(self, level: int) -> int:
         # Past the level where the cap is reached every level waits max_ms; keep the

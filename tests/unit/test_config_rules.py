@@ -256,6 +256,22 @@ def test_a_backoff_cap_of_many_years_still_means_no_cap(tmp_path: Path) -> None:
     assert load_config(conf, env={}).groups["G"].backoff.max == "999999d"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("huge", ["initial", "max"])
+def test_an_exponential_delay_past_the_calendar_still_retries_and_caps(huge: str) -> None:
+    """(found by a review) initial or max of 10**30 days overflowed the float arithmetic: every failure of the group
+    was quarantined as DECIDE_FAILED, even its first 1 s retry. Held at the calendar: a cap past it is no cap,
+    and an initial delay past it waits the cap (default 1h), as min(initial * multiplier**n, max) says."""
+    from retry_engine.core.delays import CALENDAR_MS
+
+    backoff = {"policy": "exponential", huge: "1" + "0" * 30 + "d"}
+    config = parse_config({"groups": {"G": {"backoff": backoff}}})
+    policy = config.policy(config.group("G"))  # type: ignore[arg-type]
+    if huge == "max":
+        assert [policy.delay_ms(n) for n in (1, 2, 3)] == [1_000, 2_000, 4_000] and policy.delay_ms(99) == CALENDAR_MS
+    else:
+        assert policy.delay_ms(1) == policy.delay_ms(99) == 3_600_000
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -266,6 +282,11 @@ def test_a_backoff_cap_of_many_years_still_means_no_cap(tmp_path: Path) -> None:
         (b'[engine]\ndedup_window = "1000000d"\n', "is longer than 36500d"),
         (b'[engine]\nlease_timeout = "99999999999999999999d"\n', "is longer than 36500d"),
         (b'[dlq]\nresolved_retention = "1000000d"\n', "is longer than 36500d"),
+        # Found by a review: accepted, and they changed what the engine does.
+        (b'[groups.G.backoff]\npolicy = "exponential"\nmultiplier = inf\n', "multiplier: Input should be a finite number"),
+        (b'[engine]\ncheckpoint = "   "\n', "checkpoint is blank"),
+        (b'[engine]\nlease_timeout = "1ms"\n', "'1ms' is shorter than 5s"),
+        (b'[engine]\nlease_timeout = "4999ms"\n', "is shorter than 5s"),
     ],
 )
 def test_hostile_config_files_are_one_clear_error(tmp_path: Path, text: bytes, message: str) -> None:
