@@ -236,8 +236,16 @@ class ScheduleStage:
         current = KeyState(pending, seen, expires_ms, held.sealed_batch, tuple(chunks))
         value = encode(current)
         if held.sealed_batch is None and self.seals is not None and len(value[0]) + len(value[1]) > self.max_key_bytes:
-            forgotten = [*self._forgotten_rows(key, current.chunks, parked)]
-            value = self._seal(self.seals, key, current, len(value[0]) + len(value[1]), forgotten) or value
+            try:
+                forgotten = [*self._forgotten_rows(key, current.chunks, parked)]
+            except StateUnreadableError as exc:
+                # A parked file of the key is gone or damaged: not sealed now (the value stays whole,
+                # a little past the limit). The key is quarantined when it next reads that file (rows
+                # come in, or the file's rows fall due), as for any unreadable state, while every
+                # other key goes on: raising here stopped the whole engine on every restart.
+                log.warning("group %s bucket %s: not split: %s", route, bucket, exc)
+            else:
+                value = self._seal(self.seals, key, current, len(value[0]) + len(value[1]), forgotten) or value
         state.update(value)
         # Spark fires the timeout in the first batch whose timestamp is past now + duration.
         state.setTimeoutDuration(max(1, next_ms - now_ms))

@@ -362,3 +362,41 @@ def test_park_writes_rows_by_due_time_keeping_the_order_of_equal_ones(tmp_path: 
     assert parked(with_due([10, 10, 10, 10, 10]), 1) == ["M0", "M1", "M2", "M3", "M4"]
     assert parked(with_due([1, 2, 2, 3, 9]), 2) == ["M0", "M1", "M2", "M3", "M4"]
     assert parked(with_due([5, 1, 5, 0, 1]), 3) == ["M3", "M1", "M4", "M0", "M2"]
+
+
+def test_a_key_whose_parked_file_is_gone_does_not_stop_the_engine_when_it_would_split(tmp_path: Path) -> None:
+    """Bad-input rule (found by a review): a key's parked file (not yet due, its ids forgotten with the window)
+    lost from the checkpoint; a call without input whose value passed state_key_max_bytes (lowered at a restart)
+    read it to seal the key and raised STATE_UNREADABLE: the batch failed at every replay and `run` exited, every
+    group stopped by one key. The key is left unsealed, its due rows released, and it is quarantined when it next
+    reads that file (with input), as any unreadable state."""
+    from retry_engine.core._state_splits import SealStore
+
+    config = parse_config({"engine": {"message_delay_level": "1m 2h"}, "group_defaults": {"backoff": {"first_level": 1}}})
+    early = work_rows([Result.of(f"A{i:05d}").failed().with_(delay_level_when_next_consume=2) for i in range(50)],
+                      batch_ts=T0, config=config)
+    later = work_rows([Result.of(f"B{i:05d}").failed().with_(delay_level_when_next_consume=1) for i in range(3000)],
+                      batch_ts=T0 + dt.timedelta(minutes=12), config=config)
+    key = _key(early)
+    assert _key(later) == key
+    store = ParkedStore(str(tmp_path))
+    stage = ScheduleStage(dedup_window_ms=WINDOW_MS, parked=store, park_bytes=0, seals=SealStore(str(tmp_path)),
+                          max_key_bytes=1 << 30)
+    state = HeldState(T0)
+    run(dataclasses.replace(stage, batch_id=1), key, [early], state)  # parked, due in 2h
+    state.now_ms += 11 * MINUTE_MS
+    run(dataclasses.replace(stage, batch_id=2), key, [], state)  # the window passes: its ids are forgotten
+    state.now_ms += MINUTE_MS
+    run(dataclasses.replace(stage, batch_id=3), key, [later], state)  # parked, due in 1 minute
+    held = decode(state.value, key)
+    Path(store.path(held.chunks[0].name)).unlink()
+    state.now_ms += 2 * MINUTE_MS
+    out = run(dataclasses.replace(stage, batch_id=4, max_key_bytes=16 * 1024), key, [], state)
+    assert len(out) == 3000 and set(out["origin_msg_id"].str[:1]) == {"B"}  # the due retries, released
+    assert decode(state.value, key).sealed_batch is None
+    # With input the key reads the lost file: the whole key goes to quarantine, the stream goes on.
+    state.now_ms += MINUTE_MS
+    more = work_rows([Result.of("C00000").failed()], batch_ts=T0 + dt.timedelta(minutes=12), config=config)
+    assert _key(more) == key
+    quarantined = run(dataclasses.replace(stage, batch_id=5), key, [more], state)
+    assert set(quarantined["reason_code"].dropna()) == {"STATE_UNREADABLE"}
