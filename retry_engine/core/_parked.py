@@ -107,7 +107,7 @@ def chunks_from_json(raw: bytes, key: tuple[str, int] | None = None) -> tuple[Ch
         raise StateUnreadableError(f"the parked retries' references are not JSON: {raw[:200]!r}") from exc
     if not isinstance(entries, list):
         raise StateUnreadableError(f"the parked retries' references are {type(entries).__name__}, expected a list")
-    chunks = []
+    chunks: list[Chunk] = []
     for entry in entries:
         if (
             not isinstance(entry, list)
@@ -121,16 +121,24 @@ def chunks_from_json(raw: bytes, key: tuple[str, int] | None = None) -> tuple[Ch
             )
         name, rows, released, next_due_ms, ids_known = entry
         match = _NAME.match(name)
-        if match is None or not 0 <= released < rows:
+        if match is None or not 0 <= released < rows or not _MIN_DUE_MS <= next_due_ms <= _MAX_DUE_MS:
             raise StateUnreadableError(
                 f"a parked retries' reference is {entry!r}: expected a file name "
-                "route_<hex>.bucket_<n>.batch_<n>.arrow and 0 <= released < rows"
+                "route_<hex>.bucket_<n>.batch_<n>.arrow, 0 <= released < rows and a next due time in years 1-9999"
             )
+        if any(c.name == name for c in chunks):
+            # Its rows would be released twice.
+            raise StateUnreadableError(f"the parked file {name} is referenced twice")
         owner = (bytes.fromhex(match["route"]).decode("utf-8", errors="replace"), int(match["bucket"]))
         if key is not None and owner != (key[0], int(key[1])):
             raise StateUnreadableError(f"the parked file {name} belongs to another state key than {key}")
         chunks.append(Chunk(name, rows, released, next_due_ms, ids_known))
     return tuple(chunks)
+
+
+# A due time (epoch ms) the calendar holds: a reference's next due time outside it is no time.
+_MIN_DUE_MS = -62_135_596_800_000
+_MAX_DUE_MS = 253_402_300_799_999
 
 
 def _ascending(values: np.ndarray) -> bool:

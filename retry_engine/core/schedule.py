@@ -200,7 +200,7 @@ class ScheduleStage:
             elif (batch := self._batch()) is not None and self.parked is not None:
                 self.parked.done(chunk, batch)
         if released:
-            gone = pa.concat_tables(released)
+            gone = _once(pa.concat_tables(released), route, bucket)
             if gone.num_rows:
                 out.append(_as_deliveries(gone, now_ms))
                 # A released id stays known for a window after its release, like a fresh one.
@@ -272,7 +272,17 @@ class ScheduleStage:
             raise StateUnreadableError(
                 f"the state of key {key} references parked retries, but the stage has no parked store"
             )
-        return parked_rows(self.parked.read(chunk, key), self.parked.path(chunk.name))
+        path = self.parked.path(chunk.name)
+        rows = parked_rows(self.parked.read(chunk, key), path)
+        # The reference's next due time is that of its first unreleased row (what park and every release
+        # write): another (a damaged or edited state) would hold due rows back, or skip some.
+        first = int(due_ms(rows.slice(chunk.released, 1))[0])
+        if first != chunk.next_due_ms:
+            raise StateUnreadableError(
+                f"the parked retries file {path}: its reference's next due time {chunk.next_due_ms} is not that of "
+                f"its row {chunk.released} ({first}), the first not yet released"
+            )
+        return rows
 
     def _read_parked(
         self, key: tuple[str, int], held: KeyState, now_ms: int, has_input: bool
@@ -632,6 +642,18 @@ def ledger_only(rows: pa.Table) -> pa.Table:
     the other columns' nulls, halves what crosses from this stage to the writer (#14 part 5).
     """
     return rows.select([name for name in rows.schema.names if name in LEDGER_COLUMNS])
+
+
+def _once(released: pa.Table, route: str, bucket: int) -> pa.Table:
+    """``released`` with each consumed delivery's retry once. Deduplication keeps ids unique as they come
+    in, so a repeat comes only from a damaged or edited state (the same row twice in a blob, inline and
+    parked): it would be delivered twice."""
+    ids = pd.Index(released.column("consumed_msg_id").to_numpy(zero_copy_only=False))
+    repeated = ids.duplicated()
+    if not repeated.any():
+        return released
+    log.warning("group %s bucket %s: %d retries held twice in the state released once", route, bucket, int(repeated.sum()))
+    return released.filter(pa.array(~repeated))
 
 
 def _in_source_order(payloads: list[bytes]) -> pa.Table:

@@ -400,3 +400,40 @@ def test_a_key_whose_parked_file_is_gone_does_not_stop_the_engine_when_it_would_
     assert _key(more) == key
     quarantined = run(dataclasses.replace(stage, batch_id=5), key, [more], state)
     assert set(quarantined["reason_code"].dropna()) == {"STATE_UNREADABLE"}
+
+
+def test_hostile_references_and_repeats_in_a_restored_state_release_nothing_twice_or_never(tmp_path: Path) -> None:
+    """A restored state (found by a review): the same parked file referenced twice (its rows released twice), a
+    next due time past int64 (passed to Spark as a timeout) or not that of the file's first unreleased row (due
+    rows held back, or some skipped), the same retry twice in the pending blob (delivered twice). The first three
+    are unreadable state (the key quarantined, the stream goes on); a repeated retry is released once."""
+    config = parse_config({"engine": {"message_delay_level": "1m"}, "group_defaults": {"backoff": {"first_level": 1}}})
+    work = work_rows([Result.of("F1").failed(), Result.of("F2").failed()], batch_ts=T0, config=config)
+    key = _key(work)
+    store = ParkedStore(str(tmp_path))
+    stage = ScheduleStage(dedup_window_ms=WINDOW_MS, parked=store, park_bytes=0, batch_id=1)
+    state = HeldState(T0)
+    run(stage, key, [work], state)
+    held = decode(state.value, key)
+    (chunk,) = held.chunks
+    for damaged, said in (
+        ((chunk, chunk), "referenced twice"),
+        ((dataclasses.replace(chunk, next_due_ms=2**64),), "next due time in years 1-9999"),
+    ):
+        with pytest.raises(StateUnreadableError, match=said):
+            decode(encode(dataclasses.replace(held, chunks=damaged)), key)
+    # A next due time earlier than its file's: read when it says, found out, the key quarantined.
+    early = HeldState(T0)
+    early.value = encode(dataclasses.replace(held, chunks=(dataclasses.replace(chunk, next_due_ms=chunk.next_due_ms - 30_000),)))
+    early.now_ms = chunk.next_due_ms - 10_000
+    out = run(dataclasses.replace(stage, batch_id=2), key, [], early)
+    assert set(out["reason_code"].dropna()) == {"STATE_UNREADABLE"} and "not that of its row 0" in out["reason"].iloc[0]
+    # The same retry twice inline: released once.
+    inline = HeldState(T0)
+    run(ScheduleStage(dedup_window_ms=WINDOW_MS), key, [work], inline)
+    kept = decode(inline.value, key)
+    inline.value = encode(dataclasses.replace(kept, pending=pa.concat_tables([kept.pending, kept.pending])))
+    inline.now_ms += 2 * MINUTE_MS
+    released = run(ScheduleStage(dedup_window_ms=WINDOW_MS), key, [], inline)
+    deliveries = released[released["kind"] == "delivery"]
+    assert sorted(deliveries["consumed_msg_id"]) == ["F1", "F2"]
