@@ -644,6 +644,19 @@ class EngineConfig(_Strict):
             return found
         return self.group_defaults if self.engine.auto_create_groups else None
 
+    def decision_settings(self) -> dict[str, Any]:
+        """The settings that decide what a consume result becomes (its outcome, level, due time, whether
+        it is a duplicate, its state key), as JSON values: a recorded batch is replayed only with these."""
+        engine = {
+            name: getattr(self.engine, name)
+            for name in ("message_delay_level", "max_body_bytes", "dedup_window", "state_bucket", "auto_create_groups")
+        }
+        return {
+            "engine": engine,
+            "group_defaults": self.group_defaults.model_dump(mode="json"),
+            "groups": {name: group.model_dump(mode="json") for name, group in sorted(self.groups.items())},
+        }
+
     def policy(self, group: GroupConfig) -> BackoffPolicy:
         backoff = group.backoff
         if isinstance(backoff, ExponentialBackoff):

@@ -369,6 +369,7 @@ def _resume_point(
     recount = config.engine.table_format != "delta" and (last is None or last.totals is None)
     counted = lake_counts(config) if taking_over or recount else None
     pending_in_lake = counted[1] if taking_over and counted is not None else None
+    resume.check_replay(checkpoint, before, query_id=query_id, settings=config.decision_settings())
     source = open_table(config.table_path("consume_results"))
     point = resume.plan(
         before,

@@ -244,6 +244,70 @@ def plan(
     return point
 
 
+# The settings a batch was decided with, as this checkpoint's last start stored them (see check_replay).
+DECISIONS_FILE = "retry_engine_decisions.json"
+COMMITS_DIR = "commits"
+
+
+def spark_committed(checkpoint: str, batch_id: int) -> bool:
+    """Whether Spark's commit log of ``checkpoint`` holds ``batch_id`` (else it replays that batch)."""
+    fs, root = checkpoint_filesystem(checkpoint)
+    return bool(fs.get_file_info(f"{root}/{COMMITS_DIR}/{batch_id}").type == pafs.FileType.File)
+
+
+def check_replay(checkpoint: str, state: EngineState | None, *, query_id: str, settings: dict[str, Any]) -> None:
+    """Refuse a start whose replay of a recorded batch would decide it with other settings than it had.
+
+    A batch the lake records but Spark never committed (a crash, a stop that abandoned it) is replayed
+    from the state before it; its outputs are dropped (the lake's record, rolled forward, stands), but
+    the state it leaves is the replay's. Decided with other groups or delays, that state holds retries
+    the record does not (released twice) or lacks the ones it does (never released). ``settings`` (what
+    decides: :func:`~retry_engine.config.EngineConfig.decision_settings`) are stored in the checkpoint
+    at every start that has no such replay to make, and compared at one that has
+    (``REPLAY_SETTINGS_CHANGED``, naming what changed). A checkpoint of an earlier release has none
+    stored: not checked.
+    """
+    last = state.last_batch if state is not None else None
+    pending = last is not None and last.query_id == query_id and not spark_committed(checkpoint, last.batch_id)
+    fs, root = checkpoint_filesystem(checkpoint)
+    path = f"{root}/{DECISIONS_FILE}"
+    text = json.dumps(settings, sort_keys=True)
+    if not pending:
+        write_bytes_atomically(fs, path, (text + "\n").encode("utf-8"))
+        return
+    try:
+        with fs.open_input_stream(path) as stream:
+            stored = json.loads(stream.read().decode("utf-8"))
+    except FileNotFoundError:
+        return
+    except (ValueError, RecursionError) as exc:
+        log.warning("%s is not the settings a start stored (%s); batch %s is replayed unchecked", path, exc, last)
+        return
+    current = json.loads(text)
+    if stored == current:
+        return
+    was, now = _flat(stored), _flat(current)
+    changed = sorted(k for k in {*now, *was} if was.get(k, None) != now.get(k, None))
+    assert last is not None  # pending says so; not an input check
+    raise LakeResumeError(
+        f"batch {last.batch_id} of checkpoint {checkpoint} is recorded in the lake but Spark did not commit it, so "
+        f"this start replays it, and its replay must decide as it did; the settings that decide changed since "
+        f"({', '.join(changed) or 'unreadable'} in {path}). Start once with the previous configuration "
+        "(`retry-engine run --once` finishes the batch), then with the new one",
+        code="REPLAY_SETTINGS_CHANGED",
+    )
+
+
+def _flat(value: object, prefix: str = "") -> dict[str, object]:
+    """Nested settings as ``a.b.c`` -> value (to name what changed)."""
+    if not isinstance(value, dict):
+        return {prefix or "settings": value}
+    flat: dict[str, object] = {}
+    for key, item in value.items():
+        flat.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
 def _check_wrote(checkpoint: str, batch: BatchRecord) -> None:
     """Refuse ``checkpoint`` (whose query id wrote ``batch``) when it cannot be the one that wrote it:
     a copy restored from an older backup, or one whose offset log was deleted. Spark would plan batch
@@ -267,13 +331,16 @@ def _check_wrote(checkpoint: str, batch: BatchRecord) -> None:
 
 
 __all__ = [
+    "DECISIONS_FILE",
     "RESUME_FILE",
     "ResumePoint",
+    "check_replay",
     "is_fresh",
     "last_planned",
     "plan",
     "planned_end",
     "planned_ends",
+    "spark_committed",
     "store",
     "stored",
 ]

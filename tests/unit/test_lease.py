@@ -749,3 +749,33 @@ def test_a_recorded_file_without_its_fields_is_not_rolled_forward() -> None:
     with pytest.raises(EngineStateError, match="ENGINE_STATE_DAMAGED.*file of retry without size, partition_values"):
         written_files("retry", [{"path": "p.parquet"}])
     assert [f.path for f in written_files("retry", [GOOD_FILE])] == ["p.parquet"]
+
+
+def test_a_recorded_batch_is_replayed_only_with_the_settings_that_decided_it(tmp_path: Path) -> None:
+    """B1 (found by a review): the lake recorded batch 5, Spark did not commit it (a crash), and the operator set
+    retry_max_times = 3 before the restart. The replay decided dead_letter where the record said retry: its state
+    held no pending retry, its outputs were dropped as a replay's, and the retry the ledger counted was never
+    released (the reverse released one twice). Such a start is refused, naming what changed."""
+    from retry_engine.config import parse_config
+
+    before = parse_config({"groups": {"G": {"retry_max_times": 16}}}).decision_settings()
+    after = parse_config({"groups": {"G": {"retry_max_times": 3}}}).decision_settings()
+    checkpoint = Path(planned_checkpoint(tmp_path, {5: batch("B", 5).source_end}))
+    lake = _state(batch("B", 5))
+    (checkpoint / "commits").mkdir()
+    (checkpoint / "commits" / "5").write_text("v1\n{}")
+    resume.check_replay(str(checkpoint), lake, query_id="B", settings=before)  # committed: stores the settings
+    (checkpoint / "commits" / "5").unlink()  # batch 5 recorded in the lake, not committed by Spark
+    with pytest.raises(LakeResumeError, match=r"REPLAY_SETTINGS_CHANGED.*batch 5 .*groups\.G\.retry_max_times.*run --once"):
+        resume.check_replay(str(checkpoint), lake, query_id="B", settings=after)
+    resume.check_replay(str(checkpoint), lake, query_id="B", settings=before)  # the previous config replays it
+    # Another checkpoint's batch, or none: nothing to replay, the new settings are stored.
+    resume.check_replay(str(checkpoint), _state(batch("A", 5)), query_id="B", settings=after)
+    assert json.loads((checkpoint / resume.DECISIONS_FILE).read_text()) == json.loads(json.dumps(after))
+    # A checkpoint of an earlier release (nothing stored) or a damaged file: not checked.
+    for damaged in (None, b"\xff{", b"[" * 100_000):
+        if damaged is None:
+            (checkpoint / resume.DECISIONS_FILE).unlink()
+        else:
+            (checkpoint / resume.DECISIONS_FILE).write_bytes(damaged)
+        resume.check_replay(str(checkpoint), lake, query_id="B", settings=before)
