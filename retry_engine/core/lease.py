@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -100,7 +101,7 @@ class Owner:
 
     @classmethod
     def this_process(cls, *, query_id: str, checkpoint: str) -> Owner:
-        return cls(socket.gethostname(), os.getpid(), query_id, checkpoint, dt.datetime.now(dt.UTC))
+        return cls(process_space(), os.getpid(), query_id, checkpoint, dt.datetime.now(dt.UTC))
 
     def describe(self) -> str:
         return (
@@ -303,6 +304,22 @@ def read_state(lake: str) -> EngineState | None:
     return _load(state_path(lake))[1]
 
 
+@functools.cache
+def process_space() -> str:
+    """Where this process's pid means something, as an owner records it: the host name and, on Linux,
+    the boot and the pid namespace. Containers that share a host name but not their pids (host-network
+    pods, ``--uts=host``) are not one process space: a live owner there looked gone (its pid missing
+    here, or this very pid), and its lease was taken at once without ``--take-over``."""
+    name = socket.gethostname()
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        return name
+    return f"{name} ({namespace}, boot {boot[:8]})"
+
+
 def _pid_running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -322,7 +339,7 @@ _LOCAL_LOCK = threading.Lock()
 def _abandoned(path: str, state: EngineState) -> bool:
     """The owner ran on this host and is gone (its process died, or its query in this process stopped)."""
     owner = state.owner
-    if owner is None or owner.host != socket.gethostname():
+    if owner is None or owner.host != process_space():
         return False
     if owner.pid == os.getpid():
         with _LOCAL_LOCK:

@@ -27,6 +27,7 @@ from retry_engine.core.lease import (
     Heartbeat,
     LakeLease,
     Owner,
+    process_space,
     read_state,
 )
 from retry_engine.core.totals import Totals
@@ -39,7 +40,7 @@ TIMEOUT_MS = 60_000
 
 
 def owner(query_id: str, *, pid: int | None = None, host: str | None = None) -> Owner:
-    return Owner(host or socket.gethostname(), os.getpid() if pid is None else pid, query_id, f"/ckpt/{query_id}", T0)
+    return Owner(host or process_space(), os.getpid() if pid is None else pid, query_id, f"/ckpt/{query_id}", T0)
 
 
 class Clock:
@@ -247,6 +248,16 @@ def test_expired_released_and_dead_leases_are_taken_without_flag(tmp_path: Path)
     remote.acquire()
     with pytest.raises(LakeOwnedError, match="host elsewhere.example"):
         lease(tmp_path / "remote", "query-B", Clock()).acquire()
+
+    # (found by a review) Nor one with this host's name in another pid namespace (a host-network pod, a
+    # container sharing the host name): its pid, missing here or even this very one, says nothing of it.
+    # A bare host name (what earlier releases recorded: only the lease's expiry frees it) likewise.
+    for host in (socket.gethostname() + " (pid:[1], boot 00000000)", socket.gethostname()):
+        for pid in (int(gone.stdout), os.getpid()):
+            path = tmp_path / f"neighbour-{pid}-{len(host)}"
+            lease(path, "query-A", Clock(), host=host, pid=pid).acquire()
+            with pytest.raises(LakeOwnedError, match="LAKE_OWNED"):
+                lease(path, "query-B", Clock()).acquire()
 
 
 def test_a_heartbeat_dated_far_ahead_is_no_sign_of_life(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
