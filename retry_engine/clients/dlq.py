@@ -260,29 +260,51 @@ def resolve_version(path: str, *, version: int | None = None, as_of: dt.datetime
         raise SelectionError("give version or as_of, not both", code="INVALID_VERSION")
     if version is None and as_of is None:
         return None
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise SelectionError(f"version must be a whole number, got {version!r}", code="INVALID_VERSION")
+    when = _as_of_time(as_of)
     table = open_table(path)
     if table is None:
         raise SelectionError(f"there is no table at {path} to time-travel", code="INVALID_VERSION")
     latest = table.version()
-    if version is not None:
-        if not 0 <= version <= latest:
-            raise SelectionError(f"version {version} of {path} does not exist; versions are 0..{latest}", code="INVALID_VERSION")
-        return version
-    if isinstance(as_of, dt.datetime) and as_of.tzinfo is None:
-        as_of = as_of.replace(tzinfo=dt.UTC)
-    try:
-        table.load_as_version(as_of)  # type: ignore[arg-type]
-    except (ValueError, DeltaError) as exc:
-        raise SelectionError(f"cannot read {path} as of {as_of!r}: {exc}", code="INVALID_VERSION") from exc
-    # delta-rs answers a time before the first commit with version 0: say so instead.
+    # The oldest commit the log still holds: maintenance removes older ones (delta.logRetentionDuration,
+    # 30 days), and versions before it can no longer be read.
     first = min(table.history(), key=lambda commit: int(commit.get("version", 0)))
-    created = dt.datetime.fromtimestamp(int(first["timestamp"]) / 1000, dt.UTC)
-    if isinstance(as_of, dt.datetime) and as_of < created:
+    earliest = int(first.get("version", 0))
+    since = dt.datetime.fromtimestamp(int(first["timestamp"]) / 1000, dt.UTC)
+    cleaned = f" (the log before version {earliest}, {since.isoformat()}, was cleaned)" if earliest > 0 else ""
+    if version is not None:
+        if not earliest <= version <= latest:
+            raise SelectionError(
+                f"version {version} of {path} cannot be read; versions are {earliest}..{latest}{cleaned}",
+                code="INVALID_VERSION",
+            )
+        return version
+    assert when is not None  # one of the two was given; not an input check
+    if when < since:
         raise SelectionError(
-            f"{path} did not exist at {as_of.isoformat()}; its first version is from {created.isoformat()}",
+            f"{path} did not exist at {when.isoformat()}; its first version is from {since.isoformat()}"
+            if not cleaned
+            else f"{path} cannot be read as of {when.isoformat()}:{cleaned.removesuffix(')').replace(' (', ' ', 1)}",
             code="INVALID_VERSION",
         )
+    try:
+        table.load_as_version(when)
+    except (ValueError, DeltaError) as exc:
+        raise SelectionError(f"cannot read {path} as of {when.isoformat()}: {exc}", code="INVALID_VERSION") from exc
     return int(table.version())
+
+
+def _as_of_time(as_of: dt.datetime | str | None) -> dt.datetime | None:
+    """``as_of`` as an aware time (ISO 8601 text too; no zone means UTC); ``INVALID_VERSION`` for anything else."""
+    if as_of is None or isinstance(as_of, dt.datetime):
+        return None if as_of is None else as_of if as_of.tzinfo is not None else as_of.replace(tzinfo=dt.UTC)
+    if isinstance(as_of, str):
+        try:
+            return _as_of_time(dt.datetime.fromisoformat(as_of.strip()))
+        except ValueError:
+            pass
+    raise SelectionError(f"as_of must be a time (a datetime or ISO 8601 text), got {as_of!r}", code="INVALID_VERSION")
 
 
 def versions(config: EngineConfig, table: str = "dlq") -> pd.DataFrame:
@@ -408,6 +430,9 @@ def dead_letter_page(
     """The first ``limit`` rows of :func:`dead_letters` (oldest first), and how many there are in all
     (``dlq list``). Bodies and attempts are read only for the page: the rest is decided on the light
     columns, so listing a few dead letters of a DLQ of months does not read every body."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        # pandas' head(-1) is every row but the last.
+        raise SelectionError(f"limit must be a whole number of rows, 0 or more, got {limit!r}", code="INVALID_LIMIT")
     path = config.table_path("dlq")
     at = resolve_version(path, version=version, as_of=as_of)
     at = at if at is not None else table_version(path)
@@ -455,9 +480,14 @@ def _resolved(audit: pa.Table) -> dict[str, str]:
     """dlq msg_id -> "resolved by <operator> at <time>: <reason>" (or "purged ..."), for resolved dead letters."""
     marks = resolution_rows(audit).sort_by([("redriven_at", "ascending")])
     return {
-        m["dlq_msg_id"]: f"{_PAST[m['target']]} by {m['operator']} at {m['redriven_at']:%Y-%m-%d %H:%M}: {m['note']}"
+        m["dlq_msg_id"]: f"{_PAST[m['target']]} by {m['operator']} at {_minute(m['redriven_at'])}: {m['note']}"
         for m in marks.select(["dlq_msg_id", "target", "operator", "redriven_at", "note"]).to_pylist()
     }
+
+
+def _minute(at: dt.datetime | None) -> str:
+    """A time as a listing shows it; "-" for none (an audit row another writer left without one)."""
+    return "-" if at is None else f"{at:%Y-%m-%d %H:%M}"
 
 
 # How a listing or a history names each resolve action.

@@ -307,10 +307,10 @@ def _redrive(
         raise ConfigError(
             f"target {target!r} is not one of {', '.join(TARGET_TABLES)}", code="INVALID_OPTION"
         )
-    if chunk_size < 1:
-        raise ConfigError(f"chunk_size must be at least 1, got {chunk_size}", code="INVALID_OPTION")
-    if max_chunks is not None and max_chunks < 1:
-        raise ConfigError(f"max_chunks must be at least 1, got {max_chunks}", code="INVALID_OPTION")
+    if not _whole(chunk_size) or chunk_size < 1:
+        raise ConfigError(f"chunk_size must be a whole number, at least 1, got {chunk_size!r}", code="INVALID_OPTION")
+    if max_chunks is not None and (not _whole(max_chunks) or max_chunks < 1):
+        raise ConfigError(f"max_chunks must be a whole number, at least 1, got {max_chunks!r}", code="INVALID_OPTION")
     RateLimiter(rate)  # checks the rate now, before anything is read or written
     if redrive_id is None:
         if selection is None:
@@ -651,6 +651,10 @@ def _move(
         txn_version=int(chunk.column("chunk")[0].as_py()),
         partition_by=schema.partition_by,
     )
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _target_fit(config: EngineConfig, target: Target) -> Callable[[pa.Table], pa.Table]:

@@ -214,3 +214,53 @@ def test_a_summary_key_given_twice_is_a_one_line_error(tmp_path: Path, capsys: p
     assert main(["dlq", "stats", "--by", "day,day", "--config", str(conf)]) == EXIT_ERROR
     err = capsys.readouterr().err
     assert err.startswith("retry-engine: [INVALID_SUMMARY] cannot summarise by 'day' twice;") and err.count("\n") == 1
+
+
+def test_the_notebook_api_refuses_what_is_no_version_time_or_count_in_one_line(tmp_path: Path) -> None:
+    """(found by a review) `version="0"`, 0.5 or True, `as_of` text before the table existed (the check ran for
+    datetimes only: it read version 0), `limit=-1` (pandas' head(-1): all rows but the last), `chunk_size="5"` and
+    `max_chunks=1.5` raised TypeError from deep inside, or answered wrongly. One coded error each."""
+    config = dlq_lake(str(tmp_path / "lake"), [dead_letter(i) for i in range(3)])
+    for version in ("0", 0.5, True):
+        with pytest.raises(SelectionError, match=r"\[INVALID_VERSION\] version must be a whole number"):
+            dlq.dead_letters(config, version=version)  # type: ignore[arg-type]
+    with pytest.raises(SelectionError, match=r"\[INVALID_VERSION\] .*did not exist at 1999-01-01T00:00:00\+00:00"):
+        dlq.summary(config, as_of="1999-01-01T00:00:00Z")
+    with pytest.raises(SelectionError, match=r"\[INVALID_VERSION\] as_of must be a time"):
+        dlq.dead_letters(config, as_of="yesterday")
+    assert len(dlq.dead_letters(config, as_of=dt.datetime.now(dt.UTC).isoformat())) == 3
+    with pytest.raises(SelectionError, match=r"\[INVALID_LIMIT\]"):
+        dlq.dead_letter_page(config, limit=-1)
+    for options in ({"chunk_size": "5"}, {"max_chunks": 1.5}, {"chunk_size": True}):
+        with pytest.raises(ConfigError, match=r"\[INVALID_OPTION\] (chunk_size|max_chunks) must be a whole number"):
+            redrive(config, Selection(group="billing"), target="retry", **options)  # type: ignore[arg-type]
+
+
+def test_a_version_the_cleaned_log_no_longer_holds_is_named_as_such(tmp_path: Path) -> None:
+    """(found by a review) Maintenance removes commits older than delta.logRetentionDuration: version 0 then raised
+    delta-rs's TableNotFoundError ("No files in log segment"), and a time when the table existed was said to be
+    before it existed. The versions still readable are named, and that the log before them was cleaned."""
+    from deltalake import DeltaTable
+
+    config = dlq_lake(str(tmp_path / "lake"), [dead_letter(0)])
+    for i in range(1, 4):
+        dlq_lake(str(tmp_path / "lake"), [dead_letter(i)])
+    table = DeltaTable(config.table_path("dlq"))
+    table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    DeltaTable(config.table_path("dlq")).create_checkpoint()
+    DeltaTable(config.table_path("dlq")).cleanup_metadata()
+    last = DeltaTable(config.table_path("dlq")).version()
+    with pytest.raises(SelectionError, match=rf"version 0 of .* cannot be read; versions are {last}\.\.{last} \(the log before version {last}"):
+        dlq.dead_letters(config, version=0)
+    with pytest.raises(SelectionError, match=rf"cannot be read as of .*: the log before version {last}, .*, was cleaned"):
+        dlq.dead_letters(config, as_of=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    assert len(dlq.dead_letters(config, version=last)) == 4
+
+
+def test_a_resolution_without_a_time_is_listed(tmp_path: Path) -> None:
+    """A resolve row another writer left without `redriven_at`: the listing raised TypeError formatting None."""
+    from retry_engine.clients.dlq import _resolved
+
+    audit = pa.table({"redrive_id": ["x"], "target": ["resolve"], "dlq_msg_id": ["a"], "operator": ["op"],
+                      "redriven_at": pa.array([None], pa.timestamp("us", "UTC")), "note": ["n"]})
+    assert _resolved(audit) == {"a": "resolved by op at -: n"}
