@@ -284,10 +284,18 @@ def check_replay(checkpoint: str, state: EngineState | None, *, query_id: str, s
         log.warning("%s is not the settings a start stored (%s); batch %s is replayed unchecked", path, exc, last)
         return
     current = json.loads(text)
-    if stored == current:
-        return
     was, now = _flat(stored), _flat(current)
-    changed = sorted(k for k in {*now, *was} if was.get(k, None) != now.get(k, None))
+    # A setting one side lacks is a release's new (or dropped) one, not the operator's change; but a
+    # group that one side lacks entirely is (it was added or removed): its keys are all compared.
+    groups = {k.split(".")[1] for k in {*was, *now} if k.startswith("groups.")}
+    kept = {g for g in groups if any(k.startswith(f"groups.{g}.") for k in was) and any(k.startswith(f"groups.{g}.") for k in now)}
+    changed = sorted(
+        k for k in {*now, *was}
+        if was.get(k) != now.get(k)
+        and ((k in was and k in now) or (k.startswith("groups.") and k.split(".")[1] not in kept))
+    )
+    if not changed:
+        return
     assert last is not None  # pending says so; not an input check
     raise LakeResumeError(
         f"batch {last.batch_id} of checkpoint {checkpoint} is recorded in the lake but Spark did not commit it, so "

@@ -780,6 +780,14 @@ def test_a_recorded_batch_is_replayed_only_with_the_settings_that_decided_it(tmp
     with pytest.raises(LakeResumeError, match=r"REPLAY_SETTINGS_CHANGED.*batch 5 .*groups\.G\.retry_max_times.*run --once"):
         resume.check_replay(str(checkpoint), lake, query_id="B", settings=after)
     resume.check_replay(str(checkpoint), lake, query_id="B", settings=before)  # the previous config replays it
+    # A setting the stored ones lack (a release added it) is no change; a group added or removed is one.
+    newer = json.loads(json.dumps(before))
+    newer["engine"]["a_later_setting"] = 1
+    newer["groups"]["G"]["a_later_group_setting"] = 2
+    resume.check_replay(str(checkpoint), lake, query_id="B", settings=newer)
+    more = parse_config({"groups": {"G": {"retry_max_times": 16}, "H": {}}}).decision_settings()
+    with pytest.raises(LakeResumeError, match=r"REPLAY_SETTINGS_CHANGED.*groups\.H\."):
+        resume.check_replay(str(checkpoint), lake, query_id="B", settings=more)
     # Another checkpoint's batch, or none: nothing to replay, the new settings are stored.
     resume.check_replay(str(checkpoint), _state(batch("A", 5)), query_id="B", settings=after)
     assert json.loads((checkpoint / resume.DECISIONS_FILE).read_text()) == json.loads(json.dumps(after))
