@@ -2,10 +2,12 @@
 
 * ``backlog_by_level.png``: retries pending in the schedule stage over time,
   one line per (group, delay level). From the METRICS table (running sum of
-  ``retry`` - ``delivered``) when it has rows, else from the ledger (outcomes
-  decided as ``retry`` minus retries released).
+  ``retry`` - ``delivered``) when it has rows, else, or once ``run
+  --discard-pending`` gave retries up, from the ledger (outcomes decided as
+  ``retry`` minus retries released or given up).
 * ``lateness.png``: distribution of ``delivered_at - due_at`` over the
-  released retries, with p50 and p99 marked.
+  retries the schedule stage released (not re-drives' or resends' rows), with
+  p50 and p99 marked.
 * ``dead_letters_by_error_class.png``: dead letters per error class, stacked
   by group.
 
@@ -59,6 +61,8 @@ from retry_engine.ops.status import (  # noqa: E402
     released_horizon,
     retry_fates,
     rows_since,
+    schedule_releases,
+    shown_group,
 )
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, RETRY  # noqa: E402
 
@@ -163,11 +167,25 @@ def _series_from_changes(changes: pa.Table) -> list[BacklogSeries]:
 
 
 def metrics_changes(metrics: pa.Table) -> pa.Table:
-    """:data:`CHANGES` of METRICS rows: + ``retry`` (decided), - ``delivered`` (released), at the batch's time."""
-    rows = metrics.filter(pc.is_in(metrics["metric"], pa.array([OUTCOME_RETRY, DELIVERED])))
+    """:data:`CHANGES` of METRICS rows: + ``retry`` (decided), - ``delivered`` (released), at the batch's time.
+    A value that is no count (:func:`_counts`) is left out, with a warning."""
+    rows = _counts(metrics.filter(pc.is_in(metrics["metric"], pa.array([OUTCOME_RETRY, DELIVERED]))))
     value = rows["value"].cast(pa.int64())
     signed = pc.if_else(pc.equal(rows["metric"], OUTCOME_RETRY), value, pc.negate(value))
     return _changes(rows["batch_time"], rows["consumer_group"], rows["delay_level"], signed)
+
+
+def _counts(rows: pa.Table) -> pa.Table:
+    """The METRICS ``rows`` whose value is a count: a finite whole number within int64. Another writer's
+    NaN, 2.5 or 1e300 is none (a count cannot be read from it); they are left out, with one warning."""
+    value = rows["value"]
+    whole = pc.and_(pc.is_finite(value), pc.equal(value, pc.floor(value)))
+    counts = pc.fill_null(pc.and_(whole, pc.less(pc.abs(value), 2.0**63)), False)
+    left_out = rows.num_rows - (pc.sum(counts).as_py() or 0)
+    if left_out:
+        log.warning("plots: %d METRICS row(s) of retries decided or released hold no count (null, not finite, "
+                    "not whole, or past int64); the backlog leaves them out", left_out)
+    return rows.filter(counts)
 
 
 def ledger_changes(
@@ -265,11 +283,13 @@ def backlog_anchored(
 
 
 def dead_letters_by_class(dlq: pa.Table) -> dict[str, dict[str, int]]:
-    """``{error_class: {group: count}}``; a missing class is ``(none)``."""
+    """``{error_class: {group: count}}``; a missing class is ``(none)``, a missing group
+    :data:`~retry_engine.ops.status.NO_GROUP`."""
     result: dict[str, dict[str, int]] = {}
     for r in dlq.select(["error_class", "consumer_group"]).to_pylist():
         per_group = result.setdefault(r["error_class"] or "(none)", {})
-        per_group[r["consumer_group"]] = per_group.get(r["consumer_group"], 0) + 1
+        group = shown_group(r["consumer_group"])
+        per_group[group] = per_group.get(group, 0) + 1
     return result
 
 
@@ -421,10 +441,18 @@ def metrics_hold(metrics: pa.Table, since: dt.datetime | None) -> bool:
     return since is not None and since >= pc.max(marks).as_py()
 
 
+def backlog_source(lake: EngineTables, since: dt.datetime | None) -> BacklogSource:
+    """Where the backlog from ``since`` on is drawn from: the METRICS rows where they hold it
+    (:func:`metrics_hold`) and no new checkpoint gave retries up (``run --discard-pending``, the lake's
+    ``discarded_before``: no METRICS row counts them out, so their line would never drop), else the ledger
+    (:func:`ledger_changes` drops them at the mark)."""
+    return "metrics" if metrics_hold(lake.metrics, since) and lake.discarded_before is None else "ledger"
+
+
 def plot_data(lake: EngineTables, since: dt.datetime | None = None) -> PlotData:
     """The charts' data from tables read whole (:func:`~retry_engine.ops.status.read_tables`). The
-    backlog comes from the METRICS rows where they hold it (:func:`metrics_hold`), else from the ledger."""
-    source: BacklogSource = "metrics" if metrics_hold(lake.metrics, since) else "ledger"
+    backlog comes from the METRICS rows or the ledger (:func:`backlog_source`)."""
+    source = backlog_source(lake, since)
     changes = (
         metrics_changes(lake.metrics)
         if source == "metrics"
@@ -444,7 +472,9 @@ def plot_data(lake: EngineTables, since: dt.datetime | None = None) -> PlotData:
 
 
 def _lateness_values(retry: pa.Table) -> np.ndarray[Any, Any]:
-    released = retry.filter(pc.is_valid(retry["delivered_at"]))
+    """The lateness of the schedule stage's releases among ``retry`` (not a re-drive's or resend's rows:
+    :func:`~retry_engine.ops.status.schedule_releases`)."""
+    released = schedule_releases(retry)
     return lateness_ms(released).to_numpy(zero_copy_only=False) if released.num_rows else np.array([])
 
 
@@ -452,10 +482,15 @@ def _recorded_backlog(config: EngineConfig, since: dt.datetime, now: dt.datetime
     """The backlog from ``since`` on without reading what came before it: the METRICS rows from
     ``since`` on, anchored on the retries pending at the lake's recorded batch (``status``'s own
     window, :func:`~retry_engine.ops.status.recorded_snapshot`), both of that batch. None when the
-    record cannot vouch for it (see ``status``; also without METRICS rows of that batch)."""
+    record cannot vouch for it (see ``status``; also without METRICS rows of that batch), and when a new
+    checkpoint gave retries up at or after ``since`` (no METRICS row counts them out of the window)."""
     try:
         found = recorded_snapshot(config, metrics=True)
         if found is None:
+            return None
+        if found.discarded_before is not None and found.discarded_before >= since:
+            log.info("plots: a new checkpoint gave retries up in the window (run --discard-pending at %s); "
+                     "drawing the backlog from the ledger", found.discarded_before)
             return None
         window = pending_window(config, found, now)
         if window is None:
@@ -478,8 +513,9 @@ def read_plot_data(config: EngineConfig, *, since: dt.datetime | None, now: dt.d
     With ``since``, only rows from ``since`` on are read (files pruned by their statistics): the retries
     released and the dead letters since then, and the METRICS rows since then, anchored on the backlog
     at the lake's recorded batch (:func:`_recorded_backlog`). Where the record cannot vouch for that
-    backlog, every METRICS row (or, without any, every outcome) is read, as without ``since``, and
-    what came before ``since`` folds into the lines' start: both ways draw the same lines.
+    backlog, every METRICS row (or, where they do not hold it, every outcome: :func:`backlog_source`) is
+    read, as without ``since``, and what came before ``since`` folds into the lines' start: both ways draw
+    the same lines.
     """
     now = now or dt.datetime.now(dt.UTC)
     if since is not None and since.tzinfo is None:
@@ -492,13 +528,16 @@ def read_plot_data(config: EngineConfig, *, since: dt.datetime | None, now: dt.d
             return PlotData(
                 since, series, "metrics, from the lake's batch record", _lateness_values(retry), dead_letters_by_class(dlq)
             )
-    lake = read_tables(config, names=PLOT_TABLES)
-    if not metrics_hold(lake.metrics, since):  # none (a native Delta engine), or expired: from the ledger
+    released, discarded = released_horizon(config), discarded_before(config)
+    lake = replace(read_tables(config, names=PLOT_TABLES), released_before=released, discarded_before=discarded)
+    if backlog_source(lake, since) == "ledger":  # no METRICS rows (a native Delta engine), expired, or given up
         given = {name: getattr(lake, name) for name in PLOT_TABLES}
-        lake = read_tables(config, names=(*PLOT_TABLES, OUTCOMES.name), given=given)
-    return plot_data(
-        replace(lake, released_before=released_horizon(config), discarded_before=discarded_before(config)), since
-    )
+        lake = replace(
+            read_tables(config, names=(*PLOT_TABLES, OUTCOMES.name), given=given),
+            released_before=released,
+            discarded_before=discarded,
+        )
+    return plot_data(lake, since)
 
 
 def render(lake: EngineTables | PlotData, out_dir: str | os.PathLike[str]) -> list[Plot]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import math
 import os
 import re
 import time
@@ -30,13 +31,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from retry_engine.clients.dlq import PROP_REDRIVE_ID
 from retry_engine.config import EngineConfig
 from retry_engine.core.decide import DEAD_LETTER, cast_column
 from retry_engine.core.decide import RETRY as OUTCOME_RETRY
 from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.lease import BatchRecord, read_state
 from retry_engine.core.metrics import DELIVERED, nearest_rank
-from retry_engine.core.names import FUTURE_EVENTS
+from retry_engine.core.names import FUTURE_EVENTS, PROP_RESEND_TO
 from retry_engine.core.standby import StandbyEntry, standbys
 from retry_engine.core.totals import COUNTED, Totals
 from retry_engine.delta._log import expired_before
@@ -85,6 +87,9 @@ WINDOW_TRIES = 3
 SNAPSHOT_TRIES = 5
 SNAPSHOT_PAUSE_S = 0.1
 
+# What status and the plots show for rows without a group (another writer's).
+NO_GROUP = "(no group)"
+
 # Columns each summary needs; only these are read.
 _COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
     "progress": (PROGRESS, tuple(PROGRESS.names)),
@@ -92,7 +97,11 @@ _COLUMNS: dict[str, tuple[Table, tuple[str, ...]]] = {
         OUTCOMES,
         ("consumer_group", "outcome", "output_msg_id", "delay_level", "due_at", "decided_at"),
     ),
-    "retry": (RETRY, ("msg_id", "consumer_group", "delay_level", "due_at", "delivered_at")),
+    # properties and source_result_id tell a re-drive's or a resend's row from a release (moved_from_dlq).
+    "retry": (
+        RETRY,
+        ("msg_id", "consumer_group", "delay_level", "due_at", "delivered_at", "properties", "source_result_id"),
+    ),
     "dlq": (DLQ, ("consumer_group", "reason_code", "error_class", "dead_lettered_at")),
     # The plots' backlog: the signed counts per batch time, group and level.
     "metrics": (METRICS, ("batch_time", "consumer_group", "delay_level", "metric", "value")),
@@ -205,7 +214,12 @@ def _recent_since(delta: Any, column: str, now: dt.datetime) -> dt.datetime | No
     from retry_engine.delta._log import newest_time
 
     newest = newest_time(delta, column)
-    return None if newest is None else min(newest, now) - FAILURES_WINDOW
+    if newest is None:
+        return None
+    try:
+        return min(newest, now) - FAILURES_WINDOW
+    except OverflowError:  # the newest time within a day of year 1 (another writer's): every row is read
+        return None
 
 
 def _results_by_group(path: str) -> pa.Table | None:
@@ -353,9 +367,10 @@ class BacklogEntry:
 
 @dataclass(frozen=True)
 class LatenessEntry:
-    """How late the retries released in the last 24 h were after their due time (ms); ``consumer_group`` '*' = all."""
+    """How late the retries released in the last 24 h were after their due time (ms); ``consumer_group`` '*' = all,
+    None: rows without a group."""
 
-    consumer_group: str
+    consumer_group: str | None
     deliveries: int
     p50_ms: float
     p99_ms: float
@@ -364,7 +379,7 @@ class LatenessEntry:
 
 @dataclass(frozen=True)
 class DeadLetterEntry:
-    consumer_group: str
+    consumer_group: str | None  # None: dead letters without a group (another writer's)
     reason_code: str | None
     error_class: str | None
     count: int
@@ -426,9 +441,12 @@ def stale_after_ms(
 
 
 def _latest(table: pa.Table, column: str) -> dict[str, Any] | None:
-    if table.num_rows == 0:
+    """The row of ``table`` with the greatest ``column``; None when no row has one (a null time, another
+    writer's, is no time)."""
+    newest = pc.max(table[column])
+    if not newest.is_valid:
         return None
-    index = pc.index(table[column], pc.max(table[column]))
+    index = pc.index(table[column], newest)
     row: dict[str, Any] = table.slice(index.as_py(), 1).to_pylist()[0]
     return row
 
@@ -716,7 +734,7 @@ def lateness_ms(retry: pa.Table) -> pa.Array:
     return pc.divide(late.cast(pa.float64(), safe=False), 1000.0).combine_chunks()
 
 
-def _lateness_entry(group: str, values: np.ndarray[Any, Any]) -> LatenessEntry:
+def _lateness_entry(group: str | None, values: np.ndarray[Any, Any]) -> LatenessEntry:
     # Nearest-rank percentiles (as in the METRICS table): always a lateness that was actually observed.
     return LatenessEntry(
         consumer_group=group,
@@ -727,19 +745,42 @@ def _lateness_entry(group: str, values: np.ndarray[Any, Any]) -> LatenessEntry:
     )
 
 
+def moved_from_dlq(retry: pa.Table) -> pa.ChunkedArray:
+    """Which rows of ``retry`` a re-drive or a resend wrote (due and delivered at once, never held by the
+    schedule stage): marked by one (``REDRIVE_ID``, ``RESEND_TO_CONSUMER``) and not decided by the engine
+    (no ``source_result_id``; a later retry of such a message copies the marks (R7), and is a release like
+    any other). :func:`totals_of` counts no such row as released either: no retry outcome names it."""
+    properties = retry["properties"]
+    marked = pc.or_kleene(
+        pc.is_valid(pc.map_lookup(properties, PROP_REDRIVE_ID, "first")),
+        pc.is_valid(pc.map_lookup(properties, PROP_RESEND_TO, "first")),
+    )
+    return pc.and_(marked, pc.is_null(retry["source_result_id"]))
+
+
+def schedule_releases(retry: pa.Table) -> pa.Table:
+    """The rows of ``retry`` the schedule stage released, those whose lateness `status` and the plots show:
+    with a due and a delivery time (a row another writer left without one has no lateness), and not moved
+    from the DLQ (:func:`moved_from_dlq`: it would show as 0 ms late, hiding a late delay stage)."""
+    timed = pc.and_(pc.is_valid(retry["due_at"]), pc.is_valid(retry["delivered_at"]))
+    return retry.filter(pc.and_(timed, pc.invert(moved_from_dlq(retry))))
+
+
 def recent_releases(retry: pa.Table, now: dt.datetime) -> pa.Table:
-    """The retry rows delivered within :data:`LATENESS_WINDOW` of ``now`` (see :func:`at_or_after`)."""
-    return at_or_after(retry, "delivered_at", now - LATENESS_WINDOW)
+    """The schedule stage's releases (:func:`schedule_releases`) delivered within :data:`LATENESS_WINDOW`
+    of ``now`` (see :func:`at_or_after`)."""
+    return at_or_after(schedule_releases(retry), "delivered_at", now - LATENESS_WINDOW)
 
 
 def lateness(retry: pa.Table) -> list[LatenessEntry]:
-    """Lateness percentiles of the released retries in ``retry``: all groups ('*') first, then each group."""
+    """Lateness percentiles of the released retries in ``retry``: all groups ('*') first, then each group
+    (rows without a group last)."""
     if retry.num_rows == 0:
         return []
     values = lateness_ms(retry).to_numpy(zero_copy_only=False)
     groups = np.array(retry["consumer_group"].to_pylist(), dtype=object)
     entries = [_lateness_entry("*", values)]
-    for group in sorted(set(groups.tolist())):
+    for group in sorted(set(groups.tolist()), key=group_order):
         entries.append(_lateness_entry(group, values[groups == group]))
     return entries
 
@@ -772,8 +813,13 @@ def dead_letters(dlq: pa.Table) -> list[DeadLetterEntry]:
     ]
     return sorted(
         entries,
-        key=lambda e: (-e.count, e.consumer_group, e.reason_code or "", e.error_class or ""),
+        key=lambda e: (-e.count, group_order(e.consumer_group), e.reason_code or "", e.error_class or ""),
     )
+
+
+def group_order(group: str | None) -> tuple[bool, str]:
+    """How status sorts groups: by name, rows without a group (another writer's) last."""
+    return group is None, group or ""
 
 
 def _count_by_group(rows: pa.Table) -> dict[str | None, int]:
@@ -806,7 +852,7 @@ def lag(consume_results: pa.Table, totals: Totals, pending: pa.Table, *, now: dt
         pc.less_equal(pending["due_at"], pa.scalar(now, pending.schema.field("due_at").type)), False
     )
     overdue = _count_by_group(pending.filter(due_mask))
-    groups = sorted(set(written) | set(decided), key=lambda g: (g is None, g or ""))
+    groups = sorted(set(written) | set(decided), key=group_order)
     return [
         LagEntry(
             consumer_group=g,
@@ -1163,7 +1209,7 @@ def format_status(status: Status) -> str:
             ["group", "deliveries", "p50 ms", "p99 ms", "max ms"],
             [
                 [
-                    e.consumer_group,
+                    shown_group(e.consumer_group),
                     _num(e.deliveries),
                     _num(e.p50_ms),
                     _num(e.p99_ms),
@@ -1184,7 +1230,7 @@ def format_status(status: Status) -> str:
         lines += _table(
             ["group", "reason", "error class", "count"],
             [
-                [e.consumer_group, e.reason_code or "-", e.error_class or "-", _num(e.count)]
+                [shown_group(e.consumer_group), e.reason_code or "-", e.error_class or "-", _num(e.count)]
                 for e in status.dead_letters
             ],
         )
@@ -1202,6 +1248,11 @@ def _standby_line(entry: StandbyEntry, now: dt.datetime) -> str:
         f"standby     {printable(note.host)} pid {note.pid}, waiting since {_iso(note.since)}, last seen {seen} s "
         f"ago ({state}), checkpoint {printable(note.checkpoint)}"
     )
+
+
+def shown_group(group: str | None) -> str:
+    """A group as status and the plots show it: rows without one (another writer's) under :data:`NO_GROUP`."""
+    return group if group is not None else NO_GROUP
 
 
 def printable(text: str) -> str:
@@ -1228,7 +1279,7 @@ def _format_lag(entries: list[LagEntry]) -> list[str]:
         ],
         [
             [
-                e.consumer_group if e.consumer_group is not None else "(no group)",
+                shown_group(e.consumer_group),
                 _num(e.results_written),
                 _num(e.results_decided),
                 _num(e.results_behind),
@@ -1244,6 +1295,8 @@ def _format_lag(entries: list[LagEntry]) -> list[str]:
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return _iso(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN or infinity (a strict parser rejects Python's bare NaN)
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -1252,6 +1305,6 @@ def _jsonable(value: Any) -> Any:
 
 
 def status_json(status: Status) -> dict[str, Any]:
-    """The status as JSON-ready data (timestamps as ISO 8601 UTC strings)."""
+    """The status as JSON-ready data (timestamps as ISO 8601 UTC strings, a number that is not finite as null)."""
     result: dict[str, Any] = _jsonable(dataclasses.asdict(status))
     return result

@@ -1038,3 +1038,175 @@ def test_control_characters_from_the_tables_reach_the_terminal_escaped(
     assert not any(c in shown for c in "\x1b\x07\x00")
     for escaped in ("q\\x1b[1A", "why\\x07", "OSError: \\x1b[2K", "  g\\x1b  ", "R\\x1b", "E\\x00"):
         assert escaped in shown
+
+
+# -- re-drives, given-up retries and damaged rows (review f) -------------------------------------
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every column nullable: a table another writer made, without the engine's NOT NULLs."""
+    return pa.schema([f.with_nullable(True) for f in schema])
+
+
+def _retry_row(msg_id: str, group: str | None, due: dt.datetime | None, delivered: dt.datetime, **values: Any) -> dict[str, Any]:
+    return {**dict.fromkeys(RETRY.names), "msg_id": msg_id, "topic": "%RETRY%G", "consumer_group": group,
+            "delay_level": 3, "due_at": due, "delivered_at": delivered, "delivery_key": msg_id, **values}
+
+
+def _dead_letter(msg_id: str, group: str | None, at: dt.datetime) -> dict[str, Any]:
+    return {**dict.fromkeys(DLQ.names), "msg_id": msg_id, "topic": "%DLQ%G", "consumer_group": group,
+            "reason_code": "MAX_RECONSUME_TIMES", "error_class": "E", "delivery_key": msg_id, "dead_lettered_at": at}
+
+
+def test_lateness_is_of_the_schedule_stages_releases_not_of_the_rows_re_drives_and_resends_wrote(tmp_path: Path) -> None:
+    """A re-drive (or a resend) to %RETRY%G writes its row due and delivered at once. `status` and the
+    plots took those rows for releases of the schedule stage: 30 re-driven dead letters beside 10
+    retries released 2 s late showed 40 deliveries, p50 0 ms. They are left out; a later retry of a
+    re-driven message copies its marks (R7) but was decided by the engine (it has a source result), and
+    is a release like any other."""
+    from retry_engine.clients.dlq import PROP_REDRIVE_ID
+    from retry_engine.core.names import PROP_RESEND_MSG_ID, PROP_RESEND_TO
+    from retry_engine.ops.plots import read_plot_data
+
+    lake = Lake.make(tmp_path)
+    now = T + ms(100)
+    hour = dt.timedelta(hours=1)
+    late = [_retry_row(f"R{i}", "G", now - hour, now - hour + ms(2_000), source_result_id=f"res-{i}") for i in range(10)]
+    redriven = [_retry_row(f"X{i}", "G", now - ms(50), now - ms(50), properties=[(PROP_REDRIVE_ID, "rd-1"), ("K", "v")])
+                for i in range(30)]
+    resent = _retry_row("S1", "G", now - ms(40), now - ms(40), properties=[(PROP_RESEND_TO, "c1@i1"), (PROP_RESEND_MSG_ID, "S1")])
+    again = _retry_row("A1", "G", now - hour, now - hour + ms(5_000), properties=[(PROP_REDRIVE_ID, "rd-1")],
+                       source_result_id="res-a")
+    write_deltalake(lake.path("retry"), pa.Table.from_pylist([*late, *redriven, resent, again], schema=RETRY.arrow_schema))
+    write_deltalake(lake.path("progress"), progress(event(STARTED, now - 2 * hour)))
+    assert status(lake.config, now=now).lateness == [
+        LatenessEntry("*", 11, 2_000.0, 5_000.0, 5_000.0),
+        LatenessEntry("G", 11, 2_000.0, 5_000.0, 5_000.0),
+    ]
+    for since in (None, now - dt.timedelta(days=7)):
+        drawn = read_plot_data(lake.config, since=since, now=now).lateness_ms
+        assert sorted(drawn.tolist()) == [2_000.0] * 10 + [5_000.0], since
+
+
+def test_the_plots_backlog_drops_the_retries_run_discard_pending_gave_up(tmp_path: Path) -> None:
+    """After `run --discard-pending` the plots' backlog from METRICS never dropped the retries given up (no
+    METRICS row counts them out): 3 pending for good, and a window anchored on the batch record started
+    at -3. Where METRICS rows cannot count them out the backlog is the ledger's, which drops them at the
+    discard mark, as status's backlog does; a window that starts after the mark still reads METRICS."""
+    from retry_engine.core.lease import STATE_DIR, BatchRecord, EngineState, Owner
+    from retry_engine.core.totals import Totals
+    from retry_engine.ops.plots import read_plot_data
+
+    lake = Lake.make(tmp_path)
+    now = T + ms(100)
+    hour = dt.timedelta(hours=1)
+    decided, released_at, mark = now - 3 * hour, now - 2 * hour, now - 90 * dt.timedelta(minutes=1)
+    outcomes = [{**dict.fromkeys(OUTCOMES.names), "consumer_group": "G", "outcome": "retry", "output_msg_id": f"R{i}",
+                 "delay_level": 18, "due_at": decided + 2 * hour, "decided_at": decided, "batch_id": 0} for i in range(5)]
+    write_deltalake(lake.path("outcomes"), pa.Table.from_pylist(outcomes, schema=OUTCOMES.arrow_schema))
+    retry = [_retry_row(f"R{i}", "G", released_at, released_at, delay_level=18) for i in range(2)]
+    write_deltalake(lake.path("retry"), pa.Table.from_pylist(retry, schema=RETRY.arrow_schema))
+    metrics = [{"batch_id": b, "batch_time": at, "consumer_group": "G", "retry_topic": "orders", "delay_level": 18,
+                "metric": metric, "value": value} for b, at, metric, value in ((0, decided, "retry", 5.0),
+                                                                               (1, released_at, "delivered", 2.0))]
+    write_deltalake(lake.path("metrics"), pa.Table.from_pylist(metrics, schema=METRICS.arrow_schema))
+    record = BatchRecord("q2", 0, None, {}, pending_retries=0, totals=Totals.of([("G", "retry", 5), ("G", "delivered", 2)]))
+    owner = Owner("h", 1, "q2", str(tmp_path / "_checkpoints2"), mark)
+    state = EngineState(2, owner, now, True, record, discarded_before=mark)
+    write_deltalake(str(tmp_path / STATE_DIR), state.to_arrow())
+    assert status(lake.config, now=now).backlog == []
+    (whole,) = read_plot_data(lake.config, since=None, now=now).backlog
+    assert (whole.times, whole.pending) == ([decided, released_at, mark], [5, 3, 0])
+    week = now - dt.timedelta(days=7)
+    (line,) = read_plot_data(lake.config, since=week, now=now).backlog
+    assert (line.times, line.pending) == ([week, decided, released_at, mark], [0, 5, 3, 0])
+    between = released_at + ms(1)
+    (line,) = read_plot_data(lake.config, since=between, now=now).backlog
+    assert (line.times, line.pending) == ([between, mark], [3, 0])
+    after = read_plot_data(lake.config, since=mark + ms(1), now=now)
+    assert (after.backlog, after.backlog_source) == ([], "metrics, from the lake's batch record")
+
+
+def test_rows_without_a_group_are_shown_under_a_placeholder_never_a_traceback(tmp_path: Path) -> None:
+    """A retry or dead letter without a group (a table another writer made without the NOT NULL) made
+    `status` fail: Python could not sort None among the groups, nor print it. Such rows are shown under
+    "(no group)", after the groups; ``--json`` has them as null."""
+    lake = Lake.make(tmp_path)
+    now = T + ms(100)
+    retry = [_retry_row("R1", "G", now - ms(3_000), now - ms(2_000)), _retry_row("R2", None, now - ms(3_000), now - ms(1_000))]
+    write_deltalake(lake.path("retry"), pa.Table.from_pylist(retry, schema=_nullable(RETRY.arrow_schema)))
+    dlq = [_dead_letter("D1", None, now - ms(500)), _dead_letter("D2", "G", now)]  # as many: their groups are compared
+    write_deltalake(lake.path("dlq"), pa.Table.from_pylist(dlq, schema=_nullable(DLQ.arrow_schema)))
+    write_deltalake(lake.path("progress"), progress(event(STARTED, now - ms(5_000))))
+    shown = status(lake.config, now=now)
+    assert shown.lateness == [
+        LatenessEntry("*", 2, 1_000.0, 2_000.0, 2_000.0),
+        LatenessEntry("G", 1, 1_000.0, 1_000.0, 1_000.0),
+        LatenessEntry(None, 1, 2_000.0, 2_000.0, 2_000.0),
+    ]
+    assert shown.dead_letters == [
+        DeadLetterEntry("G", "MAX_RECONSUME_TIMES", "E", 1),
+        DeadLetterEntry(None, "MAX_RECONSUME_TIMES", "E", 1),
+    ]
+    text = format_status(shown)
+    assert "  (no group)  1           2,000.0" in text and "  (no group)  MAX_RECONSUME_TIMES  E            1" in text
+    assert [e["consumer_group"] for e in status_json(shown)["dead_letters"]] == ["G", None]
+
+
+def test_the_plots_draw_dead_letters_without_a_group_and_leave_out_metrics_values_that_are_no_count(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`plots` failed on a dead letter without a group (None sorted among the groups) and on a METRICS
+    value that is no count (NaN, 2.5, 1e300: Arrow refused the cast to int64). The dead letter is drawn
+    under "(no group)"; such values are left out of the backlog, with one warning saying how many."""
+    from retry_engine.ops.plots import DEAD_LETTERS_FILE, read_plot_data, write_plots
+
+    lake = Lake.make(tmp_path / "lake")
+    now = T + ms(100)
+    dlq = [_dead_letter("D1", "G", now - ms(500)), _dead_letter("D2", None, now - ms(500))]
+    write_deltalake(lake.path("dlq"), pa.Table.from_pylist(dlq, schema=_nullable(DLQ.arrow_schema)))
+    values = (4.0, float("nan"), 2.5, 1e300, float("-inf"))
+    metrics = [{"batch_id": b, "batch_time": now - ms(1_000), "consumer_group": "G", "retry_topic": "orders",
+                "delay_level": 3, "metric": "retry", "value": v} for b, v in enumerate(values)]
+    write_deltalake(lake.path("metrics"), pa.Table.from_pylist(metrics, schema=METRICS.arrow_schema))
+    for since in (None, now - dt.timedelta(days=7)):
+        caplog.clear()
+        data = read_plot_data(lake.config, since=since, now=now)
+        assert data.dead_letters == {"E": {"G": 1, "(no group)": 1}}
+        assert [s.pending[-1] for s in data.backlog] == [4]
+        warned = [r.getMessage() for r in caplog.records if "METRICS" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].startswith("plots: 4 METRICS row(s)"), warned
+    drawn = {p.name: p.elements for p in write_plots(lake.config, tmp_path / "png")}
+    assert drawn["dead_letters"] == 2 and (tmp_path / "png" / DEAD_LETTERS_FILE).exists()
+
+
+@pytest.mark.parametrize("recorded", ["null", "year 1"])
+def test_status_reads_progress_with_damaged_times(tmp_path: Path, recorded: str) -> None:
+    """PROGRESS rows another writer left with a null ``recorded_at`` made `status` fail with an IndexError
+    (the newest of no time), and every time within a day of year 1 with an OverflowError (the day before
+    it). A null time is no time (no event recorded: not started); a lake of year-1 times is read whole."""
+    lake = Lake.make(tmp_path)
+    now = T + ms(100)
+    row = event(STARTED, now - ms(5_000))
+    row["recorded_at"] = None if recorded == "null" else dt.datetime(1, 1, 1, 5, tzinfo=dt.UTC)
+    write_deltalake(lake.path("progress"), pa.Table.from_pylist([row], schema=_nullable(PROGRESS.arrow_schema)))
+    shown = status(lake.config, now=now)
+    assert shown.state == ("not_started" if recorded == "null" else "stale")
+    assert shown.last_event_at == (None if recorded == "null" else dt.datetime(1, 1, 1, 5, tzinfo=dt.UTC))
+
+
+def test_lateness_leaves_out_retries_without_a_due_time_and_json_has_no_nan(tmp_path: Path) -> None:
+    """One retry row without a due time (another writer's) made the group's lateness NaN, shown as "nan",
+    and `status --json` printed bare NaN, which strict JSON parsers reject. Rows without a due time have no
+    lateness; a number that is not finite (a batch's NaN rows per second) is null in the JSON."""
+    lake = Lake.make(tmp_path)
+    now = T + ms(100)
+    retry = [_retry_row("R1", "G", now - ms(3_000), now - ms(1_000)), _retry_row("R2", "G", None, now - ms(1_000))]
+    write_deltalake(lake.path("retry"), pa.Table.from_pylist(retry, schema=RETRY.arrow_schema))
+    running = batch(3, now - ms(500))
+    running["processed_rows_per_second"] = float("nan")
+    write_deltalake(lake.path("progress"), progress(event(STARTED, now - ms(5_000)), running))
+    shown = status(lake.config, now=now)
+    assert shown.lateness == [
+        LatenessEntry("*", 1, 2_000.0, 2_000.0, 2_000.0), LatenessEntry("G", 1, 2_000.0, 2_000.0, 2_000.0)
+    ]
+    printed = json.loads(json.dumps(status_json(shown), allow_nan=False))  # as `status --json`, strictly
+    assert printed["last_batch"]["processed_rows_per_second"] is None
