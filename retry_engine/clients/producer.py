@@ -202,6 +202,14 @@ class Message:
             raise InvalidMessageError(f"message flag {self.flag} is outside the int32 range a flag holds", code="FLAG_OUT_OF_RANGE")
 
 
+def _held_or_not(landed: bool | None, transaction: str) -> str:
+    """What a failed send's error says of the table: whether it holds the send's transaction."""
+    if landed is None:
+        return (f"the table could not be read to tell whether it holds transaction {transaction}: it may have been "
+                "written (a resend is safe with a producer_id)")
+    return f"the table does not hold transaction {transaction}"
+
+
 def _check_optional_str(name: str, value: object) -> None:
     if value is not None and not isinstance(value, str):
         raise MessageTypeError(f"message {name} must be a str or None, got {type(value).__name__}")
@@ -345,12 +353,13 @@ class Producer:
         for attempt in range(1, total + 1):
             elapsed_ms = (time.monotonic() - started) * 1000
             if attempt > 1 and elapsed_ms >= self.send_timeout_ms:
-                if self._landed(table, version):
+                landed = self._landed(table, version)
+                if landed:
                     return SendResult(ids, attempt - 1, False)
                 raise SendFailedError(
                     f"send of {len(ids)} message(s) (first {ids[0]}) timed out after {elapsed_ms:.0f} ms "
                     f"and {attempt - 1} attempt(s) (send_timeout_ms={self.send_timeout_ms}); "
-                    f"the table does not hold transaction {self.app_id}/{version}",
+                    + _held_or_not(landed, f"{self.app_id}/{version}"),
                     code="SEND_TIMEOUT",
                 ) from last_error
             try:
@@ -367,11 +376,13 @@ class Producer:
                     time.sleep(self.retry_backoff_ms / 1000)
                 continue
             return SendResult(ids, attempt, written)
-        if self._landed(table, version):
+        landed = self._landed(table, version)
+        if landed:
             return SendResult(ids, total, False)
         raise SendFailedError(
             f"send of {len(ids)} message(s) (first {ids[0]}) failed {total} time(s) "
-            f"(retry_times_when_send_failed={self.retry_times_when_send_failed}): {last_error}",
+            f"(retry_times_when_send_failed={self.retry_times_when_send_failed}): {last_error}; "
+            + _held_or_not(landed, f"{self.app_id}/{version}"),
         ) from last_error
 
     def _write(self, table: pa.Table, version: int) -> bool:
@@ -380,26 +391,27 @@ class Producer:
             self.path, table, app_id=self.app_id, txn_version=version, partition_by=MESSAGES.partition_by
         )
 
-    def _landed(self, table: pa.Table, version: int) -> bool:
-        """Whether the table holds this send's token after all its attempts failed.
+    def _landed(self, rows: pa.Table, version: int) -> bool | None:
+        """Whether the table holds this send (of ``rows``) after all its attempts failed; None when it
+        cannot be read to say.
 
         An attempt can commit and still fail (the acknowledgement of the commit
         was lost, or the attempt ran past the timeout): reporting that as a
         failure makes the caller send again. If the table cannot be read
-        either, the send is reported failed (the caller's resend is then safe
-        only with a ``producer_id``).
+        either, the send is reported failed, saying so (the caller's resend is
+        then safe only with a ``producer_id``).
         """
         try:
-            table = open_table(self.path)
-            done = None if table is None else table.transaction_version(self.app_id)
+            held = open_table(self.path)
+            done = None if held is None else held.transaction_version(self.app_id)
+            if done is None or done < version:
+                return False
+            self._require_in_order(rows, version)
         except RETRYABLE_ERRORS as exc:
             log.warning("send %s/%d: could not check whether it landed: %s", self.app_id, version, exc)
-            return False
-        if done is not None and done >= version:
-            self._require_in_order(table, version)
-            log.info("send %s/%d: its attempts failed but the table holds it (at %d): sent", self.app_id, version, done)
-            return True
-        return False
+            return None
+        log.info("send %s/%d: its attempts failed but the table holds it (at %d): sent", self.app_id, version, done)
+        return True
 
     def _require_in_order(self, table: pa.Table, version: int) -> None:
         """After the table said it holds ``version``: with a ``producer_id``, check it really is this send.

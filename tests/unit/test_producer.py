@@ -274,3 +274,33 @@ def test_a_flag_outside_int32_is_a_clear_error_and_nothing_is_written(tmp_path: 
     with pytest.raises(InvalidMessageError, match=rf"\[FLAG_OUT_OF_RANGE\] message flag {flag} is outside the int32"):
         producer.send("orders", "hello", flag=flag)
     assert Message("orders", "x", flag=2**31 - 1).flag == 2**31 - 1 and Message("orders", "x", flag=-(2**31)).flag < 0
+
+
+@pytest.mark.parametrize("path", ["timeout", "last_retry"])
+def test_r13_a_numbered_send_whose_commit_landed_is_reported_sent(tmp_path: Path, path: str) -> None:
+    """(found by a review) With a producer_id, the check that the table holds the send passed the opened table where
+    the send's rows were wanted: AttributeError, neither a SendResult nor a SendFailedError."""
+    options: dict[str, Any] = (
+        {"lost": 10**6, "retry_times_when_send_failed": 10**6, "send_timeout_ms": 1, "retry_backoff_ms": 5}
+        if path == "timeout" else {"lost": 1, "retry_times_when_send_failed": 0}
+    )
+    producer = LostAckProducer(str(tmp_path / "m"), producer_id="orders-1", **options)
+    result = producer.send("orders", b"x", sequence=1)
+    assert result.written is False and [r["msg_id"] for r in rows(tmp_path / "m")] == list(result.msg_ids)
+
+
+def test_r13_a_failed_send_says_when_the_table_could_not_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(found by a review) The commit landed, then the store stopped answering: the error said the table does not
+    hold the send, and a caller without a producer_id who believed it sent it twice."""
+    from retry_engine.clients import producer as module
+
+    sender = LostAckProducer(str(tmp_path / "m"), lost=10**6, retry_times_when_send_failed=1, retry_backoff_ms=0)
+
+    def unreachable(path: str) -> None:
+        raise OSError("store unreachable")
+
+    monkeypatch.setattr(module, "open_table", unreachable)
+    with pytest.raises(SendFailedError, match=r"could not be read to tell whether it holds transaction .*may have been"):
+        sender.send("orders", b"x")
+    monkeypatch.undo()
+    assert len(rows(tmp_path / "m")) == 1
