@@ -312,7 +312,9 @@ def _stat_json(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None:
             value = value.astimezone(dt.UTC).replace(tzinfo=None)
-        return value.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        # The year as four digits: strftime's %Y gives "5" for year 5 here, which delta-rs reads as no
+        # bound (its filtered reads then skipped the file's rows).
+        return f"{value.year:04d}-{value:%m-%dT%H:%M:%S.%f}Z"
     if isinstance(value, dt.date):
         return value.isoformat()
     return value

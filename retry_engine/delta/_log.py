@@ -504,7 +504,7 @@ def partition_value_string(value: Any) -> str | None:
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None:
             value = value.astimezone(dt.UTC).replace(tzinfo=None)
-        return str(value.strftime("%Y-%m-%d %H:%M:%S.%f"))
+        return f"{value.year:04d}-{value:%m-%d %H:%M:%S.%f}"  # four digits (see _files._stat_json)
     if isinstance(value, dt.date):
         return value.isoformat()
     if isinstance(value, bytes):

@@ -744,6 +744,33 @@ def test_a_file_of_values_python_cannot_hold_is_written_without_their_bounds(tmp
     assert back.column("at").cast(pa.int64()).to_pylist() == [0, 253_402_300_800_000_000]
 
 
+def test_a_time_before_year_1000_keeps_bounds_readers_can_filter_on(tmp_path: Path) -> None:
+    """(found by a review) strftime's %Y wrote year 5 as "5-03-01T...": delta-rs read no bound, and its filtered
+    reads (pyarrow, Polars, a delete with a predicate) skipped the file's rows. Four digits, as Delta writes."""
+    import datetime as dt
+
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    from retry_engine.delta import storage
+    from retry_engine.delta.sink import FilesWritten, commit_files
+
+    schema = pa.schema([("id", pa.int64()), ("t", pa.timestamp("us", tz="UTC"))])
+    path = str(tmp_path / "t")
+    ensure_table(path, schema)
+    writer = PartitionedWriter(pafs.LocalFileSystem(), path, schema)
+    times = [dt.datetime(5, 3, 1, tzinfo=dt.UTC), dt.datetime(999, 1, 1, tzinfo=dt.UTC)]
+    writer.write(pa.record_batch([pa.array([1, 2], pa.int64()), pa.array(times, schema.field("t").type)], schema=schema))
+    files = writer.close()
+    assert json.loads(files[0].stats)["minValues"]["t"] == "0005-03-01T00:00:00.000000Z"
+    commit_files(storage.location(path), [FilesWritten(tuple(files))], mode="append", partition_by=(), app_id="a", txn_version=0)
+    early = pa.scalar(dt.datetime(500, 1, 1, tzinfo=dt.UTC), schema.field("t").type)
+    assert DeltaTable(path).to_pyarrow_dataset().to_table(filter=pc.field("t") < early).column("id").to_pylist() == [1]
+    from retry_engine.delta._log import partition_value_string
+
+    assert partition_value_string(times[0]) == "0005-03-01 00:00:00.000000"  # a partition value likewise
+
+
 def test_parquet_written_is_plain(tmp_path: Path) -> None:
     schema = pa.schema([("id", pa.int64())])
     fs, root = pafs.LocalFileSystem(), str(tmp_path)
