@@ -70,8 +70,11 @@ class SinkOptions:
         opts = lower_keys(options)
         app_id = opts.get("txnappid", "").strip() or None
         raw_version = opts.get("txnversion", "").strip()
-        if raw_version and not raw_version.isdigit():
-            raise ConfigError(f"option txnVersion={raw_version!r} must be an integer >= 0", code="INVALID_OPTION")
+        # ASCII digits only ("²" is a digit to str.isdigit), and what a Delta transaction version holds (int64).
+        if raw_version and not (raw_version.isascii() and raw_version.isdigit() and int(raw_version) < 2**63):
+            raise ConfigError(
+                f"option txnVersion={raw_version!r} must be a whole number from 0 to 2^63-1", code="INVALID_OPTION"
+            )
         partition_by = tuple(c.strip() for c in opts.get("partitionby", "").split(",") if c.strip())
         if len(set(partition_by)) != len(partition_by):
             raise ConfigError(f"option partitionBy={opts['partitionby']!r} repeats a column", code="INVALID_OPTION")
@@ -141,31 +144,46 @@ def commit_files(
         keep(handle)
         return False
     actions: list[AddAction | RemoveAction] = [f.add_action(data_change=True) for f in files]
-    properties = (
-        CommitProperties(app_transactions=[Transaction(app_id, txn_version)])
-        if app_id is not None and txn_version is not None
-        else None
-    )
-    try:
-        table.create_write_transaction(
-            actions,
-            mode=mode,
-            schema=table.schema(),
-            partition_by=list(partition_by) or None,
-            commit_properties=properties,
-        )
-    except CommitFailedError as exc:
-        raise DeltaSinkError(
-            f"{location.uri}: commit of {len(files)} file(s) for transaction {app_id}/{txn_version} failed "
-            f"(another writer with the same id, or a conflicting change): {exc}",
-            code="DELTA_COMMIT_FAILED",
-        ) from exc
+    transactions = [Transaction(app_id, txn_version)] if app_id is not None and txn_version is not None else None
+    # An overwrite is never rebased by delta-rs: it would remove the files of the snapshot it planned on
+    # over a commit that replaced them (a compaction), and the replacement, holding the old rows, would
+    # stay beside the new ones. It is planned again on the new snapshot instead.
+    properties = CommitProperties(app_transactions=transactions, max_commit_retries=0 if mode == "overwrite" else None)
+    for attempt in range(1, OVERWRITE_ATTEMPTS + 1):
+        try:
+            table.create_write_transaction(
+                actions,
+                mode=mode,
+                schema=table.schema(),
+                partition_by=list(partition_by) or None,
+                commit_properties=properties,
+            )
+            break
+        except CommitFailedError as exc:
+            if mode != "overwrite" or attempt == OVERWRITE_ATTEMPTS:
+                raise DeltaSinkError(
+                    f"{location.uri}: commit of {len(files)} file(s) for transaction {app_id}/{txn_version} failed "
+                    f"(another writer with the same id, or a conflicting change): {exc}",
+                    code="DELTA_COMMIT_FAILED",
+                ) from exc
+            log.info("%s: overwrite conflicted with another commit (attempt %d); planning it again: %s",
+                     location.uri, attempt, exc)
+            handle = open_latest(location)
+            table = handle.table
+            if app_id is not None and txn_version is not None and (table.transaction_version(app_id) or -1) >= txn_version:
+                keep(handle)  # the same transaction committed meanwhile (another copy of this write)
+                abort_files(location, messages)  # what its commit does not reference
+                return False
     keep(handle)
     log.info(
         "%s: committed %d file(s), %d row(s) (%s, txn %s/%s)",
         location.uri, len(files), sum(f.num_records for f in files), mode, app_id, txn_version,
     )
     return True
+
+
+# Commits of one overwrite, each planned on the latest snapshot, before a conflict is the write's error.
+OVERWRITE_ATTEMPTS = 10
 
 
 def abort_files(

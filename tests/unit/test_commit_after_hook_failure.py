@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -195,3 +196,42 @@ def test_a_roll_forward_of_a_committed_batch_keeps_its_files_a_compaction_replac
                             partition_by=list(RETRY.partition_by), app_id="q", txn_version=0)
     assert not any(os.path.exists(os.path.join(root, f.path)) for f in orphans)
 
+
+
+def test_an_overwrite_that_meets_a_compaction_replaces_the_compacted_rows_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(found by a review) A deltars overwrite (complete mode, mode("overwrite")) planned before a compaction landed
+    was rebased by delta-rs: it removed the files the compaction had already removed, and the compacted file,
+    holding the old rows, stayed beside the new ones. It is planned again on the new snapshot."""
+    import pyarrow.fs as pafs
+
+    from retry_engine.delta import sink
+    from retry_engine.delta._files import PartitionedWriter
+    from retry_engine.delta.tables import commit_next, ensure_table
+
+    path = str(tmp_path / "t")
+    schema = pa.schema([("x", pa.int64())])
+    ensure_table(path, schema)
+
+    def task(values: list[int]) -> sink.FilesWritten:
+        writer = PartitionedWriter(pafs.LocalFileSystem(), path, schema)
+        writer.write(pa.record_batch([pa.array(values, pa.int64())], schema=schema))
+        return sink.FilesWritten(tuple(writer.close()))
+
+    sink.commit_files(location(path), [task([1]), task([2])], mode="overwrite", partition_by=(), app_id="q", txn_version=0)
+    real = sink.open_latest
+    compacted: list[int] = []
+
+    def open_then_compact(where: Any) -> Any:
+        handle = real(where)
+        if not compacted:  # another process compacts once, after the overwrite read the table
+            other = DeltaTable(path)
+            compacted.append(commit_next(other, snapshot_files(other, other.version()), task([1, 2]).files,
+                                         data_change=False, operation="COMPACT"))
+        return handle
+
+    monkeypatch.setattr(sink, "open_latest", open_then_compact)
+    assert sink.commit_files(location(path), [task([10])], mode="overwrite", partition_by=(), app_id="q", txn_version=1)
+    assert DeltaTable(path).to_pyarrow_table().column("x").to_pylist() == [10] and compacted
+    assert missing_files(path) == []

@@ -805,6 +805,12 @@ def test_sink_options_parse() -> None:
     assert opts == SinkOptions("/t", ("a", "b"), "job", 4, "/ck")
     with pytest.raises(ConfigError, match="txnVersion='x'"):
         SinkOptions.parse({"path": "/t", "txnVersion": "x"})
+    # (found by a review) "²" passed isdigit() and int() raised a bare ValueError; past int64 every task wrote
+    # its files and only the commit failed.
+    for hostile in ("²", "9223372036854775808", "٣"):
+        with pytest.raises(ConfigError, match=r"\[INVALID_OPTION\] option txnVersion=.* from 0 to 2\^63-1"):
+            SinkOptions.parse({"path": "/t", "txnVersion": hostile})
+    assert SinkOptions.parse({"path": "/t", "txnVersion": "9223372036854775807"}).txn_version == 2**63 - 1
     with pytest.raises(ConfigError, match="repeats a column"):
         SinkOptions.parse({"path": "/t", "partitionBy": "a,a"})
 
