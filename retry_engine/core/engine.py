@@ -302,6 +302,8 @@ class _Held(NamedTuple):
     heartbeat: Heartbeat
     # What _left_at_exit stops at exit if stop() never came.
     query: StreamingQuery
+    # Its run id, for the terminated event stop() may write (known here: the JVM may be gone then).
+    run_id: str
 
 
 # The engines started in this process, by query id (their leases released by stop()).
@@ -329,8 +331,8 @@ def _left_at_exit() -> list[at_exit.Ending]:
     no-op stop for a stopped query), within :data:`at_exit.EXIT_SECONDS`.
     """
     with _HELD_LOCK:
-        left = [held.query for held in _HELD.values()]
-    return [(str(q.id), functools.partial(stop, q, record_timeout_s=EXIT_RECORD_SECONDS)) for q in left]
+        left = [(app_id, held.query) for app_id, held in _HELD.items()]
+    return [(app_id, functools.partial(stop, q, record_timeout_s=EXIT_RECORD_SECONDS)) for app_id, q in left]
 
 
 at_exit.at_exit("engine", _left_at_exit)
@@ -538,7 +540,7 @@ def start(
         on_lost=lost,
     )
     with _HELD_LOCK:
-        _HELD[app_id] = _Held(lease, heartbeat, query)
+        _HELD[app_id] = _Held(lease, heartbeat, query, str(query.runId))
     heartbeat.start()
     maintenance.start(app_id, alive=lambda: bool(query.isActive))
     log.info(
@@ -722,8 +724,13 @@ def stop(
     next engine starts without ``--take-over``). Returns the error if the
     engine had stopped because another engine took the lake over.
     """
-    app_id = str(query.id)
+    app_id = _app_id(query)
     _stopping(app_id, reason)
+    with _HELD_LOCK:
+        holding = _HELD.get(app_id)
+    if holding is not None:
+        # The lease stays this engine's until the query has ended: see Heartbeat.hold.
+        holding.heartbeat.hold()
     try:
         if finish_batch_s > 0 and not finish_current_batch(query, timeout_s=finish_batch_s):
             log.info(
@@ -734,7 +741,7 @@ def stop(
             )
         query.stop()
     finally:
-        maintenance.detach(str(query.id))
+        maintenance.detach(app_id)
         with _HELD_LOCK:
             held = _HELD.pop(app_id, None)
             recorder = _RECORDERS.pop(app_id, None)
@@ -743,7 +750,7 @@ def stop(
             held.heartbeat.stop()
         if recorder is not None:
             recorder.finish(
-                run_id=str(query.runId),
+                run_id=holding.run_id if holding is not None else str(query.runId),
                 exception=_exception_text(query),
                 timeout=record_timeout_s,
             )
@@ -751,6 +758,16 @@ def stop(
         if held is not None and not held.heartbeat.released:
             held.lease.release()
     return held.heartbeat.lost if held is not None else None
+
+
+def _app_id(query: StreamingQuery) -> str:
+    """The query's id: the one an engine of this process holds it under (no call into the JVM, which may
+    be gone: a stop must still end the heartbeat and release the lease), else Spark's."""
+    with _HELD_LOCK:
+        for app_id, held in _HELD.items():
+            if held.query is query:
+                return app_id
+    return str(query.id)
 
 
 def _exception_text(query: StreamingQuery) -> str | None:

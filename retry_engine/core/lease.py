@@ -608,13 +608,28 @@ class Heartbeat:
         self.lost: LeaseLostError | None = None
         # Set once this thread released the lease (the query stopped without engine.stop()).
         self.released = False
+        # Set by hold(): a stop is under way (see there).
+        self._held = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="retry-engine-lease", daemon=True)
 
     def start(self) -> None:
         with _LOCAL_LOCK:
-            _LOCAL_OWNERS[(self._lease.path, self._lease.owner.query_id)] = self._alive
+            _LOCAL_OWNERS[(self._lease.path, self._lease.owner.query_id)] = self.owning
         self._thread.start()
+
+    def owning(self) -> bool:
+        """Whether this engine still holds its lake: its query runs, or its stop is under way (:meth:`hold`)."""
+        return self._held.is_set() or self._living()
+
+    def hold(self) -> None:
+        """Keep heartbeating, whatever ``alive()`` says, until :meth:`stop`: the engine's stop is under way.
+
+        Spark marks a stopping query inactive at once and then waits for its running batch, whose
+        commits may take minutes on a slow store: released then, the lease let a standby take the
+        lake while this owner still committed, unfenced. The stop releases it once the query ended.
+        """
+        self._held.set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -625,7 +640,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            if not self._alive():
+            if not self.owning():
                 # The query stopped without engine.stop() (failure, or query.stop()).
                 self._lease.release()
                 self.released = True
@@ -639,6 +654,15 @@ class Heartbeat:
                 return
             except Exception as exc:  # the next beat retries; expiry is the backstop
                 log_failure(log, f"lake {self._lease.lake}: heartbeat failed, the next one retries", exc)
+
+    def _living(self) -> bool:
+        """``alive()``; False when it cannot be asked (the Spark driver's JVM is gone: its query is too)."""
+        try:
+            return bool(self._alive())
+        except Exception as exc:
+            log.warning("lake %s: the engine's query cannot be asked whether it runs (%s); it is taken for stopped",
+                        self._lease.lake, exc)
+            return False
 
 
 __all__ = [

@@ -14,6 +14,7 @@ Nothing here runs inside a micro-batch.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -100,9 +101,15 @@ class StopSignals:
         # Runs in the main thread between bytecodes: no I/O but one log line, no Spark calls.
         if self.received is None:
             self.received = signum
-            log.info("%s received: stopping after the current batch", signal_name(signum))
+            log.info("%s received: stopping after the current batch (again to exit at once)", signal_name(signum))
         else:
-            log.info("%s received: already stopping", signal_name(signum))
+            # The stop waits for the running batch's commits, minutes on a slow store: a second signal
+            # ends the process now, as a crash would (safe: the next start replays the batch, and the
+            # lease is free once this process is gone, at once for a start on this host).
+            log.warning("%s received again: exiting now, without waiting for the running batch", signal_name(signum))
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os._exit(128 + signum)
         self._event.set()
 
     @property
@@ -174,4 +181,7 @@ def stop_session(spark: SparkSession, *, drain_s: float = DRAIN_TASKS_SECONDS) -
     try:
         return drain_tasks(spark, drain_s=drain_s)
     finally:
-        spark.stop()
+        try:
+            spark.stop()
+        except Exception as exc:  # the JVM is gone (killed with the process group): nothing left to stop
+            log.debug("could not stop the Spark session: %s", exc)

@@ -798,3 +798,45 @@ def test_a_recorded_batch_is_replayed_only_with_the_settings_that_decided_it(tmp
         else:
             (checkpoint / resume.DECISIONS_FILE).write_bytes(damaged)
         resume.check_replay(str(checkpoint), lake, query_id="B", settings=before)
+
+
+def test_a_stopping_engine_keeps_its_lease_until_its_batch_has_committed(tmp_path: Path) -> None:
+    """B8 (found by a review): Spark marks a stopping query inactive at once, then waits for its running batch's
+    commits; the heartbeat saw it inactive and released the lease, and a standby took the lake while the owner
+    still committed, unfenced. Held by the stop, the heartbeat goes on beating until the stop ends it."""
+    import time
+
+    running = [True]
+    owner_lease = lease(tmp_path, "query-A", Clock())
+    owner_lease.acquire()
+    beat = Heartbeat(owner_lease, interval_s=0.05, alive=lambda: running[0], on_lost=lambda exc: None)
+    beat.start()
+    beat.hold()  # engine.stop() begins
+    running[0] = False  # Spark: the query is no longer active, its batch still commits
+    time.sleep(0.4)
+    state = read_state(str(tmp_path))
+    assert state is not None and not state.released and not beat.released
+    with pytest.raises(LakeOwnedError):
+        lease(tmp_path, "query-B", Clock(), host="elsewhere.example").acquire()
+    beat.stop()
+    owner_lease.release()  # what stop() does once the query has ended
+
+
+def test_a_heartbeat_that_cannot_ask_the_query_releases_the_lease(tmp_path: Path) -> None:
+    """(found by a review) The driver's JVM died (OOM-kill): alive() raised, the heartbeat thread died with the
+    error, and the lake stayed owned by a dead engine until its lease expired. It is taken for stopped."""
+    import time
+
+    owner_lease = lease(tmp_path, "query-A", Clock())
+    owner_lease.acquire()
+
+    def gone() -> bool:
+        raise ConnectionRefusedError("py4j: the JVM is gone")
+
+    beat = Heartbeat(owner_lease, interval_s=0.05, alive=gone, on_lost=lambda exc: None)
+    beat.start()
+    deadline = time.monotonic() + 10
+    while not beat.released and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state = read_state(str(tmp_path))
+    assert beat.released and state is not None and state.released

@@ -30,9 +30,28 @@ def test_a_signal_only_sets_the_flag_and_wakes_the_waiter(signum: int) -> None:
         threading.Timer(0.2, os.kill, (os.getpid(), signum)).start()
         assert signals.wait(30.0)
         assert signals.requested and signals.received == signum
-        os.kill(os.getpid(), signal.SIGINT if signum == signal.SIGTERM else signal.SIGTERM)
-        assert signals.received == signum  # a second signal does not change what stopped it
     assert signal.getsignal(signum) is before
+
+
+@pytest.mark.parametrize(("first", "second", "code"), [("SIGINT", "SIGINT", 130), ("SIGTERM", "SIGINT", 130), ("SIGINT", "SIGTERM", 143)])
+def test_a_second_signal_ends_the_process_at_once(first: str, second: str, code: int) -> None:
+    """(found by a review) A stop waits for the running batch's commits (minutes on a slow store), and a second
+    Ctrl-C only logged "already stopping": no way out but SIGKILL. The second signal ends the process now, as a
+    crash would (the next start replays the batch)."""
+    import subprocess
+    import sys
+
+    child = (
+        "import logging, os, signal, sys, time\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
+        "from retry_engine.ops.stopping import StopSignals\n"
+        "with StopSignals() as s:\n"
+        f"    os.kill(os.getpid(), signal.{first}); assert s.wait(10)\n"
+        f"    os.kill(os.getpid(), signal.{second}); time.sleep(30)\n"
+        "sys.exit(5)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == code and f"{second} received again: exiting now" in done.stderr
 
 
 def test_exit_codes_say_which_signal_stopped_it() -> None:
