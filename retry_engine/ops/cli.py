@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
         "status",
         help="is the engine running, last batch, backlog by level, oldest due time, lateness, dead letters "
         f"(exit {EXIT_OK} running or stopped cleanly, {EXIT_NOT_RUNNING} failed, stale or never started, "
-        f"{EXIT_ERROR} error)",
+        f"{EXIT_ERROR} error, {EXIT_USAGE} no lake where it looked: [LAKE_NOT_FOUND])",
     )
     status.add_argument("--config")
     status.add_argument("--json", action="store_true", help="print JSON instead of the table")

@@ -352,7 +352,7 @@ def _redrive(
             else REDRIVE_AUDIT.arrow_schema.empty_table()
         )
         resumed = sum(c.num_rows for c, was_pending in chunks if was_pending)
-        log.info(
+        log.debug(  # the report says it; the CLI plans this way before it asks, too
             "re-drive %s dry run: %d would move (%d resumed), %d skipped",
             redrive_id,
             table.num_rows,

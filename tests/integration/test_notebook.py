@@ -100,6 +100,9 @@ def test_the_dlq_notebook_runs_and_redrives_the_filtered_set(demo_lake: Path, tm
     the SocketTimeoutException of another group.
     """
     monkeypatch.setenv("RETRY_ENGINE_LAKE", str(demo_lake))
+    # This lake's billing timeouts (the notebook's own defaults are the demo lake's group and errors).
+    monkeypatch.setenv("DLQ_NOTEBOOK_GROUP", "billing")
+    monkeypatch.setenv("DLQ_NOTEBOOK_ERROR", "(?i)timeout")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
 

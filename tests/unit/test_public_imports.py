@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-PUBLIC = {'dlq': 'retry_engine.clients.dlq', 'redrive': 'retry_engine.ops.redrive', 'resend': 'retry_engine.ops.resend', 'producer': 'retry_engine.clients.producer', 'consumer': 'retry_engine.clients.consumer', 'session': 'retry_engine.delta.session', 'cluster': 'retry_engine.ops.cluster'}
+PUBLIC = {'dlq': 'retry_engine.clients.dlq', 'redrive': 'retry_engine.ops.redrive', 'resend': 'retry_engine.ops.resend', 'producer': 'retry_engine.clients.producer', 'consumer': 'retry_engine.clients.consumer', 'session': 'retry_engine.delta.session', 'cluster': 'retry_engine.ops.cluster', 'resolve': 'retry_engine.ops.resolve', 'redrive_tasks': 'retry_engine.ops.redrive_tasks'}
 
 
 def readme_imports() -> list[str]:
