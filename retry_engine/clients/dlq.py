@@ -18,6 +18,7 @@ instead when given ``spark=``, for DLQs too big for the driver.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import re
@@ -745,6 +746,10 @@ def history(config: EngineConfig, msg_id: str) -> pd.DataFrame:
     frame["at"] = frame["at"].astype(HISTORY_TIME)
     # A decision shares its micro-batch time with the dead letter it wrote: consumed, decided, then the rest.
     frame = frame.sort_values(["at", "reconsume_times", _ORDER], kind="stable", ignore_index=True, na_position="first")
+    # Counts as whole numbers where some rows have none (pandas made them floats: 16.0, NaN).
+    for column in ("reconsume_times", "delay_level"):
+        with contextlib.suppress(TypeError, ValueError):  # another writer's fractions stay as they are
+            frame[column] = frame[column].astype("Int64")
     return frame.drop(columns=[_ORDER])
 
 

@@ -17,6 +17,7 @@ import pytest
 from deltalake import write_deltalake
 
 from retry_engine.clients import dlq
+from retry_engine.config import load_config
 from retry_engine.ops.cli import EXIT_OK, main
 from retry_engine.schemas import CONSUME_RESULTS, DLQ, MESSAGES, OUTCOMES, RETRY, Table
 from tests.lakehouse import Lake
@@ -161,6 +162,9 @@ def test_dlq_show_prints_consumer_and_error_columns(lake: Lake, tmp_path: Path, 
     assert attempts[0].split() == ["reconsume_times", "consumer_id", "status", "error_class", "error_message", "consumed_at", "delay_level"]
     assert attempts[1].split()[:5] == ["0", "c1@host", "RECONSUME_LATER", "com.acme.Flaky", "first"]
     assert attempts[2].split()[:5] == ["1", "c2@host", "RECONSUME_LATER", "com.acme.Flaky", "second"]
+    # (found by a newcomer's walk through the README) counts as whole numbers, though some rows have none.
+    frame = dlq.history(load_config(config), ORIGIN)
+    assert str(frame["reconsume_times"].dtype) == "Int64" and ".0 " not in out.split("attempts carried")[0]
 
 
 def pd_na(value: Any) -> bool:
