@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from deltalake.exceptions import DeltaError
 
 from retry_engine.config import EngineConfig
+from retry_engine.core.decide import cast_columns, drifted_columns
 from retry_engine.core.names import (
     PROP_REDRIVE_COUNT,
     REDRIVE_COUNT_PATTERN,
@@ -39,10 +40,13 @@ from retry_engine.core.names import (
     validate_group,
     validate_topic,
 )
+from retry_engine.delta import storage
+from retry_engine.delta._log import DeltaLog
 from retry_engine.delta.storage import open_delta, spark_options
 from retry_engine.delta.tables import (
     cast_not_null,
     open_table,
+    pyarrow_dataset,
     read_columns,
     stats_from,
     stats_until,
@@ -268,12 +272,11 @@ def resolve_version(path: str, *, version: int | None = None, as_of: dt.datetime
     if table is None:
         raise SelectionError(f"there is no table at {path} to time-travel", code="INVALID_VERSION")
     latest = table.version()
-    # The oldest commit the log still holds: maintenance removes older ones (delta.logRetentionDuration,
-    # 30 days), and versions before it can no longer be read.
-    first = min(table.history(), key=lambda commit: int(commit.get("version", 0)))
-    earliest = int(first.get("version", 0))
-    since = dt.datetime.fromtimestamp(int(first["timestamp"]) / 1000, dt.UTC)
-    cleaned = f" (the log before version {earliest}, {since.isoformat()}, was cleaned)" if earliest > 0 else ""
+    # The oldest commit the log still holds (one listing): maintenance removes older ones
+    # (delta.logRetentionDuration, 30 days), and versions before it can no longer be read.
+    log = DeltaLog(storage.location(path))
+    earliest = log.earliest_commit() or 0
+    cleaned = f" (the log before version {earliest} was cleaned)" if earliest > 0 else ""
     if version is not None:
         if not earliest <= version <= latest:
             raise SelectionError(
@@ -282,11 +285,14 @@ def resolve_version(path: str, *, version: int | None = None, as_of: dt.datetime
             )
         return version
     assert when is not None  # one of the two was given; not an input check
+    stamp = log.commit_timestamp_ms(earliest)
+    since = dt.datetime.fromtimestamp(stamp / 1000, dt.UTC) if stamp is not None else dt.datetime.min.replace(tzinfo=dt.UTC)
     if when < since:
         raise SelectionError(
             f"{path} did not exist at {when.isoformat()}; its first version is from {since.isoformat()}"
             if not cleaned
-            else f"{path} cannot be read as of {when.isoformat()}:{cleaned.removesuffix(')').replace(' (', ' ', 1)}",
+            else f"{path} cannot be read as of {when.isoformat()}: the log before version {earliest} "
+            f"({since.isoformat()}) was cleaned",
             code="INVALID_VERSION",
         )
     try:
@@ -769,7 +775,15 @@ def _read_where(config: EngineConfig, table: str, where: Any, columns: list[str]
     # primitive column), so a history lookup reads only files that can hold the id.
     wanted = columns or names
     read = list(dict.fromkeys([*wanted, "msg_id", "origin_msg_id"]))  # the ids the filter picks by
-    rows = read_columns(found, _HISTORY_TABLES[table].arrow_schema, read, rows=where).select(wanted)
+    expected = _HISTORY_TABLES[table].arrow_schema
+    schema = table_arrow_schema(found)
+    if drifted_columns(schema, expected, ["msg_id", "origin_msg_id"]) or not set(read) <= set(names):
+        # The ids of another type prune nothing: read whole and cast before picking (read_columns).
+        rows = read_columns(found, expected, read, rows=where).select(wanted)
+    else:
+        # Picked by the ids as read (their statistics prune files); a column of another type is cast after.
+        rows = pyarrow_dataset(found).to_table(columns=read, filter=where)
+        rows = cast_columns(rows, expected, drifted_columns(schema, expected, read)).select(wanted)
     if columns is None:
         rows = rows.append_column("table", pa.array([table] * rows.num_rows, pa.string()))
     return rows
