@@ -647,14 +647,23 @@ class EngineConfig(_Strict):
     def decision_settings(self) -> dict[str, Any]:
         """The settings that decide what a consume result becomes (its outcome, level, due time, whether
         it is a duplicate, its state key), as JSON values: a recorded batch is replayed only with these."""
+        # Durations and delays in milliseconds: "60s" rewritten as "1m" decides the same.
         engine = {
-            name: getattr(self.engine, name)
-            for name in ("message_delay_level", "max_body_bytes", "dedup_window", "state_bucket", "auto_create_groups")
+            "message_delay_level": list(parse_delay_levels(self.engine.message_delay_level)),
+            "max_body_bytes": self.engine.max_body_bytes,
+            "dedup_window": parse_duration_ms(self.engine.dedup_window),
+            "state_bucket": parse_duration_ms(self.engine.state_bucket),
+            "auto_create_groups": self.engine.auto_create_groups,
         }
+
+        def group(config: GroupConfig) -> dict[str, Any]:
+            policy = self.policy(config)
+            return {**config.model_dump(mode="json"), "backoff": {"policy": type(policy).__name__, **vars(policy)}}
+
         return {
             "engine": engine,
-            "group_defaults": self.group_defaults.model_dump(mode="json"),
-            "groups": {name: group.model_dump(mode="json") for name, group in sorted(self.groups.items())},
+            "group_defaults": group(self.group_defaults),
+            "groups": {name: group(config) for name, config in sorted(self.groups.items())},
         }
 
     def policy(self, group: GroupConfig) -> BackoffPolicy:

@@ -780,6 +780,9 @@ def test_a_recorded_batch_is_replayed_only_with_the_settings_that_decided_it(tmp
     with pytest.raises(LakeResumeError, match=r"REPLAY_SETTINGS_CHANGED.*batch 5 .*groups\.G\.retry_max_times.*run --once"):
         resume.check_replay(str(checkpoint), lake, query_id="B", settings=after)
     resume.check_replay(str(checkpoint), lake, query_id="B", settings=before)  # the previous config replays it
+    # The same meaning written otherwise ("60s" as "1m", levels as other units) is no change.
+    same = parse_config({"engine": {"dedup_window": "10m"}, "groups": {"G": {"retry_max_times": 16}}}).decision_settings()
+    assert same == parse_config({"engine": {"dedup_window": "600s"}, "groups": {"G": {"retry_max_times": 16}}}).decision_settings()
     # A setting the stored ones lack (a release added it) is no change; a group added or removed is one.
     newer = json.loads(json.dumps(before))
     newer["engine"]["a_later_setting"] = 1
