@@ -652,7 +652,7 @@ class EngineConfig(_Strict):
             "message_delay_level": list(parse_delay_levels(self.engine.message_delay_level)),
             "max_body_bytes": self.engine.max_body_bytes,
             "dedup_window": parse_duration_ms(self.engine.dedup_window),
-            "state_bucket": parse_duration_ms(self.engine.state_bucket),
+            # Not state_bucket: a checkpoint keeps the width it started with (schedule.state_key_split).
             "auto_create_groups": self.engine.auto_create_groups,
         }
 

@@ -250,9 +250,13 @@ COMMITS_DIR = "commits"
 
 
 def spark_committed(checkpoint: str, batch_id: int) -> bool:
-    """Whether Spark's commit log of ``checkpoint`` holds ``batch_id`` (else it replays that batch)."""
+    """Whether Spark committed ``batch_id`` in ``checkpoint`` (else its next start replays it): its commit
+    log holds that batch or a later one. Not the batch's own file: Spark keeps only the last 100, and an
+    idle engine commits a batch every trigger (its timeouts), so an old one's file is soon gone."""
     fs, root = checkpoint_filesystem(checkpoint)
-    return bool(fs.get_file_info(f"{root}/{COMMITS_DIR}/{batch_id}").type == pafs.FileType.File)
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{COMMITS_DIR}", allow_not_found=True))
+    newest = max((int(i.base_name) for i in infos if i.type == pafs.FileType.File and i.base_name.isdigit()), default=None)
+    return newest is not None and newest >= batch_id
 
 
 def check_replay(checkpoint: str, state: EngineState | None, *, query_id: str, settings: dict[str, Any]) -> None:

@@ -791,6 +791,12 @@ def test_a_recorded_batch_is_replayed_only_with_the_settings_that_decided_it(tmp
     more = parse_config({"groups": {"G": {"retry_max_times": 16}, "H": {}}}).decision_settings()
     with pytest.raises(LakeResumeError, match=r"REPLAY_SETTINGS_CHANGED.*groups\.H\."):
         resume.check_replay(str(checkpoint), lake, query_id="B", settings=more)
+    # (found by a review of the fix) Spark committed later batches and purged batch 5's file (it keeps the last
+    # 100; an idle engine commits one every trigger): no replay is coming, the new settings are stored.
+    (checkpoint / "commits" / "180").write_text("v1\n{}")
+    resume.check_replay(str(checkpoint), lake, query_id="B", settings=after)
+    (checkpoint / "commits" / "180").unlink()
+    resume.check_replay(str(checkpoint), lake, query_id="B", settings=after)
     # Another checkpoint's batch, or none: nothing to replay, the new settings are stored.
     resume.check_replay(str(checkpoint), _state(batch("A", 5)), query_id="B", settings=after)
     assert json.loads((checkpoint / resume.DECISIONS_FILE).read_text()) == json.loads(json.dumps(after))
