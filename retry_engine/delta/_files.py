@@ -320,6 +320,13 @@ def _stat_json(value: Any) -> Any:
     return value
 
 
+class Unbounded(ValueError):
+    """A column of a file holds a value no bound can be written for. Bounds of the rest of the column
+    would lie (filtered reads skip the rows past them), and a column left out of the statistics makes
+    delta-rs prune the file for any filter on it (see _STATS_TYPES): the file gets no statistics but
+    its row count, and every reader reads it."""
+
+
 def _min_max(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
     """Bounds of the non-null (and, for floats, non-NaN) values; None when there are none."""
     if pa.types.is_floating(column.type):
@@ -328,10 +335,10 @@ def _min_max(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
         return None
     try:
         low, high = (v.as_py() for v in pc.min_max(column).values())
-    except (OverflowError, ValueError):
+    except (OverflowError, ValueError) as exc:
         # A value Python cannot hold (a time past year 9999, text that is no UTF-8: another writer's
-        # row carried as read): the file keeps no bounds of this column, and readers read it.
-        return None
+        # row carried as read): no bound of it can be written (see Unbounded).
+        raise Unbounded(str(exc)) from exc
     if low is None or high is None:
         return None
     if isinstance(low, str):
@@ -404,6 +411,8 @@ class _OpenFile:
     null_counts: dict[str, int] = field(default_factory=dict)
     mins: dict[str, Any] = field(default_factory=dict)
     maxs: dict[str, Any] = field(default_factory=dict)
+    # Set when a column holds a value no bound can be written for (Unbounded).
+    unbounded: bool = False
 
     def _open(self, first: pa.RecordBatch) -> pq.ParquetWriter:
         parent = self.full.rsplit("/", 1)[0]
@@ -427,7 +436,11 @@ class _OpenFile:
             if not _has_stats(column.type):
                 continue
             self.null_counts[name] = self.null_counts.get(name, 0) + column.null_count
-            bounds = _min_max(column)
+            try:
+                bounds = _min_max(column)
+            except Unbounded:
+                self.unbounded = True
+                continue
             if bounds is None:
                 continue
             lo, hi = bounds
@@ -465,6 +478,8 @@ class _OpenFile:
             delete_quietly(self.fs, self.full)
 
     def stats(self) -> str:
+        if self.unbounded:
+            return json.dumps({"numRecords": self.rows}, separators=(",", ":"))
         return json.dumps(
             {
                 "numRecords": self.rows,

@@ -170,9 +170,11 @@ def commit_files(
                      location.uri, attempt, exc)
             handle = open_latest(location)
             table = handle.table
-            if app_id is not None and txn_version is not None and (table.transaction_version(app_id) or -1) >= txn_version:
+            done = table.transaction_version(app_id) if app_id is not None else None
+            if done is not None and txn_version is not None and done >= txn_version:
                 keep(handle)  # the same transaction committed meanwhile (another copy of this write)
-                abort_files(location, messages)  # what its commit does not reference
+                if replayed:
+                    abort_files(location, messages)  # what its commit does not reference
                 return False
     keep(handle)
     log.info(

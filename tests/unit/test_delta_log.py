@@ -731,17 +731,33 @@ def test_an_empty_metadata_file_of_a_checkpoint_that_planned_nothing_gets_a_quer
 def test_a_file_of_values_python_cannot_hold_is_written_without_their_bounds(tmp_path: Path) -> None:
     """Bad-input rule (found by a review): a consume result carrying another writer's year-10000 time (or text that
     is no UTF-8) as read failed the sink's statistics (OverflowError), so the consumer's batch failed at every
-    restart. The file keeps no bounds of such a column, the others' as usual, and its rows read back as written."""
+    restart. No bound of such a column can be written, and the rest's would lie (a review of the first fix: a file
+    of two row groups kept the bounds of the first, and filtered reads skipped the rows past them), nor can the
+    column be left out (delta-rs then prunes the file for any filter on it): the file keeps only its row count,
+    and every reader reads it."""
+    import datetime as dt
+
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    from retry_engine.delta import storage
+    from retry_engine.delta.sink import FilesWritten, commit_files
+
     schema = pa.schema([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC")), ("text", pa.string())])
-    at = pa.array([0, 253_402_300_800_000_000], pa.int64()).cast(schema.field("at").type)
-    text = pa.array([b"ok", b"\xff\xfe"], pa.binary()).cast(pa.string(), safe=False)
-    writer = PartitionedWriter(pafs.LocalFileSystem(), str(tmp_path), schema)
-    writer.write(pa.record_batch([pa.array([1, 2], pa.int64()), at, text], schema=schema))
+    path = str(tmp_path / "t")
+    ensure_table(path, schema)
+    writer = PartitionedWriter(pafs.LocalFileSystem(), path, schema, row_group_rows=2)
+    day = int(dt.datetime(2024, 1, 1, tzinfo=dt.UTC).timestamp() * 1_000_000)
+    for micros, texts in (([day, day + 86_400_000_000], [b"a", b"b"]), ([day + 2 * 86_400_000_000, 253_402_300_800_000_000], [b"ok", b"\xff\xfe"])):
+        at = pa.array(micros, pa.int64()).cast(schema.field("at").type)
+        text = pa.array(texts, pa.binary()).cast(pa.string(), safe=False)
+        writer.write(pa.record_batch([pa.array([len(micros), 2], pa.int64()), at, text], schema=schema))
     (written,) = writer.close()
-    stats = json.loads(written.stats)
-    assert stats["numRecords"] == 2 and stats["minValues"] == {"id": 1} and stats["maxValues"] == {"id": 2}
-    back = pq.read_table(str(tmp_path / written.path))
-    assert back.column("at").cast(pa.int64()).to_pylist() == [0, 253_402_300_800_000_000]
+    assert json.loads(written.stats) == {"numRecords": 4}
+    commit_files(storage.location(path), [FilesWritten((written,))], mode="append", partition_by=(), app_id="a", txn_version=0)
+    after = pa.scalar(dt.datetime(2024, 1, 2, 12, tzinfo=dt.UTC), schema.field("at").type)
+    late = DeltaTable(path).to_pyarrow_dataset().to_table(filter=pc.field("at") > after).column("at")
+    assert late.cast(pa.int64()).to_pylist() == [day + 2 * 86_400_000_000, 253_402_300_800_000_000]
 
 
 def test_a_time_before_year_1000_keeps_bounds_readers_can_filter_on(tmp_path: Path) -> None:
