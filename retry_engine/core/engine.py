@@ -367,7 +367,9 @@ def _resume_point(
         )
     # The lake's own tables, not only the record: retries decided but never released. Counted when a
     # new checkpoint takes over from another or the record carries no totals, once for both.
-    taking_over = fresh and last is not None and last.query_id != query_id
+    # Not fresh with another query's batch last: a new checkpoint that started after that batch and has
+    # recorded none since (resume.plan refuses any other); it is still taking over.
+    taking_over = last is not None and last.query_id != query_id
     recount = config.engine.table_format != "delta" and (last is None or last.totals is None)
     counted = lake_counts(config) if taking_over or recount else None
     pending_in_lake = counted[1] if taking_over and counted is not None else None
@@ -400,7 +402,10 @@ def _resume_point(
     # --discard-pending: the retries the earlier checkpoints left waiting are given up, and the lake
     # says so (EngineState.discarded_before), so they are pending neither in this record nor for the
     # next new checkpoint, which would otherwise be refused for them again.
-    discarded = taking_over and discard_pending and bool(pending_in_lake)
+    # A restart of such a checkpoint was given --discard-pending at its first start if retries were pending
+    # then (plan refused it otherwise) and the lake has recorded nothing since: its discard, not yet
+    # recorded (it goes with the first record), is carried on.
+    discarded = taking_over and (discard_pending or not fresh) and bool(pending_in_lake)
     return point, 0 if discarded else pending, totals, _discard_mark(config) if discarded else None
 
 

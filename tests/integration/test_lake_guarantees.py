@@ -57,7 +57,8 @@ def test_new_checkpoint_resumes_after_the_lake_and_writes_nothing_twice(
     Checkpoint c1 decides phase 1; c2 (new) then decides phase 2 only. Phase 2
     leaves a retry pending (1h) in c2's state, so c3 (new) refuses to start
     (LAKE_PENDING_RETRIES) until told to discard it, then decides phase 3 only;
-    c4 (new) then starts without being told again (the lake records the discard).
+    c4 (new) then starts without being told again (the lake records the discard, also when c3's first run
+    recorded no batch and its second was not told again).
     Every result ends with one outcome (SPEC bad-input rule), every dead
     letter exists once (B1), and the refused start left the lake free.
     """
@@ -73,13 +74,16 @@ def test_new_checkpoint_resumes_after_the_lake_and_writes_nothing_twice(
         state is not None and state.last_batch is not None and state.last_batch.pending_retries == 1
     )
 
-    lake.write_results(third)
     c3 = lake_with(tmp_path, "c3").config
     with pytest.raises(
         LakeResumeError, match=r"LAKE_PENDING_RETRIES.*1 retries.*--discard-pending"
     ):
         engine.start(spark, c3)
+    # Its first run has nothing new to read, so it records no batch (found by a review): its restart, without
+    # the flag, still records the discard with its first batch (it was lost, and c4 was refused for it).
     engine.run_once(spark, c3, discard_pending=True)
+    lake.write_results(third)
+    engine.run_once(spark, c3)
     # The lake says the retry was given up (#14): not pending in c3's record nor in the tables, and the
     # next new checkpoint starts without being told to discard it again.
     state = read_state(str(tmp_path / "lake"))
