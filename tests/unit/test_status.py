@@ -1047,8 +1047,10 @@ def _nullable(schema: pa.Schema) -> pa.Schema:
 
 
 def _retry_row(msg_id: str, group: str | None, due: dt.datetime | None, delivered: dt.datetime, **values: Any) -> dict[str, Any]:
+    # A release of the schedule stage: the consume result that decided it is named (re-drives name none).
     return {**dict.fromkeys(RETRY.names), "msg_id": msg_id, "topic": "%RETRY%G", "consumer_group": group,
-            "delay_level": 3, "due_at": due, "delivered_at": delivered, "delivery_key": msg_id, **values}
+            "delay_level": 3, "due_at": due, "delivered_at": delivered, "delivery_key": msg_id,
+            "source_result_id": f"result-of-{msg_id}", **values}
 
 
 def _dead_letter(msg_id: str, group: str | None, at: dt.datetime) -> dict[str, Any]:
@@ -1070,9 +1072,10 @@ def test_lateness_is_of_the_schedule_stages_releases_not_of_the_rows_re_drives_a
     now = T + ms(100)
     hour = dt.timedelta(hours=1)
     late = [_retry_row(f"R{i}", "G", now - hour, now - hour + ms(2_000), source_result_id=f"res-{i}") for i in range(10)]
-    redriven = [_retry_row(f"X{i}", "G", now - ms(50), now - ms(50), properties=[(PROP_REDRIVE_ID, "rd-1"), ("K", "v")])
-                for i in range(30)]
-    resent = _retry_row("S1", "G", now - ms(40), now - ms(40), properties=[(PROP_RESEND_TO, "c1@i1"), (PROP_RESEND_MSG_ID, "S1")])
+    redriven = [_retry_row(f"X{i}", "G", now - ms(50), now - ms(50), properties=[(PROP_REDRIVE_ID, "rd-1"), ("K", "v")],
+                           source_result_id=None) for i in range(30)]
+    resent = _retry_row("S1", "G", now - ms(40), now - ms(40), properties=[(PROP_RESEND_TO, "c1@i1"), (PROP_RESEND_MSG_ID, "S1")],
+                        source_result_id=None)
     again = _retry_row("A1", "G", now - hour, now - hour + ms(5_000), properties=[(PROP_REDRIVE_ID, "rd-1")],
                        source_result_id="res-a")
     write_deltalake(lake.path("retry"), pa.Table.from_pylist([*late, *redriven, resent, again], schema=RETRY.arrow_schema))
