@@ -403,6 +403,9 @@ def _run_once_until_done(spark: Any, config: EngineConfig, args: argparse.Namesp
                 # the batch the stop abandoned.
                 drain_tasks(spark)
     if finished or signals.received is None:
+        # One line says it is done (the log says how: a newcomer saw nothing on stdout).
+        print(f"retry-engine: done: every consume result of the table decided; tables under "
+              f"{os.path.abspath(config.engine.lake)} (`retry-engine status` for the backlog)", flush=True)
         return EXIT_OK
     print(_stopped_line(signals.received, config), flush=True)
     return exit_code(signals.received)

@@ -37,3 +37,5 @@ def test_run_once_decides_its_input_once_and_prints_no_stop_noise(tmp_path: Path
                                  else "retry"): 1 for r in rows}), context
     for noise in (*STOP_NOISE, "Failed to cancel job group", "WARN DAGScheduler"):
         assert noise not in done.stdout + done.stderr, f"{noise!r} in the output\n{context}"
+    # One line says it is done (a newcomer's walk through the README found stdout empty).
+    assert done.stdout.splitlines()[-1].startswith("retry-engine: done: every consume result of the table decided"), context

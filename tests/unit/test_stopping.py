@@ -163,7 +163,7 @@ def test_a_signal_during_run_once_stops_the_query_from_the_main_thread(
     assert quieted == ["spark", ("drained", "spark")]
 
 
-def test_run_once_that_processes_its_input_records_finished_and_prints_no_stop_line(
+def test_run_once_that_processes_its_input_records_finished_and_prints_its_done_line(
     once: tuple[Path, list[dict[str, Any]], list[object]],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -174,7 +174,10 @@ def test_run_once_that_processes_its_input_records_finished_and_prints_no_stop_l
     conf, stops, quieted = once
     monkeypatch.setattr(engine, "start", lambda *a, **k: IdleQuery(done=True))
     assert main(["run", "--once", "--config", str(conf)]) == 0
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr().out.splitlines() == [
+        f"retry-engine: done: every consume result of the table decided; tables under {conf.parent / 'lake'} "
+        "(`retry-engine status` for the backlog)"
+    ]
     assert stops == [{"finish_batch_s": 0.0, "reason": "finished"}]
     # The stop interrupts the batch Spark planned next: its noise is silenced as on a signal (not drained).
     assert quieted == ["spark"]
