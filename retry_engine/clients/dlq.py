@@ -36,6 +36,7 @@ from retry_engine.core.decide import cast_columns, drifted_columns
 from retry_engine.core.names import (
     PROP_REDRIVE_COUNT,
     REDRIVE_COUNT_PATTERN,
+    is_whole,
     redrive_count,
     validate_group,
     validate_topic,
@@ -265,7 +266,7 @@ def resolve_version(path: str, *, version: int | None = None, as_of: dt.datetime
         raise SelectionError("give version or as_of, not both", code="INVALID_VERSION")
     if version is None and as_of is None:
         return None
-    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+    if version is not None and not is_whole(version):
         raise SelectionError(f"version must be a whole number, got {version!r}", code="INVALID_VERSION")
     when = _as_of_time(as_of)
     table = open_table(path)
@@ -437,7 +438,7 @@ def dead_letter_page(
     """The first ``limit`` rows of :func:`dead_letters` (oldest first), and how many there are in all
     (``dlq list``). Bodies and attempts are read only for the page: the rest is decided on the light
     columns, so listing a few dead letters of a DLQ of months does not read every body."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+    if not is_whole(limit) or limit < 0:
         # pandas' head(-1) is every row but the last.
         raise SelectionError(f"limit must be a whole number of rows, 0 or more, got {limit!r}", code="INVALID_LIMIT")
     path = config.table_path("dlq")

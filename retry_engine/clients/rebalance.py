@@ -32,6 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from retry_engine.core.names import is_whole
 from retry_engine.delta import storage
 from retry_engine.errors import SubscriptionError
 
@@ -342,7 +343,7 @@ class TopicOffsets:
         table, queues, tags, through = data["table"], data["queues"], data["tags"], data["through"]
         if not isinstance(table, str) or not table:
             raise ValueError(f"table {table!r} is not a table id")
-        if not _count(queues) or queues < 1:
+        if not is_whole(queues) or queues < 1:
             raise ValueError(f"queues {queues!r} is not a queue count")
         if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
             raise ValueError(f"tags {tags!r} are not a list of tags")
@@ -357,9 +358,9 @@ class TopicOffsets:
 def _version(value: object, *, lowest: int = -1) -> int:
     """A table version of a record (-1: before the first; ``lowest`` 0 where a table must be read at it), or
     ValueError."""
-    if not _count(value) or not lowest <= value < 2**63:  # type: ignore[operator]
+    if not is_whole(value) or not lowest <= value < 2**63:
         raise ValueError(f"{value!r} is not a table version")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _queue(value: object, count: int) -> int:
@@ -371,7 +372,7 @@ def _queue(value: object, count: int) -> int:
 
 def _queue_ids(topic: str, ids: object, count: int) -> tuple[int, ...]:
     """The queue ids (a JSON list) of ``topic``'s ``count`` queues, or ValueError."""
-    if not isinstance(ids, list) or not all(_count(q) and 0 <= q < count for q in ids):
+    if not isinstance(ids, list) or not all(is_whole(q) and 0 <= q < count for q in ids):
         raise ValueError(f"queues {ids!r} of {topic!r} are not among its {count}")
     return tuple(ids)
 
@@ -381,10 +382,6 @@ def _tags(value: object) -> tuple[str, ...] | None:
     if value is not None and (not isinstance(value, list) or not all(isinstance(t, str) for t in value)):
         raise ValueError(f"tags {value!r} are not a list of tags")
     return None if value is None else tuple(value)
-
-
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # What parsing a side file someone else may have written (JSON, then checked field by field) raises
@@ -579,13 +576,13 @@ class Assignment:
     def from_json(cls, data: Any) -> Assignment:
         """Or ValueError/TypeError/KeyError/AttributeError for anything this release never writes."""
         counts = {str(t): n for t, n in data["queue_counts"].items()}
-        if not all(_count(n) and 1 <= n < 2**31 for n in counts.values()):
+        if not all(is_whole(n) and 1 <= n < 2**31 for n in counts.values()):
             raise ValueError(f"queue_counts {counts!r} are not queue counts")
 
         def queues(topic: str, ids: Any) -> tuple[int, ...]:
             return _queue_ids(topic, ids, counts.get(topic, 0))
 
-        if not _count(data["batch_id"]) or not 0 <= data["batch_id"] < 2**63:
+        if not is_whole(data["batch_id"]) or not 0 <= data["batch_id"] < 2**63:
             raise ValueError(f"batch_id {data['batch_id']!r} is not a batch id")
         catch_up = {str(t): queues(str(t), qs) for t, qs in data["catch_up"].items()}
         # The catch-up reads each topic's table as of its version: one for every topic caught up, no other.

@@ -53,6 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
+from retry_engine.core.names import FIRST_MS, LAST_MS, is_whole
 from retry_engine.delta._checkpoint import checkpoint_folder, write_arrow_file
 from retry_engine.errors import StateUnreadableError
 
@@ -113,7 +114,7 @@ def chunks_from_json(raw: bytes, key: tuple[str, int] | None = None) -> tuple[Ch
             not isinstance(entry, list)
             or len(entry) != 5
             or not isinstance(entry[0], str)
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in entry[1:4])
+            or not all(is_whole(v) for v in entry[1:4])
             or not isinstance(entry[4], bool)
         ):
             raise StateUnreadableError(
@@ -121,7 +122,7 @@ def chunks_from_json(raw: bytes, key: tuple[str, int] | None = None) -> tuple[Ch
             )
         name, rows, released, next_due_ms, ids_known = entry
         match = _NAME.match(name)
-        if match is None or not 0 <= released < rows or not _MIN_DUE_MS <= next_due_ms <= _MAX_DUE_MS:
+        if match is None or not 0 <= released < rows or not FIRST_MS <= next_due_ms <= LAST_MS:
             raise StateUnreadableError(
                 f"a parked retries' reference is {entry!r}: expected a file name "
                 "route_<hex>.bucket_<n>.batch_<n>.arrow, 0 <= released < rows and a next due time in years 1-9999"
@@ -134,11 +135,6 @@ def chunks_from_json(raw: bytes, key: tuple[str, int] | None = None) -> tuple[Ch
             raise StateUnreadableError(f"the parked file {name} belongs to another state key than {key}")
         chunks.append(Chunk(name, rows, released, next_due_ms, ids_known))
     return tuple(chunks)
-
-
-# A due time (epoch ms) the calendar holds: a reference's next due time outside it is no time.
-_MIN_DUE_MS = -62_135_596_800_000
-_MAX_DUE_MS = 253_402_300_799_999
 
 
 def _ascending(values: np.ndarray) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections.abc import Mapping
+from typing import TypeGuard
 
 from retry_engine.errors import InvalidNameError
 
@@ -16,6 +17,15 @@ from retry_engine.errors import InvalidNameError
 # ahead of a reader's clock than this are taken as no sign of anything: a clock ahead, or another
 # writer; one would read "running", "owned" or "expired" until its time.
 FUTURE_EVENTS = dt.timedelta(hours=1)
+# The first and last milliseconds of the calendar (years 1-9999) after the epoch: a time from outside
+# (a table, a state blob) beyond them is no time.
+FIRST_MS = -62_135_596_800_000
+LAST_MS = 253_402_300_799_999
+
+
+def is_whole(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is a whole number as JSON and Arrow give it: an int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"

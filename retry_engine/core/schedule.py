@@ -71,6 +71,7 @@ from retry_engine.core._schedule_state import (
 )
 from retry_engine.core._state_splits import MAX_LEVEL, SealStore, current_batch_id, level_of, walk
 from retry_engine.core.decide import DUPLICATE, KIND_DELIVERY, NO_STATE_BUCKET, RETRY
+from retry_engine.core.names import is_whole
 from retry_engine.core.outputs import LEDGER_COLUMNS
 from retry_engine.core.packed import PACKED_ARROW_SCHEMA, as_work, payload_chunks
 from retry_engine.delta._arrow_ipc import from_ipc
@@ -603,7 +604,7 @@ def _check_keys(recorded: object, path: str, *placement: str) -> None:
 
 
 def _valid_key(name: str, value: object) -> bool:
-    integer = isinstance(value, int) and not isinstance(value, bool)
+    integer = is_whole(value)
     return (value is None or integer) if name.endswith("_since_ms") else (integer and cast(int, value) >= 1)
 
 

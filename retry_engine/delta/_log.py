@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from retry_engine.core.names import FUTURE_EVENTS
+from retry_engine.core.names import FIRST_MS, FUTURE_EVENTS, LAST_MS, is_whole
 from retry_engine.errors import DeltaSourceError
 
 log = logging.getLogger(__name__)
@@ -326,10 +326,6 @@ class Commit:
         return bool(self.adds or self.removes)
 
 
-# Epoch milliseconds of 0001-01-01 and of the end of 9999 (what a datetime holds).
-_MIN_TIME_MS = -62_135_596_800_000
-_MAX_TIME_MS = 253_402_300_799_999
-
 
 def parse_commit(version: int, lines: Iterable[str]) -> Commit:
     """Parse the newline-delimited JSON of commit ``version``.
@@ -374,13 +370,9 @@ def parse_commit(version: int, lines: Iterable[str]) -> Commit:
             stamp = action["commitInfo"].get("inCommitTimestamp")
             # A time the calendar holds (years 1-9999); another writer's anything else is no time (the file's then).
             in_commit_timestamp = None
-            if isinstance(stamp, int) and not isinstance(stamp, bool) and _MIN_TIME_MS <= stamp <= _MAX_TIME_MS:
+            if is_whole(stamp) and FIRST_MS <= stamp <= LAST_MS:
                 in_commit_timestamp = stamp
     return Commit(version, tuple(adds), tuple(removes), protocol, metadata, in_commit_timestamp, tuple(rewrites))
-
-
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _action_problem(action: object) -> str | None:
@@ -401,7 +393,7 @@ def _action_problem(action: object) -> str | None:
         if not isinstance(file.get("path"), str) or not file["path"]:
             return f"the {kind} has no path"
         for name in ("size", "modificationTime", "deletionTimestamp"):
-            if file.get(name) is not None and not _whole(file[name]):
+            if file.get(name) is not None and not is_whole(file[name]):
                 return f"the {kind}'s {name} {file[name]!r} is no whole number"
         values = file.get("partitionValues")
         if values is not None and (

@@ -74,6 +74,7 @@ from retry_engine.core.names import (
     PROP_RESEND_TO,
     TOPIC_MAX_LENGTH,
     delivery_key,
+    is_whole,
     name_problem,
     redrive_count,
     retry_topic,
@@ -307,9 +308,9 @@ def _redrive(
         raise ConfigError(
             f"target {target!r} is not one of {', '.join(TARGET_TABLES)}", code="INVALID_OPTION"
         )
-    if not _whole(chunk_size) or chunk_size < 1:
+    if not is_whole(chunk_size) or chunk_size < 1:
         raise ConfigError(f"chunk_size must be a whole number, at least 1, got {chunk_size!r}", code="INVALID_OPTION")
-    if max_chunks is not None and (not _whole(max_chunks) or max_chunks < 1):
+    if max_chunks is not None and (not is_whole(max_chunks) or max_chunks < 1):
         raise ConfigError(f"max_chunks must be a whole number, at least 1, got {max_chunks!r}", code="INVALID_OPTION")
     RateLimiter(rate)  # checks the rate now, before anything is read or written
     if redrive_id is None:
@@ -534,7 +535,7 @@ def _plan(
     # fit in memory for a re-drive of a few of its messages.
     dlq_at = table_version(config.table_path("dlq"))
     if dlq_version is not None:
-        if isinstance(dlq_version, bool) or not isinstance(dlq_version, int) or dlq_at is None or not 0 <= dlq_version <= dlq_at:
+        if not is_whole(dlq_version) or dlq_at is None or not 0 <= dlq_version <= dlq_at:
             raise ConfigError(
                 f"dlq_version must be a version of the DLQ, 0 to {dlq_at}, got {dlq_version!r}", code="INVALID_OPTION"
             )
@@ -651,10 +652,6 @@ def _move(
         txn_version=int(chunk.column("chunk")[0].as_py()),
         partition_by=schema.partition_by,
     )
-
-
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _target_fit(config: EngineConfig, target: Target) -> Callable[[pa.Table], pa.Table]:
