@@ -296,8 +296,9 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
     _flag(problems, blank_mask(group), "MISSING_GROUP", "consumer_group is missing (null, empty or whitespace)")
     _flag(problems, blank_mask(topic), "MISSING_TOPIC", "topic is missing (null, empty or whitespace)")
 
-    def bad_name(a: pa.Array, max_length: int) -> pa.Array:
-        present = pc.invert(blank_mask(a))
+    def bad_name(a: pa.Array, max_length: int, present: pa.Array | None = None) -> pa.Array:
+        """Names of ``a`` that are present (default: not blank) and break the rule."""
+        present = pc.invert(blank_mask(a)) if present is None else present
         invalid = pc.or_kleene(
             pc.invert(pc.match_substring_regex(a, _VALID_NAME_PATTERN)),
             pc.greater(pc.utf8_length(a), max_length),
@@ -323,13 +324,7 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
     given = pc.invert(pc.or_kleene(pc.is_null(original), pc.equal(original, "")))
     _flag(
         problems,
-        pc.and_kleene(
-            given,
-            pc.or_kleene(
-                pc.invert(pc.match_substring_regex(original, _VALID_NAME_PATTERN)),
-                pc.greater(pc.utf8_length(original), TOPIC_MAX_LENGTH + len("%RETRY%")),
-            ),
-        ),
+        bad_name(original, TOPIC_MAX_LENGTH + len("%RETRY%"), given),
         "INVALID_TOPIC_NAME",
         lambda i: f"retry_topic {_short(original[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{TOPIC_MAX_LENGTH}}}",
     )

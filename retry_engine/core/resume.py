@@ -86,8 +86,13 @@ def is_fresh(checkpoint: str) -> bool:
 
 def last_planned(checkpoint: str) -> int | None:
     """The id of the last batch Spark planned in ``checkpoint`` (its newest ``offsets`` file), None if none."""
+    return _newest(checkpoint, OFFSETS_DIR)
+
+
+def _newest(checkpoint: str, log_dir: str) -> int | None:
+    """The newest batch id of Spark's ``log_dir`` log (``offsets``, ``commits``) in ``checkpoint``, None if none."""
     fs, root = checkpoint_filesystem(checkpoint)
-    info = fs.get_file_info(pafs.FileSelector(f"{root}/{OFFSETS_DIR}", allow_not_found=True))
+    info = fs.get_file_info(pafs.FileSelector(f"{root}/{log_dir}", allow_not_found=True))
     return max((int(i.base_name) for i in info if i.type == pafs.FileType.File and i.base_name.isdigit()), default=None)
 
 
@@ -253,9 +258,7 @@ def spark_committed(checkpoint: str, batch_id: int) -> bool:
     """Whether Spark committed ``batch_id`` in ``checkpoint`` (else its next start replays it): its commit
     log holds that batch or a later one. Not the batch's own file: Spark keeps only the last 100, and an
     idle engine commits a batch every trigger (its timeouts), so an old one's file is soon gone."""
-    fs, root = checkpoint_filesystem(checkpoint)
-    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{COMMITS_DIR}", allow_not_found=True))
-    newest = max((int(i.base_name) for i in infos if i.type == pafs.FileType.File and i.base_name.isdigit()), default=None)
+    newest = _newest(checkpoint, COMMITS_DIR)
     return newest is not None and newest >= batch_id
 
 
@@ -289,14 +292,12 @@ def check_replay(checkpoint: str, state: EngineState | None, *, query_id: str, s
         return
     current = json.loads(text)
     was, now = _flat(stored), _flat(current)
-    # A setting one side lacks is a release's new (or dropped) one, not the operator's change; but a
-    # group that one side lacks entirely is (it was added or removed): its keys are all compared.
-    groups = {k.split(".")[1] for k in {*was, *now} if k.startswith("groups.")}
-    kept = {g for g in groups if any(k.startswith(f"groups.{g}.") for k in was) and any(k.startswith(f"groups.{g}.") for k in now)}
+    # A setting one side lacks is a release's new (or dropped) one, not the operator's change; a group
+    # one side lacks was added or removed, which is one.
+    groups = [stored.get("groups") if isinstance(stored, dict) else None, current["groups"]]
+    added_or_removed = set(groups[0] or {}) ^ set(groups[1]) if isinstance(groups[0], dict) else set()
     changed = sorted(
-        k for k in {*now, *was}
-        if was.get(k) != now.get(k)
-        and ((k in was and k in now) or (k.startswith("groups.") and k.split(".")[1] not in kept))
+        [k for k in now.keys() & was.keys() if was[k] != now[k]] + [f"groups.{g}" for g in added_or_removed]
     )
     if not changed:
         return
@@ -304,7 +305,7 @@ def check_replay(checkpoint: str, state: EngineState | None, *, query_id: str, s
     raise LakeResumeError(
         f"batch {last.batch_id} of checkpoint {checkpoint} is recorded in the lake but Spark did not commit it, so "
         f"this start replays it, and its replay must decide as it did; the settings that decide changed since "
-        f"({', '.join(changed) or 'unreadable'} in {path}). Start once with the previous configuration "
+        f"({', '.join(changed)} in {path}). Start once with the previous configuration "
         "(`retry-engine run --once` finishes the batch), then with the new one",
         code="REPLAY_SETTINGS_CHANGED",
     )

@@ -789,7 +789,7 @@ def test_a_recorded_batch_is_replayed_only_with_the_settings_that_decided_it(tmp
     newer["groups"]["G"]["a_later_group_setting"] = 2
     resume.check_replay(str(checkpoint), lake, query_id="B", settings=newer)
     more = parse_config({"groups": {"G": {"retry_max_times": 16}, "H": {}}}).decision_settings()
-    with pytest.raises(LakeResumeError, match=r"REPLAY_SETTINGS_CHANGED.*groups\.H\."):
+    with pytest.raises(LakeResumeError, match=r"REPLAY_SETTINGS_CHANGED.*\(groups\.H in "):
         resume.check_replay(str(checkpoint), lake, query_id="B", settings=more)
     # (found by a review of the fix) Spark committed later batches and purged batch 5's file (it keeps the last
     # 100; an idle engine commits one every trigger): no replay is coming, the new settings are stored.
@@ -822,9 +822,16 @@ def test_a_stopping_engine_keeps_its_lease_until_its_batch_has_committed(tmp_pat
     beat.start()
     beat.hold()  # engine.stop() begins
     running[0] = False  # Spark: the query is no longer active, its batch still commits
+    from deltalake import DeltaTable
+
+    from retry_engine.core.lease import state_path
+
+    before = DeltaTable(state_path(str(tmp_path))).version()
     time.sleep(0.4)
     state = read_state(str(tmp_path))
     assert state is not None and not state.released and not beat.released
+    # It went on beating (not merely kept from releasing): heartbeats committed since the hold.
+    assert DeltaTable(state_path(str(tmp_path))).version() > before
     with pytest.raises(LakeOwnedError):
         lease(tmp_path, "query-B", Clock(), host="elsewhere.example").acquire()
     beat.stop()
