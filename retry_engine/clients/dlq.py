@@ -769,7 +769,8 @@ def _read_where(config: EngineConfig, table: str, where: Any, columns: list[str]
     found = open_table(config.table_path(table))
     if found is None:
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
-    names = table_arrow_schema(found).names
+    schema = table_arrow_schema(found)
+    names = schema.names
     if not {"origin_msg_id", "msg_id"} <= set(names):  # a drifted consume_results table may lack either
         return pa.table({c: pa.array([], pa.string()) for c in columns or ["msg_id"]})
     # The filter prunes files on their stats (the deltars sink writes them for every
@@ -777,7 +778,6 @@ def _read_where(config: EngineConfig, table: str, where: Any, columns: list[str]
     wanted = columns or names
     read = list(dict.fromkeys([*wanted, "msg_id", "origin_msg_id"]))  # the ids the filter picks by
     expected = _HISTORY_TABLES[table].arrow_schema
-    schema = table_arrow_schema(found)
     if drifted_columns(schema, expected, ["msg_id", "origin_msg_id"]) or not set(read) <= set(names):
         # The ids of another type prune nothing: read whole and cast before picking (read_columns).
         rows = read_columns(found, expected, read, rows=where).select(wanted)

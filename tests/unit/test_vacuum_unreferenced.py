@@ -248,10 +248,15 @@ def test_a_table_nested_in_a_folder_of_another_is_not_swept(tmp_path: Path) -> N
     outer, inner = str(tmp_path / "retry"), str(tmp_path / "retry" / "dlq")
     write_deltalake(outer, pa.table({"consumer_group": ["G"], "v": [1]}), partition_by=["consumer_group"])
     write_deltalake(inner, pa.table({"v": [7]}))
+    # An orphan in one of the outer table's own partition folders is its to judge (found by the read-through:
+    # only "not swept" cases tested the folder rule, which a rule skipping every partition would pass).
+    orphan = tmp_path / "retry" / "consumer_group=G" / "part-orphan.parquet"
+    pq.write_table(pa.table({"v": [9]}), orphan)
     _old(str(tmp_path))
-    assert unreferenced_files(outer, DeltaTable(outer), 168, ()) == []
+    assert len(unreferenced_files(outer, DeltaTable(outer), 168, ())) == 1
     maintain_table("retry", outer, retention_hours=168, keep=())
     assert DeltaTable(inner).to_pyarrow_table()["v"].to_pylist() == [7]
+    assert not orphan.exists() and DeltaTable(outer).to_pyarrow_table()["v"].to_pylist() == [1]
 
 
 def test_a_log_whose_removes_cannot_be_read_whole_sweeps_nothing(tmp_path: Path) -> None:
