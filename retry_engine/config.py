@@ -39,7 +39,7 @@ from retry_engine.core.delays import (
 )
 from retry_engine.core.names import GROUP_MAX_LENGTH, name_problem
 from retry_engine.core.names import TABLE_NAMES as TABLE_NAMES  # re-exported: the lake's tables
-from retry_engine.errors import ConfigError, DelayLevelError
+from retry_engine.errors import ConfigError, DurationError
 
 DEFAULT_CONFIG_FILE = Path("conf/retry-engine.toml")
 DEFAULT_LAKE = "./data/lake"
@@ -140,7 +140,7 @@ class ExponentialBackoff(_Strict):
 
 
 def _check_delay(value: str) -> str:
-    parse_duration_ms(value)
+    parse_duration_ms(value, delay=True)
     return value
 
 
@@ -467,7 +467,7 @@ class MaintenanceSection(_Strict):
         if value != "off":
             try:
                 parse_duration_ms(value)
-            except DelayLevelError:
+            except DurationError:
                 raise ValueError(
                     f"interval {value!r} is not a duration: give e.g. '30m' or '1h', or 'off'"
                 ) from None
@@ -492,7 +492,7 @@ class MaintenanceSection(_Strict):
         name = info.field_name
         try:
             ms = parse_duration_ms(value)
-        except DelayLevelError:
+        except DurationError:
             raise ValueError(f"{name} {value!r} is not a duration: give e.g. '30d' or '720h', or 'off'") from None
         if ms < MIN_ROW_RETENTION_MS:
             raise ValueError(f"{name} {value!r} is shorter than a day: `status` and `plots` read the last day")
@@ -723,7 +723,7 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Engine
             if isinstance(cause, ConfigError):
                 raise ConfigError(f"{source}: {str(cause).split('] ', 1)[-1]}", code=cause.code) from None
         raise ConfigError(_format_validation_error(exc, EngineConfig, source)) from None
-    except DelayLevelError:
+    except DurationError:
         raise
 
 

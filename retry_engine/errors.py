@@ -25,7 +25,13 @@ class ConfigError(RetryEngineError, ValueError):
     code = "INVALID_CONFIG"
 
 
-class DelayLevelError(ConfigError):
+class DurationError(ConfigError):
+    """Raised when a duration (a setting's, a command's ``--retention``) is not ``<positive int><unit>``."""
+
+    code = "INVALID_DURATION"
+
+
+class DelayLevelError(DurationError):
     """Raised when a delay-level string has a token that is not ``<positive int><unit>``."""
 
     code = "INVALID_DELAY_LEVEL"

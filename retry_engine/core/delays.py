@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-from retry_engine.errors import DelayLevelError
+from retry_engine.errors import DelayLevelError, DurationError
 
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 # RocketMQ's broker picks ``3 + reconsumeTimes`` when the consumer leaves the level at 0:
@@ -26,12 +26,16 @@ MAX_DURATION_MS = 36_500 * UNIT_MILLIS["d"]
 CALENDAR_MS = 10_000 * 366 * UNIT_MILLIS["d"]
 
 
-def parse_duration_ms(token: str) -> int:
-    """``"30s"`` -> 30000. Units: ms, s, m, h, d; the number is a positive integer."""
+def parse_duration_ms(token: str, *, delay: bool = False) -> int:
+    """``"30s"`` -> 30000. Units: ms, s, m, h, d; the number is a positive integer.
+
+    A bad token is :class:`DurationError` (``INVALID_DURATION``); with ``delay`` (a delay level's
+    token, R4) :class:`DelayLevelError` (``INVALID_DELAY_LEVEL``)."""
     match = _TOKEN.fullmatch(token) if isinstance(token, str) else None
     if match is None:
-        raise DelayLevelError(
-            f"bad delay token {token!r}: expected a positive integer followed by one of "
+        error, what = (DelayLevelError, "delay token") if delay else (DurationError, "duration")
+        raise error(
+            f"bad {what} {token!r}: expected a positive integer followed by one of "
             f"{', '.join(UNIT_MILLIS)} (e.g. '10s')"
         )
     return int(match.group(1)) * UNIT_MILLIS[match.group(2)]
@@ -43,7 +47,7 @@ def bounded_duration_ms(token: str) -> int:
     time past the calendar quarantines its row, DUE_AT_OUT_OF_RANGE.)"""
     ms = parse_duration_ms(token)
     if ms > MAX_DURATION_MS:
-        raise DelayLevelError(
+        raise DurationError(
             f"duration {token!r} is longer than {MAX_DURATION_MS // UNIT_MILLIS['d']}d, more than any window, "
             "timeout or retention can mean"
         )
@@ -62,7 +66,7 @@ def parse_delay_levels(levels: str) -> tuple[int, ...]:
     delays = []
     for position, token in enumerate(tokens, start=1):
         try:
-            delays.append(parse_duration_ms(token))
+            delays.append(parse_duration_ms(token, delay=True))
         except DelayLevelError as exc:
             raise DelayLevelError(f"level {position} of {levels!r}: {exc.args[0].split('] ', 1)[1]}") from None
     return tuple(delays)

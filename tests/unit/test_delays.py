@@ -4,6 +4,7 @@ import pytest
 
 from retry_engine.core.delays import (
     DEFAULT_DELAY_LEVELS,
+    bounded_duration_ms,
     ExponentialPolicy,
     LevelPolicy,
     next_level,
@@ -11,7 +12,7 @@ from retry_engine.core.delays import (
     parse_duration_ms,
     schedule_queue_id,
 )
-from retry_engine.errors import DelayLevelError
+from retry_engine.errors import DelayLevelError, DurationError
 
 
 def test_r4_default_levels_parse_to_eighteen_delays() -> None:
@@ -68,8 +69,19 @@ def test_r4_error_messages_name_the_bad_value_and_the_valid_units() -> None:
         "'1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h'"
     )
     with pytest.raises(DelayLevelError) as info:
-        parse_duration_ms(5)  # type: ignore[arg-type]
+        parse_duration_ms(5, delay=True)  # type: ignore[arg-type]
     assert str(info.value) == (
         "[INVALID_DELAY_LEVEL] bad delay token 5: expected a positive integer followed by one of ms, s, m, h, d "
         "(e.g. '10s')"
     )
+
+
+@pytest.mark.parametrize("bad", ["0d", "soon", "7", "-1h", 5])
+def test_a_duration_that_is_no_delay_is_not_called_a_delay_token(bad: object) -> None:
+    """A retention, window or timeout (`dlq expire --retention 0d`) is a duration, not a delay level's
+    token: its error says so and has its own code (it said "bad delay token", INVALID_DELAY_LEVEL)."""
+    for parse in (parse_duration_ms, bounded_duration_ms):
+        with pytest.raises(DurationError) as info:
+            parse(bad)  # type: ignore[arg-type]
+        assert not isinstance(info.value, DelayLevelError)
+        assert str(info.value).startswith(f"[INVALID_DURATION] bad duration {bad!r}: expected a positive integer")

@@ -118,7 +118,7 @@ def test_decide_quarantines_hostile_names_in_consume_results(name: str) -> None:
 def test_delay_token_must_be_whole(token: str) -> None:
     """R4: a token is a positive integer plus a unit, nothing after it."""
     with pytest.raises(DelayLevelError, match="bad delay token"):
-        parse_duration_ms(token)
+        parse_duration_ms(token, delay=True)
 
 
 @pytest.mark.parametrize("value", ["3\n", "3\r\n", "\n3", "3\x00", "3\u2028"])

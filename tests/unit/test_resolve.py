@@ -293,7 +293,7 @@ def test_expire_cli(
     assert "removed 1 dead letters from the DLQ table (1 purged" in capsys.readouterr().out
     assert "DLQ-005" not in _dlq_ids(config)
     assert main(["dlq", "expire", "--config", config_file, "--retention", "soon"]) == 1
-    assert "bad delay token 'soon'" in capsys.readouterr().err
+    assert "[INVALID_DURATION] bad duration 'soon'" in capsys.readouterr().err
     # Hostile: a retention past what a time can go back (an OverflowError traceback before).
     for retention in ("1000000d", "9" * 30 + "d"):
         assert main(["dlq", "expire", "--config", config_file, "--retention", retention]) == 1

@@ -56,7 +56,7 @@ def test_a_delay_longer_than_the_cap_is_kept_and_huge_attempts_do_not_overflow()
         ({"restart_attempts": 10**7}, "less than or equal to 1000000"),
         ({"restart_delay": "0s"}, "positive integer"),
         ({"restart_delay": "-5s"}, "positive integer"),
-        ({"restart_delay": "soon"}, "bad delay token"),
+        ({"restart_delay": "soon"}, "bad duration"),
         ({"restart_delay": 5}, "restart_delay"),
         ({"restart_delay": "2d"}, "longer than a day"),
     ],
