@@ -4,9 +4,9 @@ import pytest
 
 from retry_engine.core.delays import (
     DEFAULT_DELAY_LEVELS,
-    bounded_duration_ms,
     ExponentialPolicy,
     LevelPolicy,
+    bounded_duration_ms,
     next_level,
     parse_delay_levels,
     parse_duration_ms,
