@@ -1041,7 +1041,8 @@ def format_report(reports: Sequence[TableReport], *, dry_run: bool = False) -> s
     width = max([len(r.table_name) for r in reports] or [5])
     for r in reports:
         if r.missing:
-            lines.append(f"{r.table_name:{width}}  no table at {r.table_path}; skipped")
+            if r.table_name != RECORD_TABLE:  # the record is made by this run: nothing was skipped
+                lines.append(f"{r.table_name:{width}}  no table at {r.table_path}; skipped")
             continue
         if dry_run:
             line = (
