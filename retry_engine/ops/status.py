@@ -1139,8 +1139,8 @@ def _iso(value: dt.datetime | None) -> str:
 
 
 def _num(value: float | int | None, unit: str = "") -> str:
-    if value is None:
-        return "-"
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"  # another writer's NaN or infinite rate is no figure
     if isinstance(value, float):
         return f"{value:,.1f}{unit}"
     return f"{value:,}{unit}"
@@ -1175,7 +1175,7 @@ def format_status(status: Status) -> str:
         lines.append("last batch  -")
     else:
         lines.append(
-            f"last batch  #{batch.batch_id} at {_iso(batch.started_at)}: {_num(batch.duration_ms, ' ms')}, "
+            f"last batch  #{'-' if batch.batch_id is None else batch.batch_id} at {_iso(batch.started_at)}: {_num(batch.duration_ms, ' ms')}, "
             f"{_num(batch.input_rows)} rows in, {_num(batch.processed_rows_per_second, ' rows/s')}, "
             f"state {_num(batch.state_rows)} rows / {_num(batch.state_memory_bytes, ' B')}"
         )

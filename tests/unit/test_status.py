@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -1036,6 +1037,14 @@ def test_control_characters_from_the_tables_reach_the_terminal_escaped(
     )
     shown = format_status(hostile)
     assert not any(c in shown for c in "\x1b\x07\x00")
+    # Another writer's progress row: no batch id, a NaN or infinite rate ("#None", "nan rows/s" before).
+    for rate in (math.nan, math.inf):
+        odd = format_status(dataclasses.replace(
+            sample_status(), last_batch=dataclasses.replace(sample_status().last_batch, batch_id=None,
+                                                            processed_rows_per_second=rate)))
+        line = next(x for x in odd.splitlines() if x.startswith("last batch"))
+        assert line.startswith("last batch  #- at ") and "1,200 rows in, -, state" in line
+        assert "nan" not in line and "inf" not in line and "None" not in line
     for escaped in ("q\\x1b[1A", "why\\x07", "OSError: \\x1b[2K", "  g\\x1b  ", "R\\x1b", "E\\x00"):
         assert escaped in shown
 
