@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from retry_engine.clients.dlq import Selection, read_dlq
+from retry_engine.clients.dlq import Selection, origin_of, read_dlq
 from retry_engine.clients.rebalance import (
     DEFAULT_HEARTBEAT_EXPIRY_SECONDS,
     Heartbeat,
@@ -104,10 +104,16 @@ def resolve_instance(heartbeats: Sequence[Heartbeat], consumer_id: str, *, group
 
 
 def find_dead_letter(config: EngineConfig, msg_id: str) -> pa.Table:
-    """The one dead letter whose msg_id (or origin id) is ``msg_id``; :class:`SelectionError` otherwise."""
+    """The one dead letter ``msg_id`` names: its msg_id, its origin id, or (as ``dlq show`` takes) the id
+    of any retry or copy of its origin message; :class:`SelectionError` otherwise."""
     found = read_dlq(config, Selection(ids=(msg_id,)))
+    if found.num_rows == 0 and (origin := origin_of(config, msg_id)) != msg_id:
+        found = read_dlq(config, Selection(ids=(origin,)))
     if found.num_rows == 0:
-        raise SelectionError(f"no dead letter with msg_id or origin id {msg_id!r}", code="MESSAGE_NOT_FOUND")
+        raise SelectionError(
+            f"no dead letter of message {msg_id!r} (by its msg_id, its origin id or a retry's id)",
+            code="MESSAGE_NOT_FOUND",
+        )
     if found.num_rows > 1:
         ids = sorted(found.column("msg_id").to_pylist())
         raise SelectionError(

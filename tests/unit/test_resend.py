@@ -22,7 +22,7 @@ from retry_engine.errors import SelectionError, SubscriptionError
 from retry_engine.ops.audit import read_audit
 from retry_engine.ops.cli import EXIT_ERROR, EXIT_OK, main
 from retry_engine.ops.resend import resend, resolve_instance
-from retry_engine.schemas import DLQ
+from retry_engine.schemas import DLQ, RETRY
 from tests.lakehouse import Lake
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.UTC)
@@ -104,6 +104,19 @@ def test_resend_writes_one_pinned_retry_row_audited_and_moves_it_at_most_once(la
     forced = resend(lake.config, "D1", consumer_id="host@1", force=True)
     assert forced.redrive.moved == 1 and forced.resent_msg_id not in (None, row["msg_id"])
     assert {dict(r["properties"])[PROP_RESEND_TO] for r in lake.rows("retry")} == {"host@1@DEFAULT", "host@2@DEFAULT"}
+
+
+def test_a_dead_letter_is_named_by_any_id_dlq_show_takes(lake: Lake) -> None:
+    """``dlq show`` takes a retry's id (the id a consumer logged); so does ``dlq resend``: it names the
+    dead letter of that retry's origin (it said MESSAGE_NOT_FOUND)."""
+    retry = {**dict.fromkeys(RETRY.names), "msg_id": "R1-retry", "topic": "%RETRY%billing", "consumer_group": "billing",
+             "origin_msg_id": "O1", "retry_topic": "orders", "reconsume_times": 3, "delay_level": 6,
+             "delivery_key": "O1:3", "due_at": NOW, "delivered_at": NOW}
+    write_deltalake(lake.path("retry"), pa.Table.from_pylist([retry], schema=RETRY.arrow_schema), partition_by=["consumer_group"])
+    report = resend(lake.config, "R1-retry", consumer_id="host@1", dry_run=True)
+    assert report.dlq_msg_id == "D1" and report.redrive.dry_run
+    with pytest.raises(SelectionError, match="MESSAGE_NOT_FOUND.*'R9'"):
+        resend(lake.config, "R9", consumer_id="host@1")
 
 
 def test_dry_run_changes_nothing(lake: Lake) -> None:
