@@ -64,7 +64,7 @@ from retry_engine.delta._files import PartitionedWriter, WrittenFile
 from retry_engine.delta._log import TableLocation
 from retry_engine.delta._worker_heap import settle
 from retry_engine.delta.sink import FilesWritten, abort_files, commit_files
-from retry_engine.delta.tables import append_arrow, ensure_table, not_null_columns
+from retry_engine.delta.tables import append_arrow, check_writable, ensure_table, not_null_columns
 from retry_engine.schemas import DLQ, METRICS, OUTCOMES, QUARANTINE, RETRY, Table
 
 log = logging.getLogger(__name__)
@@ -438,6 +438,7 @@ class BatchWriter:
                 add_missing=True,
                 properties=storage.BATCH_TABLE_PROPERTIES,
             )
+            check_writable(uri, delta)
             targets.append(
                 _Target(
                     table.name,

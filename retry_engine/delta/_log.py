@@ -445,7 +445,7 @@ def check_reader_protocol(
     if min_reader_version > MAX_READER_VERSION or unsupported:
         raise DeltaSourceError(
             f"{uri} needs Delta reader version {min_reader_version} with features {unsupported}; "
-            f"format('deltars') reads versions <= {MAX_READER_VERSION} with features "
+            f"the retry engine's reader (format('deltars')) reads versions <= {MAX_READER_VERSION} with features "
             f"{sorted(SUPPORTED_READER_FEATURES)} (no deletion vectors, no column mapping)",
             code="DELTA_UNSUPPORTED_FEATURE",
         )

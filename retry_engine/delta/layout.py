@@ -46,8 +46,13 @@ from retry_engine.delta._log import (
     snapshot_files,
 )
 from retry_engine.delta.sink import delete_uncommitted
-from retry_engine.delta.tables import commit_next, not_null_columns, table_arrow_schema
-from retry_engine.errors import ConcurrentWriteError
+from retry_engine.delta.tables import (
+    check_writable,
+    commit_next,
+    not_null_columns,
+    table_arrow_schema,
+)
+from retry_engine.errors import ConcurrentWriteError, DeltaSinkError, DeltaSourceError
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +131,13 @@ def migrate_partition_folders(
             return LayoutMigration(uri, 0, 0, None)
         misplaced = misplaced_files(table)
         if not misplaced:
+            return LayoutMigration(uri, 0, 0, None)
+        try:
+            check_writable(uri, table, rewrite=True)
+        except (DeltaSinkError, DeltaSourceError) as exc:
+            # Another writer's table (deletion vectors, column mapping, row rules): its files are where
+            # that writer put them, and a copy read as plain Parquet would not hold the same rows.
+            log.info("%s: %d data file(s) outside Hive folders left where they are: %s", uri, len(misplaced), exc)
             return LayoutMigration(uri, 0, 0, None)
         written = _rewrite(location, table, misplaced)
         try:

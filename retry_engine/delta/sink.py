@@ -36,7 +36,7 @@ from retry_engine.delta._handles import keep, open_latest
 from retry_engine.delta._log import TableLocation, add_actions, data_file_path
 from retry_engine.delta._options import FORMAT_NAME, lower_keys, require_path
 from retry_engine.delta._worker_heap import settle
-from retry_engine.delta.tables import ensure_table, not_null_columns
+from retry_engine.delta.tables import cannot_write, check_writable, ensure_table, not_null_columns
 from retry_engine.errors import ConfigError, DeltaSinkError
 
 if TYPE_CHECKING:
@@ -160,6 +160,9 @@ def commit_files(
             )
             break
         except CommitFailedError as exc:
+            refused = cannot_write(location.uri, exc)
+            if refused is not None:
+                raise refused from exc
             if mode != "overwrite" or attempt == OVERWRITE_ATTEMPTS:
                 raise DeltaSinkError(
                     f"{location.uri}: commit of {len(files)} file(s) for transaction {app_id}/{txn_version} failed "
@@ -253,6 +256,7 @@ class _DeltaWriter:
                 code="INVALID_OPTION",
             )
         table = ensure_table(self.location.table_uri, self.arrow_schema, partition_by=self.options.partition_by)
+        check_writable(self.location.uri, table)
         self.partition_by = tuple(table.metadata().partition_columns)
         self.not_null = not_null_columns(table)
         app_id = self.options.txn_app_id

@@ -35,7 +35,12 @@ from retry_engine.delta.storage import (
     reaching,
     set_properties,
 )
-from retry_engine.errors import ConcurrentWriteError, ConfigError, SchemaMismatchError
+from retry_engine.errors import (
+    ConcurrentWriteError,
+    ConfigError,
+    DeltaSinkError,
+    SchemaMismatchError,
+)
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -76,8 +81,9 @@ def pyarrow_dataset(table: DeltaTable, file_pruning_predicate: Any = None) -> ds
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    from retry_engine.delta._log import PARTITION_PREFIX, add_actions
+    from retry_engine.delta._log import PARTITION_PREFIX, add_actions, check_table_protocol
 
+    check_table_protocol(table.table_uri, table)  # delta-rs's dataset reads column mapping's reader v2 as nulls
     dataset = table.to_pyarrow_dataset(file_pruning_predicate=file_pruning_predicate)
     actions = add_actions(table)
     counts = [c for c in actions.column_names if c.startswith("null_count.")]
@@ -162,6 +168,9 @@ def read_columns(
     drifted = drifted_columns(schema, expected, needed)
     if not drifted:
         if files is None and rows is None:
+            from retry_engine.delta._log import check_table_protocol
+
+            check_table_protocol(table.table_uri, table)
             return pa.table(table.to_pyarrow_table(columns=wanted))
         return pyarrow_dataset(table, files).to_table(columns=wanted, filter=rows)
     log.info("%s of another type than the engine's: it prunes no file, and is cast before rows are picked", ", ".join(drifted))
@@ -237,7 +246,10 @@ def commit_next(
                 app_transactions=[Transaction(*app_transaction)] if app_transaction is not None else None,
             ),
         )
-    except CommitFailedError:
+    except CommitFailedError as exc:
+        refused = cannot_write(table.table_uri, exc)
+        if refused is not None:
+            raise refused from exc
         raise  # another writer's version first: nothing of ours is in the log
     except Exception as exc:
         # delta-rs runs its post-commit hooks (a checkpoint, log cleanup) after the commit is in the
@@ -294,6 +306,68 @@ def table_version(path: str) -> int | None:
 
 def table_arrow_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
+
+
+# Column metadata of row rules a writer checks in every row it writes (Delta's invariants, generated
+# and identity columns) and what each is called.
+_ROW_RULE_KEYS = {
+    "delta.invariants": "an invariant",
+    "delta.generationExpression": "a generated column",
+    "delta.identity.start": "an identity column",
+}
+# delta-rs's CommitFailedError for a table it cannot write at all: no conflict, retrying changes nothing.
+_CANNOT_WRITE = ("Unsupported table features required", "Delta table is append-only")
+
+
+def files_written_here_break(table: DeltaTable) -> list[str]:
+    """What of ``table``'s rules a Parquet file written by this package (Spark's ``deltars`` sink, the
+    engine's outputs, a rewrite) would break: delta-rs checks CHECK constraints, invariants and
+    generated columns only inside ``write_deltalake``, and such a file names its columns by their
+    logical names, which a table with column mapping does not read."""
+    config = table.metadata().configuration
+    broken = []
+    mapping = str(config.get("delta.columnMapping.mode") or "none").lower()
+    if mapping != "none":
+        broken.append(f"column mapping ({mapping!r})")
+    checks = sorted(k[len("delta.constraints."):] for k in config if k.lower().startswith("delta.constraints."))
+    if checks:
+        broken.append(f"CHECK constraints ({', '.join(checks)})")
+    pending = list(table.schema().fields)
+    while pending:
+        field = pending.pop(0)
+        broken += [f"{what} ({field.name})" for key, what in _ROW_RULE_KEYS.items() if key in (field.metadata or {})]
+        kind = field.type
+        pending += list(getattr(kind, "fields", None) or ())  # a struct's fields
+    return broken
+
+
+def check_writable(uri: str, table: DeltaTable, *, rewrite: bool = False) -> None:
+    """:class:`DeltaSinkError` (``DELTA_UNSUPPORTED_WRITER_FEATURE``) naming what files written here
+    would break in ``table`` (:func:`files_written_here_break`), before any is written. ``rewrite``: the
+    caller also reads the table's files to copy their rows (compaction, expiry, the layout migration),
+    so a table whose files a plain read gets wrong (deletion vectors) is refused too
+    (``DELTA_UNSUPPORTED_FEATURE``)."""
+    if rewrite:
+        from retry_engine.delta._log import check_table_protocol
+
+        check_table_protocol(uri, table)
+    broken = files_written_here_break(table)
+    if broken:
+        raise DeltaSinkError(
+            f"{uri} has {'; '.join(broken)}, which files written by the retry engine's Delta writer would not "
+            "keep (delta-rs checks such rules only in write_deltalake); write this table without them, or "
+            "point the engine at another table",
+            code="DELTA_UNSUPPORTED_WRITER_FEATURE",
+        )
+
+
+def cannot_write(uri: str, exc: BaseException) -> DeltaSinkError | None:
+    """The coded error for delta-rs's refusal ``exc`` of a table it cannot write (a writer feature it
+    lacks, a remove in an append-only table), which is no conflict: a retry fails the same way."""
+    text = str(exc)
+    if not any(words in text for words in _CANNOT_WRITE):
+        return None
+    return DeltaSinkError(f"{uri}: delta-rs cannot write this table: {text}", code="DELTA_UNSUPPORTED_WRITER_FEATURE")
 
 
 def not_null_columns(table: DeltaTable) -> tuple[str, ...]:
@@ -521,7 +595,11 @@ def report_drift(
 
 def read_table(path: str, *, version: int | None = None) -> pa.Table:
     """The whole table at ``path`` (at ``version`` if given) as one Arrow table."""
-    return pa.table(open_delta(path, version=version).to_pyarrow_table())
+    from retry_engine.delta._log import check_table_protocol
+
+    table = open_delta(path, version=version)
+    check_table_protocol(path, table)
+    return pa.table(table.to_pyarrow_table())
 
 
 # A conflict on a checked append means another writer committed in between; each
@@ -668,16 +746,22 @@ def _write_once(
         if app_id is not None and txn_version is not None
         else None
     )
-    with reaching(path):
-        write_deltalake(
-            checked,
-            table,
-            mode="append",
-            partition_by=list(partition_by) or None,
-            commit_properties=CommitProperties(
-                app_transactions=transactions, max_commit_retries=0 if strict else None
-            ),
-        )
+    try:
+        with reaching(path):
+            write_deltalake(
+                checked,
+                table,
+                mode="append",
+                partition_by=list(partition_by) or None,
+                commit_properties=CommitProperties(
+                    app_transactions=transactions, max_commit_retries=0 if strict else None
+                ),
+            )
+    except CommitFailedError as exc:
+        refused = cannot_write(path, exc)
+        if refused is not None:
+            raise refused from exc
+        raise
     return True
 
 

@@ -521,6 +521,16 @@ def expired_marker(before: dt.datetime, rows: int) -> pa.Table:
     return pa.Table.from_pylist([row], schema=METRICS.arrow_schema)
 
 
+def _expirable(path: str, table: DeltaTable) -> DeltaTable:
+    """``table``, unless its files hold rows other than a plain read finds (deletion vectors: a remove of
+    such a file without its vector removes nothing) or name columns otherwise (column mapping)."""
+    try:
+        check_table_protocol(path, table)
+    except DeltaSourceError as exc:
+        raise DeltaSourceError(f"row expiry leaves {path} alone: {str(exc).split('] ', 1)[-1]}", code=exc.code) from None
+    return table
+
+
 def expire_rows(
     path: str,
     column: str,
@@ -545,7 +555,7 @@ def expire_rows(
     any commit in between (an append, a compaction) makes it plan again.
     """
     if marked:
-        table = open_delta(path)
+        table = _expirable(path, open_delta(path))
         files, rows = expiring_files(table, column, before, also=also)
         # The last run's marker is itself before this cut: alone (compacted by windows, it is a file of its
         # own), it goes with the next rows that go, not by itself with a new marker each run.
@@ -553,7 +563,7 @@ def expire_rows(
             return 0, 0
         append_arrow(path, expired_marker(before, rows))
     for attempt in range(1, COMPACT_ATTEMPTS + 1):
-        table = open_delta(path)
+        table = _expirable(path, open_delta(path))
         files, rows = expiring_files(table, column, before, also=also)
         if not files:
             return 0, 0
