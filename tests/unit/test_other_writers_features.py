@@ -38,7 +38,17 @@ from retry_engine.delta.tables import (
 from retry_engine.errors import DeltaSinkError, DeltaSourceError
 from retry_engine.ops.maintenance import expire_rows
 from retry_engine.schemas import OUTCOMES
-from tests.unit.test_windowed_compaction_tables import AT, STRING, TIME, add, commit, deletion_vector, ids, rows, table
+from tests.unit.test_windowed_compaction_tables import (
+    AT,
+    STRING,
+    TIME,
+    add,
+    commit,
+    deletion_vector,
+    ids,
+    rows,
+    table,
+)
 
 LONG = {"type": "long", "nullable": True, "metadata": {}}
 DV_PROTOCOL = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
