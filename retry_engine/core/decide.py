@@ -34,6 +34,7 @@ from retry_engine.core.delays import BackoffPolicy, next_level, schedule_queue_i
 from retry_engine.core.names import (
     GROUP_MAX_LENGTH,
     PROP_REDRIVE_COUNT,
+    RETRY_GROUP_TOPIC_PREFIX,
     TOPIC_MAX_LENGTH,
     VALID_CHARACTERS,
     delivery_key,
@@ -296,7 +297,7 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
     _flag(problems, blank_mask(group), "MISSING_GROUP", "consumer_group is missing (null, empty or whitespace)")
     _flag(problems, blank_mask(topic), "MISSING_TOPIC", "topic is missing (null, empty or whitespace)")
 
-    def bad_name(a: pa.Array, max_length: int, present: pa.Array | None = None) -> pa.Array:
+    def bad_name(a: pa.Array, max_length: int | pa.Array, present: pa.Array | None = None) -> pa.Array:
         """Names of ``a`` that are present (default: not blank) and break the rule."""
         present = pc.invert(blank_mask(a)) if present is None else present
         invalid = pc.or_kleene(
@@ -311,11 +312,16 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
         "INVALID_GROUP_NAME",
         lambda i: f"consumer_group {_short(group[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{GROUP_MAX_LENGTH}}}",
     )
+    # A delivery of %RETRY%G (R3) is as long as its group allows: a group of 200 characters had one retry,
+    # and the failure of that retry was quarantined (its topic over a topic's limit).
+    retried = pc.fill_null(pc.starts_with(topic, RETRY_GROUP_TOPIC_PREFIX), False)
+    retry_limit = len(RETRY_GROUP_TOPIC_PREFIX) + GROUP_MAX_LENGTH
     _flag(
         problems,
-        bad_name(topic, TOPIC_MAX_LENGTH + len("%RETRY%")),
+        bad_name(topic, pc.if_else(retried, retry_limit, TOPIC_MAX_LENGTH + len("%RETRY%"))),
         "INVALID_TOPIC_NAME",
-        lambda i: f"topic {_short(topic[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{TOPIC_MAX_LENGTH}}}",
+        lambda i: f"topic {_short(topic[i].as_py())!r} must match [{VALID_CHARACTERS}]"
+        f"{{1,{retry_limit if retried[i].as_py() else TOPIC_MAX_LENGTH}}}",
     )
     # The original topic (R3) is a topic name too: the retry and the dead letter carry it, a re-drive
     # writes to it. Checked like topic, null or empty excepted (they mean topic: _or); only spaces are

@@ -436,6 +436,22 @@ def test_bad_input_reasons_name_the_value_and_what_is_valid(change: dict[str, An
     assert (row["outcome"], row["reason_code"], row["reason"]) == ("quarantined", code, reason)
 
 
+def test_r3_a_retry_of_a_group_with_a_long_name_is_retried_again() -> None:
+    """R3, R6: a group of 128-255 characters (a valid group) had one retry; its retry's failure, consumed
+    from %RETRY%G, was quarantined for a topic over 134 characters: no second retry and no dead letter."""
+    group = "g" * 255
+    retried, too_long, plain = run([
+        Result.of().failed().with_(consumer_group=group, topic=f"%RETRY%{group}", reconsume_times=1),
+        Result.of().failed().with_(consumer_group=group, topic=f"%RETRY%{group}x", reconsume_times=1),
+        Result.of().failed().with_(topic="t" * 135),
+    ])
+    assert (retried["outcome"], retried["reconsume_times"]) == ("retry", 2)
+    assert (too_long["outcome"], too_long["reason_code"]) == ("quarantined", "INVALID_TOPIC_NAME")
+    assert too_long["reason"].endswith("must match [%|a-zA-Z0-9_-]{1,262}")
+    assert (plain["outcome"], plain["reason_code"]) == ("quarantined", "INVALID_TOPIC_NAME")
+    assert plain["reason"].endswith("must match [%|a-zA-Z0-9_-]{1,127}")
+
+
 def test_bad_input_a_missing_group_has_an_empty_route_and_every_problem_is_named() -> None:
     """Bad-input rule: the first problem is the code, the reason lists all of them."""
     (row,) = run([Result.of().with_(consumer_group=None, status="??")])
