@@ -80,6 +80,7 @@ from retry_engine.core.decide import (
     SUCCESS,
     truncate_error,
 )
+from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.names import (
     EXPIRING_TABLES,
     PROP_RESEND_MSG_ID,
@@ -99,7 +100,12 @@ from retry_engine.delta._log import DeltaLog, relative_data_path
 from retry_engine.delta._offsets import Offset
 from retry_engine.delta.session import capped_arrow_batches, read_parallelism
 from retry_engine.delta.tables import open_table
-from retry_engine.errors import ConsumeResultWriteError, DeltaSourceError, SubscriptionError
+from retry_engine.errors import (
+    ConsumeResultWriteError,
+    DeltaSourceError,
+    DurationError,
+    SubscriptionError,
+)
 from retry_engine.ops.terms import RESEND_TARGET
 from retry_engine.schemas import CONSUME_RESULTS, MESSAGE_COLUMNS, MESSAGES, RETRY
 
@@ -1044,6 +1050,15 @@ def stream_start(checkpoint: str, consume_from: ConsumeFrom, now: dt.datetime | 
         return None
 
 
+def spark_interval(value: str) -> str:
+    """A trigger interval as Spark takes it: the engine's durations (``"500ms"``, ``"10s"``, as its config
+    writes them) as milliseconds, anything else as given (Spark's own ``"1 second"``)."""
+    try:
+        return f"{parse_duration_ms(value)} milliseconds"
+    except DurationError:
+        return value
+
+
 def records_folder(checkpoint: str) -> str:
     """The local folder of the per-batch assignments: ``<checkpoint>/rebalance`` (a ``file:`` URI as
     its path); of a checkpoint on another file system, that path as a local one (README: local files)."""
@@ -1203,6 +1218,11 @@ class Consumer:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < MAX_RECONSUME_TIMES_DEFAULT:
             raise SubscriptionError(
                 f"max_reconsume_times {limit!r} must be an int >= 0, or -1 for the group's", code="INVALID_OPTION"
+            )
+        if not isinstance(self.trigger_interval, str) or not self.trigger_interval.strip():
+            raise SubscriptionError(
+                f"trigger_interval {self.trigger_interval!r} must be a duration, e.g. '500ms' or '1 second'",
+                code="INVALID_OPTION",
             )
         if not isinstance(self.write_attempts, int) or self.write_attempts < 1:
             raise SubscriptionError(f"write_attempts {self.write_attempts!r} must be >= 1", code="INVALID_OPTION")
@@ -1478,7 +1498,7 @@ class Consumer:
                 deliveries.writeStream.queryName(f"consumer-{hashlib.sha1(self.checkpoint_path.encode()).hexdigest()[:12]}")
                 .foreachBatch(batch_function)
                 .option("checkpointLocation", self.checkpoint_path)
-                .trigger(processingTime=self.trigger_interval)
+                .trigger(processingTime=spark_interval(self.trigger_interval))
             )
             # Messages of up to max_body_bytes each reach the listeners' Python in Arrow batches.
             with capped_arrow_batches(self.spark):

@@ -38,7 +38,7 @@ def instance(spark: Any, lake: Lake, tmp_path: Path, consumer_id: str) -> Consum
     return (
         Consumer(
             spark, lake.config, group="billing", consumer_id=consumer_id, checkpoint=str(tmp_path / f"ck-{consumer_id}"),
-            trigger_interval="300 milliseconds", heartbeat_interval_seconds=0.5, heartbeat_expiry_seconds=6000,
+            trigger_interval="300ms", heartbeat_interval_seconds=0.5, heartbeat_expiry_seconds=6000,
         )
         .subscribe("orders")
         .register_message_listener(ok)

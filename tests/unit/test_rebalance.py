@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from retry_engine.clients.consumer import Consumer
+from retry_engine.clients.consumer import Consumer, spark_interval
 from retry_engine.clients.rebalance import (
     Assignment,
     Membership,
@@ -251,11 +251,20 @@ def consumer(tmp_path: Path, **options: object) -> Consumer:
         ("clock_skew_seconds", float("inf"), r"\[INVALID_OPTION\] clock_skew_seconds inf"),
         ("clock_skew_seconds", True, r"\[INVALID_OPTION\] clock_skew_seconds True"),
         ("clock_skew_seconds", "3600", r"\[INVALID_OPTION\] clock_skew_seconds '3600'"),
+        ("trigger_interval", 5, r"\[INVALID_OPTION\] trigger_interval 5 must be a duration"),
+        ("trigger_interval", " ", r"\[INVALID_OPTION\] trigger_interval ' ' must be a duration"),
     ],
 )
 def test_hostile_consumer_options_are_clear_errors(tmp_path: Path, option: str, value: object, match: str) -> None:
     with pytest.raises(SubscriptionError, match=match):
         consumer(tmp_path, **{option: value})
+
+
+def test_a_trigger_interval_is_taken_as_the_engines_config_writes_it_or_as_spark_does() -> None:
+    """``Consumer(trigger_interval="500ms")`` (the engine's own form) failed at start with Spark's
+    INVALID_INTERVAL_FORMAT."""
+    assert spark_interval("500ms") == "500 milliseconds" and spark_interval("2m") == "120000 milliseconds"
+    assert spark_interval("1 second") == "1 second"
 
 
 def test_a_clock_skew_of_zero_or_a_year_is_taken(tmp_path: Path) -> None:
