@@ -554,6 +554,9 @@ def _dead_letters_spark(
     return df.select(*cols).orderBy("dead_lettered_at", "msg_id")
 
 
+_DAY_US = 86_400_000_000
+
+
 def summary(
     config: EngineConfig,
     selection: Selection | None = None,
@@ -578,7 +581,8 @@ def summary(
         listing = dead_letters(config, selection, version=version, as_of=as_of, spark=spark, include_resolved=include_resolved)
         assert isinstance(listing, SparkFrame)  # narrowed: spark was given
         return (
-            listing.withColumn("day", F.to_date("dead_lettered_at"))
+            # The UTC date whatever the session's time zone (to_date takes the session's).
+            listing.withColumn("day", F.date_from_unix_date(F.floor(F.unix_micros("dead_lettered_at") / _DAY_US).cast("int")))
             .groupBy(*keys)
             .agg(
                 F.count("*").alias("dead_letters"),

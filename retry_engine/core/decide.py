@@ -168,19 +168,29 @@ def cast_column(array: pa.Array, to: pa.DataType) -> tuple[pa.Array, list[int]]:
     value. A value with no such form becomes null; returns the cast array and those values' rows."""
     if array.type == to:
         return array, []
-    try:
-        return array.cast(to, safe=True), []
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        pass
+    casts = [to]
+    if pa.types.is_timestamp(to) and to.tz is not None and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+        # Text without a zone is UTC (as a zoneless time column is): Arrow parses zoned text only into a
+        # zoned time and zoneless text only into a zoneless one, whose values are UTC's.
+        casts.append(pa.timestamp(to.unit))
+    for kind in casts:
+        try:
+            return array.cast(kind, safe=True).cast(to), []
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            pass
     values: list[Any] = []
     wrong: list[int] = []
     for i, value in enumerate(array.to_pylist()):
         if value is None:  # null fits every type, even one Arrow has no cast to
             values.append(None)
             continue
-        try:
-            values.append(pa.array([value], type=array.type).cast(to, safe=True)[0].as_py())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        for kind in casts:
+            try:
+                values.append(pa.array([value], type=array.type).cast(kind, safe=True).cast(to)[0].as_py())
+                break
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                pass
+        else:
             values.append(None)
             wrong.append(i)
     return pa.array(values, type=to), wrong

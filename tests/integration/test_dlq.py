@@ -196,6 +196,18 @@ def test_spark_dead_letters_and_summary_match_pandas(spark: Any, lake: Lake) -> 
         ("billing", "payments", "MAX_RECONSUME_TIMES"): 2,
         ("shipping", "orders", "DLQ_REQUESTED"): 2,
     }
+    # The day is the UTC date in a session of any time zone (it was the session's: a notebook at +14
+    # or -12 counted every dead letter of the day's one side on the next or the last day).
+    local_days = dlq.summary(lake.config, by=("day",))
+    assert isinstance(local_days, pd.DataFrame)
+    want_days = dict(zip(local_days["day"], local_days["dead_letters"], strict=True))
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        for far in ("Pacific/Kiritimati", "Etc/GMT+12"):
+            spark.conf.set("spark.sql.session.timeZone", far)
+            assert {r["day"]: r["dead_letters"] for r in dlq.summary(lake.config, by=("day",), spark=spark).collect()} == want_days
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
 
 
 def test_summary_by_error_class_and_day(lake: Lake) -> None:

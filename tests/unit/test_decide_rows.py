@@ -689,6 +689,22 @@ def test_bad_input_a_value_its_column_cannot_hold_exactly_is_wrong_type() -> Non
     assert rows[2]["reason"] == "column body: 5 is not a valid binary"
 
 
+def test_a_store_time_written_as_text_without_a_zone_is_utc() -> None:
+    """Another writer's store times as text: with a zone as given, without one UTC (it was WRONG_TYPE
+    when no value of the batch had a zone, and null in the tables status and the DLQ console read);
+    text that is no time stays WRONG_TYPE."""
+    loose = pa.schema([pa.field(f.name, pa.string() if f.name == "store_timestamp" else f.type)
+                       for f in CONSUME_RESULTS.arrow_schema])
+    base = dt.datetime(2026, 11, 22, 11, 59, 56, tzinfo=dt.UTC)
+    for texts in (["2026-11-22 11:59:56", "2026-11-22T11:59:56.000000"], ["2026-11-22 11:59:56", "2026-11-22T17:29:56+05:30"]):
+        table = results_table([Result.of("A").failed(), Result.of("B").failed(), Result.of("C").failed()])
+        column = pa.array([*texts, "soon"], pa.string())
+        table = table.set_column(table.schema.get_field_index("store_timestamp"), loose.field("store_timestamp"), column)
+        rows = decide(with_clock(table), Decider(parse_config({}))).to_pylist()
+        assert [(r["outcome"], r["reason_code"]) for r in rows] == [("retry", None), ("retry", None), ("quarantined", "WRONG_TYPE")]
+        assert rows[0]["bucket"] == rows[1]["bucket"] == bucket_of(base)
+
+
 def test_bad_input_a_time_outside_python_in_the_attempts_of_a_single_row() -> None:
     """Bad-input rule: an attempt time past year 9999 is TIMESTAMP_OUT_OF_RANGE, in a batch of one row too."""
     attempt_type = CONSUME_RESULTS["attempts"].type
