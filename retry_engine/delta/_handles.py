@@ -84,6 +84,13 @@ def _commit_bytes(handle: Handle, version: int) -> bytes:
     return data
 
 
+def _has_commit(handle: Handle, version: int) -> bool:
+    import pyarrow.fs as pafs
+
+    fs, root = handle.filesystem()
+    return fs.get_file_info(join_path(root, commit_log_path(version))).type != pafs.FileType.NotFound
+
+
 def open_latest(location: TableLocation) -> Handle:
     """The table at ``location`` at its latest version: the kept handle brought up to date when its
     table is still the same, else opened afresh. Raises what ``DeltaTable(...)`` raises (delta-rs's
@@ -94,7 +101,11 @@ def open_latest(location: TableLocation) -> Handle:
         try:
             same = kept.commit is not None and _commit_bytes(kept, kept.version) == kept.commit
             if same:
-                kept.table.update_incremental()
+                # delta-rs finds later commits by listing the whole ``_delta_log`` on a local disk (a
+                # month of commits at a 1 s trigger: seconds per call). Commits are numbered without a
+                # gap, so when the next one is not there, there is none: one lookup instead.
+                if _has_commit(kept, kept.version + 1):
+                    kept.table.update_incremental()
                 kept.commit = kept.commit if kept.table.version() == kept.version else None
                 kept.version = kept.table.version()
                 return kept

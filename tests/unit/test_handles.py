@@ -207,3 +207,35 @@ def test_on_object_storage_a_replaced_table_gets_the_replayed_transaction(
     assert not commit_files(
         storage.location(path), [FilesWritten(())], mode="append", partition_by=(), app_id="engine", txn_version=5
     )
+
+
+def test_a_kept_handle_lists_the_log_only_when_another_commit_is_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review (session 20) measured each lease write at 0.2 s with 10,000 log entries and 4 s with
+    300,000: delta-rs's update lists the whole ``_delta_log`` on a local disk, and the engine's tables keep
+    30 days of commits (one a batch). A kept handle now looks for the next commit file first and lists
+    the log only when it is there; what it then reads is unchanged (the other writer's commit is seen)."""
+    path = str(tmp_path / "t")
+    append_arrow(path, pa.table({"w": ["a"]}))
+    kept = open_latest(storage.location(path))
+    listed: list[int] = []
+    real = type(kept.table).update_incremental
+
+    def counting(table: DeltaTable) -> None:
+        listed.append(table.version())
+        real(table)
+
+    monkeypatch.setattr(type(kept.table), "update_incremental", counting)
+    keep(kept)
+    for _ in range(3):
+        again = open_latest(storage.location(path))
+        assert again.table is kept.table and again.version == 1
+        keep(again)
+    assert listed == []
+    write_deltalake(path, pa.table({"w": ["other"]}), mode="append")
+    again = open_latest(storage.location(path))
+    assert listed == [1] and again.version == 2 and again.table.version() == 2
+    keep(again)
+    assert append_arrow(path, pa.table({"w": ["b"]}))
+    assert _rows(path) == ["a", "b", "other"] and _versions(tmp_path / "t") == [0, 1, 2, 3]
