@@ -88,7 +88,7 @@ def _has_commit(handle: Handle, version: int) -> bool:
     import pyarrow.fs as pafs
 
     fs, root = handle.filesystem()
-    return fs.get_file_info(join_path(root, commit_log_path(version))).type != pafs.FileType.NotFound
+    return bool(fs.get_file_info(join_path(root, commit_log_path(version))).type != pafs.FileType.NotFound)
 
 
 def open_latest(location: TableLocation) -> Handle:

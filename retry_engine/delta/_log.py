@@ -880,7 +880,8 @@ class DeltaLog:
         start = earliest if earliest is not None else "a version still in the log"
         return DeltaSourceError(
             f"commit {version} of {self.uri} is missing from {LOG_DIR}: {kept}. The stream is further behind "
-            "than the table's log retention (delta.logRetentionDuration, 30 days unless set), and log cleanup "
+            "than the table's log retention (delta.logRetentionDuration: 30 days unless set, 3 days on the retry "
+            "engine's tables each micro-batch writes), and log cleanup "
             "(retry-engine maintain, or any Delta writer's checkpointing) removed what it still needed; it "
             "cannot continue without losing data. Restore the missing log files, or skip the lost commits on "
             f"purpose: start a new checkpoint with the option startingVersion={start} ([source] "

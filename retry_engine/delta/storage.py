@@ -229,7 +229,16 @@ TABLE_PROPERTIES: Mapping[str, str] = {
 # trigger, a 52 MB checkpoint that takes 1.8 s to write (run BC), every 10 commits. Every 100,
 # the engine's S3 requests a batch grow 1.10x with its tables kept open, and its batch time
 # is 0.91x (run BB); a cold open (`status`, `dlq`, a notebook) reads up to 100 small commits.
-BATCH_TABLE_PROPERTIES: Mapping[str, str] = {**TABLE_PROPERTIES, CHECKPOINT_INTERVAL: "100"}
+# * Their logs keep 3 days of commits (RocketMQ's commit log keeps messages 72 hours), not Delta's
+#   30 days: every commit of a table on a local disk or HDFS lists its whole ``_delta_log`` (delta-rs,
+#   ~1 us an entry: a commit took 0.28 s at 150,000 entries, ~20 days of one table at a 1 s trigger,
+#   and 10 ms at a few hundred), so 30 days of one commit a batch made each batch seconds slower
+#   after a month. A stream of one of them that stops longer (a consumer of %RETRY%G) must skip
+#   what it missed (DELTA_COMMIT_MISSING says how); a table that has the property keeps its value.
+LOG_RETENTION = "delta.logRetentionDuration"
+BATCH_TABLE_PROPERTIES: Mapping[str, str] = {
+    **TABLE_PROPERTIES, CHECKPOINT_INTERVAL: "100", LOG_RETENTION: "interval 3 days",
+}
 # The checkpoint interval the engine last set on a table: an interval equal to it is the
 # engine's and follows a release's new default; any other is an operator's and is kept.
 # Tables of earlier releases lack it, and their "10" was the engine's. delta-rs refuses
@@ -541,6 +550,7 @@ def use_filesystem_checkpoints_on_local_disk(spark: SparkSession, checkpoint: st
 
 __all__ = [
     "BATCH_TABLE_PROPERTIES",
+    "LOG_RETENTION",
     "CHECKPOINT_INTERVAL",
     "EARLIER_INTERVAL",
     "ENGINE_INTERVAL",

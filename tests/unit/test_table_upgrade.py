@@ -136,6 +136,8 @@ def test_a_concurrent_adder_wins_and_the_loser_reloads_and_finds_the_columns(
 INTERVAL = "delta.checkpointInterval"
 CLEANUP = "delta.enableExpiredLogCleanup"
 MARK = storage.ENGINE_INTERVAL
+LOG = storage.LOG_RETENTION
+THREE_DAYS = "interval 3 days"
 
 
 def configuration(path: str) -> dict[str, str]:
@@ -201,7 +203,7 @@ def test_a_table_each_batch_writes_is_checkpointed_every_100_commits(tmp_path: P
     52 MB and 1.8 s to write at a 1 s trigger): written every 100 commits there, every 10 elsewhere."""
     path = str(tmp_path / "t")
     ensure_table(path, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
-    assert configuration(path) == {INTERVAL: "100", CLEANUP: "false", MARK: "100"}
+    assert configuration(path) == {INTERVAL: "100", CLEANUP: "false", MARK: "100", LOG: THREE_DAYS}
     for i in range(100):
         write_deltalake(path, pa.table({"id": [i], "note": [None]}, schema=OLD), mode="append")
     assert log_checkpoints(path) == [99]
@@ -219,12 +221,12 @@ def test_the_interval_the_engine_set_follows_a_new_default_and_an_operators_stay
     DeltaTable.create(engines, OLD, configuration=earlier)
     with caplog.at_level(logging.INFO, logger="retry_engine.delta.tables"):
         ensure_table(engines, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
-    assert configuration(engines) == {INTERVAL: "100", CLEANUP: "false", MARK: "100"}
-    assert DeltaTable(engines).version() == 1 and "set table properties {'delta.checkpointInterval': '100'" in caplog.text
+    assert configuration(engines) == {INTERVAL: "100", CLEANUP: "false", MARK: "100", LOG: THREE_DAYS}
+    assert DeltaTable(engines).version() == 1 and "'delta.checkpointInterval': '100'" in caplog.text
     operators = str(tmp_path / "operators")
     DeltaTable.create(operators, OLD, configuration={**earlier, INTERVAL: "50"})
     ensure_table(operators, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
-    assert configuration(operators) == {INTERVAL: "50", CLEANUP: "false", MARK: "100"}
+    assert configuration(operators) == {INTERVAL: "50", CLEANUP: "false", MARK: "100", LOG: THREE_DAYS}
     # An operator sets 10 after the upgrade: it is not the engine's 100, so it stays.
     DeltaTable(engines).alter.set_table_properties({INTERVAL: "10"})
     ensure_table(engines, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
@@ -239,6 +241,18 @@ def test_the_interval_the_engine_set_follows_a_new_default_and_an_operators_stay
     assert {configuration(p)[MARK] for p in (engines, operators, mine)} == {"200"}
 
 
+def test_a_table_each_batch_writes_keeps_three_days_of_log_unless_an_operator_chose(tmp_path: Path) -> None:
+    """Every commit lists the whole log on a local disk (delta-rs): 30 days of one commit a batch made each
+    batch seconds slower after a month (a review, session 20). An earlier release's table gains 3 days
+    (RocketMQ's 72 hours); a retention an operator set stays."""
+    earlier, operators = str(tmp_path / "earlier"), str(tmp_path / "operators")
+    DeltaTable.create(earlier, OLD, configuration={INTERVAL: "10", CLEANUP: "false"})
+    DeltaTable.create(operators, OLD, configuration={INTERVAL: "10", CLEANUP: "false", LOG: "interval 30 days"})
+    for path in (earlier, operators):
+        ensure_table(path, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
+    assert configuration(earlier)[LOG] == THREE_DAYS and configuration(operators)[LOG] == "interval 30 days"
+
+
 @pytest.mark.parametrize("mark", ["abc", "", "-1", "1e9", "100 ", "\x00", "9" * 400])
 def test_a_hostile_interval_mark_can_only_keep_the_interval(tmp_path: Path, mark: str) -> None:
     """The mark is a table property anyone can write: whatever it holds, an interval it does not equal is kept,
@@ -247,7 +261,7 @@ def test_a_hostile_interval_mark_can_only_keep_the_interval(tmp_path: Path, mark
     DeltaTable.create(path, OLD, configuration={INTERVAL: "10", CLEANUP: "false"})
     DeltaTable(path).alter.set_table_properties({MARK: mark}, raise_if_not_exists=False)
     ensure_table(path, OLD, add_missing=True, properties=storage.BATCH_TABLE_PROPERTIES)
-    assert configuration(path) == {INTERVAL: "10", CLEANUP: "false", MARK: "100"}
+    assert configuration(path) == {INTERVAL: "10", CLEANUP: "false", MARK: "100", LOG: THREE_DAYS}
     assert append_arrow(path, pa.table({"id": [1], "note": ["x"]}, schema=OLD), app_id="q", txn_version=0)
     assert DeltaTable(path).to_pyarrow_table().num_rows == 1
 
