@@ -109,7 +109,8 @@ _MAX_METADATA = 65_536
 
 
 def remove_orphan_log_temps(checkpoint: str) -> list[str]:
-    """Delete the temp files a killed write left in the checkpoint's ``offsets`` and ``commits`` logs.
+    """Delete the temp files a killed write left in the checkpoint's ``offsets`` and ``commits`` logs
+    and its state store.
 
     Spark writes ``offsets/<n>`` as ``.<n>.<uuid>.tmp`` (plus ``.crc``) and renames it. A
     process killed between the two leaves the temp file, and Spark 4 then refuses to run
@@ -120,8 +121,11 @@ def remove_orphan_log_temps(checkpoint: str) -> list[str]:
     """
     fs, root = checkpoint_filesystem(checkpoint)
     removed = []
-    for log_dir in ("offsets", "commits"):
-        infos = fs.get_file_info(pafs.FileSelector(f"{root}/{log_dir}", allow_not_found=True))
+    # The state store writes its files the same way (``state/<op>/<partition>/.<v>.changelog.<uuid>.TIDn.tmp``):
+    # a stop inside a batch (every `run --once` that stops with a batch planned) left them, a few per run
+    # for good (Spark's own clean-up deletes only versions' files).
+    for log_dir, recursive in (("offsets", False), ("commits", False), ("state", True)):
+        infos = fs.get_file_info(pafs.FileSelector(f"{root}/{log_dir}", allow_not_found=True, recursive=recursive))
         for info in infos:
             if info.type == pafs.FileType.File and info.base_name.startswith(".") and ".tmp" in info.base_name:
                 fs.delete_file(info.path)
