@@ -37,7 +37,12 @@ from retry_engine.core.delays import (
     parse_delay_levels,
     parse_duration_ms,
 )
-from retry_engine.core.names import GROUP_MAX_LENGTH, name_problem
+from retry_engine.core.names import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    GROUP_MAX_LENGTH,
+    RETRY_GROUP_TOPIC_PREFIX,
+    name_problem,
+)
 from retry_engine.core.names import TABLE_NAMES as TABLE_NAMES  # re-exported: the lake's tables
 from retry_engine.errors import ConfigError, DurationError
 
@@ -604,6 +609,8 @@ class EngineConfig(_Strict):
     def _group_names(self) -> EngineConfig:
         for name in self.groups:
             problem = name_problem(name, kind="group", max_length=GROUP_MAX_LENGTH)
+            if problem is None and name.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+                problem = f"group name {name!r} may not start with {RETRY_GROUP_TOPIC_PREFIX} or {DLQ_GROUP_TOPIC_PREFIX}"
             if problem:
                 raise ValueError(f"[groups.{name}]: {problem}")
         return self

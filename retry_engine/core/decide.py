@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from retry_engine.config import EngineConfig, GroupConfig, error_class_name
 from retry_engine.core.delays import BackoffPolicy, next_level, schedule_queue_id
 from retry_engine.core.names import (
+    DLQ_GROUP_TOPIC_PREFIX,
     GROUP_MAX_LENGTH,
     PROP_REDRIVE_COUNT,
     RETRY_GROUP_TOPIC_PREFIX,
@@ -321,6 +322,15 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
         bad_name(group, GROUP_MAX_LENGTH),
         "INVALID_GROUP_NAME",
         lambda i: f"consumer_group {_short(group[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{GROUP_MAX_LENGTH}}}",
+    )
+    # A group named like a retry or dead-letter topic: its retries would go to %RETRY%%RETRY%x, which no
+    # consumer of this package can subscribe (Consumer refuses such a group), so they were delivered to nobody.
+    _flag(
+        problems,
+        pc.or_kleene(pc.starts_with(group, RETRY_GROUP_TOPIC_PREFIX), pc.starts_with(group, DLQ_GROUP_TOPIC_PREFIX)),
+        "INVALID_GROUP_NAME",
+        lambda i: f"consumer_group {_short(group[i].as_py())!r} may not start with {RETRY_GROUP_TOPIC_PREFIX} or "
+        f"{DLQ_GROUP_TOPIC_PREFIX}: it names a group's retry or dead-letter topic",
     )
     # A delivery of %RETRY%G (R3) is as long as its group allows: a group of 200 characters had one retry,
     # and the failure of that retry was quarantined (its topic over a topic's limit).

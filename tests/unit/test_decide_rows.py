@@ -32,7 +32,7 @@ from retry_engine.core.decide import (
     new_msg_ids,
     truncate_error,
 )
-from retry_engine.errors import SchemaMismatchError
+from retry_engine.errors import ConfigError, SchemaMismatchError
 from retry_engine.schemas import CONSUME_RESULTS, WORK
 from tests.builders import T0, Result, hostile_array, results_table
 
@@ -450,6 +450,17 @@ def test_r3_a_retry_of_a_group_with_a_long_name_is_retried_again() -> None:
     assert too_long["reason"].endswith("must match [%|a-zA-Z0-9_-]{1,262}")
     assert (plain["outcome"], plain["reason_code"]) == ("quarantined", "INVALID_TOPIC_NAME")
     assert plain["reason"].endswith("must match [%|a-zA-Z0-9_-]{1,127}")
+
+
+@pytest.mark.parametrize("group", ["%RETRY%billing", "%DLQ%billing", "%RETRY%"])
+def test_r3_a_group_named_like_a_retry_or_dead_letter_topic_is_quarantined(group: str) -> None:
+    """Its retries went to %RETRY%%RETRY%billing, which no Consumer of this package subscribes (it refuses
+    such a group): delivered to nobody. The config refuses a [groups] section of such a name too."""
+    (row,) = run([Result.of().failed().with_(consumer_group=group)])
+    assert (row["outcome"], row["reason_code"]) == ("quarantined", "INVALID_GROUP_NAME")
+    assert "may not start with %RETRY% or %DLQ%" in row["reason"]
+    with pytest.raises(ConfigError, match="may not start with %RETRY% or %DLQ%"):
+        parse_config({"groups": {group: {"retry_max_times": 3}}})
 
 
 def test_bad_input_a_missing_group_has_an_empty_route_and_every_problem_is_named() -> None:
