@@ -163,22 +163,29 @@ def commit_files(
             refused = cannot_write(location.uri, exc)
             if refused is not None:
                 raise refused from exc
-            if mode != "overwrite" or attempt == OVERWRITE_ATTEMPTS:
-                raise DeltaSinkError(
-                    f"{location.uri}: commit of {len(files)} file(s) for transaction {app_id}/{txn_version} failed "
-                    f"(another writer with the same id, or a conflicting change): {exc}",
-                    code="DELTA_COMMIT_FAILED",
-                ) from exc
-            log.info("%s: overwrite conflicted with another commit (attempt %d); planning it again: %s",
-                     location.uri, attempt, exc)
+            failed = DeltaSinkError(
+                f"{location.uri}: commit of {len(files)} file(s) for transaction {app_id}/{txn_version} failed "
+                f"(another writer with the same id, or a conflicting change): {exc}",
+                code="DELTA_COMMIT_FAILED",
+            )
+            if (mode != "overwrite" and app_id is None) or attempt == OVERWRITE_ATTEMPTS:
+                raise failed from exc
             handle = open_latest(location)
             table = handle.table
             done = table.transaction_version(app_id) if app_id is not None else None
             if done is not None and txn_version is not None and done >= txn_version:
-                keep(handle)  # the same transaction committed meanwhile (another copy of this write)
+                # The transaction is in the table: this very commit, whose answer was lost (on object
+                # storage a retried put then meets its own first attempt), or another copy of this write.
+                log.info("%s: transaction %s/%d is in the table after the commit failed (%s); done",
+                         location.uri, app_id, txn_version, exc)
+                keep(handle)
                 if replayed:
                     abort_files(location, messages)  # what its commit does not reference
                 return False
+            if mode != "overwrite":
+                raise failed from exc
+            log.info("%s: overwrite conflicted with another commit (attempt %d); planning it again: %s",
+                     location.uri, attempt, exc)
     keep(handle)
     log.info(
         "%s: committed %d file(s), %d row(s) (%s, txn %s/%s)",

@@ -235,3 +235,43 @@ def test_an_overwrite_that_meets_a_compaction_replaces_the_compacted_rows_too(
     assert sink.commit_files(location(path), [task([10])], mode="overwrite", partition_by=(), app_id="q", txn_version=1)
     assert DeltaTable(path).to_pyarrow_table().column("x").to_pylist() == [10] and compacted
     assert missing_files(path) == []
+
+
+def test_a_sink_commit_whose_answer_was_lost_is_done_not_a_conflict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On S3 a commit's answer lost on the way back makes object_store put it again, which meets its own
+    first attempt (412): delta-rs raises CommitFailedError for a commit that stands. The sink raised
+    DELTA_COMMIT_FAILED ("another writer"), the engine's query failed and restarted (found by a review
+    on moto with a proxy that drops the answer). With the write's transaction in the table it is done; a
+    failure whose transaction is not there is still the write's error."""
+    from deltalake.exceptions import CommitFailedError
+
+    from retry_engine.delta.sink import FilesWritten, commit_files
+    from retry_engine.errors import DeltaSinkError
+
+    path = str(tmp_path / "t")
+    small_files(path, 1, interval=100)
+    fs, root = filesystem(path)
+    schema = pa.schema(DeltaTable(path).schema().to_arrow())
+
+    def written(row: str) -> list[FilesWritten]:
+        writer = PartitionedWriter(fs, root, schema, partition_by=[], uri=path)
+        writer.write(pa.record_batch({"id": [row], "ts": pa.array([AT], pa.timestamp("us", "UTC"))}, schema=schema))
+        return [FilesWritten(tuple(writer.close()))]
+
+    real = DeltaTable.create_write_transaction
+    landed: list[bool] = []
+
+    def answer_lost(self: DeltaTable, *args: Any, **kwargs: Any) -> Any:
+        if landed[-1]:
+            real(self, *args, **kwargs)
+        raise CommitFailedError("Transaction failed: Version already exists")
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", answer_lost)
+    landed.append(True)
+    assert not commit_files(location(path), written("x"), mode="append", partition_by=[], app_id="q", txn_version=1)
+    landed.append(False)
+    with pytest.raises(DeltaSinkError, match="DELTA_COMMIT_FAILED"):
+        commit_files(location(path), written("y"), mode="append", partition_by=[], app_id="q", txn_version=2)
+    monkeypatch.undo()
+    assert sorted(DeltaTable(path).to_pyarrow_table().column("id").to_pylist()) == ["m0", "x"]
+    assert DeltaTable(path).transaction_version("q") == 1 and missing_files(path) == []
