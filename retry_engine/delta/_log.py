@@ -229,9 +229,13 @@ class TableLocation:
                 f"{self.uri} is not a Delta table (no readable _delta_log): {exc}", code="NOT_A_DELTA_TABLE"
             ) from exc
         except Exception as exc:  # delta-rs raises DeltaError / OSError for a bad version or storage
+            from retry_engine.delta.storage import scrubbed
+
+            # Not chained: the store's answer in delta-rs's text may echo a credential (scrubbed here).
             raise DeltaSourceError(
-                f"cannot load Delta table {self.uri} at version {version}: {exc}", code="DELTA_TABLE_UNREADABLE"
-            ) from exc
+                f"cannot load Delta table {self.uri} at version {version}: {scrubbed(str(exc))}",
+                code="DELTA_TABLE_UNREADABLE",
+            ) from None
 
 
 def _opts(options: Mapping[str, str] | None) -> dict[str, str] | None:

@@ -237,6 +237,10 @@ ARROW_MAX_BYTES_KEY = "spark.sql.execution.arrow.maxBytesPerBatch"
 ARROW_MAX_BYTES_NONE = str(2**31 - 1)
 
 
+# Option keys Spark shows redacted in plans: its default (URLs) and every storage option of a secret.
+REDACTED_OPTIONS = r"(?i)url|^storage\..*(secret|token|password|passwd|key|sas|credential|signature)"
+
+
 def spark_conf(
     *,
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
@@ -253,6 +257,9 @@ def spark_conf(
         ARROW_MAX_BYTES_KEY: ARROW_MAX_BYTES_NONE,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        # Plans show data source options: the deltars source's and sink's storage options are redacted by
+        # the engine's own rule (storage._SECRET), not only Spark's secret/token/password ones.
+        "spark.sql.redaction.options.regex": REDACTED_OPTIONS,
         # The Python workers must run the interpreter that has pyarrow and deltalake.
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,

@@ -311,6 +311,29 @@ def log_failure(logger: logging.Logger, message: str, exc: BaseException) -> Non
         logger.error("%s", message, exc_info=exc)
 
 
+# Environment variables holding object-store credentials (read by delta-rs when no option gives them).
+_SECRET_ENV = re.compile(r"^(AWS|AZURE|GOOGLE)_\w*(SECRET|TOKEN|KEY|PASSWORD|SAS|CREDENTIAL)", re.IGNORECASE)
+
+
+def _secret_values() -> set[str]:
+    """Every credential this process knows: the registered storage options' secret values and the
+    environment's object-store credentials."""
+    with _REGISTRY_LOCK:
+        values = {v for options in _REGISTRY.values() for k, v in options.items() if _SECRET.search(k)}
+    values |= {v for k, v in os.environ.items() if _SECRET_ENV.match(k)}
+    return {v for v in values if len(v) >= _SHORTEST_SECRET}
+
+
+def scrubbed(text: str) -> str:
+    """``text`` (an error's, a traceback) fit to show or store: S3 error bodies cut to their code and
+    message (a body echoes parts of the request: an expired session token, the signed headers) and every
+    credential this process knows replaced by ``***``."""
+    text = _S3_ERROR.sub(lambda m: ": ".join(part for _, part in _S3_PART.findall(m[0])), text)
+    for value in sorted(_secret_values(), key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text
+
+
 def storage_error(uri: str, exc: BaseException) -> StorageError:
     """A :class:`StorageError` for delta-rs's failure ``exc`` on ``uri``: the causes in one line and what to check.
 
@@ -322,7 +345,7 @@ def storage_error(uri: str, exc: BaseException) -> StorageError:
         if pattern.search(reason):
             code, advice = name, f"; {what}"
             break
-    message = f"cannot reach {uri}: {reason}{advice}"
+    message = scrubbed(f"cannot reach {uri}: {reason}{advice}")
     for key, value in (options_for(uri) or {}).items():
         if _SECRET.search(key) and len(value) >= _SHORTEST_SECRET:
             message = message.replace(value, REDACTED)
@@ -341,7 +364,9 @@ def reaching(uri: str) -> Iterator[None]:
     except OSError as exc:
         if type(exc) is not OSError:
             raise
-        raise storage_error(uri, exc) from exc
+        # Chained to a scrubbed copy: delta-rs's own text may hold what the store echoed (a session
+        # token), and every traceback (Spark's log, the progress table) prints the cause.
+        raise storage_error(uri, exc) from OSError(scrubbed(str(exc)))
 
 
 # --------------------------------------------------------------------------- reads at exit
@@ -557,6 +582,7 @@ __all__ = [
     "REDACTED",
     "SPARK_OPTION_PREFIX",
     "TABLE_PROPERTIES",
+    "scrubbed",
     "add_columns",
     "check_commit_safety",
     "create_delta",

@@ -42,7 +42,7 @@ from retry_engine.core.delays import parse_duration_ms
 from retry_engine.core.startup import Startup
 from retry_engine.delta import append_arrow, ensure_table
 from retry_engine.delta.session import set_jvm_log_level
-from retry_engine.delta.storage import BATCH_TABLE_PROPERTIES
+from retry_engine.delta.storage import BATCH_TABLE_PROPERTIES, scrubbed
 from retry_engine.errors import ConfigError
 from retry_engine.ops.falling_behind import FallingBehind
 from retry_engine.ops.terms import (
@@ -146,7 +146,8 @@ def lifecycle_row(
         event=event,
         event_time=event_time,
         recorded_at=recorded_at,
-        exception=exception,
+        # Spark's text of the failure, traceback and causes: a store's answer in it may echo a credential.
+        exception=scrubbed(exception) if exception is not None else None,
         error_class_on_exception=error_class,
         reason=stop_reason(reason, exception) if event == TERMINATED else None,
     )

@@ -276,3 +276,18 @@ def test_read_partitions_reads_every_row_once_in_fewer_tasks(spark: SparkSession
             q.awaitTermination(120)
     assert seen["grouped"][0] == 2 and seen["per file"][0] == 5
     assert seen["grouped"][1] == seen["per file"][1] and [i for i, _ in seen["grouped"][1]] == list(range(50))
+
+
+def test_storage_credentials_in_the_options_are_redacted_in_plans(spark: SparkSession, lake: Path) -> None:
+    """A review (session 20): Spark redacts options whose keys name a secret, token or password only, so a
+    plan (``explain()``, an analysis error) showed an Azure account key, a GCS service account key and the
+    AWS key id given as storage options of the deltars source and sink in clear."""
+    path = str(lake / "redacted")
+    write_deltalake(path, pa.table({"a": [1]}))
+    frame = (
+        spark.readStream.format(FORMAT_NAME).option("path", path)
+        .option("storage.azure_storage_account_key", "SEKRET-AZ").option("storage.aws_access_key_id", "AKIDSEKRET")
+        .option("storage.google_service_account_key", "SEKRET-GCS").option("storage.aws_region", "eu-west-1").load()
+    )
+    plan = frame._jdf.queryExecution().toString()
+    assert "SEKRET" not in plan and "eu-west-1" in plan  # a setting that is no secret stays readable

@@ -767,3 +767,44 @@ def test_status_counts_consume_results_on_s3_from_the_log_and_reads_only_mixed_f
     (one,) = [a["path"] for a in actions if a["max.consumer_group"] == "G"]
     s3_server.client().delete_object(Bucket=bucket, Key=f"lake/consume_results/{one}")
     assert written() == {"G": 4, "H": 3, "a b": 1}
+
+
+_EXPIRED = (
+    "Generic S3 error: Error performing GET in 2ms\n  ↳ Server returned non-2xx status code: 400 Bad Request: "
+    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>ExpiredToken</Code><Message>The provided token has '
+    "expired.</Message><Token-0>SEKRET-TOKEN-from-env-123</Token-0><RequestId>R1</RequestId></Error>"
+)
+
+
+def test_a_credential_the_store_echoes_reaches_no_message_traceback_or_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review (session 20) made a proxy answer with S3's ExpiredToken body, which echoes the session token:
+    it reached the progress table's ``exception`` column and Spark's log, through a DeltaSourceError that
+    quoted delta-rs's text and a StorageError chained to it (the README: never in logs or tables). A token
+    from the environment was not redacted at all."""
+    from retry_engine.delta._log import TableLocation
+    from retry_engine.errors import DeltaSourceError, StorageError
+    from retry_engine.ops.monitor import TERMINATED, lifecycle_row
+
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "SEKRET-TOKEN-from-env-123")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "SEKRET-KEY-from-env-456")
+    assert storage.scrubbed(_EXPIRED + " and SEKRET-KEY-from-env-456") == (
+        "Generic S3 error: Error performing GET in 2ms\n  ↳ Server returned non-2xx status code: 400 Bad Request: "
+        "ExpiredToken: The provided token has expired. and ***"
+    )
+    with pytest.raises(StorageError) as caught, storage.reaching("s3://b/t"):
+        raise OSError(_EXPIRED)
+    assert "SEKRET" not in str(caught.value) and "SEKRET" not in str(caught.value.__cause__)
+    assert isinstance(caught.value.__cause__, OSError) and "ExpiredToken" in str(caught.value.__cause__)
+    assert caught.value.code == "ACCESS_DENIED"
+
+    class Unreadable(TableLocation):
+        @property
+        def table_uri(self) -> str:
+            raise OSError(_EXPIRED)
+
+    with pytest.raises(DeltaSourceError) as unreadable:
+        Unreadable("s3://b/t").open_table()
+    assert "SEKRET" not in str(unreadable.value) and unreadable.value.__suppress_context__
+    row = lifecycle_row(TERMINATED, query_id="q", run_id="r", event_time=dt.datetime.now(dt.UTC),
+                        recorded_at=dt.datetime.now(dt.UTC), exception=f"Traceback ...\nOSError: {_EXPIRED}")
+    assert "SEKRET" not in row["exception"] and "ExpiredToken: The provided token has expired." in row["exception"]
