@@ -234,3 +234,15 @@ def test_run_once_whose_query_failed_silences_nothing(
         main(["run", "--once", "--config", str(conf)])
     assert stops == [{"finish_batch_s": 0.0, "reason": "stopped"}]
     assert quieted == []
+
+
+def test_the_lines_name_a_lake_on_object_storage_by_its_uri() -> None:
+    """A review (session 20): an S3 lake was named as a folder of the working directory
+    (``tables under /tmp/p1/s3:/bucket-p1/lake``)."""
+    from retry_engine.config import parse_config
+    from retry_engine.ops.cli import _failed_line, _stopped_line
+
+    config = parse_config({"engine": {"lake": "s3://bucket-p1/lake", "checkpoint": "/tmp/ck"},
+                           "storage": {"aws_region": "eu-west-1"}})
+    assert _stopped_line(signal.SIGTERM, config).endswith("; tables under s3://bucket-p1/lake")
+    assert _failed_line("the engine stopped", "x", config).endswith("; tables under s3://bucket-p1/lake")
