@@ -47,7 +47,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -1351,7 +1351,13 @@ class Consumer:
         return os.path.join(self.config.engine.lake, "_checkpoints", f"consumer-{digest}")
 
     def _read(
-        self, path: str, *, expires_by: str, position: bool, starts: Mapping[str, int] | None = None
+        self,
+        path: str,
+        *,
+        expires_by: str,
+        position: bool,
+        starts: Mapping[str, int] | None = None,
+        partitions: Mapping[str, Sequence[str]] | None = None,
     ) -> DataFrame:
         reader = (
             self.spark.readStream.format(FORMAT_NAME)
@@ -1359,6 +1365,11 @@ class Consumer:
             .options(**storage.spark_options(path))
             .option("readPartitions", read_parallelism(self.spark))
         )
+        if partitions:
+            # Only the files of the partitions this subscription reads (its topics; its group's retries):
+            # a consumer of one of 1,000 groups read every group's retries to deliver its own. The rows
+            # are still filtered (_topic_filter); the offsets are those of every file.
+            reader = reader.option("partitionFilter", json.dumps({k: sorted(v) for k, v in partitions.items()}))
         if self.max_files_per_trigger is not None:
             reader = reader.option("maxFilesPerTrigger", str(self.max_files_per_trigger))
         # `[maintenance] messages_retention` / `retry_retention` remove old messages' files (RocketMQ's
@@ -1415,14 +1426,16 @@ class Consumer:
         for topic in self._subscriptions:
             wanted = wanted | self._topic_filter(topic)
         delivered = self._read(
-            messages_path, expires_by=EXPIRING_TABLES[MESSAGES.name], position=position, starts=starts
+            messages_path, expires_by=EXPIRING_TABLES[MESSAGES.name], position=position, starts=starts,
+            partitions={"topic": list(self._subscriptions)},
         ).filter(wanted)
         extra = [F.col(POSITION), F.col("topic").alias(QUEUE_SET)] if position else []
         delivered = delivered.select(*MESSAGE_NAMES, *extra)
         if self.reads_retry:
             retry = retry_topic(self.group)
             retries = self._read(
-                sources[retry], expires_by=EXPIRING_TABLES[RETRY.name], position=position, starts=starts
+                sources[retry], expires_by=EXPIRING_TABLES[RETRY.name], position=position, starts=starts,
+                partitions={"consumer_group": [self.group]},
             ).filter(self._topic_filter(retry))
             # Every row of the retry table is in %RETRY%G's queues, whatever its topic column says.
             extra = [F.col(POSITION), F.lit(retry).alias(QUEUE_SET)] if position else []

@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import heapq
+import json
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -134,6 +135,10 @@ class SourceOptions:
     prune: FilePrune | None = None
     """``pruneColumn`` and ``pruneBefore`` (a batch read): skip the files whose statistics put every
     value of that time column before that time. Rows are not filtered: a file read keeps its older rows."""
+    partition_filter: Mapping[str, frozenset[str]] | None = None
+    """``partitionFilter`` (JSON, column -> the values wanted): skip the files of other values of a
+    partition column (a file of a table not partitioned by it is read). Only whole files: a caller
+    still filters the rows; the offsets are those of every file."""
     # ``storage.<key>`` options (not in repr: they may hold credentials); None: the registered ones.
     storage_options: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
 
@@ -197,7 +202,18 @@ class SourceOptions:
             read_partitions=parse_positive_int(opts, "readPartitions"),
             wake_on_start=parse_bool(opts, "wakeOnStart"),
             prune=prune,
+            partition_filter=_parse_partition_filter(opts),
         )
+
+    def kept(self, entries: Sequence[FileEntry]) -> list[FileEntry]:
+        """``entries`` without the files :attr:`partition_filter` leaves out."""
+        wanted = self.partition_filter
+        if not wanted:
+            return list(entries)
+        return [
+            e for e in entries
+            if all(column not in e.partition_values or e.partition_values[column] in values for column, values in wanted.items())
+        ]
 
     @property
     def starting_timestamp_ms(self) -> int | None:
@@ -237,6 +253,29 @@ def _parse_expiry_column(opts: Mapping[str, str]) -> str | None:
             code="INVALID_OPTION",
         )
     return column
+
+
+def _parse_partition_filter(opts: Mapping[str, str]) -> dict[str, frozenset[str]] | None:
+    """``partitionFilter``: a JSON object of partition column -> list of values (text), or
+    :class:`ConfigError` ``INVALID_OPTION``."""
+    raw = opts.get("partitionfilter", "").strip()
+    if not raw:
+        return None
+    try:
+        parsed = json.loads(raw)
+    except (ValueError, RecursionError):
+        parsed = None
+    if (
+        not isinstance(parsed, dict)
+        or not parsed
+        or not all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in parsed.values())
+    ):
+        raise ConfigError(
+            f"option partitionFilter={raw[:200]!r} must be a JSON object of partition column -> list of values, "
+            'e.g. {"consumer_group": ["G"]}',
+            code="INVALID_OPTION",
+        )
+    return {str(column): frozenset(values) for column, values in parsed.items()}
 
 
 def _parse_prune(opts: Mapping[str, str]) -> FilePrune | None:
@@ -536,7 +575,9 @@ class DeltaStreamReader(_FileReading, DataSourceStreamReader, SupportsTriggerAva
         begin = replay_start(Offset.from_json(start), finish)
         self._check_reservoir(finish)
         self._check_within_table(finish, begin)
-        files = files_between(self.delta_log, begin, finish, rules=self.options.rules, on_commit=self._on_commit)
+        files = self.options.kept(
+            files_between(self.delta_log, begin, finish, rules=self.options.rules, on_commit=self._on_commit)
+        )
         log.debug("%s: batch %s -> %s has %d files", self.options.path, start, end, len(files))
         return plan_partitions(files, self.options.path, self.options.read_partitions)
 
@@ -625,4 +666,4 @@ class DeltaBatchReader(_FileReading, DataSourceReader):
         if after is not None:
             added = delta_log.added_after(after, version)
             entries = [e for e in entries if relative_data_path(e.path, delta_log.uri) in added]
-        return plan_partitions(entries, self.options.path, self.options.read_partitions)
+        return plan_partitions(self.options.kept(entries), self.options.path, self.options.read_partitions)

@@ -291,3 +291,31 @@ def test_storage_credentials_in_the_options_are_redacted_in_plans(spark: SparkSe
     )
     plan = frame._jdf.queryExecution().toString()
     assert "SEKRET" not in plan and "eu-west-1" in plan  # a setting that is no secret stays readable
+
+
+def test_a_partition_filter_reads_only_the_files_of_the_wanted_values(spark: SparkSession, lake: Path) -> None:
+    """A consumer of one of 1,000 groups read every group's retries to deliver its own (a review, session 20):
+    ``partitionFilter`` plans only the files of the wanted partition values, in a snapshot and in later
+    commits, and a restart goes on after what the stream passed (nothing read twice)."""
+    src, ck = lake / "parts", lake / "ck-parts"
+    make_table(src, versions=2, partition_by=["day"])
+    seen: list[int] = []
+
+    def start() -> StreamingQuery:
+        return (
+            stream(spark, src, partitionFilter='{"day": ["2024-01-02"]}')
+            .writeStream.foreachBatch(lambda df, _: seen.extend(r["id"] for r in df.collect()))
+            .option("checkpointLocation", str(ck))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    with running(start()) as q:
+        q.awaitTermination(120)
+    write_deltalake(str(src), rows(20, 10), mode="append", partition_by=["day"])
+    with running(start()) as q:
+        q.awaitTermination(120)
+        assert sum(input_rows(q)) == 5  # the new commit's rows of that day only
+    assert sorted(seen) == [i for i in range(30) if i % 2 == 1]
+    with pytest.raises(Exception, match="INVALID_OPTION.*partitionFilter"):
+        stream(spark, src, partitionFilter='["day"]').writeStream.format("noop").start().awaitTermination(30)

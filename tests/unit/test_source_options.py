@@ -107,6 +107,13 @@ def test_hostile_source_keys_are_rejected_at_load_naming_the_key(section: dict[s
         ({"pruneColumn": "at", "pruneBefore": "1767225600000"}, r"pruneBefore='1767225600000' is not a date"),
         ({"pruneColumn": "at", "pruneBefore": "0001-01-01T00:00:00+14:00"}, r"pruneBefore=.* is out of range"),
         ({"pruneColumn": "at", "pruneBefore": "9999-12-31T23:59:59-14:00"}, r"pruneBefore=.* is out of range"),
+        ({"partitionFilter": "consumer_group=G"}, r"partitionFilter='consumer_group=G' must be a JSON object"),
+        ({"partitionFilter": '["G"]'}, r"partitionFilter=.* must be a JSON object"),
+        ({"partitionFilter": "{}"}, r"partitionFilter='{}' must be a JSON object"),
+        ({"partitionFilter": '{"g": "G"}'}, r"partitionFilter=.* must be a JSON object"),
+        ({"partitionFilter": '{"g": [1]}'}, r"partitionFilter=.* must be a JSON object"),
+        ({"partitionFilter": '{"g": [null]}'}, r"partitionFilter=.* must be a JSON object"),
+        ({"partitionFilter": "[" * 100_000}, r"partitionFilter=.* must be a JSON object"),
     ],
 )
 def test_hostile_reader_options_fail_naming_the_option(options: dict[str, str], message: str) -> None:
