@@ -1146,8 +1146,33 @@ def _num(value: float | int | None, unit: str = "") -> str:
     return f"{value:,}{unit}"
 
 
+# The text output's tables show at most this many rows, those of the largest figures (a lake of 1,000
+# groups printed 2,000 lines); `status --json` has every one.
+TEXT_TABLE_ROWS = 25
+# A cell longer than this (a group name of up to 255 characters widened every row) is cut.
+TEXT_CELL_WIDTH = 60
+
+
+def _largest(
+    headers: list[str], rows: list[list[str]], weights: list[float | int | None], what: str
+) -> list[str]:
+    """:func:`_table` of ``rows``, or of the :data:`TEXT_TABLE_ROWS` of the largest ``weights`` (in their
+    order) and a line saying how many more there are."""
+    if len(rows) <= TEXT_TABLE_ROWS:
+        return _table(headers, rows)
+    ranked = sorted(range(len(rows)), key=lambda i: -(weights[i] or 0))[:TEXT_TABLE_ROWS]
+    more = len(rows) - TEXT_TABLE_ROWS
+    return [*_table(headers, [rows[i] for i in sorted(ranked)]),
+            f"  ... and {more:,} more {what} (the {TEXT_TABLE_ROWS} largest shown; status --json has every one)"]
+
+
+def _cell(text: str) -> str:
+    text = printable(text)
+    return text if len(text) <= TEXT_CELL_WIDTH else text[: TEXT_CELL_WIDTH - 3] + "..."
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    rows = [[printable(c) for c in r] for r in rows]
+    rows = [[_cell(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     out = ["  " + line.rstrip()]
@@ -1185,19 +1210,21 @@ def format_status(status: Status) -> str:
     pending = sum(e.pending for e in status.backlog)
     lines.append(f"backlog     {pending:,} retries pending in the schedule stage")
     if status.backlog:
-        lines += _table(
+        lines += _largest(
             ["group", "level", "pending", "oldest due"],
             [
                 [e.consumer_group, _num(e.delay_level), _num(e.pending), _iso(e.oldest_due_at)]
                 for e in status.backlog
             ],
+            [e.pending for e in status.backlog],
+            "groups and levels",
         )
     overdue = f" (overdue by {status.overdue_ms:,} ms)" if status.overdue_ms is not None else ""
     lines.append(f"oldest due  {_iso(status.oldest_due_at)}{overdue}")
     lines.append("")
     lines.append("lateness    delivered_at - due_at of retries released in the last 24 h")
     if status.lateness:
-        lines += _table(
+        lines += _largest(
             ["group", "deliveries", "p50 ms", "p99 ms", "max ms"],
             [
                 [
@@ -1209,6 +1236,8 @@ def format_status(status: Status) -> str:
                 ]
                 for e in status.lateness
             ],
+            [e.p99_ms for e in status.lateness],
+            "groups",
         )
     else:
         lines.append("  no retries released in the last 24 h")
@@ -1219,12 +1248,14 @@ def format_status(status: Status) -> str:
     ever = status.outcomes.get(DEAD_LETTER, 0)
     lines.append(f"dead letters {total:,} in the last 24 h, {ever:,} since the first batch")
     if status.dead_letters:
-        lines += _table(
+        lines += _largest(
             ["group", "reason", "error class", "count"],
             [
                 [shown_group(e.consumer_group), e.reason_code or "-", e.error_class or "-", _num(e.count)]
                 for e in status.dead_letters
             ],
+            [e.count for e in status.dead_letters],
+            "groups, reasons and error classes",
         )
     return "\n".join(lines) + "\n"
 
@@ -1259,16 +1290,8 @@ def _format_lag(entries: list[LagEntry]) -> list[str]:
     lines = [f"lag         {behind:,} consume results not decided yet; retries due vs released"]
     if not entries:
         return [*lines, "  no consume results yet"]
-    return lines + _table(
-        [
-            "group",
-            "results written",
-            "decided",
-            "behind",
-            "retries due",
-            "released",
-            "due, not released",
-        ],
+    return lines + _largest(
+        ["group", "results written", "decided", "behind", "retries due", "released", "due, not released"],
         [
             [
                 shown_group(e.consumer_group),
@@ -1281,6 +1304,8 @@ def _format_lag(entries: list[LagEntry]) -> list[str]:
             ]
             for e in entries
         ],
+        [e.results_behind + e.retries_overdue for e in entries],
+        "groups",
     )
 
 

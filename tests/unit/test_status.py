@@ -1227,3 +1227,24 @@ def test_lateness_leaves_out_retries_without_a_due_time_and_json_has_no_nan(tmp_
     ]
     printed = json.loads(json.dumps(status_json(shown), allow_nan=False))  # as `status --json`, strictly
     assert printed["last_batch"]["processed_rows_per_second"] is None
+
+
+def test_the_text_output_shows_the_largest_rows_of_a_lake_of_many_groups() -> None:
+    """A review (session 20): with 1,000 groups `status` printed 2,018 lines, and a 255-character group widened
+    every row of its tables past 255 columns. Each table shows the 25 rows of the largest figures and says how
+    many more there are; a long cell is cut; --json keeps every group."""
+    from retry_engine.ops.status import TEXT_TABLE_ROWS
+
+    groups = [f"g{i:04d}" for i in range(1000)]
+    many = dataclasses.replace(
+        sample_status(),
+        backlog=[BacklogEntry(g, 3, i, T) for i, g in enumerate(groups)],
+        dead_letters=[DeadLetterEntry(g, "MAX_RECONSUME_TIMES", "E", i) for i, g in enumerate(groups)],
+        lag=[LagEntry(g, i, i, 0, 0, 0, 0) for i, g in enumerate(groups)] + [LagEntry("x" * 255, 5, 0, 5000, 0, 0, 0)],
+    )
+    shown = format_status(many)
+    assert len(shown.splitlines()) < 120
+    assert shown.count("  ... and 975 more ") == 2 and "... and 976 more groups" in shown
+    assert "  g0999  3      999  " in shown and "  g0974  " not in shown.split("lag ")[0]  # the largest backlog
+    assert max(len(line) for line in shown.splitlines()) < 200 and "x" * 57 + "..." in shown
+    assert len(status_json(many)["backlog"]) == 1000 and TEXT_TABLE_ROWS == 25
