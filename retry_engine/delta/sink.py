@@ -180,7 +180,9 @@ def commit_files(
                          location.uri, app_id, txn_version, exc)
                 keep(handle)
                 if replayed:
-                    abort_files(location, messages)  # what its commit does not reference
+                    # Nothing once the table records the transaction: its commit may be this one, whose
+                    # files a compaction may have replaced since (a stream of that version needs them).
+                    abort_files(location, messages, transaction=(app_id, txn_version))
                 return False
             if mode != "overwrite":
                 raise failed from exc

@@ -252,7 +252,8 @@ EARLIER_INTERVAL = "10"
 # delta-rs reports a store it cannot reach as a bare OSError whose text is a chain of causes,
 # one per line, each behind a coloured "↳", an S3 error body as XML among them.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_S3_ERROR = re.compile(r"(?:<\?xml[^>]*>\s*)?<Error>.*?</Error>", re.DOTALL)
+# The body between the tags holds no other <Error> tag: a text of many unclosed ones is no slow match.
+_S3_ERROR = re.compile(r"(?:<\?xml[^>]*>\s*)?<Error>(?:(?!</?Error>).)*</Error>", re.DOTALL)
 _S3_PART = re.compile(r"<(Code|Message)>([^<]*)</\1>")
 # Secret values shorter than this are not searched for in messages (they would blank ordinary words).
 _SHORTEST_SECRET = 4
@@ -311,17 +312,21 @@ def log_failure(logger: logging.Logger, message: str, exc: BaseException) -> Non
         logger.error("%s", message, exc_info=exc)
 
 
-# Environment variables holding object-store credentials (read by delta-rs when no option gives them).
-_SECRET_ENV = re.compile(r"^(AWS|AZURE|GOOGLE)_\w*(SECRET|TOKEN|KEY|PASSWORD|SAS|CREDENTIAL)", re.IGNORECASE)
+# What :func:`scrubbed` replaces in any text: the values of credentials proper, among the storage options
+# and the environment's object-store settings (read by delta-rs when no option gives them). Not a key id,
+# a flag such as ``aws_skip_signature``, or a short value: replacing "test" or "true" everywhere blanked
+# ordinary words and bucket names.
+_CREDENTIAL = re.compile(r"secret|token|password|passwd|sas|credential|account_key|private_key", re.IGNORECASE)
+_CREDENTIAL_ENV = re.compile(r"^(AWS|AZURE|GOOGLE)_\w*(SECRET|TOKEN|PASSWORD|SAS|CREDENTIAL|ACCOUNT_KEY|PRIVATE_KEY)")
+_SHORTEST_CREDENTIAL = 8
 
 
 def _secret_values() -> set[str]:
-    """Every credential this process knows: the registered storage options' secret values and the
-    environment's object-store credentials."""
+    """Every credential this process knows: the registered storage options' and the environment's."""
     with _REGISTRY_LOCK:
-        values = {v for options in _REGISTRY.values() for k, v in options.items() if _SECRET.search(k)}
-    values |= {v for k, v in os.environ.items() if _SECRET_ENV.match(k)}
-    return {v for v in values if len(v) >= _SHORTEST_SECRET}
+        values = {v for options in _REGISTRY.values() for k, v in options.items() if _CREDENTIAL.search(k)}
+    values |= {v for k, v in os.environ.items() if _CREDENTIAL_ENV.match(k.upper())}
+    return {v for v in values if len(v) >= _SHORTEST_CREDENTIAL}
 
 
 def scrubbed(text: str) -> str:
