@@ -582,7 +582,10 @@ def summary(
         assert isinstance(listing, SparkFrame)  # narrowed: spark was given
         return (
             # The UTC date whatever the session's time zone (to_date takes the session's).
-            listing.withColumn("day", F.date_from_unix_date(F.floor(F.unix_micros("dead_lettered_at") / _DAY_US).cast("int")))
+            # In whole numbers (a division in doubles put the last microseconds of a day after 2255 on the next).
+            listing.withColumn("day", F.expr(
+                f"date_from_unix_date(CAST((unix_micros(dead_lettered_at) - pmod(unix_micros(dead_lettered_at), "
+                f"{_DAY_US})) div {_DAY_US} AS INT))"))
             .groupBy(*keys)
             .agg(
                 F.count("*").alias("dead_letters"),
@@ -658,6 +661,18 @@ def origin_of(config: EngineConfig, msg_id: str) -> str:
         if origins:
             return str(origins[0])
     return msg_id
+
+
+def deliveries_of(config: EngineConfig, msg_id: str) -> list[tuple[str, str | None]]:
+    """(origin id, group) of each delivery the id ``msg_id`` names (a retry, a decided or consumed
+    message): a dead letter of that origin *and group* is the one such an id leads to."""
+    found: set[tuple[str, str | None]] = set()
+    for table in ("retry", "outcomes", "consume_results"):
+        rows = _read_where(config, table, pc.field("msg_id") == msg_id, ["origin_msg_id", "consumer_group"])
+        for origin, group in zip(rows.column("origin_msg_id").to_pylist(), rows.column("consumer_group").to_pylist(), strict=True):
+            if origin:
+                found.add((str(origin), None if group is None else str(group)))
+    return sorted(found, key=lambda pair: (pair[0], pair[1] or ""))
 
 
 def history(config: EngineConfig, msg_id: str) -> pd.DataFrame:

@@ -33,7 +33,9 @@ from retry_engine.config import EngineConfig, GroupConfig, error_class_name
 from retry_engine.core.delays import BackoffPolicy, next_level, schedule_queue_id
 from retry_engine.core.names import (
     DLQ_GROUP_TOPIC_PREFIX,
+    FIRST_MS,
     GROUP_MAX_LENGTH,
+    LAST_MS,
     PROP_REDRIVE_COUNT,
     RETRY_GROUP_TOPIC_PREFIX,
     TOPIC_MAX_LENGTH,
@@ -166,35 +168,62 @@ def _normalise(batch: pa.RecordBatch) -> tuple[dict[str, pa.Array], Problems]:
 
 def cast_column(array: pa.Array, to: pa.DataType) -> tuple[pa.Array, list[int]]:
     """``array`` as type ``to``, as the engine reads a consume_results column: cast whole, else value by
-    value. A value with no such form becomes null; returns the cast array and those values' rows."""
+    value. A value with no such form becomes null; returns the cast array and those values' rows. Text
+    read as a time: without a zone it is UTC, and a time outside years 1-9999 is no time (Python, pandas
+    and the readers' output cannot hold it)."""
     if array.type == to:
         return array, []
     casts = [to]
-    if pa.types.is_timestamp(to) and to.tz is not None and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+    text_times = pa.types.is_timestamp(to) and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type))
+    if text_times and to.tz is not None:
         # Text without a zone is UTC (as a zoneless time column is): Arrow parses zoned text only into a
         # zoned time and zoneless text only into a zoneless one, whose values are UTC's.
         casts.append(pa.timestamp(to.unit))
+    cast: pa.Array | None = None
+    wrong: list[int] = []
     for kind in casts:
         try:
-            return array.cast(kind, safe=True).cast(to), []
+            cast = array.cast(kind, safe=True).cast(to)
+            break
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             pass
-    values: list[Any] = []
-    wrong: list[int] = []
-    for i, value in enumerate(array.to_pylist()):
-        if value is None:  # null fits every type, even one Arrow has no cast to
-            values.append(None)
-            continue
-        for kind in casts:
-            try:
-                values.append(pa.array([value], type=array.type).cast(kind, safe=True).cast(to)[0].as_py())
-                break
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                pass
-        else:
-            values.append(None)
-            wrong.append(i)
-    return pa.array(values, type=to), wrong
+    if cast is None:
+        pieces: list[pa.Array] = []
+        for i in range(len(array)):
+            one = array.slice(i, 1)
+            if one.null_count:  # null fits every type, even one Arrow has no cast to
+                pieces.append(pa.nulls(1, to))
+                continue
+            for kind in casts:
+                try:
+                    pieces.append(one.cast(kind, safe=True).cast(to))
+                    break
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                    pass
+            else:
+                pieces.append(pa.nulls(1, to))
+                wrong.append(i)
+        cast = pa.concat_arrays(pieces) if pieces else pa.array([], to)
+    if text_times and len(cast):
+        outside = pc.fill_null(_outside_calendar(cast), False)
+        if pc.any(outside).as_py():
+            wrong = sorted({*wrong, *pc.indices_nonzero(outside).to_pylist()})
+            cast = pc.if_else(outside, pa.nulls(len(cast), to), cast)
+    return cast, wrong
+
+
+def _outside_calendar(times: pa.Array) -> pa.Array:
+    """Whether each time is before year 1 or after year 9999."""
+    if times.type.unit == "ns":  # nanoseconds of an int64 span 1677-2262 only
+        return pa.array([False] * len(times))
+    # Bounds in the array's unit: the first instant of year 1 and the last of year 9999.
+    if times.type.unit == "s":
+        first, last = FIRST_MS // 1000, (LAST_MS + 1) // 1000 - 1
+    else:
+        per_ms = 1 if times.type.unit == "ms" else 1000
+        first, last = FIRST_MS * per_ms, (LAST_MS + 1) * per_ms - 1
+    counts = pc.cast(times, pa.int64())
+    return pc.or_(pc.less(counts, first), pc.greater(counts, last))
 
 
 def drifted_columns(found: pa.Schema, expected: pa.Schema, columns: Sequence[str]) -> list[str]:
@@ -348,11 +377,14 @@ def _validate(cols: dict[str, pa.Array], problems: Problems, config: EngineConfi
     # no name (they would be carried on, as RocketMQ reads the property as it is).
     original = cols["retry_topic"]
     given = pc.invert(pc.or_kleene(pc.is_null(original), pc.equal(original, "")))
+    # A consumer that left it empty on a delivery of %RETRY%G had that topic carried as the original one.
+    original_retried = pc.fill_null(pc.starts_with(original, RETRY_GROUP_TOPIC_PREFIX), False)
     _flag(
         problems,
-        bad_name(original, TOPIC_MAX_LENGTH + len("%RETRY%"), given),
+        bad_name(original, pc.if_else(original_retried, retry_limit, TOPIC_MAX_LENGTH + len("%RETRY%")), given),
         "INVALID_TOPIC_NAME",
-        lambda i: f"retry_topic {_short(original[i].as_py())!r} must match [{VALID_CHARACTERS}]{{1,{TOPIC_MAX_LENGTH}}}",
+        lambda i: f"retry_topic {_short(original[i].as_py())!r} must match [{VALID_CHARACTERS}]"
+        f"{{1,{retry_limit if original_retried[i].as_py() else TOPIC_MAX_LENGTH}}}",
     )
     _flag(
         problems,

@@ -45,9 +45,7 @@ EXIT_INTERRUPTED = EXIT_STOPPED_BY_SIGINT
 def _shown_lake(lake: str) -> str:
     """The lake as the lines name it: a local folder absolute, a URI (``s3://...``) as it is (it was
     printed as a folder of the working directory, ``/home/me/s3:/bucket/lake``)."""
-    from retry_engine.delta.storage import is_remote
-
-    return lake if is_remote(lake) else os.path.abspath(lake)
+    return lake if "://" in lake or lake.startswith("file:") else os.path.abspath(lake)
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retry-engine", description=__doc__)

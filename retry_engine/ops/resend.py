@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from retry_engine.clients.dlq import Selection, origin_of, read_dlq
+from retry_engine.clients.dlq import Selection, deliveries_of, read_dlq
 from retry_engine.clients.rebalance import (
     DEFAULT_HEARTBEAT_EXPIRY_SECONDS,
     Heartbeat,
@@ -107,8 +107,12 @@ def find_dead_letter(config: EngineConfig, msg_id: str) -> pa.Table:
     """The one dead letter ``msg_id`` names: its msg_id, its origin id, or (as ``dlq show`` takes) the id
     of any retry or copy of its origin message; :class:`SelectionError` otherwise."""
     found = read_dlq(config, Selection(ids=(msg_id,)))
-    if found.num_rows == 0 and (origin := origin_of(config, msg_id)) != msg_id:
-        found = read_dlq(config, Selection(ids=(origin,)))
+    if found.num_rows == 0:
+        # A retry's id: the dead letter of its origin in its group (another group's dead letter of the
+        # same origin is not the one the operator named).
+        parts = [read_dlq(config, Selection(ids=(origin,), group=group))
+                 for origin, group in deliveries_of(config, msg_id) if origin != msg_id and group is not None]
+        found = pa.concat_tables(parts) if parts else found
     if found.num_rows == 0:
         raise SelectionError(
             f"no dead letter of message {msg_id!r} (by its msg_id, its origin id or a retry's id)",

@@ -26,6 +26,7 @@ from retry_engine.core.decide import (
     POSITION,
     UNDATED_BUCKET,
     Decider,
+    cast_column,
     check_input_schema,
     decide,
     new_msg_id,
@@ -440,6 +441,9 @@ def test_r3_a_retry_of_a_group_with_a_long_name_is_retried_again() -> None:
     """R3, R6: a group of 128-255 characters (a valid group) had one retry; its retry's failure, consumed
     from %RETRY%G, was quarantined for a topic over 134 characters: no second retry and no dead letter."""
     group = "g" * 255
+    carried, = run([Result.of().failed().with_(consumer_group=group, topic=f"%RETRY%{group}", retry_topic=f"%RETRY%{group}",
+                                               reconsume_times=2)])
+    assert (carried["outcome"], carried["reconsume_times"]) == ("retry", 3)  # its original topic carried as it was
     retried, too_long, plain = run([
         Result.of().failed().with_(consumer_group=group, topic=f"%RETRY%{group}", reconsume_times=1),
         Result.of().failed().with_(consumer_group=group, topic=f"%RETRY%{group}x", reconsume_times=1),
@@ -714,6 +718,21 @@ def test_a_store_time_written_as_text_without_a_zone_is_utc() -> None:
         rows = decide(with_clock(table), Decider(parse_config({}))).to_pylist()
         assert [(r["outcome"], r["reason_code"]) for r in rows] == [("retry", None), ("retry", None), ("quarantined", "WRONG_TYPE")]
         assert rows[0]["bucket"] == rows[1]["bucket"] == bucket_of(base)
+
+
+@pytest.mark.parametrize(
+    "texts",
+    [["0000-01-01 00:00:00"], ["0000-01-01 00:00:00", "2026-11-22T11:59:56Z", "soon"], ["10000-01-01 00:00:00", None]],
+)
+def test_text_that_reads_as_a_time_outside_years_1_to_9999_is_no_time_alone_or_mixed(texts: list[str | None]) -> None:
+    """A review of the zoneless-text fix: year 0 without a zone cast whole (Arrow holds it) and then
+    crashed `dlq list` (Python cannot), and mixed with other values the per-value cast raised OverflowError.
+    Such a value is now null and named, whichever way the column is cast."""
+    cast, wrong = cast_column(pa.array(texts, pa.string()), pa.timestamp("us", "UTC"))
+    assert all(cast[i].as_py() is None for i in wrong) and cast.to_pylist() is not None
+    assert wrong == [i for i, t in enumerate(texts) if t is not None and not t.startswith("2026")]
+    assert [v for v in cast.to_pylist() if v is not None] == (
+        [dt.datetime(2026, 11, 22, 11, 59, 56, tzinfo=dt.UTC)] if len(texts) == 3 else [])
 
 
 def test_bad_input_a_time_outside_python_in_the_attempts_of_a_single_row() -> None:

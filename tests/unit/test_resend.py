@@ -117,6 +117,12 @@ def test_a_dead_letter_is_named_by_any_id_dlq_show_takes(lake: Lake) -> None:
     assert report.dlq_msg_id == "D1" and report.redrive.dry_run
     with pytest.raises(SelectionError, match="MESSAGE_NOT_FOUND.*'R9'"):
         resend(lake.config, "R9", consumer_id="host@1")
+    # A retry of another group's delivery of the same origin leads to no dead letter of billing's (the
+    # first version resent billing's D1 for it; the review of this fix).
+    other = {**retry, "msg_id": "S1-retry", "consumer_group": "shipping", "topic": "%RETRY%shipping"}
+    write_deltalake(lake.path("retry"), pa.Table.from_pylist([other], schema=RETRY.arrow_schema), mode="append")
+    with pytest.raises(SelectionError, match="MESSAGE_NOT_FOUND.*'S1-retry'"):
+        resend(lake.config, "S1-retry", consumer_id="host@1")
 
 
 def test_dry_run_changes_nothing(lake: Lake) -> None:

@@ -246,3 +246,5 @@ def test_the_lines_name_a_lake_on_object_storage_by_its_uri() -> None:
                            "storage": {"aws_region": "eu-west-1"}})
     assert _stopped_line(signal.SIGTERM, config).endswith("; tables under s3://bucket-p1/lake")
     assert _failed_line("the engine stopped", "x", config).endswith("; tables under s3://bucket-p1/lake")
+    local = parse_config({"engine": {"lake": "file:///srv/lake"}})
+    assert _stopped_line(signal.SIGTERM, local).endswith("; tables under file:///srv/lake")
