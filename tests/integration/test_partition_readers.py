@@ -33,7 +33,10 @@ from tests.lakehouse import Lake, wait_for
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "main_layout"
 OLD_GROUPS = {"order_group", "%RETRY%pay|eu"}
-NEW_GROUPS = {"order_group", "%RETRY%pay|eu", "pay-EU_2"}
+# New results: a group named like a retry topic is quarantined since 2026-11-30 (INVALID_GROUP_NAME), so
+# the escapes of % and | are taken by another name; the old rows of "%RETRY%pay|eu" stay and move.
+NEW_GROUPS = {"order_group", "pay%|eu", "pay-EU_2"}
+ALL_GROUPS = OLD_GROUPS | NEW_GROUPS
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +84,8 @@ def test_the_engine_moved_main_tables_and_writes_hive_folders(engine_lake: Lake)
     for name in ("retry", "dlq"):
         table = DeltaTable(engine_lake.path(name))
         live = {Path(uri).parent.name for uri in table.file_uris()}
-        assert live == {"consumer_group=order_group", "consumer_group=%25RETRY%25pay|eu", "consumer_group=pay-EU_2"}
+        assert live == {"consumer_group=order_group", "consumer_group=%25RETRY%25pay|eu", "consumer_group=pay%25|eu",
+                        "consumer_group=pay-EU_2"}
         ids = [r["msg_id"] for r in engine_lake.rows(name)]
         origin = [r["origin_msg_id"] for r in engine_lake.rows(name)]
         assert len(ids) == len(set(ids)) == 2 + len(NEW_GROUPS)
@@ -117,9 +121,9 @@ def test_every_reader_reads_the_same_rows_and_partition_values(spark: Any, engin
     for reader, read in readers.items():
         assert _canonical(read(), columns) == expected, f"{reader} reads {name} differently"
     if partition_columns == ["consumer_group"]:
-        assert {r["consumer_group"] for r in arrow.to_pylist()} == NEW_GROUPS
+        assert {r["consumer_group"] for r in arrow.to_pylist()} == ALL_GROUPS
         discovered = ds.dataset(path, format="parquet", partitioning="hive").to_table().column("consumer_group")
-        assert set(discovered.to_pylist()) == NEW_GROUPS
+        assert set(discovered.to_pylist()) == ALL_GROUPS
 
 
 def test_a_stream_of_a_moved_table_sees_each_row_once(spark: Any, tmp_path: Path) -> None:
