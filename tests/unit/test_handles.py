@@ -239,3 +239,25 @@ def test_a_kept_handle_lists_the_log_only_when_another_commit_is_there(
     keep(again)
     assert append_arrow(path, pa.table({"w": ["b"]}))
     assert _rows(path) == ["a", "b", "other"] and _versions(tmp_path / "t") == [0, 1, 2, 3]
+
+
+def test_on_object_storage_the_next_commit_lookup_keeps_the_handle(
+    s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lookup of the next commit file goes through delta-rs's object store: a missing file is "none
+    there" (the handle is kept and not updated), another writer's commit is seen, as on a local disk."""
+    bucket = s3_server.new_bucket()
+    lake = f"s3://{bucket}/lake"
+    parse_config({"engine": {"lake": lake}, "storage": s3_server.storage_options()})
+    path = f"{lake}/outcomes"
+    append_arrow(path, pa.table({"w": ["a"]}))
+    kept = open_latest(storage.location(path))
+    keep(kept)
+    with caplog.at_level("INFO", logger=_handles.__name__):
+        again = open_latest(storage.location(path))
+        assert again.table is kept.table and again.version == 1
+        keep(again)
+        write_deltalake(path, pa.table({"w": ["other"]}), mode="append", storage_options=storage.options_for(path))
+        later = open_latest(storage.location(path))
+        assert later.table is kept.table and later.version == 2
+    assert "not usable" not in caplog.text and "afresh" not in caplog.text
