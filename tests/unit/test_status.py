@@ -1248,3 +1248,29 @@ def test_the_text_output_shows_the_largest_rows_of_a_lake_of_many_groups() -> No
     assert "  g0999  3      999  " in shown and "  g0974  " not in shown.split("lag ")[0]  # the largest backlog
     assert max(len(line) for line in shown.splitlines()) < 200 and "x" * 57 + "..." in shown
     assert len(status_json(many)["backlog"]) == 1000 and TEXT_TABLE_ROWS == 25
+
+
+def test_the_plots_of_a_lake_of_many_groups_draw_the_largest_series(tmp_path: Path) -> None:
+    """A review (session 20): with 1,000 groups the legend covered the chart. The backlog draws its 10
+    largest series (and says so); the dead letters merge the groups past the 10 largest and the classes past
+    the 20 largest, every dead letter still counted."""
+    from retry_engine.ops.plots import (
+        MAX_SERIES,
+        OTHER_CLASSES,
+        OTHER_GROUPS,
+        BacklogSeries,
+        _largest_kept,
+        plot_backlog,
+        plot_dead_letters,
+    )
+
+    series = [BacklogSeries(f"g{i:04d}", 3, [T, T + ms(1000)], [i, i + 1]) for i in range(100)]
+    assert plot_backlog(series, tmp_path / "b.png") == MAX_SERIES and (tmp_path / "b.png").exists()
+    by_class = {f"E{c}": {f"g{g:04d}": 1 + (g % 7) for g in range(0, 1000, 1 + c)} for c in range(50)}
+    merged = _largest_kept(by_class)
+    assert len(merged) == 2 * MAX_SERIES + 1 and OTHER_CLASSES in merged
+    assert {g for per in merged.values() for g in per} - {OTHER_GROUPS} == set(sorted(
+        {g for per in by_class.values() for g in per},
+        key=lambda g: (-sum(per.get(g, 0) for per in by_class.values()), g))[:MAX_SERIES])
+    assert sum(n for per in merged.values() for n in per.values()) == sum(n for per in by_class.values() for n in per.values())
+    assert 0 < plot_dead_letters(by_class, tmp_path / "d.png") <= (2 * MAX_SERIES + 1) * (MAX_SERIES + 1)
