@@ -175,10 +175,12 @@ def cast_column(array: pa.Array, to: pa.DataType) -> tuple[pa.Array, list[int]]:
         return array, []
     casts = [to]
     text_times = pa.types.is_timestamp(to) and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type))
-    if text_times and to.tz is not None:
+    zoneless = _zoneless(to)
+    if zoneless != to and _has_strings(array.type):
         # Text without a zone is UTC (as a zoneless time column is): Arrow parses zoned text only into a
-        # zoned time and zoneless text only into a zoneless one, whose values are UTC's.
-        casts.append(pa.timestamp(to.unit))
+        # zoned time and zoneless text only into a zoneless one, whose values are UTC's. Also inside a
+        # list of structs (an attempt's consumed_at).
+        casts.append(zoneless)
     cast: pa.Array | None = None
     wrong: list[int] = []
     for kind in casts:
@@ -190,7 +192,8 @@ def cast_column(array: pa.Array, to: pa.DataType) -> tuple[pa.Array, list[int]]:
     if cast is None:
         pieces: list[pa.Array] = []
         for i in range(len(array)):
-            one = array.slice(i, 1)
+            # A copy of the one value: a slice of a list keeps every row's child values, which a cast reads.
+            one = pa.concat_arrays([array.slice(i, 1)])
             if one.null_count:  # null fits every type, even one Arrow has no cast to
                 pieces.append(pa.nulls(1, to))
                 continue
@@ -210,6 +213,17 @@ def cast_column(array: pa.Array, to: pa.DataType) -> tuple[pa.Array, list[int]]:
             wrong = sorted({*wrong, *pc.indices_nonzero(outside).to_pylist()})
             cast = pc.if_else(outside, pa.nulls(len(cast), to), cast)
     return cast, wrong
+
+
+def _zoneless(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with every time with a zone (at any depth of lists and structs) made zoneless."""
+    if pa.types.is_timestamp(kind) and kind.tz is not None:
+        return pa.timestamp(kind.unit)
+    if pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_zoneless(kind.value_type)))
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_zoneless(f.type)) for f in kind])
+    return kind
 
 
 def _outside_calendar(times: pa.Array) -> pa.Array:

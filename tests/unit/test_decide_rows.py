@@ -720,6 +720,22 @@ def test_a_store_time_written_as_text_without_a_zone_is_utc() -> None:
         assert rows[0]["bucket"] == rows[1]["bucket"] == bucket_of(base)
 
 
+def test_an_attempts_time_written_as_text_is_read_as_a_top_level_one_and_a_bad_one_stays_its_rows() -> None:
+    """Nested times as text: without a zone UTC, as a top-level column's (it was WRONG_TYPE); a value that
+    is no time quarantines its own row only (a cast of one value must not read the other rows')."""
+    attempts = CONSUME_RESULTS.arrow_schema.field("attempts").type
+    loose = pa.list_(pa.struct([(f.name, pa.string() if f.name == "consumed_at" else f.type) for f in attempts.value_type]))
+    texts = ["2026-11-22T11:59:56Z", "2026-11-22 11:59:56", "soon"]
+    table = results_table([Result.of(f"A{i}").failed() for i in range(3)])
+    column = pa.array([[{"reconsume_times": 0, "consumer_group": "G", "consumed_at": t}] for t in texts], loose)
+    table = table.set_column(table.schema.get_field_index("attempts"), pa.field("attempts", loose), column)
+    rows = decide(with_clock(table), Decider(parse_config({}))).to_pylist()
+    assert [(r["outcome"], r["reason_code"]) for r in rows] == [("retry", None), ("retry", None), ("quarantined", "WRONG_TYPE")]
+    cast, wrong = cast_column(column, attempts)
+    assert wrong == [2] and cast[0].as_py()[0]["consumed_at"] == cast[1].as_py()[0]["consumed_at"] == dt.datetime(
+        2026, 11, 22, 11, 59, 56, tzinfo=dt.UTC)
+
+
 @pytest.mark.parametrize(
     "texts",
     [["0000-01-01 00:00:00"], ["0000-01-01 00:00:00", "2026-11-22T11:59:56Z", "soon"], ["10000-01-01 00:00:00", None]],
