@@ -388,6 +388,16 @@ class _FileReading:
         self.options = options
         self.schema = schema
         self.rows = row_schema(options) if options.packed_column else schema
+        # A partition value is compared as the log's text, which is one text only for a text column
+        # (a number or a time is written differently by different writers, and read back re-rendered).
+        types = {f.name: f.dataType for f in self.rows.fields}
+        for column in options.partition_filter or {}:
+            if column in types and not isinstance(types[column], StringType):
+                raise ConfigError(
+                    f"option partitionFilter names {column!r}, a {types[column].simpleString()} column: it filters "
+                    "text partition columns only; filter the rows instead",
+                    code="INVALID_OPTION",
+                )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         settle()

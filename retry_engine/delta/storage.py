@@ -316,8 +316,12 @@ def log_failure(logger: logging.Logger, message: str, exc: BaseException) -> Non
 # and the environment's object-store settings (read by delta-rs when no option gives them). Not a key id,
 # a flag such as ``aws_skip_signature``, or a short value: replacing "test" or "true" everywhere blanked
 # ordinary words and bucket names.
-_CREDENTIAL = re.compile(r"secret|token|password|passwd|sas|credential|account_key|private_key", re.IGNORECASE)
-_CREDENTIAL_ENV = re.compile(r"^(AWS|AZURE|GOOGLE)_\w*(SECRET|TOKEN|PASSWORD|SAS|CREDENTIAL|ACCOUNT_KEY|PRIVATE_KEY)")
+_CREDENTIAL = re.compile(
+    r"secret|token|password|passwd|sas|credential|account_key|private_key|access_key(?!_id)|master_key", re.IGNORECASE
+)
+_CREDENTIAL_ENV = re.compile(
+    r"^(AWS|AZURE|GOOGLE)_\w*(SECRET|TOKEN|PASSWORD|SAS|CREDENTIAL|ACCOUNT_KEY|PRIVATE_KEY|ACCESS_KEY(?!_ID)|MASTER_KEY)"
+)
 _SHORTEST_CREDENTIAL = 8
 
 

@@ -771,7 +771,7 @@ def lateness(retry: pa.Table) -> list[LatenessEntry]:
         return []
     values = lateness_ms(retry).to_numpy(zero_copy_only=False)
     groups = np.array(retry["consumer_group"].to_pylist(), dtype=object)
-    entries = [_lateness_entry("*", values)]
+    entries = [_lateness_entry(ALL_GROUPS, values)]
     for group in sorted(set(groups.tolist()), key=group_order):
         entries.append(_lateness_entry(group, values[groups == group]))
     return entries
@@ -1146,6 +1146,8 @@ def _num(value: float | int | None, unit: str = "") -> str:
     return f"{value:,}{unit}"
 
 
+# The lateness row of every group together.
+ALL_GROUPS = "*"
 # The text output's tables show at most this many rows, those of the largest figures (a lake of 1,000
 # groups printed 2,000 lines); `status --json` has every one.
 TEXT_TABLE_ROWS = 25
@@ -1154,21 +1156,29 @@ TEXT_CELL_WIDTH = 60
 
 
 def _largest(
-    headers: list[str], rows: list[list[str]], weights: list[float | int | None], what: str
+    headers: list[str],
+    rows: list[list[str]],
+    weights: list[float | int | None],
+    what: str,
+    *,
+    pinned: int = 0,
 ) -> list[str]:
-    """:func:`_table` of ``rows``, or of the :data:`TEXT_TABLE_ROWS` of the largest ``weights`` (in their
-    order) and a line saying how many more there are."""
-    if len(rows) <= TEXT_TABLE_ROWS:
+    """:func:`_table` of ``rows``, or of the first ``pinned`` (a total's row) and the :data:`TEXT_TABLE_ROWS`
+    of the largest ``weights`` among the others (in their order), and a line saying how many more there are."""
+    if len(rows) <= pinned + TEXT_TABLE_ROWS:
         return _table(headers, rows)
-    ranked = sorted(range(len(rows)), key=lambda i: -(weights[i] or 0))[:TEXT_TABLE_ROWS]
-    more = len(rows) - TEXT_TABLE_ROWS
-    return [*_table(headers, [rows[i] for i in sorted(ranked)]),
+    ranked = sorted(range(pinned, len(rows)), key=lambda i: -(weights[i] or 0))[:TEXT_TABLE_ROWS]
+    more = len(rows) - pinned - TEXT_TABLE_ROWS
+    return [*_table(headers, [rows[i] for i in [*range(pinned), *sorted(ranked)]]),
             f"  ... and {more:,} more {what} (the {TEXT_TABLE_ROWS} largest shown; status --json has every one)"]
 
 
 def _cell(text: str) -> str:
-    text = printable(text)
-    return text if len(text) <= TEXT_CELL_WIDTH else text[: TEXT_CELL_WIDTH - 3] + "..."
+    """A cell's text, escaped; a long one cut in its middle (two long names that begin alike stay apart)."""
+    if len(text) > TEXT_CELL_WIDTH:
+        keep = (TEXT_CELL_WIDTH - 3) // 2
+        text = text[:keep] + "..." + text[-keep:]
+    return printable(text)
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -1238,6 +1248,7 @@ def format_status(status: Status) -> str:
             ],
             [e.p99_ms for e in status.lateness],
             "groups",
+            pinned=sum(1 for e in status.lateness[:1] if e.consumer_group == ALL_GROUPS),
         )
     else:
         lines.append("  no retries released in the last 24 h")

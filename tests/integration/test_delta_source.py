@@ -298,12 +298,18 @@ def test_a_partition_filter_reads_only_the_files_of_the_wanted_values(spark: Spa
     ``partitionFilter`` plans only the files of the wanted partition values, in a snapshot and in later
     commits, and a restart goes on after what the stream passed (nothing read twice)."""
     src, ck = lake / "parts", lake / "ck-parts"
-    make_table(src, versions=2, partition_by=["day"])
+
+    def parted(start: int, n: int) -> pa.Table:
+        ids = range(start, start + n)
+        return pa.table({"id": pa.array(ids, pa.int64()), "grp": ["odd" if i % 2 else "even" for i in ids]})
+
+    for v in range(2):
+        write_deltalake(str(src), parted(v * 10, 10), mode="append", partition_by=["grp"])
     seen: list[int] = []
 
     def start() -> StreamingQuery:
         return (
-            stream(spark, src, partitionFilter='{"day": ["2024-01-02"]}')
+            stream(spark, src, partitionFilter='{"grp": ["odd"]}')
             .writeStream.foreachBatch(lambda df, _: seen.extend(r["id"] for r in df.collect()))
             .option("checkpointLocation", str(ck))
             .trigger(availableNow=True)
@@ -312,10 +318,18 @@ def test_a_partition_filter_reads_only_the_files_of_the_wanted_values(spark: Spa
 
     with running(start()) as q:
         q.awaitTermination(120)
-    write_deltalake(str(src), rows(20, 10), mode="append", partition_by=["day"])
+    write_deltalake(str(src), parted(20, 10), mode="append", partition_by=["grp"])
     with running(start()) as q:
         q.awaitTermination(120)
-        assert sum(input_rows(q)) == 5  # the new commit's rows of that day only
+        assert sum(input_rows(q)) == 5  # the new commit's odd rows only
     assert sorted(seen) == [i for i in range(30) if i % 2 == 1]
+    batch = spark.read.format(FORMAT_NAME).option("path", str(src)).option("partitionFilter", '{"grp": ["even"]}').load()
+    assert sorted(r["id"] for r in batch.collect()) == [i for i in range(30) if i % 2 == 0]
     with pytest.raises(Exception, match="INVALID_OPTION.*partitionFilter"):
-        stream(spark, src, partitionFilter='["day"]').writeStream.format("noop").start().awaitTermination(30)
+        stream(spark, src, partitionFilter='["grp"]').writeStream.format("noop").start().awaitTermination(30)
+    # A date's value is written differently by different writers (and re-rendered from a snapshot): only text
+    # columns are filtered (a review found files of one value kept or dropped by how they were listed).
+    dated = lake / "dated"
+    make_table(dated, versions=1, partition_by=["day"])
+    with pytest.raises(Exception, match="INVALID_OPTION.*partitionFilter names 'day', a date column"):
+        spark.read.format(FORMAT_NAME).option("path", str(dated)).option("partitionFilter", '{"day": ["2024-01-01"]}').load().collect()

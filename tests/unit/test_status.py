@@ -1246,7 +1246,14 @@ def test_the_text_output_shows_the_largest_rows_of_a_lake_of_many_groups() -> No
     assert len(shown.splitlines()) < 120
     assert shown.count("  ... and 975 more ") == 2 and "... and 976 more groups" in shown
     assert "  g0999  3      999  " in shown and "  g0974  " not in shown.split("lag ")[0]  # the largest backlog
-    assert max(len(line) for line in shown.splitlines()) < 200 and "x" * 57 + "..." in shown
+    assert max(len(line) for line in shown.splitlines()) < 200 and "x" * 28 + "..." + "x" * 28 + " " in shown
+    # The all-groups lateness row stays first whatever the groups' p99 (it fell out with 25 slower groups),
+    # and two long names that begin alike stay apart (cut in the middle).
+    slow = dataclasses.replace(many, lateness=[LatenessEntry("*", 3000, 10.0, 50.0, 90.0)] + [
+        LatenessEntry(f"g{i:04d}" + "y" * 70 + str(i), 3, 100.0, 100.0 + i, 200.0) for i in range(40)])
+    table = format_status(slow).split("lateness ")[1].split("lag ")[0]
+    assert table.splitlines()[2].startswith("  *  ") and "... and 15 more groups" in table
+    assert len({line.split()[0] for line in table.splitlines()[3:28]}) == 25
     assert len(status_json(many)["backlog"]) == 1000 and TEXT_TABLE_ROWS == 25
 
 
