@@ -610,7 +610,11 @@ class EngineConfig(_Strict):
         for name in self.groups:
             problem = name_problem(name, kind="group", max_length=GROUP_MAX_LENGTH)
             if problem is None and name.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
-                problem = f"group name {name!r} may not start with {RETRY_GROUP_TOPIC_PREFIX} or {DLQ_GROUP_TOPIC_PREFIX}"
+                problem = (
+                    f"group name {name!r} may not start with {RETRY_GROUP_TOPIC_PREFIX} or {DLQ_GROUP_TOPIC_PREFIX} "
+                    "(its retry topic would be no consumer's; the engine quarantines its results as "
+                    "INVALID_GROUP_NAME): remove the section; re-drive its dead letters with --to topic or resolve them"
+                )
             if problem:
                 raise ValueError(f"[groups.{name}]: {problem}")
         return self

@@ -495,9 +495,8 @@ def start(
             # Its batches are recorded nowhere (a custom writer's, or Delta's own), so neither are their counts.
             lease.forget_totals()
         for path in remove_orphan_log_temps(checkpoint):
-            log.warning(
-                "removed %s, left by an engine killed while writing its checkpoint log", path
-            )
+            # Also after a clean stop: `run --once` stops with a batch planned, whose state files stay half-written.
+            log.info("removed %s, left by a stop (or a kill) during a batch", path)
         if not native:
             with step("table layout"):
                 _migrate_partition_layout(config)

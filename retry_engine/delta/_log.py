@@ -891,6 +891,7 @@ class DeltaLog:
             f"purpose: start a new checkpoint with the option startingVersion={start} ([source] "
             f"starting_version = {start} in the retry engine's config) or startingTimestamp ([source] "
             "starting_timestamp). A new retry-engine checkpoint alone does not help (it resumes after the "
-            "lake's last batch, which needs these commits)",
+            "lake's last batch, which needs these commits). A Consumer of %RETRY%G or a topic: start it with a "
+            "new checkpoint= (it resumes after its group's published offsets) or consume_from='latest'",
             code="DELTA_COMMIT_MISSING",
         )

@@ -69,9 +69,11 @@ from retry_engine.clients.dlq import (
 from retry_engine.config import EngineConfig
 from retry_engine.core.decide import new_msg_id
 from retry_engine.core.names import (
+    DLQ_GROUP_TOPIC_PREFIX,
     PROP_REDRIVE_COUNT,
     PROP_RESEND_MSG_ID,
     PROP_RESEND_TO,
+    RETRY_GROUP_TOPIC_PREFIX,
     TOPIC_MAX_LENGTH,
     delivery_key,
     is_whole,
@@ -762,6 +764,14 @@ def _plan_chunk(
     ]
     for row in rows.select(needed).to_pylist():
         group = row["consumer_group"]
+        if target != "topic" and str(group).startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+            # Its retry topic would be %RETRY%%RETRY%x, which no Consumer subscribes (the engine quarantines
+            # such a group): the moved messages would be delivered to nobody.
+            raise RedriveError(
+                f"dead letter {row['msg_id']} is of group {group!r}, named like a retry or dead-letter topic: no "
+                "consumer reads its retry topic; re-drive it with --to topic (its original topic), or resolve it",
+                code="INVALID_GROUP_NAME",
+            )
         planned.append(
             {
                 "redrive_id": redrive_id,

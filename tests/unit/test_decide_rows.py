@@ -463,7 +463,7 @@ def test_r3_a_group_named_like_a_retry_or_dead_letter_topic_is_quarantined(group
     (row,) = run([Result.of().failed().with_(consumer_group=group)])
     assert (row["outcome"], row["reason_code"]) == ("quarantined", "INVALID_GROUP_NAME")
     assert "may not start with %RETRY% or %DLQ%" in row["reason"]
-    with pytest.raises(ConfigError, match="may not start with %RETRY% or %DLQ%"):
+    with pytest.raises(ConfigError, match="may not start with %RETRY% or %DLQ%.*remove the section; re-drive its dead letters with --to topic"):
         parse_config({"groups": {group: {"retry_max_times": 3}}})
 
 

@@ -607,3 +607,15 @@ def test_a_dead_letter_whose_original_topic_is_no_topic_name_is_not_redriven_to_
         redrive.redrive(config, Selection(group="billing"), target="topic")
     assert table_version(config.table_path("redrive_audit")) is None or read_audit(config).num_rows == 0
     assert redrive.redrive(config, Selection(group="billing"), target="retry").moved == 2
+
+
+@pytest.mark.parametrize("group", ["%RETRY%pay", "%DLQ%pay"])
+def test_a_dead_letter_of_a_group_named_like_a_retry_topic_goes_back_only_to_its_topic(tmp_path: Path, group: str) -> None:
+    """(found by the upgrade review) The README tells an operator to re-drive such a group's dead letters before
+    upgrading; --to retry moved them to %RETRY%%RETRY%pay, which no Consumer reads (and marked them re-driven).
+    A one-line error before any claim; --to topic takes them."""
+    config = dlq_lake(str(tmp_path / "lake"), [dead_letter(0, group=group), dead_letter(1, group=group)])
+    with pytest.raises(RedriveError, match=r"INVALID_GROUP_NAME.*named like a retry or dead-letter topic.*--to topic"):
+        redrive.redrive(config, Selection(group=group), target="retry")
+    assert table_version(config.table_path("redrive_audit")) is None or read_audit(config).num_rows == 0
+    assert redrive.redrive(config, Selection(group=group), target="topic").moved == 2
