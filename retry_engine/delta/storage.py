@@ -68,6 +68,11 @@ def is_remote(uri: str) -> bool:
     return _REMOTE.match(uri) is not None
 
 
+def shown_path(uri: str) -> str:
+    """A lake or table as messages name it: a URI (``s3://``, ``file:``) as given, a local path absolute."""
+    return uri if is_remote(uri) or uri.startswith("file:") else os.path.abspath(uri)
+
+
 def scheme(uri: str) -> str:
     """The URI's scheme, lower case; ``""`` for a local path."""
     return uri.split("://", 1)[0].lower() if is_remote(uri) else ""
@@ -592,6 +597,7 @@ __all__ = [
     "SPARK_OPTION_PREFIX",
     "TABLE_PROPERTIES",
     "scrubbed",
+    "shown_path",
     "add_columns",
     "check_commit_safety",
     "create_delta",

@@ -41,11 +41,12 @@ EXIT_BROKEN_PIPE = 141
 EXIT_INTERRUPTED = EXIT_STOPPED_BY_SIGINT
 
 
+def _shown(lake: str) -> str:
+    # Imported here, not at import: the command line builds its parsers without the work's modules.
+    from retry_engine.delta.storage import shown_path
 
-def _shown_lake(lake: str) -> str:
-    """The lake as the lines name it: a local folder absolute, a URI (``s3://...``) as it is (it was
-    printed as a folder of the working directory, ``/home/me/s3:/bucket/lake``)."""
-    return lake if "://" in lake or lake.startswith("file:") else os.path.abspath(lake)
+    return shown_path(lake)
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="retry-engine", description=__doc__)
@@ -411,7 +412,7 @@ def _run_once_until_done(spark: Any, config: EngineConfig, args: argparse.Namesp
     if finished or signals.received is None:
         # One line says it is done (the log says how: a newcomer saw nothing on stdout).
         print(f"retry-engine: done: every consume result of the table decided; tables under "
-              f"{_shown_lake(config.engine.lake)} (`retry-engine status` for the backlog)", flush=True)
+              f"{_shown(config.engine.lake)} (`retry-engine status` for the backlog)", flush=True)
         return EXIT_OK
     print(_stopped_line(signals.received, config), flush=True)
     return exit_code(signals.received)
@@ -419,14 +420,14 @@ def _run_once_until_done(spark: Any, config: EngineConfig, args: argparse.Namesp
 
 def _failed_line(what: str, reason: str, config: EngineConfig) -> str:
     """The last line of a run that ends on a failure: what happened, why, where the tables are."""
-    return f"retry-engine: {what}: {reason}; tables under {_shown_lake(config.engine.lake)}"
+    return f"retry-engine: {what}: {reason}; tables under {_shown(config.engine.lake)}"
 
 
 def _stopped_line(signum: int, config: EngineConfig) -> str:
     """The one line a command prints after a clean stop on a signal."""
     from retry_engine.ops.stopping import signal_name
 
-    return f"retry-engine: stopped on {signal_name(signum)}; tables under {_shown_lake(config.engine.lake)}"
+    return f"retry-engine: stopped on {signal_name(signum)}; tables under {_shown(config.engine.lake)}"
 
 
 def _run_until_stopped(
@@ -609,7 +610,7 @@ def _running_line(config: EngineConfig, config_file: str | None, *, query_id: st
     return (
         f"retry-engine: running (query {query_id}): consume results from "
         f"{config.table_path('consume_results')} into retry, dlq and outcomes tables under "
-        f"{_shown_lake(config.engine.lake)}; watch with `retry-engine status{option}` or "
+        f"{_shown(config.engine.lake)}; watch with `retry-engine status{option}` or "
         f"`retry-engine plots{option} --out DIR`; stop with Ctrl-C or `kill {os.getpid()}`"
     )
 

@@ -18,7 +18,6 @@ import dataclasses
 import datetime as dt
 import logging
 import math
-import os
 import re
 import time
 from collections.abc import Mapping
@@ -41,7 +40,7 @@ from retry_engine.core.names import FUTURE_EVENTS
 from retry_engine.core.standby import StandbyEntry, standbys
 from retry_engine.core.totals import COUNTED, Totals
 from retry_engine.delta._log import expired_before
-from retry_engine.delta.storage import is_remote
+from retry_engine.delta.storage import shown_path
 from retry_engine.delta.tables import open_table, read_columns, stats_from, table_arrow_schema
 from retry_engine.errors import SchemaMismatchError, TablesUnavailableError
 from retry_engine.ops.terms import (
@@ -328,16 +327,11 @@ def read_tables(
         tables[name] = found if found is not None else _empty(table, columns)
     if not present:
         raise TablesUnavailableError(
-            f"no engine tables under {_shown(config.engine.lake)} "
+            f"no engine tables under {shown_path(config.engine.lake)} "
             f"(looked for {', '.join(config.table_path(n) for n in names)}); "
             "is engine.lake (or RETRY_ENGINE_LAKE) right, and has the engine run?"
         )
     return EngineTables(**tables, present=frozenset(present))
-
-
-def _shown(lake: str) -> str:
-    """The lake as a message names it: a local folder made absolute, a URI as given."""
-    return lake if is_remote(lake) else os.path.abspath(lake)
 
 
 # -- the summary ----------------------------------------------------------------
