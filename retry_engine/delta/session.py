@@ -29,6 +29,7 @@ from pyspark.sql import SparkSession
 from retry_engine.delta import _class_archive as class_archive
 from retry_engine.delta._checkpoint import SHUFFLE_PARTITIONS_CONF
 from retry_engine.delta._daemon import THREAD_FREE_ENV
+from retry_engine.delta.storage import SPARK_REDACTED_OPTIONS
 from retry_engine.errors import EnvironmentProblem
 
 log = logging.getLogger(__name__)
@@ -237,10 +238,6 @@ ARROW_MAX_BYTES_KEY = "spark.sql.execution.arrow.maxBytesPerBatch"
 ARROW_MAX_BYTES_NONE = str(2**31 - 1)
 
 
-# Option keys Spark shows redacted in plans: its default (URLs) and every storage option of a secret.
-REDACTED_OPTIONS = r"(?i)url|^storage\..*(secret|token|password|passwd|key|sas|credential|signature)"
-
-
 def spark_conf(
     *,
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
@@ -258,8 +255,8 @@ def spark_conf(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         # Plans show data source options: the deltars source's and sink's storage options are redacted by
-        # the engine's own rule (storage._SECRET), not only Spark's secret/token/password ones.
-        "spark.sql.redaction.options.regex": REDACTED_OPTIONS,
+        # the engine's own rule, not only Spark's secret/token/password ones.
+        "spark.sql.redaction.options.regex": SPARK_REDACTED_OPTIONS,
         # The Python workers must run the interpreter that has pyarrow and deltalake.
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,

@@ -49,10 +49,14 @@ log = logging.getLogger(__name__)
 # A URI with a scheme other than file: (s3://, s3a://, gs://, abfss://, az://, memory://).
 _REMOTE = re.compile(r"^(?!file:)[A-Za-z][A-Za-z0-9+.-]*://")
 # Option keys whose values are never shown: AWS/Azure/GCS keys, tokens, passwords, SAS.
-_SECRET = re.compile(r"secret|token|password|passwd|key|sas|credential|signature", re.IGNORECASE)
+_SECRET_WORDS = "secret|token|password|passwd|key|sas|credential|signature"
+_SECRET = re.compile(_SECRET_WORDS, re.IGNORECASE)
 REDACTED = "***"
 # Prefix of storage options among the ``deltars`` source and sink options.
 SPARK_OPTION_PREFIX = "storage."
+# ``spark.sql.redaction.options.regex`` of the engine's sessions: Spark's default (URLs) and every storage
+# option of a secret, as :func:`redacted` hides them (Spark's own rule misses Azure's and GCS's keys).
+SPARK_REDACTED_OPTIONS = rf"(?i)url|^{re.escape(SPARK_OPTION_PREFIX)}.*({_SECRET_WORDS})"
 
 # delta-rs settings that decide how a commit is made on S3 (case-insensitive, with or without ``aws_``).
 UNSAFE_RENAME = "aws_s3_allow_unsafe_rename"
@@ -293,10 +297,15 @@ _DIAGNOSES: tuple[tuple[re.Pattern[str], str, str], ...] = (
 STORAGE_CODES = frozenset({StorageError.code, *(name for _, name, _ in _DIAGNOSES)})
 
 
+def _cut_s3_bodies(text: str) -> str:
+    """``text`` with each S3 error body (XML) cut to its code and message."""
+    return _S3_ERROR.sub(lambda m: ": ".join(part for _, part in _S3_PART.findall(m[0])), text)
+
+
 def causes(text: str) -> list[str]:
     """delta-rs's chain of causes as plain lines: colours, arrows, repeats and S3's XML wrapping gone."""
     found: list[str] = []
-    text = _S3_ERROR.sub(lambda m: ": ".join(part for _, part in _S3_PART.findall(m[0])), _ANSI.sub("", text))
+    text = _cut_s3_bodies(_ANSI.sub("", text))
     for line in text.splitlines():
         line = line.strip().lstrip("↳").strip()
         if line and line not in found:
@@ -342,7 +351,7 @@ def scrubbed(text: str) -> str:
     """``text`` (an error's, a traceback) fit to show or store: S3 error bodies cut to their code and
     message (a body echoes parts of the request: an expired session token, the signed headers) and every
     credential this process knows replaced by ``***``."""
-    text = _S3_ERROR.sub(lambda m: ": ".join(part for _, part in _S3_PART.findall(m[0])), text)
+    text = _cut_s3_bodies(text)
     for value in sorted(_secret_values(), key=len, reverse=True):
         text = text.replace(value, REDACTED)
     return text
