@@ -91,8 +91,8 @@ UNDATED_BUCKET = NO_STATE_BUCKET + 1
 INT32_MAX = 2**31 - 1
 # Python's datetime holds years 1 to 9999; Arrow's timestamp[us] holds about +-292,000 years.
 # A time outside Python's range cannot be a real clock reading, and deciding it would raise.
-_PY_MIN_US = -62_135_596_800_000_000
-_PY_MAX_US = 253_402_300_799_999_999
+_PY_MIN_US = FIRST_MS * 1000
+_PY_MAX_US = (LAST_MS + 1) * 1000 - 1
 # A quarantined row keeps this much of a body over engine.max_body_bytes in ``raw``, plus its size.
 RAW_BODY_PREFIX_BYTES = 1024
 
@@ -174,9 +174,9 @@ def cast_column(array: pa.Array, to: pa.DataType) -> tuple[pa.Array, list[int]]:
     if array.type == to:
         return array, []
     casts = [to]
-    text_times = pa.types.is_timestamp(to) and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type))
     zoneless = _zoneless(to)
-    if zoneless != to and _has_strings(array.type):
+    text_times = zoneless != to and _has_strings(array.type)
+    if text_times:
         # Text without a zone is UTC (as a zoneless time column is): Arrow parses zoned text only into a
         # zoned time and zoneless text only into a zoneless one, whose values are UTC's. Also inside a
         # list of structs (an attempt's consumed_at).
@@ -207,11 +207,12 @@ def cast_column(array: pa.Array, to: pa.DataType) -> tuple[pa.Array, list[int]]:
                 pieces.append(pa.nulls(1, to))
                 wrong.append(i)
         cast = pa.concat_arrays(pieces) if pieces else pa.array([], to)
-    if text_times and len(cast):
-        outside = pc.fill_null(_outside_calendar(cast), False)
-        if pc.any(outside).as_py():
-            wrong = sorted({*wrong, *pc.indices_nonzero(outside).to_pylist()})
-            cast = pc.if_else(outside, pa.nulls(len(cast), to), cast)
+    if text_times:
+        # Text that reads as a time outside years 1-9999 (at any depth) is no time: Arrow holds it, Python
+        # and the readers' output cannot (the check every consume result gets, _python_times).
+        outside: Problems = defaultdict(list)
+        cast = _python_times("", cast, outside)
+        wrong = sorted({*wrong, *outside})
     return cast, wrong
 
 
@@ -224,20 +225,6 @@ def _zoneless(kind: pa.DataType) -> pa.DataType:
     if pa.types.is_struct(kind):
         return pa.struct([f.with_type(_zoneless(f.type)) for f in kind])
     return kind
-
-
-def _outside_calendar(times: pa.Array) -> pa.Array:
-    """Whether each time is before year 1 or after year 9999."""
-    if times.type.unit == "ns":  # nanoseconds of an int64 span 1677-2262 only
-        return pa.array([False] * len(times))
-    # Bounds in the array's unit: the first instant of year 1 and the last of year 9999.
-    if times.type.unit == "s":
-        first, last = FIRST_MS // 1000, (LAST_MS + 1) // 1000 - 1
-    else:
-        per_ms = 1 if times.type.unit == "ms" else 1000
-        first, last = FIRST_MS * per_ms, (LAST_MS + 1) * per_ms - 1
-    counts = pc.cast(times, pa.int64())
-    return pc.or_(pc.less(counts, first), pc.greater(counts, last))
 
 
 def drifted_columns(found: pa.Schema, expected: pa.Schema, columns: Sequence[str]) -> list[str]:

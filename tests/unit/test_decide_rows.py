@@ -745,10 +745,18 @@ def test_text_that_reads_as_a_time_outside_years_1_to_9999_is_no_time_alone_or_m
     crashed `dlq list` (Python cannot), and mixed with other values the per-value cast raised OverflowError.
     Such a value is now null and named, whichever way the column is cast."""
     cast, wrong = cast_column(pa.array(texts, pa.string()), pa.timestamp("us", "UTC"))
-    assert all(cast[i].as_py() is None for i in wrong) and cast.to_pylist() is not None
     assert wrong == [i for i, t in enumerate(texts) if t is not None and not t.startswith("2026")]
-    assert [v for v in cast.to_pylist() if v is not None] == (
+    values = cast.to_pylist()  # raised OverflowError for a year-0 value
+    assert all(values[i] is None for i in wrong)
+    assert [v for v in values if v is not None] == (
         [dt.datetime(2026, 11, 22, 11, 59, 56, tzinfo=dt.UTC)] if len(texts) == 3 else [])
+    # The same inside attempts (a list of structs): the nested value was cast and then raised on reading.
+    attempts = CONSUME_RESULTS.arrow_schema.field("attempts").type
+    loose = pa.list_(pa.struct([(f.name, pa.string() if f.name == "consumed_at" else f.type) for f in attempts.value_type]))
+    nested = pa.array([[{"reconsume_times": 0, "consumer_group": "G", "consumed_at": t}] for t in texts], loose)
+    cast, wrong = cast_column(nested, attempts)
+    assert wrong == [i for i, t in enumerate(texts) if t is not None and not t.startswith("2026")]
+    assert len(cast.to_pylist()) == len(texts) and all(cast[i].as_py() is None for i in wrong)
 
 
 def test_bad_input_a_time_outside_python_in_the_attempts_of_a_single_row() -> None:
