@@ -42,6 +42,7 @@ from retry_engine.core.names import (
     GROUP_MAX_LENGTH,
     RETRY_GROUP_TOPIC_PREFIX,
     name_problem,
+    named_like_a_topic,
 )
 from retry_engine.core.names import TABLE_NAMES as TABLE_NAMES  # re-exported: the lake's tables
 from retry_engine.errors import ConfigError, DurationError
@@ -609,7 +610,7 @@ class EngineConfig(_Strict):
     def _group_names(self) -> EngineConfig:
         for name in self.groups:
             problem = name_problem(name, kind="group", max_length=GROUP_MAX_LENGTH)
-            if problem is None and name.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+            if problem is None and named_like_a_topic(name):
                 problem = (
                     f"group name {name!r} may not start with {RETRY_GROUP_TOPIC_PREFIX} or {DLQ_GROUP_TOPIC_PREFIX} "
                     "(its retry topic would be no consumer's; the engine quarantines its results as "

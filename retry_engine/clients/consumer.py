@@ -88,6 +88,7 @@ from retry_engine.core.names import (
     delivery_key,
     is_dlq_topic,
     is_retry_topic,
+    named_like_a_topic,
     redrive_count,
     retry_topic,
     validate_group,
@@ -1206,7 +1207,7 @@ class Consumer:
 
     def __post_init__(self) -> None:
         validate_group(self.group)
-        if is_retry_topic(self.group) or is_dlq_topic(self.group):
+        if named_like_a_topic(self.group):
             raise SubscriptionError(f"group name {self.group!r} may not start with %RETRY% or %DLQ%", code="INVALID_GROUP")
         if self.message_model not in MESSAGE_MODELS:
             raise SubscriptionError(

@@ -146,3 +146,9 @@ def is_dlq_topic(topic: str) -> bool:
 
 def is_retry_topic(topic: str) -> bool:
     return topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+
+
+def named_like_a_topic(group: str) -> bool:
+    """Whether ``group`` is named like a group's retry or dead-letter topic: its own retry topic
+    (``%RETRY%%RETRY%x``) would be no consumer's (the Consumer refuses it, the engine quarantines it)."""
+    return is_retry_topic(group) or is_dlq_topic(group)

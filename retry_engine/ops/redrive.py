@@ -69,15 +69,14 @@ from retry_engine.clients.dlq import (
 from retry_engine.config import EngineConfig
 from retry_engine.core.decide import new_msg_id
 from retry_engine.core.names import (
-    DLQ_GROUP_TOPIC_PREFIX,
     PROP_REDRIVE_COUNT,
     PROP_RESEND_MSG_ID,
     PROP_RESEND_TO,
-    RETRY_GROUP_TOPIC_PREFIX,
     TOPIC_MAX_LENGTH,
     delivery_key,
     is_whole,
     name_problem,
+    named_like_a_topic,
     redrive_count,
     retry_topic,
 )
@@ -764,7 +763,7 @@ def _plan_chunk(
     ]
     for row in rows.select(needed).to_pylist():
         group = row["consumer_group"]
-        if target != "topic" and str(group).startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+        if target != "topic" and named_like_a_topic(str(group)):
             # Its retry topic would be %RETRY%%RETRY%x, which no Consumer subscribes (the engine quarantines
             # such a group): the moved messages would be delivered to nobody.
             raise RedriveError(
