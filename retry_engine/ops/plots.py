@@ -309,13 +309,19 @@ def _save(fig: Figure, path: Path) -> None:
 MAX_SERIES = 10
 
 
+def largest_series(series: list[BacklogSeries]) -> tuple[list[BacklogSeries], str]:
+    """The :data:`MAX_SERIES` of the highest backlog (in their order), and what the title says of them."""
+    if len(series) <= MAX_SERIES:
+        return series, ""
+    largest = sorted(range(len(series)), key=lambda i: -max(series[i].pending, default=0))[:MAX_SERIES]
+    return [series[i] for i in sorted(largest)], f"; the {MAX_SERIES} largest of {len(series):,} series"
+
+
 def plot_backlog(series: list[BacklogSeries], path: Path, since: str = "") -> int:
     fig, ax = plt.subplots(figsize=(9, 4.5))
     drawn = 0
-    if len(series) > MAX_SERIES:
-        largest = sorted(range(len(series)), key=lambda i: -max(series[i].pending, default=0))[:MAX_SERIES]
-        since = f"{since}; the {MAX_SERIES} largest of {len(series):,} series"
-        series = [series[i] for i in sorted(largest)]
+    series, note = largest_series(series)
+    since += note
     for s in series:
         label = f"{s.consumer_group} level {s.delay_level if s.delay_level is not None else '-'}"
         naive_utc = [t.astimezone(dt.UTC).replace(tzinfo=None) for t in s.times]

@@ -1267,11 +1267,15 @@ def test_the_plots_of_a_lake_of_many_groups_draw_the_largest_series(tmp_path: Pa
         OTHER_GROUPS,
         BacklogSeries,
         _largest_kept,
+        largest_series,
         plot_backlog,
         plot_dead_letters,
     )
 
-    series = [BacklogSeries(f"g{i:04d}", 3, [T, T + ms(1000)], [i, i + 1]) for i in range(100)]
+    series = [BacklogSeries(f"g{i:04d}", 3, [T, T + ms(1000)], [i, i + 1]) for i in reversed(range(100))]
+    drawn, note = largest_series(series)
+    assert [s.consumer_group for s in drawn] == [f"g{i:04d}" for i in reversed(range(90, 100))]
+    assert note == "; the 10 largest of 100 series" and largest_series(series[:10]) == (series[:10], "")
     assert plot_backlog(series, tmp_path / "b.png") == MAX_SERIES and (tmp_path / "b.png").exists()
     by_class = {f"E{c}": {f"g{g:04d}": 1 + (g % 7) for g in range(0, 1000, 1 + c)} for c in range(50)}
     merged = _largest_kept(by_class)
@@ -1280,4 +1284,6 @@ def test_the_plots_of_a_lake_of_many_groups_draw_the_largest_series(tmp_path: Pa
         {g for per in by_class.values() for g in per},
         key=lambda g: (-sum(per.get(g, 0) for per in by_class.values()), g))[:MAX_SERIES])
     assert sum(n for per in merged.values() for n in per.values()) == sum(n for per in by_class.values() for n in per.values())
-    assert 0 < plot_dead_letters(by_class, tmp_path / "d.png") <= (2 * MAX_SERIES + 1) * (MAX_SERIES + 1)
+    # One bar per (class, group) of the merged counts that is not zero.
+    bars = sum(1 for per in merged.values() for n in per.values() if n)
+    assert plot_dead_letters(by_class, tmp_path / "d.png") == bars and bars <= (2 * MAX_SERIES + 1) * (MAX_SERIES + 1)
